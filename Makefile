@@ -1,0 +1,95 @@
+# kfit: Kconfig-driven training. 'make help' lists everything.
+#
+# Conventions follow the Linux kernel's Kconfig targets: menuconfig,
+# olddefconfig, savedefconfig, listnewconfig, <name>-defconfig, and
+# KCONFIG_CONFIG to use a config file other than .config.
+
+# Paths are anchored at this file, so 'make -f path/to/Makefile' works from any
+# directory (the config, runs and defconfig then live in that directory).
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+PYTHON ?= python3
+VENV ?= $(ROOT)/.venv
+PY := $(VENV)/bin/python
+KFIT := $(PY) $(ROOT)/scripts/kfit.py
+ENV_STAMP := $(VENV)/.installed
+KCONFIG_CONFIG ?= .config
+export KCONFIG_CONFIG
+
+DEFCONFIGS := $(sort $(notdir $(filter-out $(ROOT)/defconfigs/fragments,$(wildcard $(ROOT)/defconfigs/*))))
+FRAGMENT_NAMES := $(sort $(notdir $(wildcard $(ROOT)/defconfigs/fragments/*)))
+DEFAULT_DEFCONFIG := lenet5
+
+.DEFAULT_GOAL := help
+.PHONY: help env menuconfig olddefconfig savedefconfig listnewconfig defconfig \
+        plan check-hardware train test clean mrproper distclean
+
+# The environment is built on first use and rebuilt when the requirements change.
+$(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh)
+	@cd $(ROOT) && scripts/install-deps.sh $(VENV) $(PYTHON)
+
+env: $(ENV_STAMP) ## Create .venv and install the dependencies (done automatically)
+
+# --- configuration -------------------------------------------------------
+
+menuconfig: $(ENV_STAMP) ## Edit the configuration in a terminal menu
+	@$(KFIT) menuconfig
+
+olddefconfig: $(ENV_STAMP) ## Validate the config and fill new symbols with defaults
+	@$(KFIT) olddefconfig
+
+savedefconfig: $(ENV_STAMP) ## Write the minimal config to ./defconfig
+	@$(KFIT) savedefconfig
+
+listnewconfig: $(ENV_STAMP) ## List symbols the config does not set yet
+	@$(KFIT) listnewconfig
+
+defconfig: $(DEFAULT_DEFCONFIG)-defconfig ## Apply the default defconfig (lenet5)
+
+# FRAGMENTS="a b" merges defconfigs/fragments/a and b on top; every value must take.
+%-defconfig: $(ENV_STAMP)
+	@$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
+
+defconfig-%: $(ENV_STAMP)
+	@$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
+
+# --- planning and training -----------------------------------------------
+
+plan: $(ENV_STAMP) ## Show the resolved plan (FORMAT=json, HW=, GPU=, FREE_GB=, GPUS=, WORLD_SIZE=)
+	@$(KFIT) plan
+
+check-hardware: $(ENV_STAMP) ## Report this machine (or HW=/GPU=) and the plan for the config
+	@$(KFIT) check-hardware
+
+train: $(ENV_STAMP) ## Train as configured (applies the default defconfig if there is no config)
+	@$(KFIT) train
+
+test: $(ENV_STAMP) ## Run the test suite
+	@cd $(ROOT) && $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# --- cleaning --------------------------------------------------------------
+
+clean: ## Remove runs and caches (keeps the config and the environment)
+	rm -rf runs $(ROOT)/.pytest_cache
+	find $(ROOT) -path $(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+mrproper: clean ## Also remove the config files (.config, .config.old, ./defconfig)
+	rm -f .config .config.old defconfig
+
+distclean: mrproper ## Also remove the virtual environment
+	rm -rf $(VENV)
+
+help: ## List targets, defconfigs and fragments
+	@echo "kfit: Kconfig-driven training"
+	@echo
+	@echo "Targets:"
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 20
+	@echo "  <name>-defconfig  Write the config from defconfigs/<name> (also defconfig-<name>)"
+	@echo
+	@echo "Defconfigs (make <name>-defconfig):"
+	@$(foreach d,$(DEFCONFIGS),echo "  $(d)";)
+	@echo
+	@echo "Fragments (make <name>-defconfig FRAGMENTS=\"a b\"):"
+	@$(foreach f,$(FRAGMENT_NAMES),echo "  $(f)";)
+	@echo
+	@echo "Variables: KCONFIG_CONFIG=file  FRAGMENTS=\"a b\"  FORMAT=json  HW=profile.json"
+	@echo "           GPU=<catalog key> FREE_GB=n GPUS=n  WORLD_SIZE=n  TORCH_SPEC=\"torch==... --index-url ...\""

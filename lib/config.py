@@ -1,0 +1,399 @@
+"""The one reader of .config: Kconfig files + defconfigs + fragments -> a typed, frozen Config.
+
+Everything goes through the kconfiglib API (no regex parsing anywhere else).
+kconfiglib is lenient by design: an unknown symbol, a malformed or
+out-of-range number, or an assignment whose dependencies are unmet only
+produces a warning, and the value silently falls back to a default. Here every
+such case is an error that names the symbol, the file it came from and why,
+and nothing is written to disk unless the whole configuration is valid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import kconfiglib
+
+from .errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+KCONFIG = ROOT / "Kconfig"
+DEFCONFIG_DIR = ROOT / "defconfigs"
+FRAGMENT_DIR = DEFCONFIG_DIR / "fragments"
+DEFAULT_DEFCONFIG = "lenet5"
+
+
+def config_path() -> Path:
+    """The .config in use: $KCONFIG_CONFIG as in the kernel, else ./.config."""
+    return Path(os.environ.get("KCONFIG_CONFIG") or ".config")
+
+
+# --------------------------------------------------------------------------
+# The typed config
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated configuration. Field names follow the Kconfig symbols."""
+
+    model: str  # lenet5 | resnet18 | resnet50 | gpt2
+    gpt2_preset: str | None  # tiny | 124m | 355m | 774m | 1558m
+    gpt2_block_size: int | None
+    gpt2_dropout: float | None
+    resnet_image_size: int | None
+
+    dataset: str  # embedded | dir
+    data_dir: str | None
+    dataset_format: str | None  # mnist | cifar10 | cifar100 (image models from a directory)
+
+    epochs: int
+    max_steps: int  # 0 = no limit
+    time_limit_s: int  # 0 = no limit
+    optimizer: str  # sgd | adam | adamw
+    sgd_momentum: float | None
+    learning_rate: float
+    weight_decay: float
+    lr_schedule: str  # cosine | constant
+    warmup_steps: int
+    grad_clip: float
+    seed: int
+    log_interval: int
+    eval_interval: int
+    output_dir: str
+    run_name: str
+
+    hyperparam_mode: str  # auto | manual
+    target_effective_batch: int | None
+    batch_size: int | None
+    gradient_accumulation: int | None
+    eval_batch_size: int | None  # MANUAL only; 0 = twice the micro-batch
+
+    compile_mode: str  # auto | manual
+    compile_model: bool | None  # MANUAL only
+    compile_kind: str | None  # default | reduce-overhead | max-autotune
+
+    device: str  # auto | cuda | cpu
+    precision: str  # auto | bf16 | fp16 | fp32
+    tf32: str  # auto | on | off
+    cudnn_benchmark: str  # auto | on | off
+    gradient_checkpointing: bool
+    workers_mode: str  # auto | manual
+    dataloader_workers: int | None
+
+    source: str = ""  # the file this was read from
+    text: str = ""  # the full .config as kconfiglib writes it (stored with checkpoints)
+    symbols: Mapping[str, str] = field(default_factory=dict)  # every symbol's value, for the record
+
+    @property
+    def image_size(self) -> int:
+        """The input size image models train at (LeNet-5 is fixed at 32)."""
+        return self.resnet_image_size or 32
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["symbols"] = dict(self.symbols)
+        del d["text"]
+        return d
+
+
+# --------------------------------------------------------------------------
+# Loading and strict validation
+
+
+def _new_kconfig() -> kconfiglib.Kconfig:
+    kconf = kconfiglib.Kconfig(str(KCONFIG), warn_to_stderr=False)
+    if kconf.warnings:  # a broken Kconfig tree is our bug, not the user's
+        raise ConfigError("Kconfig tree has problems:\n  " + "\n  ".join(kconf.warnings))
+    kconf.warn_assign_undef = True
+    kconf.warn_assign_override = False  # fragments override on purpose
+    kconf.warn_assign_redun = False
+    return kconf
+
+
+def _user_str(sym: kconfiglib.Symbol) -> str:
+    if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE):
+        return kconfiglib.TRI_TO_STR[sym.user_value]
+    return sym.user_value
+
+
+def _deps_text(expr) -> str:
+    return kconfiglib.expr_str(expr)
+
+
+def _why_not(sym: kconfiglib.Symbol, requested: str) -> str:
+    """Explain why a requested value did not take."""
+    choice = sym.choice
+    if choice is not None and choice.visibility == 0:
+        return f"its choice is hidden: it depends on {_deps_text(choice.direct_dep)}, which is not met"
+    if not any(node.prompt for node in sym.nodes):
+        return "it has no prompt: it is derived from other options and cannot be set"
+    if sym.visibility == 0:
+        return f"its dependencies are not met: it depends on {_deps_text(sym.direct_dep)}"
+    if sym.orig_type in (kconfiglib.INT, kconfiglib.HEX):
+        for low, high, cond in sym.ranges:
+            if kconfiglib.expr_value(cond):
+                return f"it is outside the allowed range {low.str_value}..{high.str_value}"
+    if choice is not None and requested == "n" and choice.selection is sym:
+        return ("it is the choice's default: to deselect it, set another member of the "
+                "choice to y")
+    if sym.rev_dep is not sym.kconfig.n and kconfiglib.expr_value(sym.rev_dep):
+        return f"it is forced by select from {_deps_text(sym.rev_dep)}"
+    return f"kconfiglib resolved it to '{sym.str_value}'"
+
+
+def _display(sym: kconfiglib.Symbol, value: str) -> str:
+    if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE) and value == "n":
+        return f"# CONFIG_{sym.name} is not set"
+    if sym.orig_type == kconfiglib.STRING:
+        return f'CONFIG_{sym.name}="{value}"'
+    return f"CONFIG_{sym.name}={value}"
+
+
+def _load_strict(files: Sequence[Path]) -> kconfiglib.Kconfig:
+    """Load files in order (the first replaces, the rest merge) and require every value to take."""
+    kconf = _new_kconfig()
+    requested: dict[str, tuple[kconfiglib.Symbol, str, Path]] = {}
+    errors: list[str] = []
+    for i, path in enumerate(files):
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+        before = {s.name: s.user_value for s in kconf.unique_defined_syms}
+        kconf.load_config(str(path), replace=(i == 0))
+        for sym in kconf.unique_defined_syms:
+            if sym.user_value is not None and (i == 0 or before[sym.name] != sym.user_value):
+                requested[sym.name] = (sym, _user_str(sym), path)
+    for warning in kconf.warnings:
+        errors.append(warning.replace("warning: ", "", 1))
+
+    for sym, value, path in requested.values():
+        choice = sym.choice
+        if choice is not None and value == "y" and choice.user_selection is not sym:
+            continue  # a later file selected another member of the same choice
+        if value == sym.str_value:
+            continue
+        errors.append(f"{path}: {_display(sym, value)} did not take: {_why_not(sym, value)}")
+
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    return kconf
+
+
+def _str(kconf, name: str) -> str | None:
+    sym = kconf.syms[name]
+    return sym.str_value if sym.visibility or sym.str_value else None
+
+
+def _int(kconf, name: str) -> int | None:
+    value = kconf.syms[name].str_value
+    return int(value, 0) if value else None
+
+
+def _bool(kconf, name: str) -> bool:
+    return kconf.syms[name].str_value == "y"
+
+
+def _choice(kconf, prefix: str, options: Mapping[str, str]) -> str | None:
+    """The selected member of a choice, mapped to a short name; None if hidden."""
+    for suffix, value in options.items():
+        if _bool(kconf, prefix + suffix):
+            return value
+    return None
+
+
+def _number(kconf, name: str, *, low: float, high: float = math.inf, high_open: bool = False) -> float | None:
+    """Parse a string symbol holding a number (Kconfig has no float type)."""
+    text = _str(kconf, name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f'CONFIG_{name}="{text}" is not a number: write it like 3e-4 or 0.1') from None
+    too_high = value >= high if high_open else value > high
+    if not math.isfinite(value) or value < low or too_high:
+        bound = f"[{low:g}, {high:g})" if high_open else f"[{low:g}, {high:g}]"
+        if high == math.inf:
+            bound = f">= {low:g}" if low == 0 else f"> 0"
+        raise ConfigError(f'CONFIG_{name}="{text}" is out of range: it must be {bound}')
+    return value
+
+
+_RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
+
+
+def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
+    learning_rate = _number(kconf, "LEARNING_RATE", low=0)
+    if learning_rate == 0:
+        raise ConfigError('CONFIG_LEARNING_RATE="0" is out of range: it must be > 0')
+    run_name = _str(kconf, "RUN_NAME") or ""
+    if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
+        raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
+    return Config(
+        model=_choice(kconf, "MODEL_", {"LENET5": "lenet5", "RESNET18": "resnet18",
+                                        "RESNET50": "resnet50", "GPT2": "gpt2"}),
+        gpt2_preset=_choice(kconf, "GPT2_PRESET_", {"TINY": "tiny", "124M": "124m", "355M": "355m",
+                                                    "774M": "774m", "1558M": "1558m"}),
+        gpt2_block_size=_int(kconf, "GPT2_BLOCK_SIZE"),
+        gpt2_dropout=_number(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
+        resnet_image_size=_int(kconf, "RESNET_IMAGE_SIZE"),
+        dataset=_choice(kconf, "DATASET_", {"EMBEDDED": "embedded", "DIR": "dir"}),
+        data_dir=_str(kconf, "DATA_DIR"),
+        dataset_format=_choice(kconf, "DATASET_FORMAT_", {"MNIST": "mnist", "CIFAR10": "cifar10",
+                                                          "CIFAR100": "cifar100"}),
+        epochs=_int(kconf, "EPOCHS"),
+        max_steps=_int(kconf, "MAX_STEPS"),
+        time_limit_s=_int(kconf, "TIME_LIMIT"),
+        optimizer=_choice(kconf, "OPTIMIZER_", {"SGD": "sgd", "ADAM": "adam", "ADAMW": "adamw"}),
+        sgd_momentum=_number(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
+        learning_rate=learning_rate,
+        weight_decay=_number(kconf, "WEIGHT_DECAY", low=0),
+        lr_schedule=_choice(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "CONSTANT": "constant"}),
+        warmup_steps=_int(kconf, "WARMUP_STEPS"),
+        grad_clip=_number(kconf, "GRAD_CLIP", low=0),
+        seed=_int(kconf, "SEED"),
+        log_interval=_int(kconf, "LOG_INTERVAL"),
+        eval_interval=_int(kconf, "EVAL_INTERVAL"),
+        output_dir=_str(kconf, "OUTPUT_DIR") or "runs",
+        run_name=run_name,
+        hyperparam_mode=_choice(kconf, "HYPER_PARAM_", {"AUTO": "auto", "MANUAL": "manual"}),
+        target_effective_batch=_int(kconf, "TARGET_EFFECTIVE_BATCH"),
+        batch_size=_int(kconf, "BATCH_SIZE"),
+        gradient_accumulation=_int(kconf, "GRADIENT_ACCUMULATION"),
+        eval_batch_size=_int(kconf, "EVAL_BATCH_SIZE"),
+        compile_mode=_choice(kconf, "COMPILE_", {"AUTO": "auto", "MANUAL": "manual"}),
+        compile_model=_bool(kconf, "COMPILE_MODEL") if kconf.syms["COMPILE_MODEL"].visibility else None,
+        compile_kind=_choice(kconf, "COMPILE_MODE_", {"DEFAULT": "default",
+                                                      "REDUCE_OVERHEAD": "reduce-overhead",
+                                                      "MAX_AUTOTUNE": "max-autotune"}),
+        device=_choice(kconf, "DEVICE_", {"AUTO": "auto", "CUDA": "cuda", "CPU": "cpu"}),
+        precision=_choice(kconf, "PRECISION_", {"AUTO": "auto", "BF16": "bf16", "FP16": "fp16",
+                                                "FP32": "fp32"}),
+        tf32=_choice(kconf, "TF32_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
+        cudnn_benchmark=_choice(kconf, "CUDNN_BENCHMARK_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
+        gradient_checkpointing=_bool(kconf, "GRADIENT_CHECKPOINTING"),
+        workers_mode=_choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
+        dataloader_workers=_int(kconf, "DATALOADER_WORKERS"),
+        source=source,
+        text=_config_text(kconf),
+        symbols={s.name: s.str_value for s in kconf.unique_defined_syms},
+    )
+
+
+def _config_text(kconf: kconfiglib.Kconfig) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config"
+        kconf.write_config(str(path), save_old=False)
+        return path.read_text()
+
+
+def _write_atomic(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False) -> None:
+    """Write via a temporary file and rename, keeping the previous file as <out>.old like the kernel."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        if minimal:
+            kconf.write_min_config(tmp)
+        else:
+            kconf.write_config(tmp, save_old=False)
+        if out.exists() and not minimal:
+            os.replace(out, out.with_name(out.name + ".old"))
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# --------------------------------------------------------------------------
+# The operations behind the make targets
+
+
+def read_config(path: Path | str | None = None) -> Config:
+    """Read and validate a .config (or any config file) into a Config. Changes nothing on disk."""
+    path = Path(path) if path is not None else config_path()
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' or 'make menuconfig' first "
+                          "(see 'make help' for the defconfigs)")
+    return _typed(_load_strict([path]), str(path))
+
+
+def defconfig_names() -> list[str]:
+    return sorted(p.name for p in DEFCONFIG_DIR.iterdir() if p.is_file())
+
+
+def fragment_names() -> list[str]:
+    return sorted(p.name for p in FRAGMENT_DIR.iterdir() if p.is_file()) if FRAGMENT_DIR.is_dir() else []
+
+
+def _named(name: str, directory: Path, names: list[str], what: str) -> Path:
+    path = Path(name)
+    if path.is_file() and (os.sep in name or not (directory / name).is_file()):
+        return path  # an explicit path to a file of the user's
+    if (directory / name).is_file():
+        return directory / name
+    raise ConfigError(f"unknown {what} '{name}': choose one of {', '.join(names) or '(none)'} "
+                      f"(files in {directory.relative_to(ROOT)}/), or give a path to a file")
+
+
+def defconfig_file(name: str) -> Path:
+    return _named(name, DEFCONFIG_DIR, defconfig_names(), "defconfig")
+
+
+def fragment_file(name: str) -> Path:
+    return _named(name, FRAGMENT_DIR, fragment_names(), "fragment")
+
+
+def make_defconfig(name: str, fragments: Sequence[str] = (), out: Path | None = None) -> Config:
+    """Base defconfig + fragments -> a full, validated .config written atomically."""
+    out = out or config_path()
+    files = [defconfig_file(name)] + [fragment_file(f) for f in fragments]
+    kconf = _load_strict(files)
+    config = _typed(kconf, str(out))
+    _write_atomic(kconf, out)
+    return config
+
+
+def olddefconfig(path: Path | None = None) -> Config:
+    """Validate the existing .config and rewrite it with defaults for new symbols."""
+    path = path or config_path()
+    config = read_config(path)
+    _write_atomic(_load_strict([path]), path)
+    return config
+
+
+def savedefconfig(path: Path | None = None, out: Path = Path("defconfig")) -> Path:
+    """Write the minimal config that reproduces the current one (as the kernel's savedefconfig)."""
+    path = path or config_path()
+    read_config(path)
+    _write_atomic(_load_strict([path]), out, minimal=True)
+    return out
+
+
+def minimal_config_text(path: Path) -> str:
+    """What savedefconfig would write for a config file."""
+    kconf = _load_strict([path])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "defconfig"
+        kconf.write_min_config(str(out))
+        return out.read_text()
+
+
+def listnewconfig(path: Path | None = None) -> list[str]:
+    """Visible symbols the config does not set yet, as 'CONFIG_X=default' lines (as the kernel prints)."""
+    path = path or config_path()
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    kconf = _load_strict([path])
+    new = []
+    for sym in kconf.unique_defined_syms:
+        if sym.user_value is None and sym.visibility and any(n.prompt for n in sym.nodes):
+            if sym.choice is not None and sym.choice.user_selection is not None:
+                continue  # the choice was answered by another member
+            new.append(_display(sym, sym.str_value))
+    return new

@@ -1,0 +1,274 @@
+"""A catalog of GPUs that kfit can plan for without having them.
+
+``GPU=h100 kfit ...`` plans a run for an H100 on any machine: lib.hardware turns
+a catalog entry into the same frozen HardwareProfile that detection produces.
+This module is plain data plus a lookup; it never touches a device.
+
+How the figures were chosen
+---------------------------
+* ``name`` is the string ``torch.cuda.get_device_properties(i).name`` reports, so
+  a catalog profile and a detected one of the same card compare equal by name
+  (``HardwareProfile.identical_gpu_count`` relies on that).
+* ``total_bytes`` is what torch reports as ``total_memory`` (the CUDA runtime's
+  ``totalGlobalMem``, the same number deviceQuery prints), NOT the marketing
+  figure: an "80GB" H100 gives torch 79.65 GiB, an "80GB" A100 79.15 GiB.  The
+  figure drifts by tens of MiB between driver versions (ECC, reserved regions),
+  so treat the last few hundred MiB as approximate.  Where only a MiB-rounded
+  figure was found (torch prints ``total_memory=...MB`` in MiB, rounded down)
+  the entry says so; where no torch figure was found the comment says what
+  was used instead.
+* ``source`` is the page cited for the entry's key facts; a comment above each
+  entry names the pages behind the other figures.  Compute capabilities are
+  from NVIDIA's table, https://developer.nvidia.com/cuda-gpus (V100:
+  https://developer.nvidia.com/cuda-legacy-gpus).
+* ``tdp_watts`` is the board power limit of the form factor named in ``name``
+  (SXM and PCIe parts of the same chip differ).  It is informational.
+
+Default free memory
+-------------------
+A real GPU never offers its whole ``total_bytes`` to a training run: creating
+the CUDA (or HIP) context takes a slice before the first tensor exists, and
+detection measures free memory with ``torch.cuda.mem_get_info`` *after* that
+context exists.  A catalog profile mimics this with ``CONTEXT_RESERVE_BYTES``
+(768 MiB): with lazy module loading (the default since CUDA 11.7 / torch 1.13)
+a torch context costs roughly 0.3-0.6 GiB on Ampere/Hopper-class cards, and the
+cuBLAS/cuDNN handles created at the first matmul/conv add more that a fresh
+``mem_get_info`` does not see yet.  768 MiB sits in the middle of the 0.5-1 GiB
+range seen in practice; it is an estimate, not a measurement of any one card.
+The same figure is used for ROCm.  Pass ``FREE_GB=`` to plan with another
+figure.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+from lib.errors import HardwareError
+
+MiB = 2**20
+GiB = 2**30
+
+# See "Default free memory" above.
+CONTEXT_RESERVE_BYTES = 768 * MiB
+
+
+@dataclass(frozen=True)
+class CatalogGPU:
+    key: str
+    name: str  # as torch.cuda.get_device_properties(i).name reports it
+    vendor: str  # "nvidia" | "amd"
+    backend: str  # "cuda" | "rocm"
+    total_bytes: int  # as torch reports total_memory (see module docstring)
+    compute_capability: tuple[int, int] | None  # NVIDIA only
+    arch: str  # "sm_90", "gfx90a", ...
+    bf16: bool
+    tf32: bool
+    tdp_watts: int
+    memory_type: str
+    source: str  # URL of the spec cited for this entry
+
+
+def _nvidia(key, name, total_bytes, cc, tdp_watts, memory_type, source):
+    major, minor = cc
+    ampere_or_later = cc >= (8, 0)
+    return CatalogGPU(
+        key=key,
+        name=name,
+        vendor="nvidia",
+        backend="cuda",
+        total_bytes=total_bytes,
+        compute_capability=cc,
+        arch=f"sm_{major}{minor}",
+        # bf16 and TF32 tensor cores arrived with Ampere (cc 8.0); V100 and T4
+        # have neither, so runs on them take the fp16 + loss-scaling path.
+        bf16=ampere_or_later,
+        tf32=ampere_or_later,
+        tdp_watts=tdp_watts,
+        memory_type=memory_type,
+        source=source,
+    )
+
+
+def _amd(key, name, total_bytes, arch, tdp_watts, memory_type, source):
+    return CatalogGPU(
+        key=key,
+        name=name,
+        vendor="amd",
+        backend="rocm",
+        total_bytes=total_bytes,
+        compute_capability=None,
+        arch=arch,
+        bf16=True,  # both AMD entries are CDNA2 / RDNA3, which have bf16
+        tf32=False,  # TF32 is an NVIDIA tensor-core format
+        tdp_watts=tdp_watts,
+        memory_type=memory_type,
+        source=source,
+    )
+
+
+_ENTRIES = (
+    # H100 SXM5 80GB.  85520809984 bytes is the total torch/CUDA reports (nvidia-smi:
+    # 81559 MiB), quoted in the PR cited.  700 W:
+    # https://hawkvelt.id.au/post/2024-08-04-nvidia-h100 ; cc 9.0: cuda-gpus.
+    _nvidia(
+        "h100", "NVIDIA H100 80GB HBM3", 85520809984, (9, 0), 700, "HBM3",
+        "https://github.com/modal-labs/modal-client/pull/2797",
+    ),
+    # A100 SXM4 40GB.  deviceQuery on this card: 40339 MBytes (42298834944 bytes).
+    # 400 W, HBM2: https://glennklockwood.com/garden/processors/A100 ; cc 8.0.
+    _nvidia(
+        "a100-40gb", "NVIDIA A100-SXM4-40GB", 42298834944, (8, 0), 400, "HBM2",
+        "https://github.com/bottlerocket-os/bottlerocket/pull/3873",
+    ),
+    # A100 SXM4 80GB.  deviceQuery (CUDA 12.2 driver): 81051 MBytes (84987740160
+    # bytes), i.e. torch's "79.15 GiB total capacity"; other drivers report up to
+    # ~100 MiB more (approximate).  nvidia-smi shows 81920 MiB (modal PR #2797).
+    # Same 400 W board as the 40GB part, HBM2e.
+    _nvidia(
+        "a100-80gb", "NVIDIA A100-SXM4-80GB", 84987740160, (8, 0), 400, "HBM2e",
+        "https://glennklockwood.com/garden/processors/A100",
+    ),
+    # A10G (AWS G5).  torch prints total_memory=22587MB (MiB, rounded down), so
+    # 22587 MiB is approximate to within 1 MiB; nvidia-smi: 23028 MiB and a 300 W
+    # cap in the issue cited.  24 GB GDDR6:
+    # https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/ ;
+    # cc 8.6 (A10 family: cuda-gpus).
+    _nvidia(
+        "a10g", "NVIDIA A10G", 22587 * MiB, (8, 6), 300, "GDDR6",
+        "https://github.com/NVIDIA/DCGM/issues/232",
+    ),
+    # L4.  deviceQuery: 22518 MBytes (23612293120 bytes); nvidia-smi 23034 MiB
+    # (modal PR #2797).  72 W, 24 GB GDDR6: page cited.  cc 8.9.
+    _nvidia(
+        "l4", "NVIDIA L4", 23612293120, (8, 9), 72, "GDDR6",
+        "https://pcpartdb.com/gpus/view/nvidia-l4",
+    ),
+    # GeForce RTX 4090.  torch prints total_memory=24563MB (MiB, rounded down;
+    # approximate to within 1 MiB; a desktop also drives a display, which takes
+    # more).  450 W TGP, 24 GB GDDR6X: page cited.  cc 8.9.
+    _nvidia(
+        "rtx4090", "NVIDIA GeForce RTX 4090", 24563 * MiB, (8, 9), 450, "GDDR6X",
+        "https://gadgetbrains.com/?p=3712",
+    ),
+    # GeForce RTX 3090.  deviceQuery: 24268 MBytes (25447170048 bytes), torch's
+    # "23.70 GiB total capacity".  350 W, 24 GB GDDR6X: page cited.  cc 8.6.
+    _nvidia(
+        "rtx3090", "NVIDIA GeForce RTX 3090", 25447170048, (8, 6), 350, "GDDR6X",
+        "https://www.hardwaredb.net/geforce-rtx-3090-benchmark",
+    ),
+    # Tesla T4.  deviceQuery: 15102 MBytes (15835660288 bytes), torch's "14.75 GiB
+    # total capacity"; nvidia-smi 15360 MiB (modal PR #2797).  70 W, 16 GB GDDR6:
+    # page cited.  cc 7.5: no bf16, no TF32.
+    _nvidia(
+        "t4", "Tesla T4", 15835660288, (7, 5), 70, "GDDR6",
+        "https://www.aiminingco.com/gpu/t4/specs",
+    ),
+    # Tesla V100 SXM2 16GB.  deviceQuery: 16160 MBytes (16945512448 bytes), torch's
+    # "15.78 GiB total capacity".  nvidia-smi in the issue cited: 16384 MiB,
+    # 300 W cap.  cc 7.0 (cuda-legacy-gpus): no bf16, no TF32.
+    _nvidia(
+        "v100", "Tesla V100-SXM2-16GB", 16945512448, (7, 0), 300, "HBM2",
+        "https://github.com/1CatAI/1Cat-vLLM/issues/85",
+    ),
+    # B200.  torch prints total_memory=182631MB (MiB, rounded down; another
+    # driver gave 182642MB), matching the "Total Global Memory: 178.35 GB" (GiB)
+    # in the PR cited; approximate.  nvidia-smi: 183359 MiB, 1000 W cap:
+    # https://github.com/NVIDIA/TensorRT-LLM/issues/10278 .  cc 10.0 (cuda-gpus).
+    # Marketed as 192 GB HBM3e; about 180 GB of it is enabled.
+    _nvidia(
+        "b200", "NVIDIA B200", 182631 * MiB, (10, 0), 1000, "HBM3e",
+        "https://github.com/pytorch/ao/pull/4002",
+    ),
+    # AMD Radeon PRO W7900, RDNA3 (gfx1100).  48 GB GDDR6, 295 W: page cited.  No
+    # torch/ROCm figure was found: 48 GiB is the physical size (AMD's "GB" here is
+    # binary; 24 x 2 GiB chips); ROCm reports a few MiB less.  Approximate.
+    _amd(
+        "w7900", "AMD Radeon PRO W7900", 48 * GiB, "gfx1100", 295, "GDDR6",
+        "https://www.itcreations.com/amd-gpu/amd-radeon-pro-w7900-gpu",
+    ),
+    # AMD Instinct MI210, CDNA2 (gfx90a).  64 GB HBM2e, 300 W: AnandTech's launch
+    # article (cited).  ROCm reports a 64 GB gfx90a device as 68702699520 bytes
+    # (64 GiB - 16 MiB, KFD mem_banks size_in_bytes) in public logs; that figure
+    # is taken from a gfx90a log, not an MI210 one, so it is approximate.
+    _amd(
+        "mi210", "AMD Instinct MI210", 68702699520, "gfx90a", 300, "HBM2e",
+        "https://www.anandtech.com/show/17326/amd-releases-instinct-mi210-accelerator-cdna-2-on-a-pcie-card",
+    ),
+)
+
+CATALOG: dict[str, CatalogGPU] = {e.key: e for e in _ENTRIES}
+
+# Other spellings people type.  "a100" means the 80GB part: it replaced the 40GB
+# launch part across the market (glennklockwood.com page above) and is what
+# clouds rent today; ask for "a100-40gb" explicitly for the older card.
+ALIASES: dict[str, str] = {
+    "h100-80gb": "h100",
+    "h100-sxm": "h100",
+    "h100-sxm5": "h100",
+    "a100": "a100-80gb",
+    "a100-80g": "a100-80gb",
+    "a100-sxm4-80gb": "a100-80gb",
+    "a100-40g": "a100-40gb",
+    "a100-sxm4-40gb": "a100-40gb",
+    "a10g-24gb": "a10g",
+    "l4-24gb": "l4",
+    "4090": "rtx4090",
+    "rtx-4090": "rtx4090",
+    "geforce-rtx-4090": "rtx4090",
+    "3090": "rtx3090",
+    "rtx-3090": "rtx3090",
+    "geforce-rtx-3090": "rtx3090",
+    "tesla-t4": "t4",
+    "t4-16gb": "t4",
+    "v100-16gb": "v100",
+    "v100-sxm2-16gb": "v100",
+    "tesla-v100": "v100",
+    "b200-180gb": "b200",
+    "radeon-pro-w7900": "w7900",
+    "pro-w7900": "w7900",
+    "instinct-mi210": "mi210",
+}
+
+# Keys, aliases and torch names in one table: the normalized spelling -> key.
+_LOOKUP: dict[str, str] = {}
+
+
+def _normalize(text: str) -> str:
+    """Lowercase, with runs of spaces/underscores/dashes as one dash."""
+    return re.sub(r"[\s_\-]+", "-", text.strip().lower())
+
+
+for _e in _ENTRIES:
+    _LOOKUP[_normalize(_e.key)] = _e.key
+    _LOOKUP[_normalize(_e.name)] = _e.key  # "NVIDIA H100 80GB HBM3" works too
+for _alias, _key in ALIASES.items():
+    _LOOKUP[_normalize(_alias)] = _key
+
+
+def catalog_keys() -> list[str]:
+    """The canonical keys, sorted."""
+    return sorted(CATALOG)
+
+
+def lookup(key: str) -> CatalogGPU:
+    """The entry for a key, an alias or a torch device name (case-insensitive).
+
+    Raises HardwareError listing the valid keys when nothing matches.
+    """
+    if not isinstance(key, str) or not key.strip():
+        raise HardwareError(
+            f"GPU={key!r} is not a catalog key: use one of {', '.join(catalog_keys())} "
+            "(or 'cpu' for a CPU-only plan)."
+        )
+    found = _LOOKUP.get(_normalize(key))
+    if found is not None:
+        return CATALOG[found]
+    close = difflib.get_close_matches(_normalize(key), list(_LOOKUP), n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(_LOOKUP[c]) for c in close)}?" if close else ""
+    raise HardwareError(
+        f"unknown GPU {key!r} in the catalog.{hint} Valid keys: {', '.join(catalog_keys())} "
+        f"(aliases: {', '.join(sorted(ALIASES))}), or 'cpu' for a CPU-only plan. "
+        "For a GPU not in the catalog, describe it in a profile file and pass HW=<file.json>."
+    )

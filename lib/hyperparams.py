@@ -1,0 +1,362 @@
+"""The resolver: (config, hardware, model, world size) -> Plan, a pure function.
+
+Order matters: device, then precision and compile (the batch depends on
+whether compile is on), then the micro-batch from a swappable batch policy,
+then gradient accumulation so that
+
+    effective batch = micro-batch x accumulation x world size
+
+equals the target. World size is the number of training processes
+(WORLD_SIZE under torchrun), not the number of GPUs in the machine.
+
+Nothing here detects hardware or reads files; `apply_hyperparams` is the
+convenience entry (the seed's name) that detects, resolves and prints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from .config import Config
+from .errors import PlanError
+from .hardware import GPUInfo, HardwareProfile, gib
+
+# GPUs where torch.compile is known to misbehave (the primary seed's list).
+COMPILE_DENY = {
+    "W7900": "known ROCm torch.compile issues on the Radeon PRO W7900",
+    "MI210": "torch.compile stability issues on the Instinct MI210",
+}
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What the resolver needs to know about the model."""
+
+    name: str  # lenet5 | resnet18 | resnet50 | gpt2
+    preset: str | None = None  # GPT-2 size preset
+    parameters: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> "ModelDescription":
+        return cls(name=config.model, preset=config.gpt2_preset)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every machine-dependent training choice, with the reason for each."""
+
+    mode: str  # auto | manual
+    policy: str  # the batch policy's name, "manual" in MANUAL mode
+    device_type: str  # torch device type: cuda | mps | cpu (ROCm GPUs are "cuda" in torch)
+    accelerator: str  # cuda | rocm | mps | cpu
+    device_name: str
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+    effective_batch: int
+    target_effective_batch: int | None
+    eval_batch: int
+    compile: bool
+    compile_mode: str | None
+    precision: str  # bf16 | fp16 | fp32
+    grad_scaler: bool
+    tf32: bool
+    cudnn_benchmark: bool
+    gradient_checkpointing: bool
+    num_workers: int
+    pin_memory: bool
+    model: str
+    reasons: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        return d
+
+
+# --------------------------------------------------------------------------
+# Batch policies: the piece later policies (the memory planner) replace.
+
+
+class BatchPolicy(Protocol):
+    name: str
+
+    def max_micro_batch(self, *, hardware: HardwareProfile, model: ModelDescription,
+                        device_type: str, compile: bool, precision: str) -> tuple[int, str]:
+        """The largest micro-batch the device should run, and why."""
+
+
+# The seed's per-model scale factors: samples per step relative to GPT-2.
+MODEL_SCALE = {"gpt2": 1.0, "resnet50": 1.5, "resnet18": 2.0, "lenet5": 4.0}
+
+# The seed's tiers: (usable GiB at least, batch with compile on, batch with compile off).
+MEMORY_TIERS = ((128, 256, 128), (64, 128, 64), (32, 32, 16), (16, 16, 8), (8, 8, 4), (4, 4, 2), (0, 2, 1))
+
+CPU_BASE_BATCH = 16
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    """The primary seed's heuristic: 80% of free memory, a tier table, a model scale factor."""
+
+    name: str = "tiers"
+    safety: float = 0.8
+
+    def max_micro_batch(self, *, hardware, model, device_type, compile, precision):
+        scale = MODEL_SCALE[model.name]
+        if device_type == "cpu":
+            batch = int(CPU_BASE_BATCH * scale)
+            return batch, f"CPU base batch {CPU_BASE_BATCH} x {model.name} scale {scale:g} = {batch}"
+        gpu = hardware.primary_gpu
+        usable = gib(gpu.free_bytes) * self.safety
+        for floor, with_compile, without in MEMORY_TIERS:
+            if usable >= floor:
+                base = with_compile if compile else without
+                break
+        batch = max(1, int(base * scale))
+        tier = f"{floor}GB+" if floor else "<4GB"
+        return batch, (f"{gib(gpu.free_bytes):.1f}GB free x {self.safety:.0%} = {usable:.1f}GB usable -> "
+                       f"tier {tier}, base {base} (compile {'on' if compile else 'off'}) x {model.name} "
+                       f"scale {scale:g} = {batch}")
+
+
+DEFAULT_POLICY = TierPolicy()
+
+
+# --------------------------------------------------------------------------
+# The decisions, in order.
+
+
+def decide_device(config: Config, hardware: HardwareProfile) -> tuple[str, str]:
+    accel = hardware.accelerator
+    if config.device == "cpu":
+        return "cpu", "CONFIG_DEVICE_CPU: training on the CPU as configured"
+    if config.device == "cuda":
+        if accel not in ("cuda", "rocm"):
+            why = "; ".join(hardware.notes) or "this machine has no CUDA or ROCm GPU that torch can use"
+            raise PlanError(f"CONFIG_DEVICE_CUDA is set but {why}. Select CONFIG_DEVICE_AUTO (falls back to "
+                            "the CPU) or CONFIG_DEVICE_CPU, or install a CUDA/ROCm build of torch (README).")
+        return "cuda", f"CONFIG_DEVICE_CUDA: {hardware.primary_gpu.name}"
+    if accel in ("cuda", "rocm"):
+        return "cuda", f"AUTO: {accel.upper()} GPU {hardware.primary_gpu.name} found"
+    if accel == "mps":
+        return "mps", "AUTO: Apple MPS found"
+    return "cpu", "AUTO: no GPU that torch can use" + (f" ({'; '.join(hardware.notes)})" if hardware.notes else "")
+
+
+def decide_precision(config: Config, device_type: str, gpu: GPUInfo | None) -> tuple[str, str]:
+    if config.precision == "bf16" and device_type == "cuda" and not gpu.supports_bf16:
+        raise PlanError(f"CONFIG_PRECISION_BF16 is set but {gpu.name} does not support bfloat16. "
+                        "Select CONFIG_PRECISION_AUTO (fp16 with gradient scaling here) or CONFIG_PRECISION_FP16.")
+    if config.precision != "auto":
+        return config.precision, f"CONFIG_PRECISION_{config.precision.upper()} as configured"
+    if device_type == "cuda":
+        if gpu.supports_bf16:
+            return "bf16", f"AUTO: {gpu.name} supports bfloat16"
+        return "fp16", f"AUTO: {gpu.name} lacks bfloat16: float16 with a gradient scaler"
+    if device_type == "mps":
+        return "fp32", "AUTO: float32 on Apple MPS (autocast there is limited)"
+    return "fp32", "AUTO: float32 on the CPU"
+
+
+def auto_detect_compile(config: Config, device_type: str, gpu: GPUInfo | None) -> tuple[bool, str | None, str]:
+    """Whether to torch.compile, the mode, and why (the seed's auto_detect_compile)."""
+    if config.compile_mode == "manual":
+        if config.compile_model:
+            return True, config.compile_kind, f"MANUAL: CONFIG_COMPILE_MODEL=y, mode {config.compile_kind}"
+        return False, None, "MANUAL: CONFIG_COMPILE_MODEL is not set"
+    if device_type == "cpu":
+        return False, None, ("Disabled (CPU: torch.compile was measured slower than eager for these models "
+                             "on CPUs, after a 20+ s first compile)")
+    if device_type == "mps":
+        return False, None, "Disabled (Apple MPS: torch.compile support is immature)"
+    for key, why in COMPILE_DENY.items():
+        if key in gpu.name.upper():
+            return False, None, f"Disabled (GPU '{gpu.name}' is on the deny list: {why})"
+    if gpu.vendor == "nvidia" and (gpu.compute_capability or (0, 0)) < (7, 0):
+        cc = ".".join(map(str, gpu.compute_capability or (0, 0)))
+        return False, None, f"Disabled (GPU '{gpu.name}' has compute capability {cc}; Triton needs 7.0+)"
+    return True, "default", f"Enabled (GPU '{gpu.name}' has good torch.compile support)"
+
+
+def calculate_gradient_accumulation(target: int, max_micro: int, world_size: int = 1) -> tuple[int, int, str]:
+    """Split a target effective batch into (micro-batch, accumulation), and explain.
+
+    When the target divides evenly among the processes, the effective batch is
+    exactly the target: the micro-batch is the largest divisor of the
+    per-process share that fits. Otherwise the micro-batch and accumulation
+    that come closest are used, and the reason says how far off.
+    """
+    if world_size < 1 or max_micro < 1 or target < 1:
+        raise ValueError("target, max_micro and world_size must be >= 1")
+    if target % world_size == 0:
+        share = target // world_size
+        micro = next(m for m in range(min(max_micro, share), 0, -1) if share % m == 0)
+        why = f"{share} per process / micro-batch {micro}"
+        if 2 * micro < min(max_micro, share):
+            why += (f"; the target has no divisor between {min(max_micro, share) // 2} and "
+                    f"{min(max_micro, share)}, so the micro-batch is small: a target such as "
+                    f"{math.ceil(share / max_micro) * max_micro * world_size} would run faster")
+        return micro, share // micro, why
+    if target < world_size:
+        raise PlanError(f"the target effective batch {target} is smaller than the {world_size} processes: "
+                        f"each process needs at least one sample; raise CONFIG_TARGET_EFFECTIVE_BATCH")
+    best = None
+    for micro in range(min(max_micro, target // world_size), 0, -1):
+        accum = max(1, round(target / (micro * world_size)))
+        error = abs(micro * accum * world_size - target)
+        if best is None or error < best[0]:
+            best = (error, micro, accum)
+    _, micro, accum = best
+    effective = micro * accum * world_size
+    return micro, accum, (f"the target {target} is not divisible by the world size {world_size}: "
+                          f"closest is {micro} x {accum} x {world_size} = {effective} "
+                          f"({(effective - target) / target:+.1%})")
+
+
+def decide_workers(config: Config, device_type: str, hardware: HardwareProfile, world_size: int) -> tuple[int, str]:
+    if config.workers_mode == "manual":
+        return config.dataloader_workers, "MANUAL: CONFIG_DATALOADER_WORKERS"
+    if device_type == "cpu":
+        return 0, "AUTO: CPU training: worker processes would compete with training for the same cores"
+    per_process = hardware.cpu.logical_cores // max(1, world_size)
+    workers = max(0, min(4, per_process - 1))
+    return workers, f"AUTO: {per_process} CPU threads per process, one kept for the training loop (at most 4)"
+
+
+def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
+            policy: BatchPolicy = DEFAULT_POLICY) -> Plan:
+    """The plan for training `model` under `config` on `hardware` with `world_size` processes."""
+    if world_size < 1:
+        raise PlanError(f"world size must be at least 1, got {world_size}")
+    notes: list[str] = []
+    reasons: dict[str, str] = {}
+
+    device_type, reasons["device"] = decide_device(config, hardware)
+    gpu = hardware.primary_gpu if device_type in ("cuda", "mps") else None
+    precision, reasons["precision"] = decide_precision(config, device_type, gpu)
+    compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
+
+    if device_type == "cuda" and world_size > hardware.identical_gpu_count and hardware.identical_gpu_count:
+        notes.append(f"{world_size} processes but only {hardware.identical_gpu_count} identical GPU(s): "
+                     "processes will share GPUs or use different models")
+
+    if config.hyperparam_mode == "manual":
+        micro, accum = config.batch_size, config.gradient_accumulation
+        target = None
+        policy_name = "manual"
+        reasons["micro_batch"] = "MANUAL: CONFIG_BATCH_SIZE"
+        reasons["grad_accum"] = "MANUAL: CONFIG_GRADIENT_ACCUMULATION"
+        if config.eval_batch_size:
+            eval_batch, reasons["eval_batch"] = config.eval_batch_size, "MANUAL: CONFIG_EVAL_BATCH_SIZE"
+        else:
+            eval_batch = 2 * micro
+            reasons["eval_batch"] = "twice the micro-batch: evaluation keeps no activations for backward"
+    else:
+        target = config.target_effective_batch
+        policy_name = policy.name
+        cap, reasons["micro_batch"] = policy.max_micro_batch(
+            hardware=hardware, model=model, device_type=device_type, compile=compile_on, precision=precision)
+        micro, accum, reasons["grad_accum"] = calculate_gradient_accumulation(target, cap, world_size)
+        if micro < cap:
+            reasons["micro_batch"] += f"; {micro} used (largest that divides the target)"
+        eval_batch = 2 * cap
+        reasons["eval_batch"] = "twice the largest safe micro-batch: evaluation keeps no activations for backward"
+    effective = micro * accum * world_size
+
+    on_gpu = device_type == "cuda"
+    if config.tf32 == "auto":
+        tf32 = bool(on_gpu and gpu.supports_tf32)
+        reasons["tf32"] = "AUTO: " + (f"{gpu.name} has TF32 tensor cores" if tf32 else "no TF32 hardware")
+    else:
+        tf32 = config.tf32 == "on"
+        reasons["tf32"] = f"CONFIG_TF32_{config.tf32.upper()}"
+    if config.cudnn_benchmark == "auto":
+        cudnn_benchmark = on_gpu
+        reasons["cudnn_benchmark"] = "AUTO: " + ("fixed input shapes on a GPU" if on_gpu else "not a CUDA device")
+    else:
+        cudnn_benchmark = config.cudnn_benchmark == "on"
+        reasons["cudnn_benchmark"] = f"CONFIG_CUDNN_BENCHMARK_{config.cudnn_benchmark.upper()}"
+    workers, reasons["workers"] = decide_workers(config, device_type, hardware, world_size)
+    if compile_on and device_type == "cpu":
+        notes.append("torch.compile on a CPU was measured slower than eager for small models here")
+    if hardware.on_battery:
+        notes.append("running on battery: training will be slower and drain it; plug in for long runs")
+
+    return Plan(
+        mode=config.hyperparam_mode, policy=policy_name, device_type=device_type, accelerator=(
+            hardware.accelerator if device_type != "cpu" else "cpu"),
+        device_name=gpu.name if gpu else hardware.cpu.name, world_size=world_size,
+        micro_batch=micro, grad_accum=accum, effective_batch=effective, target_effective_batch=target,
+        eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
+        grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
+        gradient_checkpointing=config.gradient_checkpointing, num_workers=workers,
+        pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------
+# The lines printed at training start.
+
+
+def _model_label(model: ModelDescription) -> str:
+    return f"{model.name}-{model.preset}" if model.preset else model.name
+
+
+def summary_line(plan: Plan, hardware: HardwareProfile, model: ModelDescription) -> str:
+    """The seed's one-line summary, e.g.
+    Hyperparams: AUTO mode - GPU: NVIDIA H100 (80.0GB total, 72.3GB free) x 1, model=resnet18, compile=ON
+    -> batch=64, grad_acc=8 (effective=512, target=512)
+    """
+    if plan.device_type == "cpu":
+        where = (f"CPU: {hardware.cpu.name} ({hardware.cpu.physical_cores} cores, "
+                 f"{gib(hardware.cpu.ram_available_bytes):.1f}GB RAM free)")
+    else:
+        gpu = hardware.primary_gpu
+        where = (f"GPU: {gpu.name} ({gib(gpu.total_bytes):.1f}GB total, {gib(gpu.free_bytes):.1f}GB free) "
+                 f"x {plan.world_size}")
+    head = f"Hyperparams: {plan.mode.upper()} mode - {where}, model={_model_label(model)}, " \
+           f"compile={'ON' if plan.compile else 'OFF'} -> batch={plan.micro_batch}, grad_acc={plan.grad_accum} "
+    if plan.mode == "auto":
+        return head + f"(effective={plan.effective_batch}, target={plan.target_effective_batch})"
+    return head + f"(effective={plan.effective_batch}, as configured)"
+
+
+def compile_line(plan: Plan) -> str:
+    return f"Compile: {plan.reasons['compile']}"
+
+
+def world_size_from_env() -> int:
+    """Training processes: WORLD_SIZE as torchrun sets it, else 1."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        size = int(value)
+    except ValueError:
+        raise PlanError(f"WORLD_SIZE={value!r} is not a whole number") from None
+    if size < 1:
+        raise PlanError(f"WORLD_SIZE={value!r} must be at least 1")
+    return size
+
+
+def apply_hyperparams(config: Config, verbose: bool = True, model_type: str | None = None,
+                      hardware: HardwareProfile | None = None, world_size: int | None = None) -> Plan:
+    """Detect the hardware, resolve the plan and print the seed's lines (the seed's entry point).
+
+    Config is frozen, so the result is returned as a Plan rather than written into the config.
+    """
+    from .hardware import detect
+
+    hardware = hardware or detect()
+    model = ModelDescription.from_config(config)
+    if model_type is not None and model_type != model.name:
+        model = ModelDescription(name=model_type)
+    plan = resolve(config, hardware, model, world_size or world_size_from_env())
+    if verbose:
+        print(summary_line(plan, hardware, model))
+        print(compile_line(plan))
+        for note in plan.notes:
+            print(f"Note: {note}")
+    return plan

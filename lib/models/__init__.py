@@ -1,0 +1,62 @@
+"""Model zoo: every model the trainer can build, by name.
+
+Image models map (B, C, H, W) images to (B, num_classes) logits; GPT-2 maps (B, T)
+token ids to (B, T, vocab_size) logits. None computes a loss: the trainer does.
+"""
+
+from dataclasses import replace
+
+import torch
+
+from .gpt2 import GPT2, GPT2Config
+from .lenet import LeNet5
+from .resnet import resnet18, resnet50
+
+MODEL_NAMES = ("lenet5", "resnet18", "resnet50", "gpt2")
+
+# Shape of each published GPT-2 size; block_size, vocab_size and dropout come from build_model.
+GPT2_PRESETS: dict[str, GPT2Config] = {
+    "tiny": GPT2Config(n_layer=4, n_head=4, n_embd=128),  # for CPU smoke runs
+    "124m": GPT2Config(n_layer=12, n_head=12, n_embd=768),
+    "355m": GPT2Config(n_layer=24, n_head=16, n_embd=1024),
+    "774m": GPT2Config(n_layer=36, n_head=20, n_embd=1280),
+    "1558m": GPT2Config(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
+def build_model(
+    name: str,
+    *,
+    num_classes: int = 10,
+    in_channels: int = 1,
+    image_size: int = 32,
+    gpt2_preset: str = "124m",
+    block_size: int = 1024,
+    vocab_size: int = 50257,
+    dropout: float = 0.0,
+    grad_checkpointing: bool = False,
+) -> torch.nn.Module:
+    """Build a freshly initialised model. LeNet-5 is too small to need grad_checkpointing and ignores it.
+
+    Build under `with torch.device("meta"):` to get shapes and counts without allocating memory.
+    """
+    if name == "lenet5":
+        return LeNet5(num_classes, in_channels, image_size)
+    if name in ("resnet18", "resnet50"):
+        factory = resnet18 if name == "resnet18" else resnet50
+        return factory(num_classes, in_channels, image_size, grad_checkpointing)
+    if name == "gpt2":
+        if gpt2_preset not in GPT2_PRESETS:
+            choices = ", ".join(GPT2_PRESETS)
+            raise ValueError(f"unknown gpt2 preset {gpt2_preset!r}; choose one of {choices}")
+        config = replace(GPT2_PRESETS[gpt2_preset], block_size=block_size, vocab_size=vocab_size, dropout=dropout)
+        return GPT2(config, grad_checkpointing)
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of parameter scalars; a tied weight counts once since parameters() yields each tensor once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["MODEL_NAMES", "GPT2_PRESETS", "GPT2", "GPT2Config", "build_model", "count_parameters"]

@@ -1,0 +1,44 @@
+#!/bin/sh
+# Create the project's virtual environment and install what kfit needs.
+#
+# torch comes first and is chosen for the machine, because a plain
+# `pip install torch` on Linux downloads the multi-gigabyte CUDA build:
+#   TORCH_SPEC set        -> exactly that (your own CUDA / ROCm / nightly build)
+#   NVIDIA GPU (nvidia-smi) -> PyPI's default Linux wheel, which is the CUDA build
+#   AMD GPU (rocminfo)    -> the ROCm wheel from download.pytorch.org
+#   otherwise             -> a local wheel if pip's find-links has one, else the CPU wheel
+set -eu
+venv=${1:-.venv}
+python=${2:-python3}
+version=${TORCH_VERSION:-2.13.0}
+pip="$venv/bin/pip"
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+"$pip" --version >/dev/null
+
+if "$venv/bin/python" -c "import torch" 2>/dev/null && [ -z "${TORCH_SPEC:-}" ]; then
+    echo "torch already installed: $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+elif [ -n "${TORCH_SPEC:-}" ]; then
+    echo "Installing torch as TORCH_SPEC says: $TORCH_SPEC"
+    # shellcheck disable=SC2086  # TORCH_SPEC may carry pip options such as --index-url
+    "$pip" install -q $TORCH_SPEC
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "NVIDIA GPU found: installing the CUDA build of torch $version"
+    "$pip" install -q "torch==$version"
+elif command -v rocminfo >/dev/null 2>&1 && rocminfo >/dev/null 2>&1; then
+    index=${TORCH_ROCM_INDEX:-https://download.pytorch.org/whl/rocm6.4}
+    echo "AMD GPU found: installing the ROCm build of torch $version from $index"
+    "$pip" install -q "torch==$version" --index-url "$index"
+elif "$pip" install -q --no-index "torch==$version" 2>/dev/null; then
+    echo "No GPU: installed torch $version from a local wheel"
+elif [ "$(uname -s)" = Darwin ]; then
+    echo "macOS: installing torch $version (CPU and Apple MPS)"
+    "$pip" install -q "torch==$version"
+else
+    echo "No GPU: installing the CPU build of torch $version"
+    "$pip" install -q "torch==$version" --index-url https://download.pytorch.org/whl/cpu
+fi
+
+"$pip" install -q -r requirements.txt -r requirements-test.txt
+touch "$venv/.installed"
+echo "Environment ready in $venv"

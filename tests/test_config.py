@@ -1,0 +1,171 @@
+"""The config system: the Kconfig tree, shipped defconfigs, and strict validation of every value."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import kconfiglib
+import pytest
+
+from lib import config as kc
+from lib.errors import ConfigError
+
+DEFCONFIGS = kc.defconfig_names()
+FRAGMENTS = kc.fragment_names()
+
+
+def test_kconfig_tree_parses_cleanly_and_every_symbol_has_help():
+    kconf = kconfiglib.Kconfig(str(kc.KCONFIG), warn_to_stderr=False)
+    assert kconf.warnings == []
+    missing = [sym.name for sym in kconf.unique_defined_syms if not any(n.help for n in sym.nodes)]
+    assert missing == []
+    missing_choices = [c.name_and_loc for c in kconf.unique_choices if not any(n.help for n in c.nodes)]
+    assert missing_choices == []
+
+
+def test_seed_symbol_names_exist():
+    kconf = kconfiglib.Kconfig(str(kc.KCONFIG), warn_to_stderr=False)
+    for name in ("HYPER_PARAM_AUTO", "HYPER_PARAM_MANUAL", "TARGET_EFFECTIVE_BATCH", "BATCH_SIZE",
+                 "COMPILE_AUTO", "COMPILE_MANUAL", "COMPILE_MODEL"):
+        assert name in kconf.syms and kconf.syms[name].nodes, name
+
+
+def test_ships_the_required_defconfigs():
+    assert {"lenet5", "resnet18", "resnet50", "gpt2", "gpt2-tiny"} <= set(DEFCONFIGS)
+    assert "cpu-smoke" in FRAGMENTS
+
+
+@pytest.mark.parametrize("name", DEFCONFIGS)
+def test_defconfig_loads_every_value_takes_and_is_minimal(name, tmp_path):
+    out = tmp_path / ".config"
+    config = kc.make_defconfig(name, out=out)
+    assert out.is_file()
+    # savedefconfig of the result reproduces the shipped file byte for byte
+    assert kc.minimal_config_text(out) == (kc.DEFCONFIG_DIR / name).read_bytes().decode()
+    assert kc.listnewconfig(out) == []
+    assert kc.read_config(out) == config
+    assert config.hyperparam_mode == "auto" and config.target_effective_batch
+
+
+@pytest.mark.parametrize("name", DEFCONFIGS)
+def test_cpu_smoke_fragment_merges_onto_every_defconfig(name, tmp_path):
+    config = kc.make_defconfig(name, ["cpu-smoke"], out=tmp_path / ".config")
+    assert config.device == "cpu" and config.max_steps == 3
+
+
+def test_typed_values(tmp_path):
+    config = kc.make_defconfig("gpt2-tiny", out=tmp_path / ".config")
+    assert config.model == "gpt2" and config.gpt2_preset == "tiny"
+    assert config.gpt2_block_size == 128 and isinstance(config.learning_rate, float)
+    assert config.resnet_image_size is None and config.batch_size is None
+    assert config.symbols["MODEL_GPT2"] == "y"
+    with pytest.raises(AttributeError):
+        config.learning_rate = 1.0  # frozen
+
+
+def test_fragment_can_switch_a_choice(tmp_path):
+    config = kc.make_defconfig("lenet5", ["manual-batch"], out=tmp_path / ".config")
+    assert config.hyperparam_mode == "manual"
+    assert (config.batch_size, config.gradient_accumulation) == (32, 2)
+    assert config.target_effective_batch is None
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+BAD_INPUTS = {
+    "undefined symbol": ("CONFIG_NO_SUCH_THING=y\n", "NO_SUCH_THING"),
+    "malformed int": ("CONFIG_EPOCHS=ten\n", "EPOCHS"),
+    "int out of range": ("CONFIG_EPOCHS=0\n", "EPOCHS"),
+    "target out of range": ("CONFIG_TARGET_EFFECTIVE_BATCH=0\n", "TARGET_EFFECTIVE_BATCH"),
+    "dependency unmet": ("CONFIG_HYPER_PARAM_AUTO=y\nCONFIG_BATCH_SIZE=128\n", "BATCH_SIZE"),
+    "hidden choice member": ("CONFIG_GPT2_PRESET_TINY=y\n", "GPT2_PRESET_TINY"),
+    "bad learning rate": ('CONFIG_LEARNING_RATE="fast"\n', "LEARNING_RATE"),
+    "zero learning rate": ('CONFIG_LEARNING_RATE="0"\n', "LEARNING_RATE"),
+    "negative weight decay": ('CONFIG_WEIGHT_DECAY="-1"\n', "WEIGHT_DECAY"),
+    "malformed line": ("CONFIG_EPOCHS 3\n", "CONFIG_EPOCHS 3"),
+    "bad bool": ("CONFIG_GRADIENT_CHECKPOINTING=maybe\n", "GRADIENT_CHECKPOINTING"),
+    "deselected default": ("# CONFIG_HYPER_PARAM_AUTO is not set\n", "HYPER_PARAM_AUTO"),
+    "bad run name": ('CONFIG_RUN_NAME="../escape"\n', "RUN_NAME"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=list(BAD_INPUTS))
+def test_bad_defconfig_is_an_error_naming_the_symbol_and_writes_nothing(case, tmp_path):
+    text, symbol = BAD_INPUTS[case]
+    bad = write(tmp_path / "bad", text)
+    out = write(tmp_path / ".config", "# the user's file\n")
+    before = out.stat().st_mtime_ns
+    with pytest.raises(ConfigError) as err:
+        kc.make_defconfig(str(bad), out=out)
+    assert symbol in str(err.value)
+    assert out.read_text() == "# the user's file\n" and out.stat().st_mtime_ns == before
+    assert not (tmp_path / ".config.old").exists()
+
+
+def test_error_says_why(tmp_path):
+    with pytest.raises(ConfigError, match=r"outside the allowed range 1\.\.100000"):
+        kc.make_defconfig(str(write(tmp_path / "d", "CONFIG_EPOCHS=0\n")), out=tmp_path / ".config")
+    with pytest.raises(ConfigError, match=r"depends on HYPER_PARAM_MANUAL"):
+        kc.make_defconfig(str(write(tmp_path / "d", "CONFIG_BATCH_SIZE=128\n")), out=tmp_path / ".config")
+
+
+def test_fragment_whose_value_does_not_take_is_refused(tmp_path):
+    out = tmp_path / ".config"
+    with pytest.raises(ConfigError, match=r"fragments/grad-checkpointing.*GRADIENT_CHECKPOINTING.*MODEL_LENET5"):
+        kc.make_defconfig("lenet5", ["grad-checkpointing"], out=out)
+    assert not out.exists()
+
+
+def test_unknown_defconfig_and_fragment_list_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match="lenet5"):
+        kc.make_defconfig("nope", out=tmp_path / ".config")
+    with pytest.raises(ConfigError, match="cpu-smoke"):
+        kc.make_defconfig("lenet5", ["nope"], out=tmp_path / ".config")
+
+
+def test_hand_edited_config_is_validated_and_left_untouched(tmp_path):
+    path = tmp_path / ".config"
+    kc.make_defconfig("resnet18", out=path)
+    text = path.read_text().replace("CONFIG_HYPER_PARAM_AUTO=y", "CONFIG_HYPER_PARAM_AUTO=y\nCONFIG_BATCH_SIZE=64")
+    path.write_text(text)
+    for action in (kc.read_config, kc.olddefconfig, kc.listnewconfig):
+        with pytest.raises(ConfigError, match="BATCH_SIZE"):
+            action(path)
+        assert path.read_text() == text
+    with pytest.raises(ConfigError, match="BATCH_SIZE"):
+        kc.savedefconfig(path, tmp_path / "defconfig")
+    assert not (tmp_path / "defconfig").exists()
+
+
+def test_missing_config_names_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match=r"no such file.*defconfig"):
+        kc.read_config(tmp_path / "absent")
+
+
+def test_olddefconfig_fills_new_symbols_and_keeps_old_copy(tmp_path):
+    path = write(tmp_path / ".config", "CONFIG_EPOCHS=7\n")
+    assert kc.listnewconfig(path)  # everything else is new
+    kc.olddefconfig(path)
+    assert kc.listnewconfig(path) == []
+    assert kc.read_config(path).epochs == 7
+    assert (tmp_path / ".config.old").read_text() == "CONFIG_EPOCHS=7\n"
+
+
+def test_savedefconfig_round_trip(tmp_path):
+    path = tmp_path / ".config"
+    kc.make_defconfig("resnet50", ["cpu-smoke"], out=path)
+    out = kc.savedefconfig(path, tmp_path / "defconfig")
+    again = kc.make_defconfig(str(out), out=tmp_path / "again")
+    assert again.to_dict() | {"source": ""} == kc.read_config(path).to_dict() | {"source": ""}
+
+
+def test_kconfig_config_env_selects_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("KCONFIG_CONFIG", str(tmp_path / "other.config"))
+    assert kc.config_path() == tmp_path / "other.config"
+    monkeypatch.delenv("KCONFIG_CONFIG")
+    assert kc.config_path() == Path(".config")
+    assert os.environ.get("KCONFIG_CONFIG") is None

@@ -1,0 +1,598 @@
+"""lib.hardware and lib.gpu_catalog: detection (real and faked), profiles, catalog."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import types
+
+import pytest
+
+from lib import gpu_catalog, hardware
+from lib.errors import HardwareError, KfitError
+from lib.hardware import CPUInfo, GPUInfo, HardwareProfile, gib
+
+GiB = 2**30
+MiB = 2**20
+H100 = ("NVIDIA H100 80GB HBM3", 85520809984, 9, 0)
+A100 = ("NVIDIA A100-SXM4-80GB", 84987740160, 8, 0)
+V100 = ("Tesla V100-SXM2-16GB", 16945512448, 7, 0)
+
+
+# --------------------------------------------------------------------------
+# Fakes with the API surface lib.hardware uses
+# --------------------------------------------------------------------------
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+class FakeLibraryNotFound(FakeNVMLError):
+    pass
+
+
+class FakeDriverNotLoaded(FakeNVMLError):
+    pass
+
+
+class FakeLibRmVersionMismatch(FakeNVMLError):
+    pass
+
+
+def fake_pynvml(devices=(), *, init_error=None, cuda_driver=12040):
+    """devices: (name, total_bytes, free_bytes) per GPU, as NVML reports them."""
+    calls = []
+    mod = types.SimpleNamespace(
+        NVMLError=FakeNVMLError,
+        NVMLError_LibraryNotFound=FakeLibraryNotFound,
+        NVMLError_DriverNotLoaded=FakeDriverNotLoaded,
+        NVMLError_LibRmVersionMismatch=FakeLibRmVersionMismatch,
+        calls=calls,
+    )
+
+    def nvmlInit():
+        calls.append("init")
+        if init_error is not None:
+            raise init_error
+
+    def nvmlShutdown():
+        calls.append("shutdown")
+
+    mod.nvmlInit = nvmlInit
+    mod.nvmlShutdown = nvmlShutdown
+    mod.nvmlDeviceGetCount = lambda: len(devices)
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i
+    mod.nvmlDeviceGetName = lambda h: devices[h][0]
+    mod.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
+    mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        total=devices[h][1], free=devices[h][2], used=devices[h][1] - devices[h][2]
+    )
+    mod.nvmlSystemGetCudaDriverVersion = lambda: cuda_driver
+    return mod
+
+
+def fake_torch(devices=(), *, cuda="12.6", hip=None, version="2.13.0+cu126", mps=False, mem_get_info=True):
+    """devices: (name, total_bytes, major, minor, free_bytes[, gcnArchName]) per GPU."""
+    props = [
+        types.SimpleNamespace(
+            name=d[0],
+            total_memory=d[1],
+            major=d[2],
+            minor=d[3],
+            gcnArchName=d[5] if len(d) > 5 else "",
+            uuid=f"0000000{i}-aaaa-bbbb-cccc-dddddddddddd",
+        )
+        for i, d in enumerate(devices)
+    ]
+
+    def get_info(i):
+        if not mem_get_info:
+            raise RuntimeError("mem_get_info not supported")
+        return (devices[i][4], devices[i][1])
+
+    cuda_ns = types.SimpleNamespace(
+        is_available=lambda: bool(devices) and (cuda is not None or hip is not None),
+        device_count=lambda: len(devices),
+        get_device_properties=lambda i: props[i],
+        mem_get_info=get_info,
+    )
+    return types.SimpleNamespace(
+        __version__=version,
+        version=types.SimpleNamespace(cuda=cuda, hip=hip),
+        cuda=cuda_ns,
+        backends=types.SimpleNamespace(mps=types.SimpleNamespace(is_available=lambda: mps)),
+        mps=types.SimpleNamespace(recommended_max_memory=lambda: 16 * GiB),
+    )
+
+
+def cpu_torch():
+    return fake_torch((), cuda=None, version="2.13.0+cpu")
+
+
+# --------------------------------------------------------------------------
+# This machine (no GPU)
+# --------------------------------------------------------------------------
+
+
+def test_detect_on_this_machine_is_a_quiet_cpu_profile(tmp_path):
+    p = hardware.detect(str(tmp_path))
+    assert p.gpus == ()
+    assert p.accelerator == "cpu"
+    assert p.primary_gpu is None and p.identical_gpu_count == 0
+    assert p.notes == ()
+    assert p.source == "detected"
+    assert p.cuda_version is None and p.hip_version is None
+    assert p.torch_version.startswith("2.")
+    c = p.cpu
+    assert c.name and c.name != "unknown CPU"
+    assert 1 <= c.physical_cores <= c.logical_cores <= 4096
+    assert 0 < c.ram_available_bytes <= c.ram_total_bytes
+    assert c.ram_total_bytes > 256 * MiB
+    assert p.disk_free_bytes > 0
+    assert p.on_battery in (None, True, False)
+
+
+def test_detect_is_fast_and_warning_free(recwarn):
+    import torch  # noqa: F401 - the budget is "after torch is imported"
+
+    hardware.detect()
+    start = time.perf_counter()
+    hardware.detect()
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.05, f"detect() took {elapsed * 1000:.1f} ms"
+    assert len(recwarn) == 0
+
+
+def test_detect_with_missing_disk_path_uses_nearest_parent(tmp_path):
+    p = hardware.detect(str(tmp_path / "runs" / "not-yet"))
+    assert p.disk_free_bytes > 0
+
+
+def test_gib():
+    assert gib(3 * GiB) == 3.0
+    assert gib(512 * MiB) == 0.5
+
+
+# --------------------------------------------------------------------------
+# JSON round trip and strict parsing
+# --------------------------------------------------------------------------
+
+
+def _catalog_profile(key="h100", **kw):
+    cpu = CPUInfo("Test CPU", 8, 16, 64 * GiB, 60 * GiB)
+    return hardware.from_catalog(key, cpu=cpu, **kw)
+
+
+@pytest.mark.parametrize("make", [hardware.detect, lambda: _catalog_profile("a100", gpus=2), lambda: _catalog_profile("mi210")])
+def test_json_round_trip(tmp_path, make):
+    p = make()
+    p = dataclasses.replace(p, notes=("a note",))
+    path = tmp_path / "hw.json"
+    path.write_text(p.to_json())
+    loaded = hardware.load_profile(str(path))
+    assert loaded.source == f"file:{path}"
+    assert loaded == dataclasses.replace(p, source=f"file:{path}")
+    assert HardwareProfile.from_dict(json.loads(p.to_json())) == p
+    assert isinstance(loaded.gpus, tuple) and isinstance(loaded.notes, tuple)
+    if loaded.gpus and loaded.gpus[0].compute_capability is not None:
+        assert isinstance(loaded.gpus[0].compute_capability, tuple)
+
+
+def _good_dict():
+    return _catalog_profile("h100", gpus=2).to_dict()
+
+
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda d: d.pop("cpu"), "cpu"),
+        (lambda d: d.pop("notes"), "notes"),
+        (lambda d: d.update(extra=1), "extra"),
+        (lambda d: d["cpu"].pop("logical_cores"), "cpu.logical_cores"),
+        (lambda d: d["cpu"].update(threads=4), "cpu.threads"),
+        (lambda d: d["gpus"][1].pop("free_bytes"), "gpus[1].free_bytes"),
+        (lambda d: d["gpus"][0].update(memory="80GB"), "gpus[0].memory"),
+        (lambda d: d["gpus"][0].update(total_bytes="80GB"), "gpus[0].total_bytes"),
+        (lambda d: d["gpus"][0].update(total_bytes=80.0), "gpus[0].total_bytes"),
+        (lambda d: d["gpus"][0].update(total_bytes=True), "gpus[0].total_bytes"),
+        (lambda d: d["gpus"][0].update(free_bytes=d["gpus"][0]["total_bytes"] + 1), "gpus[0].free_bytes"),
+        (lambda d: d["gpus"][0].update(free_bytes=-1), "gpus[0].free_bytes"),
+        (lambda d: d["gpus"][0].update(vendor="intel"), "gpus[0].vendor"),
+        (lambda d: d["gpus"][0].update(backend="rocm"), "gpus[0].backend"),
+        (lambda d: d["gpus"][0].update(compute_capability=[9]), "gpus[0].compute_capability"),
+        (lambda d: d["gpus"][0].update(compute_capability="9.0"), "gpus[0].compute_capability"),
+        (lambda d: d["gpus"][0].update(compute_capability=None), "gpus[0].compute_capability"),
+        (lambda d: d["gpus"][0].update(supports_bf16="yes"), "gpus[0].supports_bf16"),
+        (lambda d: d["gpus"][0].update(compute_capability=[7, 0]), "gpus[0].supports_tf32"),
+        (lambda d: d["gpus"][1].update(index=0), "gpus[1].index"),
+        (lambda d: d.update(gpus={}), "gpus"),
+        (lambda d: d.update(on_battery="no"), "on_battery"),
+        (lambda d: d.update(cuda_version=12.6), "cuda_version"),
+        (lambda d: d.update(notes=[1]), "notes[0]"),
+        (lambda d: d.update(disk_free_bytes=None), "disk_free_bytes"),
+        (lambda d: d["cpu"].update(ram_available_bytes=d["cpu"]["ram_total_bytes"] + 1), "cpu.ram_available_bytes"),
+        (lambda d: d["cpu"].update(physical_cores=0), "cpu.physical_cores"),
+    ],
+)
+def test_from_dict_is_strict_and_names_the_key(mutate, key):
+    d = _good_dict()
+    mutate(d)
+    with pytest.raises(HardwareError) as e:
+        HardwareProfile.from_dict(d)
+    assert f"'{key}'" in str(e.value)
+    assert "fix" in str(e.value).lower() or "valid keys" in str(e.value)
+
+
+def test_from_dict_rejects_non_objects():
+    with pytest.raises(HardwareError, match="JSON object"):
+        HardwareProfile.from_dict([1, 2])
+    d = _good_dict()
+    d["gpus"][0] = "H100"
+    with pytest.raises(HardwareError, match=r"'gpus\[0\]'"):
+        HardwareProfile.from_dict(d)
+
+
+def test_from_dict_accepts_a_hand_written_amd_profile():
+    d = _good_dict()
+    d["gpus"] = [
+        dict(d["gpus"][0], name="AMD Instinct MI210", vendor="amd", backend="rocm", compute_capability=None,
+             arch="gfx90a", supports_tf32=False)
+    ]
+    p = HardwareProfile.from_dict(d)
+    assert p.accelerator == "rocm"
+
+
+def test_load_profile_errors_name_the_path(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(HardwareError, match="nope.json.*does not exist"):
+        hardware.load_profile(str(missing))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    with pytest.raises(HardwareError, match=r"bad\.json.*not valid JSON.*line 1"):
+        hardware.load_profile(str(bad))
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(HardwareError, match="bin.json"):
+        hardware.load_profile(str(binary))
+    wrong = tmp_path / "wrong.json"
+    d = _good_dict()
+    del d["source"]
+    wrong.write_text(json.dumps(d))
+    with pytest.raises(HardwareError, match=r"wrong\.json.*'source'"):
+        hardware.load_profile(str(wrong))
+    with pytest.raises(HardwareError, match="cannot be read"):
+        hardware.load_profile(str(tmp_path))
+
+
+def test_hardware_error_is_a_kfit_error():
+    assert issubclass(HardwareError, KfitError)
+
+
+# --------------------------------------------------------------------------
+# Catalog
+# --------------------------------------------------------------------------
+
+REQUIRED_KEYS = {"h100", "a100-40gb", "a100-80gb", "a10g", "l4", "rtx4090", "rtx3090", "w7900", "mi210", "b200", "t4", "v100"}
+
+
+def test_catalog_has_the_required_entries():
+    assert REQUIRED_KEYS <= set(gpu_catalog.CATALOG)
+
+
+@pytest.mark.parametrize("key", sorted(gpu_catalog.CATALOG))
+def test_every_catalog_entry_resolves(key):
+    e = gpu_catalog.CATALOG[key]
+    assert e.key == key == key.lower()
+    assert e.source.startswith("https://")
+    assert e.tdp_watts > 0 and e.memory_type
+    p = hardware.resolve_hardware(gpu=key.upper())
+    assert p.source == f"catalog:{key}"
+    g = p.primary_gpu
+    assert (g.name, g.vendor, g.backend, g.total_bytes, g.arch) == (e.name, e.vendor, e.backend, e.total_bytes, e.arch)
+    assert g.free_bytes == e.total_bytes - gpu_catalog.CONTEXT_RESERVE_BYTES
+    assert p.identical_gpu_count == 1
+    assert p.accelerator == e.backend
+    assert p.notes == ()
+    assert p.cpu.name == hardware.detect_cpu().name  # this machine's CPU
+    # internally consistent: it survives the strict parser
+    assert HardwareProfile.from_dict(p.to_dict()) == p
+    if e.vendor == "nvidia":
+        assert e.arch == "sm_%d%d" % e.compute_capability
+        assert e.tf32 == e.bf16 == (e.compute_capability >= (8, 0))
+    else:
+        assert e.compute_capability is None and not e.tf32
+
+
+@pytest.mark.parametrize(
+    "key, cc, gb, bf16",
+    [
+        ("h100", (9, 0), 80, True),
+        ("a100-40gb", (8, 0), 40, True),
+        ("a100-80gb", (8, 0), 80, True),
+        ("a10g", (8, 6), 24, True),
+        ("l4", (8, 9), 24, True),
+        ("rtx4090", (8, 9), 24, True),
+        ("rtx3090", (8, 6), 24, True),
+        ("b200", (10, 0), 180, True),
+        ("t4", (7, 5), 16, False),
+        ("v100", (7, 0), 16, False),
+        ("w7900", None, 48, True),
+        ("mi210", None, 64, True),
+    ],
+)
+def test_catalog_facts(key, cc, gb, bf16):
+    e = gpu_catalog.CATALOG[key]
+    assert e.compute_capability == cc
+    assert e.bf16 is bf16
+    # torch's total is a little under the marketing GB figure, never over it
+    assert 0.88 * gb * 1e9 <= e.total_bytes <= gb * GiB
+
+
+def test_catalog_arches():
+    assert gpu_catalog.CATALOG["w7900"].arch == "gfx1100"
+    assert gpu_catalog.CATALOG["mi210"].arch == "gfx90a"
+    assert gpu_catalog.CATALOG["b200"].arch == "sm_100"
+
+
+@pytest.mark.parametrize(
+    "alias, key",
+    [
+        ("h100-80gb", "h100"),
+        ("H100", "h100"),
+        ("a100", "a100-80gb"),
+        ("A100_40GB", "a100-40gb"),
+        ("4090", "rtx4090"),
+        ("RTX 4090", "rtx4090"),
+        ("3090", "rtx3090"),
+        ("tesla-t4", "t4"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("Tesla V100-SXM2-16GB", "v100"),
+        (" MI210 ", "mi210"),
+    ],
+)
+def test_catalog_aliases(alias, key):
+    assert gpu_catalog.lookup(alias).key == key
+    assert hardware.resolve_hardware(gpu=alias).source == f"catalog:{key}"
+
+
+def test_unknown_catalog_key_lists_valid_keys():
+    with pytest.raises(HardwareError) as e:
+        hardware.resolve_hardware(gpu="h10")
+    msg = str(e.value)
+    assert "'h10'" in msg
+    for key in REQUIRED_KEYS:
+        assert key in msg
+    assert "'cpu'" in msg and "HW=" in msg
+    assert "Did you mean 'h100'" in msg
+
+
+def test_catalog_overrides():
+    p = hardware.resolve_hardware(gpu="a100-80gb", free_gb=40, gpus=4)
+    assert len(p.gpus) == 4 and p.identical_gpu_count == 4
+    assert [g.index for g in p.gpus] == [0, 1, 2, 3]
+    assert all(g.free_bytes == 40 * GiB for g in p.gpus)
+    q = hardware.from_catalog("h100", total_gb=94, cpu=CPUInfo("x", 1, 1, GiB, GiB))
+    assert q.gpus[0].total_bytes == 94 * GiB
+    assert q.gpus[0].free_bytes == 94 * GiB - gpu_catalog.CONTEXT_RESERVE_BYTES
+    assert q.cpu.name == "x"
+
+
+def test_catalog_cpu_is_this_machines_by_default():
+    here = hardware.detect_cpu()
+    p = hardware.from_catalog("l4")
+    assert (p.cpu.name, p.cpu.logical_cores, p.cpu.ram_total_bytes) == (here.name, here.logical_cores, here.ram_total_bytes)
+    assert p.on_battery is None
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(free_gb=0), "FREE_GB=0"),
+        (dict(free_gb=-3), "FREE_GB=-3"),
+        (dict(free_gb=float("nan")), "FREE_GB"),
+        (dict(free_gb="40"), "FREE_GB='40'"),
+        (dict(free_gb=81), r"more than the 79\.65 GiB total.*at most 79\.64"),
+        (dict(gpus=0), "GPUS=0"),
+        (dict(gpus=1.5), "GPUS=1.5"),
+        (dict(gpus=True), "GPUS=True"),
+    ],
+)
+def test_bad_overrides(kw, match):
+    with pytest.raises(HardwareError, match=match):
+        hardware.resolve_hardware(gpu="h100", **kw)
+
+
+def test_gpu_cpu_is_a_cpu_only_profile_and_rejects_gpu_overrides():
+    p = hardware.resolve_hardware(gpu="CPU")
+    assert p.gpus == () and p.accelerator == "cpu" and p.source == "catalog:cpu"
+    assert p.cpu.logical_cores >= 1
+    with pytest.raises(HardwareError, match="GPUS=.*no GPU"):
+        hardware.resolve_hardware(gpu="cpu", gpus=2)
+    with pytest.raises(HardwareError, match="FREE_GB=.*no GPU"):
+        hardware.resolve_hardware(gpu="cpu", free_gb=4)
+
+
+def test_detected_cpu_profile_rejects_gpu_overrides():
+    with pytest.raises(HardwareError, match="GPUS=.*no GPU"):
+        hardware.resolve_hardware(gpus=1)
+
+
+def test_resolve_hw_file_wins_and_takes_overrides(tmp_path):
+    path = tmp_path / "box.json"
+    path.write_text(_catalog_profile("rtx3090", gpus=2).to_json())
+    p = hardware.resolve_hardware(hw=str(path))
+    assert p.source == f"file:{path}" and p.identical_gpu_count == 2
+    q = hardware.resolve_hardware(hw=str(path), gpu="h100", gpus=1, free_gb=20)
+    assert q.primary_gpu.name == "NVIDIA GeForce RTX 3090"
+    assert len(q.gpus) == 1 and q.gpus[0].free_bytes == 20 * GiB
+    assert any("GPU=h100 was ignored" in n for n in q.notes)
+    r = hardware.resolve_hardware(hw=str(path), gpus=3)
+    assert r.identical_gpu_count == 3 and [g.index for g in r.gpus] == [0, 1, 2]
+    assert any("simulates 1 more" in n for n in r.notes)
+    with pytest.raises(HardwareError, match="at most 23.69"):
+        hardware.resolve_hardware(hw=str(path), free_gb=24)
+
+
+# --------------------------------------------------------------------------
+# Faked machines
+# --------------------------------------------------------------------------
+
+
+def test_two_identical_h100s_with_another_process_using_memory(tmp_path):
+    name, total, major, minor = H100
+    used_by_other = 30 * GiB
+    torch_mod = fake_torch([(name, total, major, minor, total - used_by_other), (name, total, major, minor, total - 600 * MiB)])
+    nvml = fake_pynvml([(name, 81559 * MiB, 81559 * MiB - used_by_other), (name, 81559 * MiB, 81559 * MiB)])
+    p = hardware._detect(torch_mod, nvml, str(tmp_path))
+    assert p.accelerator == "cuda" and p.cuda_version == "12.6" and p.torch_version == "2.13.0+cu126"
+    assert len(p.gpus) == 2 and p.identical_gpu_count == 2
+    g0, g1 = p.gpus
+    assert g0 == GPUInfo(0, name, "nvidia", "cuda", total, total - used_by_other, (9, 0), "sm_90", True, True)
+    assert g1.free_bytes == total - 600 * MiB and g1.index == 1
+    assert g0.free_bytes < g0.total_bytes
+    # the busy GPU is worth a note; the other one (our own context only) is not
+    assert len(p.notes) == 1 and "GPU 0" in p.notes[0] and "30.0" in p.notes[0]
+    assert "init" in nvml.calls and nvml.calls[-1] == "shutdown"
+
+
+def test_mixed_pair():
+    torch_mod = fake_torch([(*H100, H100[1] - GiB), (*A100, A100[1] - GiB)])
+    p = hardware._detect(torch_mod, fake_pynvml([]))
+    assert len(p.gpus) == 2 and p.identical_gpu_count == 1
+    assert p.primary_gpu.name == H100[0]
+    assert p.gpus[1].compute_capability == (8, 0) and p.gpus[1].arch == "sm_80"
+    assert any("GPUs differ" in n and "CUDA_VISIBLE_DEVICES" in n for n in p.notes)
+
+
+def test_v100_takes_the_fp16_path():
+    p = hardware._detect(fake_torch([(*V100, V100[1] - GiB)], cuda="11.8"), None)
+    g = p.primary_gpu
+    assert g.compute_capability == (7, 0) and g.arch == "sm_70"
+    assert g.supports_bf16 is False and g.supports_tf32 is False
+    assert p.notes == ()
+
+
+def test_rocm_mi210():
+    total = 68702699520
+    torch_mod = fake_torch(
+        [("AMD Instinct MI210", total, 9, 0, total - GiB, "gfx90a:sramecc+:xnack-")],
+        cuda=None, hip="6.2.41133", version="2.13.0+rocm6.2",
+    )
+    p = hardware._detect(torch_mod, fake_pynvml(init_error=FakeLibraryNotFound()))
+    g = p.primary_gpu
+    assert p.accelerator == "rocm" and p.hip_version == "6.2.41133" and p.cuda_version is None
+    assert (g.vendor, g.backend, g.arch, g.compute_capability) == ("amd", "rocm", "gfx90a", None)
+    assert g.supports_bf16 is True and g.supports_tf32 is False
+    assert g.free_bytes == total - GiB
+    assert p.notes == ()
+
+
+@pytest.mark.parametrize(
+    "arch, bf16",
+    [("gfx90a", True), ("gfx942", True), ("gfx950", True), ("gfx1100", True), ("gfx1201", True),
+     ("gfx908", False), ("gfx906", False), ("gfx1030", False), ("weird", False)],
+)
+def test_rocm_bf16_rule(arch, bf16):
+    assert hardware._rocm_bf16(arch) is bf16
+
+
+def test_cpu_only_torch_with_nvml_gpus_gives_no_gpus_and_names_the_fix():
+    nvml = fake_pynvml([(H100[0], 81559 * MiB, 81000 * MiB)] * 2, cuda_driver=12040)
+    p = hardware._detect(cpu_torch(), nvml)
+    assert p.gpus == () and p.accelerator == "cpu"
+    assert len(p.notes) == 1
+    note = p.notes[0]
+    assert "2 NVIDIA GPU(s)" in note and H100[0] in note
+    assert "CPU-only build" in note and "install a CUDA build" in note and "CUDA 12.4" in note
+
+
+def test_cuda_torch_that_cannot_see_nvml_gpus_explains_why(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = fake_pynvml([(H100[0], 81559 * MiB, 81000 * MiB)], cuda_driver=11040)
+    torch_mod = fake_torch([], cuda="12.6")  # CUDA build, is_available() False
+    (note,) = hardware._detect(torch_mod, nvml).notes
+    assert "driver supports only CUDA 11.4" in note and "update the NVIDIA driver" in note
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    (note,) = hardware._detect(torch_mod, nvml).notes
+    assert "CUDA_VISIBLE_DEVICES=''" in note and "unset it" in note
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    (note,) = hardware._detect(torch_mod, fake_pynvml([(H100[0], 1, 1)], cuda_driver=12080)).notes
+    assert "is_available() is False" in note and "nvidia-smi" in note
+
+
+def test_driver_library_mismatch_is_reported():
+    p = hardware._detect(cpu_torch(), fake_pynvml(init_error=FakeLibRmVersionMismatch()))
+    assert p.gpus == ()
+    (note,) = p.notes
+    assert "reboot" in note
+
+
+@pytest.mark.parametrize("err", [FakeLibraryNotFound(), FakeDriverNotLoaded(), FakeNVMLError("x"), RuntimeError("broken")])
+def test_no_nvml_is_a_silent_cpu_profile(err, recwarn):
+    p = hardware._detect(cpu_torch(), fake_pynvml(init_error=err))
+    assert p.gpus == () and p.notes == () and p.accelerator == "cpu"
+    assert len(recwarn) == 0
+
+
+def test_real_pynvml_on_this_machine_is_silent():
+    import pynvml
+
+    assert hardware._query_nvml(pynvml) is None
+    assert hardware._query_nvml(None) is None
+
+
+def test_free_memory_falls_back_to_nvml_then_to_a_note():
+    name, total, major, minor = H100
+    torch_mod = fake_torch([(name, total, major, minor, 0)], mem_get_info=False)
+    nvml = fake_pynvml([(name, 81559 * MiB, 50 * GiB)])
+    p = hardware._detect(torch_mod, nvml)
+    assert p.primary_gpu.free_bytes == 50 * GiB
+    q = hardware._detect(torch_mod, None)
+    assert q.primary_gpu.free_bytes == total
+    assert any("could not be measured" in n for n in q.notes)
+
+
+def test_apple_mps():
+    cpu = CPUInfo("Apple M2 Max", 12, 12, 32 * GiB, 20 * GiB)
+    torch_mod = fake_torch([], cuda=None, version="2.13.0", mps=True)
+    gpus, notes = hardware._query_torch_gpus(torch_mod, cpu=cpu)
+    (g,) = gpus
+    assert (g.name, g.vendor, g.backend, g.arch) == ("Apple M2 Max", "apple", "mps", "apple")
+    assert g.total_bytes == 32 * GiB and g.free_bytes == 16 * GiB  # recommended_max_memory
+    assert g.supports_bf16 is False and g.compute_capability is None and notes == ()
+
+
+def test_unreadable_device_is_skipped_with_a_note():
+    torch_mod = fake_torch([(*H100, H100[1]), (*H100, H100[1])])
+
+    def props(i):
+        if i == 0:
+            raise RuntimeError("device lost")
+        return types.SimpleNamespace(name=H100[0], total_memory=H100[1], major=9, minor=0, uuid="x")
+
+    torch_mod.cuda.get_device_properties = props
+    p = hardware._detect(torch_mod, None)
+    assert len(p.gpus) == 1 and p.gpus[0].index == 0
+    assert any("GPU 0 was skipped" in n for n in p.notes)
+
+
+def test_torch_warnings_become_notes_only_when_there_are_gpus(recwarn):
+    import warnings
+
+    torch_mod = fake_torch([(*H100, H100[1] - GiB)])
+    real_info = torch_mod.cuda.mem_get_info
+
+    def noisy(i):
+        warnings.warn("NVIDIA H100 with CUDA capability sm_90 is not compatible with the current PyTorch installation.")
+        return real_info(i)
+
+    torch_mod.cuda.mem_get_info = noisy
+    p = hardware._detect(torch_mod, None)
+    assert any(n.startswith("torch warned: NVIDIA H100") for n in p.notes)
+
+    quiet = cpu_torch()
+    quiet.cuda.is_available = lambda: warnings.warn("CUDA initialization: no driver") or False
+    assert hardware._detect(quiet, None).notes == ()
+    assert len(recwarn) == 0

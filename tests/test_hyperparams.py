@@ -1,0 +1,223 @@
+"""The resolver: a pure function of (config, hardware, model, world size), checked against the seed's tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from lib import config as kc
+from lib.errors import PlanError
+from lib.hardware import from_catalog, gib, resolve_hardware
+from lib.hyperparams import (
+    MEMORY_TIERS, MODEL_SCALE, ModelDescription, TierPolicy, apply_hyperparams,
+    calculate_gradient_accumulation, resolve, summary_line,
+)
+
+GIB = 2**30
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    def build(text: str = "", base: str = "lenet5"):
+        fragment = tmp_path / f"fragment{len(list(tmp_path.iterdir()))}"
+        fragment.write_text(text)
+        return kc.make_defconfig(base, [str(fragment)], out=tmp_path / ".config")
+    return build
+
+
+def gpu_with(free_gib: float, key: str = "b200", name: str | None = None):
+    """A catalog GPU with exactly `free_gib` free (total raised if needed)."""
+    hw = from_catalog(key)
+    gpu = hw.gpus[0]
+    total = max(gpu.total_bytes, int(free_gib * GIB) + GIB)
+    gpu = dataclasses.replace(gpu, total_bytes=total, free_bytes=int(free_gib * GIB), name=name or gpu.name)
+    return dataclasses.replace(hw, gpus=(gpu,))
+
+
+CPU = resolve_hardware(gpu="cpu")
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_SCALE))
+@pytest.mark.parametrize("compile_on", [True, False])
+@pytest.mark.parametrize("tier", MEMORY_TIERS, ids=lambda t: f"{t[0]}GB+")
+def test_tier_policy_matches_the_seed_table(tier, compile_on, model):
+    floor, with_compile, without = tier
+    # free memory whose 80% lands just inside this tier
+    free = (floor + 0.5) / 0.8 if floor else 2.0
+    batch, why = TierPolicy().max_micro_batch(hardware=gpu_with(free), model=ModelDescription(model),
+                                              device_type="cuda", compile=compile_on, precision="bf16")
+    base = with_compile if compile_on else without
+    assert batch == int(base * MODEL_SCALE[model])
+    assert f"base {base}" in why
+
+
+@pytest.mark.parametrize("model,expected", [("gpt2", 16), ("resnet50", 24), ("resnet18", 32), ("lenet5", 64)])
+def test_cpu_mode_uses_base_16_times_scale(model, expected):
+    batch, _ = TierPolicy().max_micro_batch(hardware=CPU, model=ModelDescription(model), device_type="cpu",
+                                            compile=False, precision="fp32")
+    assert batch == expected
+
+
+def test_tier_boundaries_use_80_percent_of_free_memory():
+    policy, model = TierPolicy(), ModelDescription("gpt2")
+    at = lambda free: policy.max_micro_batch(hardware=gpu_with(free), model=model, device_type="cuda",  # noqa: E731
+                                             compile=True, precision="bf16")[0]
+    assert at(40.0) == 32  # 32.0 usable: the 32GB+ tier
+    assert at(39.9) == 16  # 31.9 usable: one tier down
+    assert at(80.0) == 128 and at(160.0) == 256 and at(4.0) == 2
+
+
+def test_seed_worked_example_resnet18_on_h100_with_70gb_free(make_config):
+    config = make_config(base="resnet18")
+    hardware = resolve_hardware(gpu="h100", free_gb=70)
+    model = ModelDescription.from_config(config)
+    plan = resolve(config, hardware, model)
+    assert (plan.micro_batch, plan.grad_accum, plan.effective_batch) == (64, 8, 512)
+    assert plan.compile and plan.precision == "bf16" and plan.tf32 and plan.device_type == "cuda"
+    line = summary_line(plan, hardware, model)
+    assert re.fullmatch(r"Hyperparams: AUTO mode - GPU: NVIDIA H100[^(]*\(\d+\.\dGB total, 70\.0GB free\) x 1, "
+                        r"model=resnet18, compile=ON -> batch=64, grad_acc=8 \(effective=512, target=512\)", line)
+
+
+def test_world_size_is_processes_not_gpus(make_config):
+    config = make_config(base="resnet18")
+    four_gpus = resolve_hardware(gpu="h100", free_gb=70, gpus=4)
+    model = ModelDescription.from_config(config)
+    single = resolve(config, four_gpus, model, world_size=1)
+    assert (single.micro_batch, single.grad_accum, single.effective_batch) == (64, 8, 512)
+    ddp = resolve(config, four_gpus, model, world_size=4)
+    assert (ddp.micro_batch, ddp.grad_accum, ddp.world_size, ddp.effective_batch) == (64, 2, 4, 512)
+    eight = resolve(config, four_gpus, model, world_size=8)
+    assert (eight.micro_batch, eight.grad_accum, eight.effective_batch) == (64, 1, 512)
+    assert any("identical GPU" in n for n in eight.notes)
+
+
+def test_indivisible_target_says_how_far_off(make_config):
+    config = make_config("CONFIG_TARGET_EFFECTIVE_BATCH=512\n", base="resnet18")
+    plan = resolve(config, resolve_hardware(gpu="h100", free_gb=70, gpus=3), ModelDescription("resnet18"), 3)
+    assert plan.micro_batch <= 64
+    assert abs(plan.effective_batch - 512) / 512 < 0.01
+    assert plan.effective_batch == plan.micro_batch * plan.grad_accum * 3
+    assert "not divisible by the world size 3" in plan.reasons["grad_accum"]
+
+
+def test_largest_divisor_that_fits_keeps_the_target_exact():
+    assert calculate_gradient_accumulation(512, 96)[:2] == (64, 8)
+    assert calculate_gradient_accumulation(256, 24)[:2] == (16, 16)
+    assert calculate_gradient_accumulation(48, 64)[:2] == (48, 1)
+    assert calculate_gradient_accumulation(128, 32)[:2] == (32, 4)  # the seed's HPO example
+    micro, accum, why = calculate_gradient_accumulation(509, 64)  # a prime: only 1 divides it
+    assert (micro, accum) == (1, 509) and "would run faster" in why
+
+
+@pytest.mark.parametrize("target,cap,ws", [(t, c, w) for t in (1, 7, 64, 100, 512, 1000, 1024)
+                                             for c in (1, 3, 16, 64, 384) for w in (1, 2, 3, 8) if t >= w])
+def test_accumulation_invariants(target, cap, ws):
+    micro, accum, _ = calculate_gradient_accumulation(target, cap, ws)
+    assert 1 <= micro <= cap and accum >= 1
+    if target % ws == 0:
+        assert micro * accum * ws == target
+
+
+def test_compile_on_doubles_the_tier_batch(make_config):
+    model = ModelDescription("gpt2")
+    a100 = resolve_hardware(gpu="a100-40gb")  # about 38.5GB free -> 30.8GB usable -> the 16GB+ tier
+    on = resolve(make_config(base="gpt2"), a100, model)
+    off = resolve(make_config("CONFIG_COMPILE_MANUAL=y\n# CONFIG_COMPILE_MODEL is not set\n", base="gpt2"),
+                  a100, model)
+    assert on.compile and not off.compile
+    assert (on.micro_batch, off.micro_batch) == (16, 8)
+    assert on.effective_batch == off.effective_batch == 512
+
+
+@pytest.mark.parametrize("key,compile_on,precision", [
+    ("h100", True, "bf16"), ("a10g", True, "bf16"), ("l4", True, "bf16"), ("b200", True, "bf16"),
+    ("v100", True, "fp16"), ("t4", True, "fp16"), ("w7900", False, "bf16"), ("mi210", False, "bf16"),
+])
+def test_compile_and_precision_auto_per_gpu(make_config, key, compile_on, precision):
+    plan = resolve(make_config(), resolve_hardware(gpu=key), ModelDescription("lenet5"))
+    assert plan.compile is compile_on, plan.reasons["compile"]
+    assert plan.precision == precision and plan.grad_scaler is (precision == "fp16")
+    if not compile_on:
+        assert "deny list" in plan.reasons["compile"]
+
+
+def test_old_nvidia_gpu_does_not_compile(make_config):
+    hw = from_catalog("v100")
+    old = dataclasses.replace(hw, gpus=(dataclasses.replace(hw.gpus[0], name="Tesla P100", compute_capability=(6, 0)),))
+    plan = resolve(make_config(), old, ModelDescription("lenet5"))
+    assert not plan.compile and "7.0" in plan.reasons["compile"]
+
+
+def test_cpu_plan(make_config):
+    plan = resolve(make_config(), CPU, ModelDescription("lenet5"))
+    assert plan.device_type == "cpu" and plan.precision == "fp32" and not plan.compile
+    assert (plan.micro_batch, plan.grad_accum, plan.effective_batch) == (64, 8, 512)
+    assert plan.num_workers == 0 and not plan.pin_memory and not plan.tf32
+    assert "CPU" in plan.reasons["compile"]
+
+
+def test_device_cpu_on_a_gpu_machine(make_config):
+    plan = resolve(make_config("CONFIG_DEVICE_CPU=y\n"), resolve_hardware(gpu="h100"), ModelDescription("lenet5"))
+    assert plan.device_type == "cpu" and plan.micro_batch == 64 and plan.precision == "fp32"
+
+
+def test_manual_mode_uses_the_given_values_and_still_decides_compile(make_config):
+    config = make_config("CONFIG_HYPER_PARAM_MANUAL=y\nCONFIG_BATCH_SIZE=128\nCONFIG_GRADIENT_ACCUMULATION=3\n")
+    plan = resolve(config, resolve_hardware(gpu="h100"), ModelDescription("lenet5"), world_size=2)
+    assert (plan.micro_batch, plan.grad_accum, plan.effective_batch) == (128, 3, 768)
+    assert plan.mode == "manual" and plan.policy == "manual" and plan.target_effective_batch is None
+    assert plan.compile  # COMPILE_AUTO still decides on an H100
+    assert plan.eval_batch == 256
+
+
+def test_manual_compile_is_obeyed_on_cpu(make_config):
+    plan = resolve(make_config("CONFIG_COMPILE_MANUAL=y\nCONFIG_COMPILE_MODEL=y\n"
+                               "CONFIG_COMPILE_MODE_MAX_AUTOTUNE=y\n"), CPU, ModelDescription("lenet5"))
+    assert plan.compile and plan.compile_mode == "max-autotune"
+    assert any("slower" in n for n in plan.notes)
+
+
+def test_impossible_requests_are_plan_errors(make_config):
+    with pytest.raises(PlanError, match="CONFIG_DEVICE_CUDA.*DEVICE_AUTO"):
+        resolve(make_config("CONFIG_DEVICE_CUDA=y\n"), CPU, ModelDescription("lenet5"))
+    with pytest.raises(PlanError, match="bfloat16.*PRECISION_FP16"):
+        resolve(make_config("CONFIG_PRECISION_BF16=y\n"), resolve_hardware(gpu="t4"), ModelDescription("lenet5"))
+    with pytest.raises(PlanError, match="smaller than the 8 processes"):
+        resolve(make_config("CONFIG_TARGET_EFFECTIVE_BATCH=3\n"), resolve_hardware(gpu="h100", gpus=8),
+                ModelDescription("lenet5"), world_size=8)
+
+
+def test_explicit_precision_and_flags(make_config):
+    plan = resolve(make_config("CONFIG_PRECISION_FP16=y\nCONFIG_TF32_OFF=y\nCONFIG_CUDNN_BENCHMARK_OFF=y\n"
+                               "CONFIG_DATALOADER_WORKERS_MANUAL=y\nCONFIG_DATALOADER_WORKERS=3\n"),
+                   resolve_hardware(gpu="h100"), ModelDescription("lenet5"))
+    assert plan.precision == "fp16" and plan.grad_scaler and not plan.tf32 and not plan.cudnn_benchmark
+    assert plan.num_workers == 3 and plan.pin_memory
+
+
+def test_resolve_is_pure(make_config):
+    config, hw, model = make_config(), resolve_hardware(gpu="a10g"), ModelDescription("lenet5")
+    assert resolve(config, hw, model) == resolve(config, hw, model)
+
+
+def test_plan_json_has_the_documented_keys(make_config):
+    plan = resolve(make_config(), CPU, ModelDescription("lenet5")).to_dict()
+    for key in ("mode", "policy", "device_type", "device_name", "world_size", "micro_batch", "grad_accum",
+                "effective_batch", "target_effective_batch", "compile", "precision", "reasons"):
+        assert key in plan
+
+
+def test_apply_hyperparams_prints_the_seed_lines(make_config, capsys):
+    plan = apply_hyperparams(make_config(base="resnet18"), verbose=True, model_type="resnet18",
+                             hardware=resolve_hardware(gpu="h100", free_gb=70), world_size=1)
+    out = capsys.readouterr().out
+    assert "Hyperparams: AUTO mode - GPU:" in out and "batch=64, grad_acc=8 (effective=512, target=512)" in out
+    assert "Compile: Enabled (GPU 'NVIDIA H100" in out
+    assert plan.micro_batch == 64
+
+
+def test_gib_formatting_matches_free_memory():
+    assert gib(70 * GIB) == 70.0

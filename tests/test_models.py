@@ -1,0 +1,185 @@
+"""Model zoo: shapes, parameter counts, GPT-2 invariants, checkpointing and trainability."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from lib.models import GPT2_PRESETS, MODEL_NAMES, build_model, count_parameters
+
+IMAGE_MODELS = ("lenet5", "resnet18", "resnet50")
+
+
+def tiny_gpt2(**kwargs) -> nn.Module:
+    return build_model("gpt2", gpt2_preset="tiny", vocab_size=256, block_size=32, **kwargs)
+
+
+def meta_count(name: str, **kwargs) -> int:
+    # The meta device builds shapes only: instant, and nothing is allocated.
+    with torch.device("meta"):
+        return count_parameters(build_model(name, **kwargs))
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("in_channels", [1, 3])
+@pytest.mark.parametrize("image_size", [28, 32, 224])
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+def test_image_model_output_shape(name: str, image_size: int, in_channels: int) -> None:
+    model = build_model(name, num_classes=7, in_channels=in_channels, image_size=image_size).eval()
+    batch = 2 if image_size == 224 else 4
+    with torch.no_grad():
+        logits = model(torch.randn(batch, in_channels, image_size, image_size))
+    assert logits.shape == (batch, 7)
+
+
+def test_gpt2_tiny_logits_shape() -> None:
+    model = tiny_gpt2().eval()
+    with torch.no_grad():
+        logits = model(torch.randint(0, 256, (3, 32)))
+    assert logits.shape == (3, 32, 256)
+    assert logits.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), [
+    ("lenet5", dict(image_size=32), 61_706),
+    ("lenet5", dict(image_size=28), 61_706),
+    ("resnet18", dict(num_classes=1000, in_channels=3, image_size=224), 11_689_512),
+    ("resnet50", dict(num_classes=1000, in_channels=3, image_size=224), 25_557_032),
+    ("resnet18", dict(num_classes=10, in_channels=3, image_size=32), 11_173_962),
+    ("gpt2", dict(gpt2_preset="124m"), 124_439_808),
+])
+def test_exact_parameter_counts(name: str, kwargs: dict, expected: int) -> None:
+    assert meta_count(name, **kwargs) == expected
+
+
+@pytest.mark.parametrize(("preset", "expected"), [
+    ("355m", 354.8e6),
+    ("774m", 774e6),
+    ("1558m", 1.557e9),
+])
+def test_gpt2_large_preset_parameter_counts(preset: str, expected: float) -> None:
+    count = meta_count("gpt2", gpt2_preset=preset, vocab_size=50257, block_size=1024)
+    assert abs(count - expected) / expected < 0.005
+
+
+def test_gpt2_weight_tying() -> None:
+    model = tiny_gpt2()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    untied = sum(p.numel() for p in model.state_dict().values()) - model.lm_head.weight.numel()
+    assert count_parameters(model) == untied
+
+
+def test_gpt2_preset_fixes_shape_but_not_context() -> None:
+    model = build_model("gpt2", gpt2_preset="tiny", block_size=64, vocab_size=100, dropout=0.1)
+    assert (model.config.n_layer, model.config.n_head, model.config.n_embd) == (4, 4, 128)
+    assert (model.config.block_size, model.config.vocab_size, model.config.dropout) == (64, 100, 0.1)
+    assert GPT2_PRESETS["tiny"].block_size == 1024  # the preset itself is untouched
+
+
+def test_gpt2_is_causal() -> None:
+    model = tiny_gpt2().eval()
+    idx = torch.randint(0, 256, (2, 32))
+    changed = idx.clone()
+    changed[:, 20] = (idx[:, 20] + 1) % 256
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :20], b[:, :20], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, 20:], b[:, 20:])
+
+
+def _loss_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    torch.manual_seed(1)  # same dropout masks for both runs
+    logits = model(x)
+    loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _assert_checkpointing_is_exact(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    ckpt = copy.deepcopy(model)
+    ckpt.grad_checkpointing = True
+    loss, grads = _loss_and_grads(model.train(), x, y)
+    loss_ckpt, grads_ckpt = _loss_and_grads(ckpt.train(), x, y)
+    torch.testing.assert_close(loss_ckpt, loss)
+    assert grads.keys() == grads_ckpt.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_ckpt[name], grads[name], msg=name)
+
+
+def test_resnet18_checkpointing_matches() -> None:
+    model = build_model("resnet18", num_classes=5, in_channels=3, image_size=16)
+    # Undo the zero-init of the last BN gammas, which would leave most branch grads at zero.
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+    _assert_checkpointing_is_exact(model, torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,)))
+
+
+def test_gpt2_checkpointing_matches_with_dropout() -> None:
+    model = tiny_gpt2(dropout=0.1)
+    idx = torch.randint(0, 256, (2, 32))
+    _assert_checkpointing_is_exact(model, idx, torch.roll(idx, -1, dims=1))
+
+
+def test_eval_output_unchanged_by_checkpointing_flag() -> None:
+    model = tiny_gpt2().eval()
+    idx = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        expected = model(idx)
+        model.grad_checkpointing = True
+        torch.testing.assert_close(model(idx), expected)
+
+
+def test_unknown_model_name() -> None:
+    with pytest.raises(ValueError, match="unknown model 'vgg16'") as err:
+        build_model("vgg16")
+    assert all(name in str(err.value) for name in MODEL_NAMES)
+
+
+def test_unknown_gpt2_preset() -> None:
+    with pytest.raises(ValueError, match="unknown gpt2 preset '7b'") as err:
+        build_model("gpt2", gpt2_preset="7b")
+    assert all(preset in str(err.value) for preset in GPT2_PRESETS)
+
+
+def test_gpt2_rejects_sequence_longer_than_block_size() -> None:
+    model = tiny_gpt2()
+    with pytest.raises(ValueError, match="sequence length 33 exceeds block_size 32"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_lenet_rejects_small_images() -> None:
+    with pytest.raises(ValueError, match="image_size >= 28, got 27"):
+        build_model("lenet5", image_size=27)
+
+
+def _sgd_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x).flatten(0, -2), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_lenet5_sgd_reduces_loss() -> None:
+    model = build_model("lenet5", image_size=28).train()
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    losses = _sgd_losses(model, x, y, lr=0.1, steps=20)
+    assert losses[-1] < 0.9 * losses[0]
+
+
+def test_gpt2_tiny_sgd_reduces_loss() -> None:
+    model = tiny_gpt2().train()
+    idx = torch.randint(0, 256, (4, 32))
+    losses = _sgd_losses(model, idx, torch.roll(idx, -1, dims=1), lr=0.1, steps=15)
+    assert losses[-1] < 0.9 * losses[0]
