@@ -155,8 +155,15 @@ def _display(sym: kconfiglib.Symbol, value: str) -> str:
     return f"CONFIG_{sym.name}={value}"
 
 
-def _load_strict(files: Sequence[Path]) -> kconfiglib.Kconfig:
-    """Load files in order (the first replaces, the rest merge) and require every value to take."""
+def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconfiglib.Kconfig:
+    """Load files in order (the first replaces, the rest merge) and require every value to take.
+
+    Each file's values must take at the point it is merged. A later fragment may
+    override or hide what an earlier file set (switching to MANUAL hides the
+    base's TARGET_EFFECTIVE_BATCH): that is what fragments are for, so such a
+    superseded value is reported in `notes`, as the kernel's merge_config does,
+    not refused.
+    """
     kconf = _new_kconfig()
     requested: dict[str, tuple[kconfiglib.Symbol, str, Path]] = {}
     errors: list[str] = []
@@ -165,23 +172,28 @@ def _load_strict(files: Sequence[Path]) -> kconfiglib.Kconfig:
             raise ConfigError(f"{path}: no such file")
         before = {s.name: s.user_value for s in kconf.unique_defined_syms}
         kconf.load_config(str(path), replace=(i == 0))
+        errors += [w.replace("warning: ", "", 1) for w in kconf.warnings]
+        kconf.warnings.clear()
         for sym in kconf.unique_defined_syms:
             if sym.user_value is not None and (i == 0 or before[sym.name] != sym.user_value):
                 requested[sym.name] = (sym, _user_str(sym), path)
-    for warning in kconf.warnings:
-        errors.append(warning.replace("warning: ", "", 1))
-
-    for sym, value, path in requested.values():
-        choice = sym.choice
-        if choice is not None and value == "y" and choice.user_selection is not sym:
-            continue  # a later file selected another member of the same choice
-        if value == sym.str_value:
-            continue
-        errors.append(f"{path}: {_display(sym, value)} did not take: {_why_not(sym, value)}")
-
+        errors += [f"{src}: {_display(sym, value)} did not take: {_why_not(sym, value)}"
+                   for sym, value, src in _not_taken(requested.values()) if src == path]
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    if notes is not None:
+        notes += [f"{src}: {_display(sym, value)} no longer applies after the later fragments "
+                  f"({_why_not(sym, value)})" for sym, value, src in _not_taken(requested.values())]
     return kconf
+
+
+def _not_taken(requests):
+    for sym, value, path in requests:
+        choice = sym.choice
+        if choice is not None and value == "y" and choice.user_selection is not sym:
+            continue  # a later assignment selected another member of the same choice
+        if value != sym.str_value:
+            yield sym, value, path
 
 
 def _str(kconf, name: str) -> str | None:
@@ -349,11 +361,15 @@ def fragment_file(name: str) -> Path:
     return _named(name, FRAGMENT_DIR, fragment_names(), "fragment")
 
 
-def make_defconfig(name: str, fragments: Sequence[str] = (), out: Path | None = None) -> Config:
-    """Base defconfig + fragments -> a full, validated .config written atomically."""
+def make_defconfig(name: str, fragments: Sequence[str] = (), out: Path | None = None,
+                   notes: list[str] | None = None) -> Config:
+    """Base defconfig + fragments -> a full, validated .config written atomically.
+
+    Values of the base that a fragment supersedes are appended to `notes`.
+    """
     out = out or config_path()
     files = [defconfig_file(name)] + [fragment_file(f) for f in fragments]
-    kconf = _load_strict(files)
+    kconf = _load_strict(files, notes)
     config = _typed(kconf, str(out))
     _write_atomic(kconf, out)
     return config

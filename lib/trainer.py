@@ -138,7 +138,7 @@ def configure_backends(plan: Plan) -> None:
 
 
 def versions() -> dict:
-    return {"torch": torch.__version__, "python": platform.python_version(),
+    return {"torch": str(torch.__version__), "python": platform.python_version(),
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
 
 

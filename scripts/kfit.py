@@ -69,7 +69,10 @@ def ensure_config() -> "kconfig.Config":
 def cmd_defconfig(args) -> int:
     fragments = args.fragments.split() if args.fragments else []
     out = kconfig.config_path()
-    kconfig.make_defconfig(args.name, fragments, out)
+    notes: list[str] = []
+    kconfig.make_defconfig(args.name, fragments, out, notes)
+    for note in notes:
+        print(f"note: {note}")
     merged = f" + {', '.join(fragments)}" if fragments else ""
     print(f"# configuration written to {out} (defconfig {args.name}{merged})")
     return 0

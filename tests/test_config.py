@@ -169,3 +169,16 @@ def test_kconfig_config_env_selects_the_file(tmp_path, monkeypatch):
     monkeypatch.delenv("KCONFIG_CONFIG")
     assert kc.config_path() == Path(".config")
     assert os.environ.get("KCONFIG_CONFIG") is None
+
+
+def test_fragment_may_hide_what_the_base_set_and_says_so(tmp_path):
+    notes: list[str] = []
+    config = kc.make_defconfig("gpt2-tiny", ["manual-batch"], out=tmp_path / ".config", notes=notes)
+    assert config.hyperparam_mode == "manual" and config.target_effective_batch is None
+    assert len(notes) == 1 and "TARGET_EFFECTIVE_BATCH=64" in notes[0] and "HYPER_PARAM_AUTO" in notes[0]
+
+
+def test_a_fragment_value_must_take_where_it_is_merged(tmp_path):
+    bad = write(tmp_path / "bad", "CONFIG_HYPER_PARAM_MANUAL=y\nCONFIG_TARGET_EFFECTIVE_BATCH=128\n")
+    with pytest.raises(ConfigError, match=r"bad: CONFIG_TARGET_EFFECTIVE_BATCH=128 did not take"):
+        kc.make_defconfig("lenet5", [str(bad)], out=tmp_path / ".config")
