@@ -20,7 +20,7 @@ FRAGMENT_NAMES := $(sort $(notdir $(wildcard $(ROOT)/defconfigs/fragments/*)))
 DEFAULT_DEFCONFIG := lenet5
 
 .DEFAULT_GOAL := help
-.PHONY: help env menuconfig olddefconfig savedefconfig listnewconfig defconfig \
+.PHONY: FORCE help env menuconfig olddefconfig savedefconfig listnewconfig defconfig \
         plan check-hardware train test clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change.
@@ -46,10 +46,11 @@ listnewconfig: $(ENV_STAMP) ## List symbols the config does not set yet
 defconfig: $(DEFAULT_DEFCONFIG)-defconfig ## Apply the default defconfig (lenet5)
 
 # FRAGMENTS="a b" merges defconfigs/fragments/a and b on top; every value must take.
-%-defconfig: $(ENV_STAMP)
+# FORCE: pattern rules cannot be .PHONY, and a file named like the target must not stop them.
+%-defconfig: FORCE $(ENV_STAMP)
 	@$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
 
-defconfig-%: $(ENV_STAMP)
+defconfig-%: FORCE $(ENV_STAMP)
 	@$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
 
 # --- planning and training -----------------------------------------------
@@ -77,6 +78,8 @@ mrproper: clean ## Also remove the config files (.config, .config.old, ./defconf
 
 distclean: mrproper ## Also remove the virtual environment
 	rm -rf $(VENV)
+
+FORCE:
 
 help: ## List targets, defconfigs and fragments
 	@echo "kfit: Kconfig-driven training"

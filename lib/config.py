@@ -172,7 +172,9 @@ def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconf
             raise ConfigError(f"{path}: no such file")
         before = {s.name: s.user_value for s in kconf.unique_defined_syms}
         kconf.load_config(str(path), replace=(i == 0))
-        errors += [w.replace("warning: ", "", 1) for w in kconf.warnings]
+        # set_value() warnings (a malformed number) carry no file name: add it
+        errors += [w.replace("warning: ", "", 1) if w.startswith(str(path)) else
+                   f"{path}: " + w.replace("warning: ", "", 1) for w in kconf.warnings]
         kconf.warnings.clear()
         for sym in kconf.unique_defined_syms:
             if sym.user_value is not None and (i == 0 or before[sym.name] != sym.user_value):

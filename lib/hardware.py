@@ -318,12 +318,12 @@ def load_profile(path: str) -> HardwareProfile:
     except FileNotFoundError:
         raise HardwareError(
             f"hardware profile {path!r} does not exist: check the HW= path, or save one from a "
-            "machine with HardwareProfile.to_json()."
+            "machine with 'make check-hardware FORMAT=json > FILE'."
         ) from None
     except UnicodeDecodeError:
         raise HardwareError(
             f"hardware profile {path!r} is not UTF-8 text: HW= must name a JSON file written by "
-            "HardwareProfile.to_json()."
+            "'make check-hardware FORMAT=json > FILE'."
         ) from None
     except OSError as e:
         raise HardwareError(f"hardware profile {path!r} cannot be read ({e.strerror}): check the HW= path and its permissions.") from None
@@ -332,7 +332,7 @@ def load_profile(path: str) -> HardwareProfile:
     except json.JSONDecodeError as e:
         raise HardwareError(
             f"hardware profile {path!r} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}): "
-            "fix the file, or regenerate it with HardwareProfile.to_json()."
+            "fix the file, or regenerate it with 'make check-hardware FORMAT=json > FILE'."
         ) from None
     profile = _profile_from_dict(data, origin=f"hardware profile {path!r}")
     return dataclasses.replace(profile, source=f"file:{path}")

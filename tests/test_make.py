@@ -1,0 +1,374 @@
+"""End-to-end tests through real `make`: real Makefile, real kconfiglib, real (short) training.
+
+Every test runs `make -f <repo>/Makefile <target>` with its working directory in a
+pytest tmp_path, so the .config, ./defconfig and runs/ land there and the
+developer's own checkout is never touched (checked around the whole module).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+MAKEFILE = ROOT / "Makefile"
+DEFCONFIG_NAMES = sorted(p.name for p in (ROOT / "defconfigs").iterdir() if p.is_file())
+FRAGMENT_NAMES = sorted(p.name for p in (ROOT / "defconfigs" / "fragments").iterdir() if p.is_file())
+TARGETS = ("menuconfig", "olddefconfig", "savedefconfig", "listnewconfig", "plan", "check-hardware",
+           "train", "test", "clean", "mrproper")
+
+# Variables the Makefile or kfit read from the environment (and make's own, which would carry
+# command-line assignments of an enclosing `make test KCONFIG_CONFIG=...` into ours).
+_CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "FORMAT", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE",
+            "PYTEST_ARGS", "TORCH_SPEC", "PYTHON", "VENV", "MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS",
+            "MAKELEVEL", "MAKEOVERRIDES")
+
+pytestmark = pytest.mark.slow
+
+
+def make(cwd: Path, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    full_env.update(env or {})
+    return subprocess.run(["make", "--no-print-directory", "-f", str(MAKEFILE), *args], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, f"{result.args} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def failed(result: subprocess.CompletedProcess, *needles: str) -> subprocess.CompletedProcess:
+    assert result.returncode != 0, f"{result.args} unexpectedly succeeded:\n{result.stdout}"
+    assert "error:" in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, f"{needle!r} not in stderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def line_starting(text: str, prefix: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, f"expected one line starting {prefix!r} in:\n{text}"
+    return lines[0]
+
+
+# --------------------------------------------------------------------------
+# The developer's checkout is never touched
+
+
+def _snapshot():
+    files = {name: (ROOT / name).read_bytes() if (ROOT / name).is_file() else None
+             for name in (".config", ".config.old", "defconfig")}
+    runs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "runs").rglob("*")) if (ROOT / "runs").is_dir() else None
+    return files, runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def checkout_untouched():
+    before = _snapshot()
+    yield
+    after = _snapshot()
+    assert after[0] == before[0], "the checkout's .config/.config.old/defconfig changed"
+    assert after[1] == before[1], "the checkout's runs/ changed"
+
+
+# --------------------------------------------------------------------------
+# 1. help
+
+
+def test_help_lists_targets_defconfigs_and_fragments(tmp_path):
+    out = ok(make(tmp_path, "help")).stdout
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.strip()}
+    for target in TARGETS:
+        assert target in listed, f"target {target} missing from help:\n{out}"
+    for name in DEFCONFIG_NAMES + FRAGMENT_NAMES:
+        assert name in listed, f"{name} missing from help:\n{out}"
+    assert not any(tmp_path.iterdir()), "help wrote files"
+
+
+# --------------------------------------------------------------------------
+# 2. config targets round trip
+
+
+def test_lenet5_defconfig_forms_listnewconfig_savedefconfig_olddefconfig(tmp_path):
+    config = tmp_path / ".config"
+    out = ok(make(tmp_path, "lenet5-defconfig")).stdout
+    assert "configuration written to .config" in out
+    first = config.read_bytes()
+    ok(make(tmp_path, "defconfig-lenet5"))
+    assert config.read_bytes() == first
+    ok(make(tmp_path, "defconfig"))  # the default defconfig is lenet5
+    assert config.read_bytes() == first
+
+    listed = ok(make(tmp_path, "listnewconfig"))
+    assert listed.stdout == "" and listed.stderr == ""
+
+    ok(make(tmp_path, "savedefconfig"))
+    assert (tmp_path / "defconfig").read_bytes() == (ROOT / "defconfigs" / "lenet5").read_bytes()
+    assert config.read_bytes() == first
+
+    ok(make(tmp_path, "olddefconfig"))
+    assert config.read_bytes() == first
+    assert (tmp_path / ".config.old").read_bytes() == first
+    assert ok(make(tmp_path, "listnewconfig")).stdout == ""  # still valid and complete
+
+
+# --------------------------------------------------------------------------
+# 3 and 4. smoke training through make train
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """defconfig-<name> FRAGMENTS="cpu-smoke ..." then make train, once per model for the module."""
+    runs: dict[str, tuple[Path, subprocess.CompletedProcess]] = {}
+
+    def run(name: str, *extra_fragments: str):
+        if name not in runs:
+            cwd = tmp_path_factory.mktemp(name)
+            fragments = " ".join(("cpu-smoke",) + tuple(f(cwd) for f in extra_fragments))
+            ok(make(cwd, f"defconfig-{name}", f"FRAGMENTS={fragments}"))
+            runs[name] = (cwd, make(cwd, "train"))
+        return runs[name]
+
+    return run
+
+
+def _small_batch(cwd: Path) -> str:
+    # ResNet-18 + cpu-smoke is 3 steps of 512 samples, a full epoch (~30 s on 2 cores):
+    # a smaller AUTO target keeps the same code path within the time budget.
+    path = cwd / "small-batch"
+    path.write_text("CONFIG_TARGET_EFFECTIVE_BATCH=32\n")
+    return str(path)
+
+
+SMOKE = {
+    # defconfig: (model in the summary line, run dir prefix, final metric, extra fragments)
+    "lenet5": ("lenet5", "lenet5", "accuracy", ()),
+    "gpt2-tiny": ("gpt2-tiny", "gpt2", "perplexity", ()),
+    "resnet18": ("resnet18", "resnet18", "accuracy", (_small_batch,)),
+}
+
+
+def _trusted_checkpoint(path: Path) -> dict:
+    # The file was just written by this test's own run; the weights_only=True load is tested separately.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@pytest.mark.parametrize("name", list(SMOKE))
+def test_smoke_train(smoke, name):
+    model, prefix, metric, extra = SMOKE[name]
+    cwd, result = smoke(name, *extra)
+    ok(result)
+    out = result.stdout
+    hyper = line_starting(out, "Hyperparams: AUTO mode - CPU:")
+    assert f"model={model}," in hyper and "compile=OFF" in hyper, hyper
+    assert line_starting(out, "Compile: Disabled")
+    done = line_starting(out, "Done:")
+    assert done.startswith("Done: 3 steps"), done
+    assert re.search(rf"{metric} \d+(\.\d+)?%?;", done), done
+
+    run_dirs = [p for p in (cwd / "runs" / "smoke").iterdir()]
+    assert len(run_dirs) == 1 and run_dirs[0].name.startswith(prefix + "-"), run_dirs
+    run_dir = run_dirs[0]
+    assert str(run_dir.relative_to(cwd)) in done
+    assert {"checkpoint.pt", "config", "plan.json", "hardware.json", "metrics.jsonl"} <= {
+        p.name for p in run_dir.iterdir()}
+
+    config_text = (cwd / ".config").read_text()
+    assert (run_dir / "config").read_text() == config_text
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["device_type"] == "cpu" and plan["compile"] is False
+    assert plan["micro_batch"] * plan["grad_accum"] == plan["effective_batch"] == plan["target_effective_batch"]
+    assert json.loads((run_dir / "hardware.json").read_text())["gpus"] == []
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    final = records[-1]
+    assert final.get("final") is True and metric in final, final
+    if metric == "accuracy":
+        assert 0.0 <= final["accuracy"] <= 1.0
+    else:
+        assert final["perplexity"] > 1.0
+
+    ckpt = _trusted_checkpoint(run_dir / "checkpoint.pt")
+    assert ckpt["config"] == config_text
+    assert ckpt["plan"] == plan
+    assert ckpt["plan"]["micro_batch"] > 0 and ckpt["plan"]["grad_accum"] > 0
+    assert ckpt["step"] == 3 and metric in ckpt["eval"]
+
+
+def test_checkpoint_loads_with_weights_only(smoke):
+    cwd, result = smoke("lenet5")
+    ok(result)
+    [path] = (cwd / "runs" / "smoke").glob("*/checkpoint.pt")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    assert ckpt["config"] == (cwd / ".config").read_text()
+    assert {"micro_batch", "grad_accum"} <= set(ckpt["plan"])
+    assert isinstance(ckpt["model"], dict) and all(isinstance(v, torch.Tensor) for v in ckpt["model"].values())
+
+
+# --------------------------------------------------------------------------
+# 5. a fresh directory: train applies the default defconfig
+
+
+def test_train_without_config_applies_default_and_learns(tmp_path):
+    fresh = tmp_path / "fresh.config"
+    result = ok(make(tmp_path, "train", env={"KCONFIG_CONFIG": str(fresh)}))
+    assert f"No {fresh} found: applying the default defconfig 'lenet5'" in result.stdout
+    assert fresh.is_file() and not (tmp_path / ".config").exists()
+    done = line_starting(result.stdout, "Done:")
+    accuracy = float(re.search(r"accuracy (\d+(?:\.\d+)?)%", done).group(1))
+    assert accuracy >= 95.0, done
+
+
+# --------------------------------------------------------------------------
+# 6. plans for another machine
+
+
+def test_plan_resnet18_on_h100_json(tmp_path):
+    ok(make(tmp_path, "resnet18-defconfig"))
+    before = (tmp_path / ".config").read_bytes()
+    plan = json.loads(ok(make(tmp_path, "plan", "GPU=h100", "FREE_GB=70", "FORMAT=json")).stdout)
+    assert plan["micro_batch"] == 64
+    assert plan["grad_accum"] == 8
+    assert plan["effective_batch"] == 512
+    assert plan["target_effective_batch"] == 512
+    assert plan["compile"] is True
+    assert plan["precision"] == "bf16"
+    assert plan["device_type"] == "cuda"
+    assert plan["world_size"] == 1
+
+    plan4 = json.loads(ok(make(tmp_path, "plan", "GPU=h100", "FREE_GB=70", "GPUS=4", "FORMAT=json",
+                               env={"WORLD_SIZE": "4"})).stdout)
+    assert plan4["world_size"] == 4
+    assert plan4["micro_batch"] == 64
+    assert plan4["grad_accum"] == 2
+    assert plan4["effective_batch"] == 512
+    assert (tmp_path / ".config").read_bytes() == before
+
+
+def test_plan_gpt2_on_h100_text(tmp_path):
+    ok(make(tmp_path, "gpt2-defconfig"))
+    out = ok(make(tmp_path, "plan", "GPU=h100", "FREE_GB=70")).stdout
+    assert line_starting(out, "Plan for .config (gpt2")
+    hyper = line_starting(out, "Hyperparams: AUTO mode - GPU:")
+    assert "H100" in hyper and "model=gpt2-124m" in hyper and "compile=ON" in hyper, hyper
+    assert line_starting(out, "Compile: Enabled")
+
+
+# --------------------------------------------------------------------------
+# 7. bad input fails, names the symbol and changes nothing
+
+
+BAD_FRAGMENTS = {
+    "unknown-symbol": ("CONFIG_NO_SUCH_SYMBOL=y\n", ("NO_SUCH_SYMBOL",)),
+    "out-of-range": ("CONFIG_EPOCHS=0\n", ("CONFIG_EPOCHS", "range")),
+    "unmet-dependency": ("CONFIG_BATCH_SIZE=64\n", ("CONFIG_BATCH_SIZE", "HYPER_PARAM_MANUAL")),
+}
+
+
+@pytest.fixture
+def lenet5_dir(tmp_path):
+    ok(make(tmp_path, "lenet5-defconfig"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", list(BAD_FRAGMENTS))
+def test_bad_fragment_is_rejected_and_config_kept(lenet5_dir, case):
+    text, needles = BAD_FRAGMENTS[case]
+    bad = lenet5_dir / "fragments" / case
+    bad.parent.mkdir()
+    bad.write_text(text)
+    config = lenet5_dir / ".config"
+    before = config.read_bytes()
+    failed(make(lenet5_dir, "defconfig-lenet5", f"FRAGMENTS=cpu-smoke {bad}"), str(bad), *needles)
+    assert config.read_bytes() == before
+    assert not (lenet5_dir / ".config.old").exists()
+
+
+def test_bad_defconfig_given_by_path_is_rejected(lenet5_dir):
+    bad = lenet5_dir / "mine"
+    bad.write_text((ROOT / "defconfigs" / "lenet5").read_text() + "CONFIG_EPOCHS=0\n")
+    before = (lenet5_dir / ".config").read_bytes()
+    # make's pattern rules keep the directory: <dir>/mine-defconfig has the stem <dir>/mine.
+    failed(make(lenet5_dir, f"{bad}-defconfig"), str(bad), "CONFIG_EPOCHS")
+    assert (lenet5_dir / ".config").read_bytes() == before
+
+
+MALFORMED = {
+    "int": (r"^CONFIG_EPOCHS=40$", "CONFIG_EPOCHS=forty", "EPOCHS"),
+    "number-string": (r'^CONFIG_LEARNING_RATE="3e-3"$', 'CONFIG_LEARNING_RATE="fast"', "CONFIG_LEARNING_RATE"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_hand_edited_malformed_config_fails_everywhere(lenet5_dir, case):
+    pattern, replacement, symbol = MALFORMED[case]
+    config = lenet5_dir / ".config"
+    text, n = re.subn(pattern, replacement, config.read_text(), flags=re.M)
+    assert n == 1
+    config.write_text(text)
+    before = config.read_bytes()
+    for target in ("train", "plan", "olddefconfig"):
+        failed(make(lenet5_dir, target), symbol)
+        assert config.read_bytes() == before, target
+    assert not (lenet5_dir / "runs").exists()
+
+
+def test_unknown_defconfig_lists_the_available_ones(tmp_path):
+    result = failed(make(tmp_path, "nosuch-defconfig"), "nosuch")
+    for name in DEFCONFIG_NAMES:
+        assert name in result.stderr
+    assert not (tmp_path / ".config").exists()
+
+
+# --------------------------------------------------------------------------
+# 8. KCONFIG_CONFIG
+
+
+def test_kconfig_config_selects_the_file(tmp_path):
+    ok(make(tmp_path, "lenet5-defconfig", env={"KCONFIG_CONFIG": "other.config"}))
+    assert (tmp_path / "other.config").is_file()
+    assert not (tmp_path / ".config").exists()
+
+    ok(make(tmp_path, "lenet5-defconfig", "KCONFIG_CONFIG=third.config"))  # as a make variable
+    assert (tmp_path / "third.config").read_bytes() == (tmp_path / "other.config").read_bytes()
+    assert not (tmp_path / ".config").exists()
+
+    out = ok(make(tmp_path, "plan", env={"KCONFIG_CONFIG": "other.config"})).stdout
+    assert line_starting(out, "Plan for other.config (lenet5)")
+    assert not (tmp_path / ".config").exists()
+
+
+# --------------------------------------------------------------------------
+# 9. hardware profiles
+
+
+def test_plan_with_saved_hardware_profile(lenet5_dir):
+    profile = lenet5_dir / "profile.json"
+    profile.write_text(ok(make(lenet5_dir, "check-hardware", "FORMAT=json")).stdout)
+    assert "cpu" in json.loads(profile.read_text())
+    out = ok(make(lenet5_dir, "plan", f"HW={profile}")).stdout
+    assert line_starting(out, "Plan for .config (lenet5)")
+    assert f"file:{profile}" in out
+    assert line_starting(out, "Hyperparams: AUTO mode - CPU:")
+
+    corrupt = lenet5_dir / "corrupt.json"
+    corrupt.write_text(profile.read_text()[: len(profile.read_text()) // 2])
+    failed(make(lenet5_dir, "plan", f"HW={corrupt}"), str(corrupt))
+
+
+# --------------------------------------------------------------------------
+# 10. training refuses a simulated machine
+
+
+def test_train_refuses_simulated_hardware(lenet5_dir):
+    failed(make(lenet5_dir, "train", "GPU=h100"), "HW= and GPU= describe another machine")
+    assert not (lenet5_dir / "runs").exists()
