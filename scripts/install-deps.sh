@@ -29,8 +29,11 @@ elif command -v rocminfo >/dev/null 2>&1 && rocminfo >/dev/null 2>&1; then
     index=${TORCH_ROCM_INDEX:-https://download.pytorch.org/whl/rocm6.4}
     echo "AMD GPU found: installing the ROCm build of torch $version from $index"
     "$pip" install -q "torch==$version" --index-url "$index"
-elif "$pip" install -q --no-index "torch==$version" 2>/dev/null; then
-    echo "No GPU: installed torch $version from a local wheel"
+elif "$pip" install -q --no-index --no-deps "torch==$version" 2>/dev/null; then
+    # A wheel in pip's find-links (checked offline, so nothing large is downloaded);
+    # its small pure-Python dependencies come from the index as usual.
+    echo "No GPU: installing torch $version from a local wheel"
+    "$pip" install -q "torch==$version"
 elif [ "$(uname -s)" = Darwin ]; then
     echo "macOS: installing torch $version (CPU and Apple MPS)"
     "$pip" install -q "torch==$version"
