@@ -117,11 +117,12 @@ def run_directory(config: Config) -> Path:
     if config.run_name:
         return base / config.run_name
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = base / f"{config.model}-{stamp}"
+    label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+    path = base / f"{label}-{stamp}"
     n = 1
     while path.exists():
         n += 1
-        path = base / f"{config.model}-{stamp}-{n}"
+        path = base / f"{label}-{stamp}-{n}"
     return path
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,24 +23,15 @@ from lib import config as kconfig  # noqa: E402
 from lib.errors import KfitError  # noqa: E402
 
 
-def _env_float(name: str) -> float | None:
+def _env_number(name: str, kind: type[int] | type[float]):
+    """A numeric environment variable (as make passes FREE_GB=, GPUS=), or None when unset."""
     value = os.environ.get(name)
     if not value:
         return None
     try:
-        return float(value)
+        return kind(value)
     except ValueError:
-        raise KfitError(f"{name}={value!r} is not a number") from None
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise KfitError(f"{name}={value!r} is not a whole number") from None
+        raise KfitError(f"{name}={value!r} is not a {'whole ' if kind is int else ''}number") from None
 
 
 def hardware_from_env(allow_simulated: bool = True):
@@ -49,7 +41,8 @@ def hardware_from_env(allow_simulated: bool = True):
     if not allow_simulated and (hw or gpu):
         raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
                         "(use 'make plan HW=... / GPU=...' to see another machine's plan)")
-    return resolve_hardware(hw=hw, gpu=gpu, free_gb=_env_float("FREE_GB"), gpus=_env_int("GPUS"))
+    return resolve_hardware(hw=hw, gpu=gpu, free_gb=_env_number("FREE_GB", float),
+                            gpus=_env_number("GPUS", int))
 
 
 def ensure_config() -> "kconfig.Config":
@@ -234,6 +227,7 @@ def cmd_train(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `make plan | head` ends quietly, like other CLIs
     parser = argparse.ArgumentParser(prog="kfit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("defconfig", help="write .config from defconfigs/NAME (+ fragments)")

@@ -144,3 +144,31 @@ def test_default_lenet5_learns_the_digits(make_config):
     """The default config's recipe on a shortened schedule still clearly learns (behaviour, not speed)."""
     _, result = run(make_config("CONFIG_EPOCHS=12\n"))
     assert result.final_eval["accuracy"] > 0.9
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_autocast_paths_train_on_cpu(make_config, precision):
+    """The mixed-precision code paths GPUs take (autocast, fp16 gradient scaler) run here on the CPU."""
+    trainer, result = run(make_config(f"CONFIG_PRECISION_{precision.upper()}=y\nCONFIG_MAX_STEPS=3\n"
+                                      "CONFIG_LOG_INTERVAL=1\n"))
+    assert trainer.plan.precision == precision and trainer.plan.grad_scaler is (precision == "fp16")
+    losses = [h["loss"] for h in result.history if "loss" in h]
+    assert len(losses) == 3 and all(loss == loss for loss in losses) and losses[-1] < losses[0]
+    assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay fp32
+
+
+def test_worker_processes_deliver_the_same_batches(make_config):
+    text = "CONFIG_MAX_STEPS=2\nCONFIG_LOG_INTERVAL=1\n"
+    inline, a = run(make_config(text))
+    workers, b = run(make_config(text + "CONFIG_DATALOADER_WORKERS_MANUAL=y\nCONFIG_DATALOADER_WORKERS=2\n"))
+    assert workers.plan.num_workers == 2
+    assert [h["loss"] for h in a.history if "loss" in h] == [h["loss"] for h in b.history if "loss" in h]
+
+
+def test_missing_data_directory_is_a_clear_error_before_anything_is_written(make_config, tmp_path):
+    from lib.errors import DataError
+
+    config = make_config(f'CONFIG_DATASET_DIR=y\nCONFIG_DATA_DIR="{tmp_path}/nowhere"\n')
+    with pytest.raises(DataError, match="nowhere"):
+        run(config)
+    assert not (tmp_path / "runs").exists()
