@@ -73,8 +73,8 @@ clean: ## Remove runs and caches (keeps the config and the environment)
 	rm -rf runs $(ROOT)/.pytest_cache
 	find $(ROOT) -path $(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
-mrproper: clean ## Also remove the config files (.config, .config.old, ./defconfig)
-	rm -f .config .config.old defconfig
+mrproper: clean ## Also remove the config files (KCONFIG_CONFIG, its .old, ./defconfig)
+	rm -f $(KCONFIG_CONFIG) $(KCONFIG_CONFIG).old defconfig
 
 distclean: mrproper ## Also remove the virtual environment
 	rm -rf $(VENV)

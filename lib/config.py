@@ -88,7 +88,8 @@ class Config:
 
     source: str = ""  # the file this was read from
     text: str = ""  # the full .config as kconfiglib writes it (stored with checkpoints)
-    symbols: Mapping[str, str] = field(default_factory=dict)  # every symbol's value, for the record
+    # every symbol's value, for the record (left out of the hash: a dict is not hashable)
+    symbols: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def image_size(self) -> int:
@@ -170,6 +171,7 @@ def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconf
     for i, path in enumerate(files):
         if not path.is_file():
             raise ConfigError(f"{path}: no such file")
+        errors += _contradictions(path)
         before = {s.name: s.user_value for s in kconf.unique_defined_syms}
         kconf.load_config(str(path), replace=(i == 0))
         # set_value() warnings (a malformed number) carry no file name: add it
@@ -189,6 +191,20 @@ def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconf
     return kconf
 
 
+def _contradictions(path: Path) -> list[str]:
+    """Assignments within one file that contradict each other (only the last would silently win)."""
+    kconf = _new_kconfig()
+    kconf.warn_assign_override = True
+    kconf.load_config(str(path))
+    found = [w.replace("warning: ", "", 1) for w in kconf.warnings if "set more than once" in w]
+    for choice in kconf.unique_choices:
+        chosen = [sym.name for sym in choice.syms if sym.user_value == 2]
+        if len(chosen) > 1:
+            found.append(f"{path}: sets {' and '.join('CONFIG_' + n + '=y' for n in chosen)}, but they are "
+                         "members of one choice: keep one")
+    return found
+
+
 def _not_taken(requests):
     for sym, value, path in requests:
         choice = sym.choice
@@ -204,8 +220,9 @@ def _str(kconf, name: str) -> str | None:
 
 
 def _int(kconf, name: str) -> int | None:
-    value = kconf.syms[name].str_value
-    return int(value, 0) if value else None
+    sym = kconf.syms[name]
+    # Base 10 as the C tools read it: "040" is forty, not an octal literal.
+    return int(sym.str_value, 16 if sym.orig_type == kconfiglib.HEX else 10) if sym.str_value else None
 
 
 def _bool(kconf, name: str) -> bool:
@@ -220,7 +237,8 @@ def _choice(kconf, prefix: str, options: Mapping[str, str]) -> str | None:
     return None
 
 
-def _number(kconf, name: str, *, low: float, high: float = math.inf, high_open: bool = False) -> float | None:
+def _number(kconf, name: str, *, low: float, high: float = math.inf, low_open: bool = False,
+            high_open: bool = False) -> float | None:
     """Parse a string symbol holding a number (Kconfig has no float type)."""
     text = _str(kconf, name)
     if text is None:
@@ -229,11 +247,14 @@ def _number(kconf, name: str, *, low: float, high: float = math.inf, high_open: 
         value = float(text)
     except ValueError:
         raise ConfigError(f'CONFIG_{name}="{text}" is not a number: write it like 3e-4 or 0.1') from None
-    too_high = value >= high if high_open else value > high
-    if not math.isfinite(value) or value < low or too_high:
-        bound = f"[{low:g}, {high:g})" if high_open else f"[{low:g}, {high:g}]"
-        if high == math.inf:
-            bound = f">= {low:g}" if low == 0 else f"> 0"
+    if not math.isfinite(value):
+        raise ConfigError(f'CONFIG_{name}="{text}" must be a finite number')
+    below = value <= low if low_open else value < low
+    above = value >= high if high_open else value > high
+    if below or above:
+        bound = f"{'>' if low_open else '>='} {low:g}"
+        if high != math.inf:
+            bound = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
         raise ConfigError(f'CONFIG_{name}="{text}" is out of range: it must be {bound}')
     return value
 
@@ -242,9 +263,6 @@ _RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 
 
 def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
-    learning_rate = _number(kconf, "LEARNING_RATE", low=0)
-    if learning_rate == 0:
-        raise ConfigError('CONFIG_LEARNING_RATE="0" is out of range: it must be > 0')
     run_name = _str(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
         raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
@@ -265,7 +283,7 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         time_limit_s=_int(kconf, "TIME_LIMIT"),
         optimizer=_choice(kconf, "OPTIMIZER_", {"SGD": "sgd", "ADAM": "adam", "ADAMW": "adamw"}),
         sgd_momentum=_number(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
-        learning_rate=learning_rate,
+        learning_rate=_number(kconf, "LEARNING_RATE", low=0, low_open=True),
         weight_decay=_number(kconf, "WEIGHT_DECAY", low=0),
         lr_schedule=_choice(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "CONSTANT": "constant"}),
         warmup_steps=_int(kconf, "WARMUP_STEPS"),

@@ -349,10 +349,11 @@ def apply_hyperparams(config: Config, verbose: bool = True, model_type: str | No
     """
     from .hardware import detect
 
-    hardware = hardware or detect()
     model = ModelDescription.from_config(config)
     if model_type is not None and model_type != model.name:
-        model = ModelDescription(name=model_type)
+        raise PlanError(f"model_type={model_type!r} but the config trains {model.name!r} (CONFIG_MODEL_"
+                        f"{model.name.upper()}): pass the configured model or change the config")
+    hardware = hardware or detect()
     plan = resolve(config, hardware, model, world_size or world_size_from_env())
     if verbose:
         print(summary_line(plan, hardware, model))

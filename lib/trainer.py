@@ -3,7 +3,9 @@
 Gradient accumulation is exactly one large batch: each micro-batch's mean loss
 is weighted by its share of the samples in its optimizer step, so a short last
 window of an epoch (or a short last micro-batch) weighs what it should, and
-micro-batch b with accumulation k ends with the same weights as b*k with 1.
+micro-batch b with accumulation k ends with the same weights as b*k with 1
+(to float rounding; BatchNorm is the exception, as its batch statistics are
+computed per micro-batch in any framework).
 The sample order is a function of (seed, epoch) only, never of the batch
 size, which is what makes that equivalence (and later exact resume) hold.
 """
@@ -245,7 +247,7 @@ class Trainer:
             f"{self.parameters:,} parameters, on {plan.device_type} ({plan.precision}); "
             f"{self.total_steps} optimizer steps of {plan.effective_batch} samples")
         log(f"Run directory: {self.run_dir}")
-        metrics_file = open(self.run_dir / "metrics.jsonl", "a")
+        metrics_file = open(self.run_dir / "metrics.jsonl", "w")
         tokens_per_sample = self.info.block_size or 0
         history: list[dict] = []
 
@@ -286,7 +288,7 @@ class Trainer:
                         record(entry)
                         log(self.format_progress(entry))
                         interval_start, interval_samples, interval_loss, interval_steps = now, 0, 0.0, 0
-                    if config.eval_interval and step % config.eval_interval == 0:
+                    if config.eval_interval and step % config.eval_interval == 0 and step < self.total_steps:
                         self.log_eval(record, step, epoch + 1)
                     if config.max_steps and step >= config.max_steps:
                         stop_reason = "max_steps"

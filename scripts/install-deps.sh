@@ -8,6 +8,7 @@
 #   AMD GPU (rocminfo)    -> the ROCm wheel from download.pytorch.org
 #   otherwise             -> a local wheel if pip's find-links has one, else the CPU wheel
 set -eu
+exec 1>&2  # progress goes to stderr: 'make plan FORMAT=json > plan.json' must hold only JSON
 venv=${1:-.venv}
 python=${2:-python3}
 version=${TORCH_VERSION:-2.13.0}

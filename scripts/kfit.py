@@ -152,8 +152,8 @@ def format_plan(plan, config, hardware, model) -> str:
 
 
 def cmd_plan(args) -> int:
+    hardware = hardware_from_env()  # before ensure_config: a refused request writes nothing
     config = ensure_config()
-    hardware = hardware_from_env()
     model, plan = _plan(config, hardware)
     if args.format == "json":
         print(json.dumps({**plan.to_dict(), "hardware": hardware.to_dict()}, indent=2, sort_keys=True))
@@ -180,11 +180,6 @@ def cmd_check_hardware(args) -> int:
         print(f"  GPU {gpu.index}: {gpu.name} [{gpu.backend}, {cc}] {gib(gpu.total_bytes):.1f}GB total, "
               f"{gib(gpu.free_bytes):.1f}GB free; bf16 {'yes' if gpu.supports_bf16 else 'no'}, "
               f"TF32 {'yes' if gpu.supports_tf32 else 'no'}")
-        used = gpu.total_bytes - gpu.free_bytes
-        if used > 0.1 * gpu.total_bytes:
-            print(f"  warning: {gib(used):.1f}GB of GPU {gpu.index} is in use by other processes")
-    if len({(g.name, g.total_bytes) for g in hardware.gpus}) > 1:
-        print("  warning: mixed GPU models: plans use the first GPU's model")
     print(f"  CPU: {cpu.name}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores")
     print(f"  RAM: {gib(cpu.ram_total_bytes):.1f}GB total, {gib(cpu.ram_available_bytes):.1f}GB available")
     print(f"  disk: {gib(hardware.disk_free_bytes):.1f}GB free")
@@ -207,8 +202,14 @@ def cmd_train(args) -> int:
     from lib.hyperparams import compile_line, summary_line
     from lib.trainer import train
 
-    config = ensure_config()
+    from lib.hyperparams import world_size_from_env
+
     hardware = hardware_from_env(allow_simulated=False)
+    if world_size_from_env() > 1:
+        raise KfitError(f"WORLD_SIZE={world_size_from_env()}: this version trains in one process; multi-process "
+                        "training (torchrun, DDP) is not built yet. Unset WORLD_SIZE; 'make plan WORLD_SIZE=N' "
+                        "shows what N processes would run.")
+    config = ensure_config()
     model, plan = _plan(config, hardware)
     print(summary_line(plan, hardware, model))
     print(compile_line(plan))
@@ -247,11 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, func, text in (("plan", cmd_plan, "resolve the plan without training"),
                              ("check-hardware", cmd_check_hardware, "report the hardware and the plan")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--format", choices=("text", "json"), default=os.environ.get("FORMAT") or "text")
+        p.add_argument("--format", choices=("text", "json"), default=None,
+                       help="output format (default: $FORMAT, else text)")
         p.set_defaults(func=func)
     sub.add_parser("train", help="train as configured").set_defaults(func=cmd_train)
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "format", "") is None:
+            args.format = (os.environ.get("FORMAT") or "text").lower()
+            if args.format not in ("text", "json"):
+                raise KfitError(f"FORMAT={os.environ['FORMAT']!r}: choose text or json")
         return args.func(args)
     except KfitError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -182,3 +182,24 @@ def test_a_fragment_value_must_take_where_it_is_merged(tmp_path):
     bad = write(tmp_path / "bad", "CONFIG_HYPER_PARAM_MANUAL=y\nCONFIG_TARGET_EFFECTIVE_BATCH=128\n")
     with pytest.raises(ConfigError, match=r"bad: CONFIG_TARGET_EFFECTIVE_BATCH=128 did not take"):
         kc.make_defconfig("lenet5", [str(bad)], out=tmp_path / ".config")
+
+
+def test_contradictions_within_one_file_are_errors(tmp_path):
+    twice = write(tmp_path / "twice", "CONFIG_EPOCHS=0\nCONFIG_EPOCHS=5\n")
+    with pytest.raises(ConfigError, match=r"EPOCHS \(defined at .*\) set more than once"):
+        kc.make_defconfig(str(twice), out=tmp_path / ".config")
+    two = write(tmp_path / "two", "CONFIG_MODEL_RESNET18=y\nCONFIG_MODEL_GPT2=y\n")
+    with pytest.raises(ConfigError, match="MODEL_RESNET18=y and CONFIG_MODEL_GPT2=y"):
+        kc.make_defconfig(str(two), out=tmp_path / ".config")
+
+
+def test_numbers_read_as_the_c_tools_do(tmp_path):
+    config = kc.make_defconfig(str(write(tmp_path / "d", "CONFIG_EPOCHS=040\n")), out=tmp_path / ".config")
+    assert config.epochs == 40
+    assert hash(config) == hash(kc.read_config(tmp_path / ".config"))
+
+
+@pytest.mark.parametrize("value,message", [("-1", "> 0"), ("nan", "finite"), ("inf", "finite"), ("0", "> 0")])
+def test_learning_rate_messages(tmp_path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        kc.make_defconfig(str(write(tmp_path / "d", f'CONFIG_LEARNING_RATE="{value}"\n')), out=tmp_path / ".config")

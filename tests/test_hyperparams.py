@@ -39,9 +39,19 @@ def gpu_with(free_gib: float, key: str = "b200", name: str | None = None):
 CPU = resolve_hardware(gpu="cpu")
 
 
-@pytest.mark.parametrize("model", sorted(MODEL_SCALE))
+# The primary seed's tables, written out here so the test does not check the code against itself.
+SEED_TIERS = [  # (free-memory tier in GB after the 80% margin, batch with compile ON, with compile OFF)
+    (128, 256, 128), (64, 128, 64), (32, 32, 16), (16, 16, 8), (8, 8, 4), (4, 4, 2), (0, 2, 1)]
+SEED_SCALE = {"gpt2": 1.0, "resnet50": 1.5, "resnet18": 2.0, "lenet5": 4.0}
+
+
+def test_code_tables_are_the_seed_tables():
+    assert list(MEMORY_TIERS) == SEED_TIERS and MODEL_SCALE == SEED_SCALE
+
+
+@pytest.mark.parametrize("model", sorted(SEED_SCALE))
 @pytest.mark.parametrize("compile_on", [True, False])
-@pytest.mark.parametrize("tier", MEMORY_TIERS, ids=lambda t: f"{t[0]}GB+")
+@pytest.mark.parametrize("tier", SEED_TIERS, ids=lambda t: f"{t[0]}GB+")
 def test_tier_policy_matches_the_seed_table(tier, compile_on, model):
     floor, with_compile, without = tier
     # free memory whose 80% lands just inside this tier
@@ -49,7 +59,7 @@ def test_tier_policy_matches_the_seed_table(tier, compile_on, model):
     batch, why = TierPolicy().max_micro_batch(hardware=gpu_with(free), model=ModelDescription(model),
                                               device_type="cuda", compile=compile_on, precision="bf16")
     base = with_compile if compile_on else without
-    assert batch == int(base * MODEL_SCALE[model])
+    assert batch == int(base * SEED_SCALE[model])
     assert f"base {base}" in why
 
 
@@ -208,6 +218,11 @@ def test_plan_json_has_the_documented_keys(make_config):
     for key in ("mode", "policy", "device_type", "device_name", "world_size", "micro_batch", "grad_accum",
                 "effective_batch", "target_effective_batch", "compile", "precision", "reasons"):
         assert key in plan
+
+
+def test_apply_hyperparams_refuses_a_model_the_config_does_not_train(make_config):
+    with pytest.raises(PlanError, match="model_type='resnet'"):
+        apply_hyperparams(make_config(base="resnet18"), model_type="resnet", hardware=CPU, world_size=1)
 
 
 def test_apply_hyperparams_prints_the_seed_lines(make_config, capsys):

@@ -129,30 +129,21 @@ def smoke(tmp_path_factory):
     """defconfig-<name> FRAGMENTS="cpu-smoke ..." then make train, once per model for the module."""
     runs: dict[str, tuple[Path, subprocess.CompletedProcess]] = {}
 
-    def run(name: str, *extra_fragments: str):
+    def run(name: str):
         if name not in runs:
             cwd = tmp_path_factory.mktemp(name)
-            fragments = " ".join(("cpu-smoke",) + tuple(f(cwd) for f in extra_fragments))
-            ok(make(cwd, f"defconfig-{name}", f"FRAGMENTS={fragments}"))
+            ok(make(cwd, f"defconfig-{name}", "FRAGMENTS=cpu-smoke"))
             runs[name] = (cwd, make(cwd, "train"))
         return runs[name]
 
     return run
 
 
-def _small_batch(cwd: Path) -> str:
-    # ResNet-18 + cpu-smoke is 3 steps of 512 samples, a full epoch (~30 s on 2 cores):
-    # a smaller AUTO target keeps the same code path within the time budget.
-    path = cwd / "small-batch"
-    path.write_text("CONFIG_TARGET_EFFECTIVE_BATCH=32\n")
-    return str(path)
-
-
 SMOKE = {
-    # defconfig: (model in the summary line, run dir prefix, final metric, extra fragments)
-    "lenet5": ("lenet5", "lenet5", "accuracy", ()),
-    "gpt2-tiny": ("gpt2-tiny", "gpt2", "perplexity", ()),
-    "resnet18": ("resnet18", "resnet18", "accuracy", (_small_batch,)),
+    # defconfig: (model in the summary line, run dir prefix, final metric)
+    "lenet5": ("lenet5", "lenet5", "accuracy"),
+    "gpt2-tiny": ("gpt2-tiny", "gpt2-tiny", "perplexity"),
+    "resnet18": ("resnet18", "resnet18", "accuracy"),
 }
 
 
@@ -163,8 +154,8 @@ def _trusted_checkpoint(path: Path) -> dict:
 
 @pytest.mark.parametrize("name", list(SMOKE))
 def test_smoke_train(smoke, name):
-    model, prefix, metric, extra = SMOKE[name]
-    cwd, result = smoke(name, *extra)
+    model, prefix, metric = SMOKE[name]
+    cwd, result = smoke(name)
     ok(result)
     out = result.stdout
     hyper = line_starting(out, "Hyperparams: AUTO mode - CPU:")
@@ -372,3 +363,27 @@ def test_plan_with_saved_hardware_profile(lenet5_dir):
 def test_train_refuses_simulated_hardware(lenet5_dir):
     failed(make(lenet5_dir, "train", "GPU=h100"), "HW= and GPU= describe another machine")
     assert not (lenet5_dir / "runs").exists()
+
+
+def test_train_refuses_several_processes_until_ddp_exists(lenet5_dir):
+    failed(make(lenet5_dir, "train", "WORLD_SIZE=4"), "WORLD_SIZE=4", "torchrun")
+    assert not (lenet5_dir / "runs").exists()
+
+
+def test_unknown_format_is_an_error(lenet5_dir):
+    failed(make(lenet5_dir, "plan", "FORMAT=xml"), "FORMAT='xml'")
+    assert ok(make(lenet5_dir, "plan", "FORMAT=JSON")).stdout.lstrip().startswith("{")
+
+
+def test_a_refused_plan_request_writes_no_config(tmp_path):
+    failed(make(tmp_path, "plan", "GPU=bogus"), "bogus")
+    assert not (tmp_path / ".config").exists()
+
+
+def test_mrproper_removes_the_selected_config(tmp_path):
+    env = {"KCONFIG_CONFIG": "mine.config"}
+    ok(make(tmp_path, "lenet5-defconfig", env=env))
+    ok(make(tmp_path, "olddefconfig", env=env))
+    assert (tmp_path / "mine.config.old").exists()
+    ok(make(tmp_path, "mrproper", env=env))
+    assert not (tmp_path / "mine.config").exists() and not (tmp_path / "mine.config.old").exists()
