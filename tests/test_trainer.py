@@ -172,3 +172,25 @@ def test_missing_data_directory_is_a_clear_error_before_anything_is_written(make
     with pytest.raises(DataError, match="nowhere"):
         run(config)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("fmt,base", [("MNIST", "lenet5"), ("CIFAR10", "resnet18")])
+def test_trains_from_a_local_dataset_directory(make_config, tmp_path, fmt, base):
+    from tests.test_data import make_cifar, make_mnist
+
+    root = make_mnist(tmp_path / "mnist") if fmt == "MNIST" else make_cifar(tmp_path / "cifar", 10)
+    config = make_config(f'CONFIG_DATASET_DIR=y\nCONFIG_DATA_DIR="{root}"\nCONFIG_DATASET_FORMAT_{fmt}=y\n'
+                         "CONFIG_MAX_STEPS=2\nCONFIG_TARGET_EFFECTIVE_BATCH=8\n", base=base)
+    trainer, result = run(config)
+    assert trainer.info.name == fmt.lower() and trainer.info.channels == (1 if fmt == "MNIST" else 3)
+    assert result.steps == 2 and 0 <= result.final_eval["accuracy"] <= 1
+
+
+def test_text_corpus_directory_sets_the_vocabulary(make_config, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    trainer, result = run(make_config(f'CONFIG_DATASET_DIR=y\nCONFIG_DATA_DIR="{corpus}"\nCONFIG_MAX_STEPS=1\n'
+                                      "CONFIG_GPT2_BLOCK_SIZE=32\n", base="gpt2-tiny"))
+    assert trainer.info.vocab_size == 256 and trainer.model.lm_head.out_features == 256
+    assert result.steps == 1
