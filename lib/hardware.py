@@ -149,7 +149,7 @@ def _gpu_to_dict(g: GPUInfo) -> dict:
 # Strict parsing (profile files are written by hand too)
 # --------------------------------------------------------------------------
 
-_FIX = "fix the value, or regenerate the file from a detected profile (HardwareProfile.to_json)"
+_FIX = "fix the value, or regenerate the file with 'make check-hardware FORMAT=json > FILE'"
 
 
 def _bad(origin: str, key: str, problem: str) -> HardwareError:
