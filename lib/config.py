@@ -346,13 +346,17 @@ def _write_atomic(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False
 # The operations behind the make targets
 
 
-def read_config(path: Path | str | None = None) -> Config:
-    """Read and validate a .config (or any config file) into a Config. Changes nothing on disk."""
-    path = Path(path) if path is not None else config_path()
+def _load_existing(path: Path) -> kconfiglib.Kconfig:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' or 'make menuconfig' first "
                           "(see 'make help' for the defconfigs)")
-    return _typed(_load_strict([path]), str(path))
+    return _load_strict([path])
+
+
+def read_config(path: Path | str | None = None) -> Config:
+    """Read and validate a .config (or any config file) into a Config. Changes nothing on disk."""
+    path = Path(path) if path is not None else config_path()
+    return _typed(_load_existing(path), str(path))
 
 
 def defconfig_names() -> list[str]:
@@ -398,16 +402,18 @@ def make_defconfig(name: str, fragments: Sequence[str] = (), out: Path | None = 
 def olddefconfig(path: Path | None = None) -> Config:
     """Validate the existing .config and rewrite it with defaults for new symbols."""
     path = path or config_path()
-    config = read_config(path)
-    _write_atomic(_load_strict([path]), path)
+    kconf = _load_existing(path)
+    config = _typed(kconf, str(path))  # typed checks (numbers in strings) before anything is written
+    _write_atomic(kconf, path)
     return config
 
 
 def savedefconfig(path: Path | None = None, out: Path = Path("defconfig")) -> Path:
     """Write the minimal config that reproduces the current one (as the kernel's savedefconfig)."""
     path = path or config_path()
-    read_config(path)
-    _write_atomic(_load_strict([path]), out, minimal=True)
+    kconf = _load_existing(path)
+    _typed(kconf, str(path))
+    _write_atomic(kconf, out, minimal=True)
     return out
 
 
@@ -422,10 +428,7 @@ def minimal_config_text(path: Path) -> str:
 
 def listnewconfig(path: Path | None = None) -> list[str]:
     """Visible symbols the config does not set yet, as 'CONFIG_X=default' lines (as the kernel prints)."""
-    path = path or config_path()
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    kconf = _load_strict([path])
+    kconf = _load_existing(path or config_path())
     new = []
     for sym in kconf.unique_defined_syms:
         if sym.user_value is None and sym.visibility and any(n.prompt for n in sym.nodes):
