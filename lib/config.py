@@ -123,19 +123,15 @@ def _user_str(sym: kconfiglib.Symbol) -> str:
     return sym.user_value
 
 
-def _deps_text(expr) -> str:
-    return kconfiglib.expr_str(expr)
-
-
 def _why_not(sym: kconfiglib.Symbol, requested: str) -> str:
     """Explain why a requested value did not take."""
     choice = sym.choice
     if choice is not None and choice.visibility == 0:
-        return f"its choice is hidden: it depends on {_deps_text(choice.direct_dep)}, which is not met"
+        return f"its choice is hidden: it depends on {kconfiglib.expr_str(choice.direct_dep)}, which is not met"
     if not any(node.prompt for node in sym.nodes):
         return "it has no prompt: it is derived from other options and cannot be set"
     if sym.visibility == 0:
-        return f"its dependencies are not met: it depends on {_deps_text(sym.direct_dep)}"
+        return f"its dependencies are not met: it depends on {kconfiglib.expr_str(sym.direct_dep)}"
     if sym.orig_type in (kconfiglib.INT, kconfiglib.HEX):
         for low, high, cond in sym.ranges:
             if kconfiglib.expr_value(cond):
@@ -144,7 +140,7 @@ def _why_not(sym: kconfiglib.Symbol, requested: str) -> str:
         return ("it is the choice's default: to deselect it, set another member of the "
                 "choice to y")
     if sym.rev_dep is not sym.kconfig.n and kconfiglib.expr_value(sym.rev_dep):
-        return f"it is forced by select from {_deps_text(sym.rev_dep)}"
+        return f"it is forced by select from {kconfiglib.expr_str(sym.rev_dep)}"
     return f"kconfiglib resolved it to '{sym.str_value}'"
 
 
