@@ -67,6 +67,9 @@ train: $(ENV_STAMP) ## Train as configured (applies the default defconfig if the
 test: $(ENV_STAMP) ## Run the test suite
 	@cd $(ROOT) && $(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Each area adds its targets (and their '## ' help lines) in scripts/make/<area>.mk.
+include $(sort $(wildcard $(ROOT)/scripts/make/*.mk))
+
 # --- cleaning --------------------------------------------------------------
 
 clean: ## Remove runs and caches (keeps the config and the environment)

@@ -42,13 +42,16 @@ def config_path() -> Path:
 class Config:
     """A validated configuration. Field names follow the Kconfig symbols."""
 
-    model: str  # lenet5 | resnet18 | resnet50 | gpt2
+    model: str  # lenet5 | resnet18 | resnet50 | gpt2 | custom
     gpt2_preset: str | None  # tiny | 124m | 355m | 774m | 1558m
     gpt2_block_size: int | None
     gpt2_dropout: float | None
     resnet_image_size: int | None
+    custom_model_factory: str | None  # "package.module:function" (MODEL_CUSTOM)
+    custom_train_samples: int | None
+    custom_eval_samples: int | None
 
-    dataset: str  # embedded | dir
+    dataset: str | None  # embedded | dir; None for a custom model (its factory makes the batches)
     data_dir: str | None
     dataset_format: str | None  # mnist | cifar10 | cifar100 (image models from a directory)
 
@@ -69,6 +72,8 @@ class Config:
     run_name: str
 
     hyperparam_mode: str  # auto | manual
+    hyperparam_policy: str | None  # planner | tiers (AUTO only)
+    memory_profile: float | None  # share of free memory the planner may use (planner only)
     target_effective_batch: int | None
     batch_size: int | None
     gradient_accumulation: int | None
@@ -85,6 +90,44 @@ class Config:
     gradient_checkpointing: bool
     workers_mode: str  # auto | manual
     dataloader_workers: int | None
+    cpu_fallback: bool  # DEVICE_AUTO: train on the CPU when the GPU fails at start
+
+    # runtime adaptation
+    probe: str  # auto | always | never
+    oom_recovery: bool
+    oom_max_halvings: int | None
+    checkpoint_interval: str  # auto (minutes of measured step time) | steps
+    checkpoint_minutes: int | None
+    checkpoint_every_steps: int | None
+    checkpoint_keep: int
+    resume: bool
+    monitor: bool
+    monitor_interval_ms: int | None
+    nproc_mode: str  # auto | manual
+    nproc: int | None  # MANUAL: processes per machine
+
+    # learning-rate finder
+    lr_finder_min_lr: float
+    lr_finder_max_lr: float
+    lr_finder_steps: int
+    lr_finder_smoothing: float
+    lr_finder_diverge: float
+
+    # hyperparameter search
+    hpo_trials: int
+    hpo_timeout_s: int  # 0 = none
+    hpo_study_name: str
+    hpo_lr_min: float
+    hpo_lr_max: float
+    hpo_wd_min: float
+    hpo_wd_max: float
+    hpo_batch_sizes: tuple[int, ...]
+    hpo_optimizers: tuple[str, ...]
+    hpo_min_resource: int
+    hpo_max_resource: int
+    hpo_reduction_factor: int
+    hpo_bootstrap_count: int
+    hpo_patience: int  # 0 = off
 
     source: str = ""  # the file this was read from
     text: str = ""  # the full .config as kconfiglib writes it (stored with checkpoints)
@@ -256,20 +299,88 @@ def _number(kconf, name: str, *, low: float, high: float = math.inf, low_open: b
 
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
+_FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+_PROFILES = {"CONSERVATIVE": 0.50, "BALANCED": 0.75, "EXTREME": 0.95}
+
+
+def _memory_profile(kconf) -> float | None:
+    for name, share in _PROFILES.items():
+        if _bool(kconf, "MEMORY_PROFILE_" + name):
+            return share
+    percent = _int(kconf, "MEMORY_PROFILE_PERCENT")
+    return percent / 100 if percent is not None else None
+
+
+def _ordered(low_name: str, low: float, high_name: str, high: float) -> None:
+    if low >= high:
+        raise ConfigError(f"CONFIG_{low_name}={low:g} must be below CONFIG_{high_name}={high:g}")
+
+
+def _batch_sizes(kconf) -> tuple[int, ...]:
+    text = _str(kconf, "HPO_BATCH_SIZES") or ""
+    try:
+        sizes = tuple(int(word, 10) for word in text.split())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f'CONFIG_HPO_BATCH_SIZES="{text}" must be whole numbers >= 1 separated by '
+                          'spaces, like "16 32 64"')
+    return tuple(sorted(set(sizes)))
+
+
+def _tuning(kconf) -> dict:
+    """The LR-finder and HPO fields, checked for ranges that Kconfig cannot express."""
+    t = dict(
+        lr_finder_min_lr=_number(kconf, "LR_FINDER_MIN_LR", low=0, low_open=True),
+        lr_finder_max_lr=_number(kconf, "LR_FINDER_MAX_LR", low=0, low_open=True),
+        lr_finder_steps=_int(kconf, "LR_FINDER_STEPS"),
+        lr_finder_smoothing=_number(kconf, "LR_FINDER_SMOOTHING", low=0, high=1, low_open=True),
+        lr_finder_diverge=_number(kconf, "LR_FINDER_DIVERGE", low=1, low_open=True),
+        hpo_trials=_int(kconf, "HPO_TRIALS"),
+        hpo_timeout_s=_int(kconf, "HPO_TIMEOUT"),
+        hpo_study_name=_str(kconf, "HPO_STUDY_NAME") or "",
+        hpo_lr_min=_number(kconf, "HPO_LR_MIN", low=0, low_open=True),
+        hpo_lr_max=_number(kconf, "HPO_LR_MAX", low=0, low_open=True),
+        hpo_wd_min=_number(kconf, "HPO_WD_MIN", low=0, low_open=True),
+        hpo_wd_max=_number(kconf, "HPO_WD_MAX", low=0, low_open=True),
+        hpo_batch_sizes=_batch_sizes(kconf),
+        hpo_optimizers=tuple(o for o in ("sgd", "adam", "adamw") if _bool(kconf, "HPO_OPTIMIZER_" + o.upper())),
+        hpo_min_resource=_int(kconf, "HPO_MIN_RESOURCE"),
+        hpo_max_resource=_int(kconf, "HPO_MAX_RESOURCE"),
+        hpo_reduction_factor=_int(kconf, "HPO_REDUCTION_FACTOR"),
+        hpo_bootstrap_count=_int(kconf, "HPO_BOOTSTRAP_COUNT"),
+        hpo_patience=_int(kconf, "HPO_PATIENCE"),
+    )
+    _ordered("LR_FINDER_MIN_LR", t["lr_finder_min_lr"], "LR_FINDER_MAX_LR", t["lr_finder_max_lr"])
+    _ordered("HPO_LR_MIN", t["hpo_lr_min"], "HPO_LR_MAX", t["hpo_lr_max"])
+    _ordered("HPO_WD_MIN", t["hpo_wd_min"], "HPO_WD_MAX", t["hpo_wd_max"])
+    if t["hpo_min_resource"] > t["hpo_max_resource"]:
+        raise ConfigError(f"CONFIG_HPO_MIN_RESOURCE={t['hpo_min_resource']} must not exceed "
+                          f"CONFIG_HPO_MAX_RESOURCE={t['hpo_max_resource']}")
+    if not t["hpo_optimizers"]:
+        raise ConfigError("no optimizer to search over: set at least one of CONFIG_HPO_OPTIMIZER_SGD, "
+                          "CONFIG_HPO_OPTIMIZER_ADAM, CONFIG_HPO_OPTIMIZER_ADAMW")
+    return t
 
 
 def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = _str(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
         raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
+    factory = _str(kconf, "CUSTOM_MODEL_FACTORY")
+    if factory is not None and not _FACTORY.fullmatch(factory):
+        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{factory}" must look like package.module:function')
     return Config(
         model=_choice(kconf, "MODEL_", {"LENET5": "lenet5", "RESNET18": "resnet18",
-                                        "RESNET50": "resnet50", "GPT2": "gpt2"}),
+                                        "RESNET50": "resnet50", "GPT2": "gpt2", "CUSTOM": "custom"}),
         gpt2_preset=_choice(kconf, "GPT2_PRESET_", {"TINY": "tiny", "124M": "124m", "355M": "355m",
                                                     "774M": "774m", "1558M": "1558m"}),
         gpt2_block_size=_int(kconf, "GPT2_BLOCK_SIZE"),
         gpt2_dropout=_number(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
         resnet_image_size=_int(kconf, "RESNET_IMAGE_SIZE"),
+        custom_model_factory=factory,
+        custom_train_samples=_int(kconf, "CUSTOM_TRAIN_SAMPLES"),
+        custom_eval_samples=_int(kconf, "CUSTOM_EVAL_SAMPLES"),
         dataset=_choice(kconf, "DATASET_", {"EMBEDDED": "embedded", "DIR": "dir"}),
         data_dir=_str(kconf, "DATA_DIR"),
         dataset_format=_choice(kconf, "DATASET_FORMAT_", {"MNIST": "mnist", "CIFAR10": "cifar10",
@@ -290,6 +401,8 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         output_dir=_str(kconf, "OUTPUT_DIR") or "runs",
         run_name=run_name,
         hyperparam_mode=_choice(kconf, "HYPER_PARAM_", {"AUTO": "auto", "MANUAL": "manual"}),
+        hyperparam_policy=_choice(kconf, "HYPER_PARAM_POLICY_", {"PLANNER": "planner", "TIERS": "tiers"}),
+        memory_profile=_memory_profile(kconf),
         target_effective_batch=_int(kconf, "TARGET_EFFECTIVE_BATCH"),
         batch_size=_int(kconf, "BATCH_SIZE"),
         gradient_accumulation=_int(kconf, "GRADIENT_ACCUMULATION"),
@@ -307,6 +420,20 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         gradient_checkpointing=_bool(kconf, "GRADIENT_CHECKPOINTING"),
         workers_mode=_choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
         dataloader_workers=_int(kconf, "DATALOADER_WORKERS"),
+        cpu_fallback=_bool(kconf, "CPU_FALLBACK"),
+        probe=_choice(kconf, "PROBE_", {"AUTO": "auto", "ALWAYS": "always", "NEVER": "never"}),
+        oom_recovery=_bool(kconf, "OOM_RECOVERY"),
+        oom_max_halvings=_int(kconf, "OOM_MAX_HALVINGS"),
+        checkpoint_interval=_choice(kconf, "CHECKPOINT_INTERVAL_", {"AUTO": "auto", "STEPS": "steps"}),
+        checkpoint_minutes=_int(kconf, "CHECKPOINT_MINUTES"),
+        checkpoint_every_steps=_int(kconf, "CHECKPOINT_EVERY_STEPS"),
+        checkpoint_keep=_int(kconf, "CHECKPOINT_KEEP"),
+        resume=_bool(kconf, "RESUME"),
+        monitor=_bool(kconf, "MONITOR"),
+        monitor_interval_ms=_int(kconf, "MONITOR_INTERVAL_MS"),
+        nproc_mode=_choice(kconf, "NPROC_", {"AUTO": "auto", "MANUAL": "manual"}),
+        nproc=_int(kconf, "NPROC"),
+        **_tuning(kconf),
         source=source,
         text=_config_text(kconf),
         symbols={s.name: s.str_value for s in kconf.unique_defined_syms},
@@ -432,3 +559,63 @@ def listnewconfig(path: Path | None = None) -> list[str]:
                 continue  # the choice was answered by another member
             new.append(_display(sym, sym.str_value))
     return new
+
+
+# --------------------------------------------------------------------------
+# Changing values programmatically (LR finder APPLY=1, hpo-apply, HPO trials)
+
+
+def _assignment_lines(assignments: Mapping[str, object]) -> str:
+    """.config lines for {symbol: value}; names may carry the CONFIG_ prefix, values are Python or text."""
+    kconf = _new_kconfig()
+    lines = []
+    for name, value in assignments.items():
+        name = name.removeprefix("CONFIG_")
+        sym = kconf.syms.get(name)
+        if sym is None or not sym.nodes:
+            raise ConfigError(f"CONFIG_{name} is not a kfit option (see 'make menuconfig')")
+        if isinstance(value, bool):
+            value = "y" if value else "n"
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
+        text = str(value)
+        if sym.orig_type == kconfiglib.STRING:
+            text = text.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(_display(sym, text))
+    return "\n".join(lines) + "\n"
+
+
+def _merged(base_text: str, assignments: Mapping[str, object], source: str,
+            notes: list[str] | None) -> tuple[kconfiglib.Kconfig, Config]:
+    with tempfile.TemporaryDirectory() as tmp:
+        base, change = Path(tmp) / "config", Path(tmp) / "changes"
+        base.write_text(base_text)
+        change.write_text(_assignment_lines(assignments))
+        try:
+            kconf = _load_strict([base, change], notes)
+        except ConfigError as err:  # name the user's file and "the requested change", not temp paths
+            raise ConfigError(str(err).replace(str(change), "requested change").replace(str(base), source)) from None
+        return kconf, _typed(kconf, source)
+
+
+def derive(config: Config, assignments: Mapping[str, object]) -> Config:
+    """`config` with some symbols changed, validated as strictly as a fragment. Writes nothing.
+
+    Every value must take (a hidden symbol, an out-of-range number or a bad
+    string is a ConfigError naming it), exactly as for a defconfig fragment.
+    """
+    return _merged(config.text, assignments, config.source, None)[1]
+
+
+def apply_assignments(path: Path, assignments: Mapping[str, object], notes: list[str] | None = None) -> Config:
+    """Change symbols in the config file at `path` through the same validation, then write it atomically.
+
+    Nothing is written unless the result is valid; the previous file is kept as <path>.old.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' first")
+    kconf, config = _merged(path.read_text(), assignments, str(path), notes)
+    _write_atomic(kconf, path)
+    return config
+

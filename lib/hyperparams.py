@@ -107,7 +107,7 @@ class TierPolicy:
     safety: float = 0.8
 
     def max_micro_batch(self, *, hardware, model, device_type, compile, precision):
-        scale = MODEL_SCALE[model.name]
+        scale = MODEL_SCALE.get(model.name, 1.0)  # a custom model: as GPT-2, the most conservative
         if device_type == "cpu":
             batch = int(CPU_BASE_BATCH * scale)
             return batch, f"CPU base batch {CPU_BASE_BATCH} x {model.name} scale {scale:g} = {batch}"

@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from . import checkpoint
 from .config import Config
-from .data import BatchSplit, DatasetInfo, load_image_data, load_text_data
+from .data import BatchSplit
 from .hardware import HardwareProfile
 from .hyperparams import Plan
-from .models import build_model, count_parameters
+from .models import count_parameters
+from .task import Task, load_task
 
 Log = Callable[[str], None]
 
@@ -51,22 +51,6 @@ class TrainResult:
 
 # --------------------------------------------------------------------------
 # Building the pieces
-
-
-def load_data(config: Config) -> tuple[BatchSplit, BatchSplit, DatasetInfo]:
-    if config.model == "gpt2":
-        return load_text_data(config.data_dir if config.dataset == "dir" else None, config.gpt2_block_size)
-    source = config.dataset_format if config.dataset == "dir" else "digits"
-    return load_image_data(source, config.data_dir, config.image_size)
-
-
-def make_model(config: Config, info: DatasetInfo, gradient_checkpointing: bool) -> torch.nn.Module:
-    if info.kind == "text":
-        return build_model("gpt2", gpt2_preset=config.gpt2_preset, block_size=info.block_size,
-                           vocab_size=info.vocab_size, dropout=config.gpt2_dropout or 0.0,
-                           grad_checkpointing=gradient_checkpointing)
-    return build_model(config.model, num_classes=info.num_classes, in_channels=info.channels,
-                       image_size=info.image_size, grad_checkpointing=gradient_checkpointing)
 
 
 def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -94,13 +78,6 @@ def lr_at(config: Config, step: int, total_steps: int) -> float:
     span = max(1, total_steps - config.warmup_steps)
     progress = min(1.0, (step - config.warmup_steps) / span)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy per sample (images) or per token (text)."""
-    if logits.dim() == 3:
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-    return F.cross_entropy(logits.float(), targets)
 
 
 def epoch_micro_batches(num_samples: int, micro_batch: int, seed: int, epoch: int) -> list[list[int]]:
@@ -151,13 +128,15 @@ def versions() -> dict:
 
 class Trainer:
     def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
-                 run_dir: Path | None = None, log: Log = print) -> None:
+                 run_dir: Path | None = None, log: Log = print, task: Task | None = None) -> None:
         self.config, self.plan, self.hardware, self.log = config, plan, hardware, log
         seed_everything(config.seed)
         configure_backends(plan)
         self.device = torch.device(plan.device_type)
-        self.train_split, self.eval_split, self.info = load_data(config)
-        self.model = make_model(config, self.info, plan.gradient_checkpointing).to(self.device)
+        self.task = task or load_task(config)
+        self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
+        self.loss_fn = self.task.loss
+        self.model = self.task.build(plan.gradient_checkpointing).to(self.device)
         self.parameters = count_parameters(self.model)
         self.optimizer = make_optimizer(config, self.model)
         self.forward = torch.compile(self.model, mode=plan.compile_mode) if plan.compile else self.model
@@ -191,7 +170,7 @@ class Trainer:
         for indices in window:
             x, y = self.to_device(*next(batches_iter))
             with self.autocast():
-                loss = loss_fn(self.forward(x), y)
+                loss = self.loss_fn(self.forward(x), y)
             self.scaler.scale(loss * (len(indices) / window_samples)).backward()
             total += loss.detach() * len(indices)
         if self.config.grad_clip > 0:
@@ -213,14 +192,16 @@ class Trainer:
             x, y = self.to_device(x, y)
             with self.autocast():
                 logits = self.forward(x)
-            loss_sum += loss_fn(logits, y).item() * len(y)
+            loss_sum += self.loss_fn(logits, y).item() * len(y)
             if self.info.kind == "image":
                 correct += (logits.argmax(dim=-1) == y).sum().item()
         self.model.train()
         loss = loss_sum / n
         if self.info.kind == "image":
             return {"eval_loss": loss, "accuracy": correct / n}
-        return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        if self.info.kind == "text":
+            return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        return {"eval_loss": loss}
 
     # -- the run -------------------------------------------------------------
 
@@ -316,7 +297,7 @@ class Trainer:
         parts = [f"eval loss {result['eval_loss']:.4f}"]
         if "accuracy" in result:
             parts.append(f"accuracy {result['accuracy']:.2%}")
-        else:
+        if "perplexity" in result:
             parts.append(f"perplexity {result['perplexity']:.2f}")
         self.log(f"{'final ' if final else ''}eval @ step {step} (epoch {epoch}): {', '.join(parts)}")
         return result

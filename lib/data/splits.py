@@ -76,3 +76,19 @@ class TextSplit(BatchSplit):
         starts = torch.as_tensor(indices, dtype=torch.long) * self.block_size
         windows = self.tokens[starts[:, None] + self.offsets].long()
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+class TensorSplit(BatchSplit):
+    """Ready-made (inputs, targets) tensors with the sample in dimension 0 (custom models)."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        if len(inputs) != len(targets):
+            raise ValueError(f"inputs hold {len(inputs)} samples but targets {len(targets)}")
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.inputs[idx], self.targets[idx]

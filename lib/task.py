@@ -1,0 +1,82 @@
+"""What is trained: the data, a model builder and the loss, from the config. One place for all models.
+
+The trainer, the memory planner, the LR finder and HPO all start from a Task,
+so a custom model (CONFIG_MODEL_CUSTOM) goes through exactly the same code as
+the built-in ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .config import Config
+from .data import BatchSplit, DatasetInfo, load_image_data, load_text_data
+from .data.splits import TensorSplit
+from .models import build_model
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy per sample (images) or per token (text), computed in float32."""
+    if logits.dim() == 3:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return F.cross_entropy(logits.float(), targets)
+
+
+@dataclass(frozen=True)
+class Task:
+    info: DatasetInfo
+    train: BatchSplit
+    eval: BatchSplit
+    build: Callable[[bool], torch.nn.Module]  # build(gradient_checkpointing) -> a fresh model
+    loss: LossFn
+
+    def example_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A real batch of `batch_size` training samples (indices wrap around a small split)."""
+        return self.train[[i % len(self.train) for i in range(batch_size)]]
+
+
+def _custom_task(config: Config) -> Task:
+    from .models.custom import build_custom, draw
+
+    spec = config.custom_model_factory
+    custom = build_custom(spec)
+    # Disjoint generator seeds for the two splits; the model itself is rebuilt by the factory each time.
+    train = TensorSplit(*draw(custom.make_batch, config.custom_train_samples, config.seed * 2 + 1, spec))
+    test = TensorSplit(*draw(custom.make_batch, config.custom_eval_samples, config.seed * 2 + 2, spec))
+    info = DatasetInfo(name=f"custom:{spec}", kind="custom", num_classes=0, channels=0, image_size=0,
+                       vocab_size=0, block_size=0, train_samples=len(train), eval_samples=len(test),
+                       description=f"{len(train)} train / {len(test)} eval samples from {spec} make_batch")
+    first = [custom.model]  # the factory built one model already: hand it out once, then build afresh
+
+    def build(gradient_checkpointing: bool) -> torch.nn.Module:
+        return first.pop() if first else build_custom(spec).model
+
+    return Task(info=info, train=train, eval=test, build=build, loss=custom.loss_fn)
+
+
+def load_task(config: Config) -> Task:
+    """Load the configured data and say how to build the model and compute the loss."""
+    if config.model == "custom":
+        return _custom_task(config)
+    if config.model == "gpt2":
+        train, test, info = load_text_data(config.data_dir if config.dataset == "dir" else None,
+                                           config.gpt2_block_size)
+    else:
+        source = config.dataset_format if config.dataset == "dir" else "digits"
+        train, test, info = load_image_data(source, config.data_dir, config.image_size)
+
+    def build(gradient_checkpointing: bool) -> torch.nn.Module:
+        if info.kind == "text":
+            return build_model("gpt2", gpt2_preset=config.gpt2_preset, block_size=info.block_size,
+                               vocab_size=info.vocab_size, dropout=config.gpt2_dropout or 0.0,
+                               grad_checkpointing=gradient_checkpointing)
+        return build_model(config.model, num_classes=info.num_classes, in_channels=info.channels,
+                           image_size=info.image_size, grad_checkpointing=gradient_checkpointing)
+
+    return Task(info=info, train=train, eval=test, build=build, loss=cross_entropy)

@@ -1,0 +1,50 @@
+"""What every subcommand reads from the environment: the machine (HW=, GPU=, ...) and the config."""
+
+from __future__ import annotations
+
+import os
+
+from lib import config as kconfig
+from lib.errors import KfitError
+
+
+def env_number(name: str, kind: type[int] | type[float]):
+    """A numeric environment variable (as make passes FREE_GB=, GPUS=), or None when unset."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise KfitError(f"{name}={value!r} is not a {'whole ' if kind is int else ''}number") from None
+
+
+def hardware_from_env(allow_simulated: bool = True):
+    from lib.hardware import resolve_hardware
+
+    hw, gpu = os.environ.get("HW") or None, os.environ.get("GPU") or None
+    if not allow_simulated and (hw or gpu):
+        raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
+                        "(use 'make plan HW=... / GPU=...' to see another machine's plan)")
+    return resolve_hardware(hw=hw, gpu=gpu, free_gb=env_number("FREE_GB", float),
+                            gpus=env_number("GPUS", int))
+
+
+def ensure_config() -> "kconfig.Config":
+    """Read the .config; on a fresh clone with none, apply the default defconfig and say so."""
+    path = kconfig.config_path()
+    if not path.exists():
+        print(f"No {path} found: applying the default defconfig '{kconfig.DEFAULT_DEFCONFIG}' "
+              f"(as 'make {kconfig.DEFAULT_DEFCONFIG}-defconfig' would)")
+        return kconfig.make_defconfig(kconfig.DEFAULT_DEFCONFIG, out=path)
+    return kconfig.read_config(path)
+
+
+
+
+def plan_for(config, hardware, world_size: int | None = None):
+    """(model description, plan) for a config on a machine, as training would resolve it."""
+    from lib.hyperparams import ModelDescription, resolve, world_size_from_env
+
+    model = ModelDescription.from_config(config)
+    return model, resolve(config, hardware, model, world_size or world_size_from_env())
