@@ -35,6 +35,9 @@ from .models import count_parameters
 from .task import Task, load_task
 
 Log = Callable[[str], None]
+# Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
+# (optuna.TrialPruned, say) ends training and propagates to the caller of train().
+OnEval = Callable[[int, int, dict], None]
 
 
 @dataclass
@@ -117,6 +120,14 @@ def configure_backends(plan: Plan) -> None:
         torch.backends.cudnn.benchmark = plan.cudnn_benchmark
 
 
+def autocast_for(plan: Plan):
+    """The autocast context of the plan's precision (a no-op for fp32)."""
+    if plan.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float16
+    return torch.autocast(plan.device_type, dtype=dtype)
+
+
 def versions() -> dict:
     return {"torch": str(torch.__version__), "python": platform.python_version(),
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
@@ -128,8 +139,10 @@ def versions() -> dict:
 
 class Trainer:
     def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
-                 run_dir: Path | None = None, log: Log = print, task: Task | None = None) -> None:
+                 run_dir: Path | None = None, log: Log = print, task: Task | None = None,
+                 on_eval: OnEval | None = None) -> None:
         self.config, self.plan, self.hardware, self.log = config, plan, hardware, log
+        self.on_eval = on_eval
         seed_everything(config.seed)
         configure_backends(plan)
         self.device = torch.device(plan.device_type)
@@ -150,10 +163,7 @@ class Trainer:
     # -- pieces of a step ----------------------------------------------------
 
     def autocast(self):
-        if self.plan.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.plan.precision == "bf16" else torch.float16
-        return torch.autocast(self.plan.device_type, dtype=dtype)
+        return autocast_for(self.plan)
 
     def loader(self, split: BatchSplit, batches: list[list[int]]) -> DataLoader:
         return DataLoader(split, sampler=batches, batch_size=None, num_workers=self.plan.num_workers,
@@ -300,6 +310,8 @@ class Trainer:
         if "perplexity" in result:
             parts.append(f"perplexity {result['perplexity']:.2f}")
         self.log(f"{'final ' if final else ''}eval @ step {step} (epoch {epoch}): {', '.join(parts)}")
+        if self.on_eval is not None:
+            self.on_eval(step, epoch, result)
         return result
 
     def format_progress(self, entry: dict) -> str:
@@ -311,6 +323,6 @@ class Trainer:
 
 
 def train(config: Config, plan: Plan, hardware: HardwareProfile, *, run_dir: Path | None = None,
-          log: Log = print) -> TrainResult:
+          log: Log = print, task: Task | None = None, on_eval: OnEval | None = None) -> TrainResult:
     """Train as configured and planned; returns where the run went and how it ended."""
-    return Trainer(config, plan, hardware, run_dir=run_dir, log=log).fit()
+    return Trainer(config, plan, hardware, run_dir=run_dir, log=log, task=task, on_eval=on_eval).fit()
