@@ -203,3 +203,73 @@ def test_numbers_read_as_the_c_tools_do(tmp_path):
 def test_learning_rate_messages(tmp_path, value, message):
     with pytest.raises(ConfigError, match=message):
         kc.make_defconfig(str(write(tmp_path / "d", f'CONFIG_LEARNING_RATE="{value}"\n')), out=tmp_path / ".config")
+
+
+# --- new areas: planner profile, tuning ranges, programmatic changes -------------
+
+
+@pytest.mark.parametrize("fragment, share", [
+    ("", 0.75),
+    ("CONFIG_MEMORY_PROFILE_CONSERVATIVE=y\n", 0.50),
+    ("CONFIG_MEMORY_PROFILE_EXTREME=y\n", 0.95),
+    ("CONFIG_MEMORY_PROFILE_CUSTOM=y\nCONFIG_MEMORY_PROFILE_PERCENT=60\n", 0.60),
+])
+def test_memory_profile_is_a_share_of_free_memory(fragment, share, tmp_path):
+    frag = write(tmp_path / "frag", fragment)
+    config = kc.make_defconfig("lenet5", [str(frag)], out=tmp_path / ".config")
+    assert config.hyperparam_policy == "planner" and config.memory_profile == pytest.approx(share)
+
+
+def test_manual_mode_has_no_batch_policy(tmp_path):
+    config = kc.make_defconfig("lenet5", ["manual-batch"], out=tmp_path / ".config")
+    assert config.hyperparam_policy is None and config.memory_profile is None
+
+
+@pytest.mark.parametrize("text, symbol", [
+    ('CONFIG_LR_FINDER_MIN_LR="1"\nCONFIG_LR_FINDER_MAX_LR="0.1"\n', "LR_FINDER_MIN_LR"),
+    ('CONFIG_HPO_LR_MIN="0.1"\nCONFIG_HPO_LR_MAX="0.01"\n', "HPO_LR_MIN"),
+    ('CONFIG_HPO_BATCH_SIZES="16 big"\n', "HPO_BATCH_SIZES"),
+    ('CONFIG_HPO_BATCH_SIZES="0 16"\n', "HPO_BATCH_SIZES"),
+    ("CONFIG_HPO_MIN_RESOURCE=5\nCONFIG_HPO_MAX_RESOURCE=3\n", "HPO_MIN_RESOURCE"),
+    ("# CONFIG_HPO_OPTIMIZER_SGD is not set\n# CONFIG_HPO_OPTIMIZER_ADAMW is not set\n", "HPO_OPTIMIZER"),
+    ('CONFIG_MODEL_CUSTOM=y\nCONFIG_CUSTOM_MODEL_FACTORY="no colon"\n', "CUSTOM_MODEL_FACTORY"),
+])
+def test_values_kconfig_cannot_range_check_are_checked(text, symbol, tmp_path):
+    out = write(tmp_path / ".config", "# the user's file\n")
+    with pytest.raises(ConfigError, match=symbol):
+        kc.make_defconfig(str(write(tmp_path / "d", text)), out=out)
+    assert out.read_text() == "# the user's file\n"
+
+
+def test_hpo_batch_sizes_are_parsed_sorted_and_unique(tmp_path):
+    frag = write(tmp_path / "frag", 'CONFIG_HPO_BATCH_SIZES="64 16 64 32"\n')
+    assert kc.make_defconfig("lenet5", [str(frag)], out=tmp_path / ".config").hpo_batch_sizes == (16, 32, 64)
+
+
+def test_derive_changes_values_through_strict_validation(tmp_path):
+    config = kc.make_defconfig("lenet5", out=tmp_path / ".config")
+    changed = kc.derive(config, {"LEARNING_RATE": 0.0123, "CONFIG_OPTIMIZER_SGD": True,
+                                 "TARGET_EFFECTIVE_BATCH": 64, "RUN_NAME": "trial-1", "RESUME": False})
+    assert (changed.learning_rate, changed.optimizer, changed.target_effective_batch) == (0.0123, "sgd", 64)
+    assert changed.run_name == "trial-1" and changed.resume is False and changed.sgd_momentum is not None
+    assert config.optimizer == "adamw" and config == kc.read_config(tmp_path / ".config")  # untouched
+    with pytest.raises(ConfigError, match="BATCH_SIZE=5 did not take: its dependencies are not met"):
+        kc.derive(config, {"BATCH_SIZE": 5})
+    with pytest.raises(ConfigError, match="CONFIG_NOPE is not a kfit option"):
+        kc.derive(config, {"NOPE": 1})
+    with pytest.raises(ConfigError) as err:
+        kc.derive(config, {"EPOCHS": 0})
+    assert "requested change: CONFIG_EPOCHS=0 did not take" in str(err.value)
+
+
+def test_apply_assignments_writes_only_valid_changes(tmp_path):
+    path = tmp_path / ".config"
+    kc.make_defconfig("lenet5", out=path)
+    before = path.read_text()
+    with pytest.raises(ConfigError):
+        kc.apply_assignments(path, {"LEARNING_RATE": "fast"})
+    assert path.read_text() == before
+    kc.apply_assignments(path, {"LEARNING_RATE": "0.2", "HPO_STUDY_NAME": 'a "quoted" name'})
+    config = kc.read_config(path)
+    assert config.learning_rate == 0.2 and config.hpo_study_name == 'a "quoted" name'
+    assert (tmp_path / ".config.old").read_text() == before
