@@ -27,11 +27,13 @@ How the figures were chosen
 Default free memory
 -------------------
 A real GPU never offers its whole ``total_bytes`` to a training run: creating
-the CUDA (or HIP) context takes a slice before the first tensor exists, and
-detection measures free memory with ``torch.cuda.mem_get_info`` *after* that
-context exists.  A catalog profile mimics this with ``CONTEXT_RESERVE_BYTES``
-(768 MiB): with lazy module loading (the default since CUDA 11.7 / torch 1.13)
-a torch context costs roughly 0.3-0.6 GiB on Ampere/Hopper-class cards, and the
+the CUDA (or HIP) context takes a slice before the first tensor exists.
+A catalog profile mimics this with ``CONTEXT_RESERVE_BYTES`` (768 MiB), and
+detection subtracts the same figure from NVML's free memory (NVML is read
+before training creates its context; ``torch.cuda.mem_get_info``, the fallback
+without NVML and on ROCm, measures after creating one).  With lazy module
+loading (the default since CUDA 11.7 / torch 1.13) a torch context costs
+roughly 0.3-0.6 GiB on Ampere/Hopper-class cards, and the
 cuBLAS/cuDNN handles created at the first matmul/conv add more that a fresh
 ``mem_get_info`` does not see yet.  768 MiB sits in the middle of the 0.5-1 GiB
 range seen in practice; it is an estimate, not a measurement of any one card.

@@ -46,6 +46,14 @@ __all__ = [
     "gib",
     "load_profile",
     "resolve_hardware",
+    # runtime queries (the trainer and the monitor)
+    "GpuTelemetry",
+    "THROTTLE_KIND",
+    "device_memory",
+    "empty_device_cache",
+    "gpu_unusable_reason",
+    "on_battery",
+    "reset_peak_memory",
 ]
 
 GiB = 2**30
@@ -71,7 +79,7 @@ class GPUInfo:
     vendor: str  # "nvidia" | "amd" | "apple"
     backend: str  # "cuda" | "rocm" | "mps"
     total_bytes: int
-    free_bytes: int  # torch.cuda.mem_get_info when available (sees other processes), else NVML
+    free_bytes: int  # NVML free less gpu_catalog.CONTEXT_RESERVE_BYTES; torch.cuda.mem_get_info without NVML (and on ROCm)
     compute_capability: tuple[int, int] | None  # NVIDIA (major, minor); None for AMD/Apple
     arch: str  # "sm_90", "gfx90a", "gfx1100", "apple"
     supports_bf16: bool
@@ -436,7 +444,8 @@ def _disk_free(path: str) -> int:
         raise HardwareError(f"cannot measure free disk space at {path!r} ({e.strerror}): pass an existing directory.") from None
 
 
-def _on_battery() -> bool | None:
+def on_battery() -> bool | None:
+    """True when running on battery, False on mains power, None without a battery."""
     import psutil
 
     try:
@@ -555,6 +564,19 @@ def _uuid_key(u: str | None) -> str | None:
     return u[4:] if u.startswith("gpu-") else u
 
 
+def _nvml_free(nvml: _NvmlReport | None, by_uuid: dict, props: Any, i: int, count: int) -> int | None:
+    """Free bytes of torch's GPU i as NVML reports it, less the context training
+    will create (gpu_catalog.CONTEXT_RESERVE_BYTES), so an idle card reads like
+    its catalog entry.  Matched by UUID (torch and NVML may order GPUs
+    differently), else by position when the counts agree; None without a match."""
+    match = by_uuid.get(_uuid_key(str(getattr(props, "uuid", "") or "")))
+    if match is None and nvml and len(nvml.devices) == count:
+        match = nvml.devices[i]
+    if match is None or match.free_bytes is None:
+        return None
+    return max(0, match.free_bytes - gpu_catalog.CONTEXT_RESERVE_BYTES)
+
+
 def _query_torch_gpus(
     torch_mod: Any, *, nvml: _NvmlReport | None = None, cpu: CPUInfo | None = None
 ) -> tuple[tuple[GPUInfo, ...], tuple[str, ...]]:
@@ -562,8 +584,8 @@ def _query_torch_gpus(
 
     CUDA and ROCm both answer through torch.cuda; torch.version.hip tells them
     apart.  Apple silicon answers through torch.backends.mps.  ``nvml`` supplies
-    free memory when torch.cuda.mem_get_info cannot; ``cpu`` supplies the
-    unified memory figures for MPS.
+    NVIDIA free memory (torch.cuda.mem_get_info is the fallback without it, as it
+    creates a CUDA context); ``cpu`` supplies the unified memory figures for MPS.
     """
     cuda = getattr(torch_mod, "cuda", None)
     version = getattr(torch_mod, "version", None)
@@ -584,12 +606,15 @@ def _query_torch_gpus(
                     "run nvidia-smi (or rocm-smi) to check it, or hide it with CUDA_VISIBLE_DEVICES"
                 )
                 continue
-            free = None
-            try:
-                free, _ = cuda.mem_get_info(i)
-                free = int(free)
-            except Exception:  # noqa: BLE001 - exclusive-process mode, old torch, ...
-                free = None
+            free = None if hip else _nvml_free(nvml, nvml_by_uuid, props, i, count)
+            if free is None:
+                # Only without NVML: mem_get_info creates a CUDA context (~0.5 GiB) on
+                # GPU i that lives as long as the process, once per rank under torchrun.
+                try:
+                    free, _ = cuda.mem_get_info(i)
+                    free = int(free)
+                except Exception:  # noqa: BLE001 - exclusive-process mode, old torch, ...
+                    free = None
             if hip:
                 arch = str(getattr(props, "gcnArchName", "") or "").split(":", 1)[0] or "gfx?"
                 info = GPUInfo(
@@ -606,12 +631,6 @@ def _query_torch_gpus(
                 )
             else:
                 cc = (int(props.major), int(props.minor))
-                if free is None:  # fall back to NVML, matched by UUID or by position
-                    match = nvml_by_uuid.get(_uuid_key(str(getattr(props, "uuid", "") or "")))
-                    if match is None and nvml and len(nvml.devices) == count:
-                        match = nvml.devices[i]
-                    if match is not None and match.free_bytes is not None:
-                        free = match.free_bytes
                 info = GPUInfo(
                     index=len(gpus),
                     name=name,
@@ -776,7 +795,7 @@ def _detect(torch_mod: Any, pynvml_mod: Any, disk_path: str = ".") -> HardwarePr
         gpus=gpus,
         cpu=cpu,
         disk_free_bytes=_disk_free(disk_path),
-        on_battery=_on_battery(),
+        on_battery=on_battery(),
         torch_version=torch_version,
         cuda_version=cuda_version,
         hip_version=hip_version,
@@ -796,14 +815,188 @@ def _load_pynvml() -> Any:
 def detect(disk_path: str = ".") -> HardwareProfile:
     """The real machine.
 
-    Note: on CUDA/ROCm machines torch.cuda.mem_get_info creates a context on
-    every visible GPU (~0.5 GiB each, for the life of the process); call this
-    once per process, and in a multi-process launch restrict each process with
-    CUDA_VISIBLE_DEVICES first if that matters.
+    On NVIDIA GPUs free memory comes from NVML, which creates no CUDA context.
+    Without NVML (and on ROCm) it comes from torch.cuda.mem_get_info, which
+    creates a context (~0.5 GiB) on every visible GPU for the life of the
+    process: under torchrun, restrict each rank with CUDA_VISIBLE_DEVICES first.
     """
     import torch
 
     return _detect(torch, _load_pynvml(), disk_path)
+
+
+# --------------------------------------------------------------------------
+# Runtime queries: memory, usability and telemetry of the device in use
+# --------------------------------------------------------------------------
+
+_rss_peak: dict[int, int] = {}  # pid -> highest RSS seen by device_memory since reset_peak_memory
+_process: list = []  # [psutil.Process] of this pid (a forked DataLoader worker gets its own)
+
+
+def _rss() -> int:
+    import psutil
+
+    if not _process or _process[0].pid != os.getpid():
+        _process[:] = [psutil.Process()]
+    return int(_process[0].memory_info().rss)
+
+
+def device_memory(device: Any) -> tuple[int, int]:
+    """(current, peak) bytes in use by training on ``device``.
+
+    CUDA/ROCm: the caching allocator's allocated bytes and its max since
+    reset_peak_memory.  MPS: Metal's allocated bytes, peak tracked like the CPU's.
+    CPU: the process RSS and the highest RSS seen by calls to this function (the
+    monitor's sampler calls it every interval); unlike ru_maxrss it can be reset.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device)), int(torch.cuda.max_memory_allocated(device))
+    current = int(torch.mps.current_allocated_memory()) if device.type == "mps" else _rss()
+    key = -1 if device.type == "mps" else os.getpid()
+    peak = max(current, _rss_peak.get(key, 0))
+    _rss_peak[key] = peak
+    return current, peak
+
+
+def reset_peak_memory(device: Any) -> None:
+    """Start a new peak for device_memory (e.g. per probe trial, after recovering from OOM)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        _rss_peak.pop(-1 if device.type == "mps" else os.getpid(), None)
+
+
+def empty_device_cache(device: Any) -> None:
+    """Give memory held by dead tensors back: collect reference cycles first (a
+    failed step's traceback holds its activations), then release the allocator's
+    cached blocks so the next attempt, and other processes, can use them."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
+
+
+def _unusable_fix(text: str) -> str:
+    low = text.lower()
+    if "out of memory" in low:
+        return "other processes hold its memory: stop them (see nvidia-smi or rocm-smi) or pick another GPU with CUDA_VISIBLE_DEVICES"
+    if "busy or unavailable" in low:
+        return "it is in exclusive-process compute mode and another process uses it: free it, or pick another GPU with CUDA_VISIBLE_DEVICES"
+    if "no kernel image" in low or "not compatible" in low or "invalid device function" in low:
+        return "this torch build has no kernels for this GPU's architecture: install a torch build that supports it (see README)"
+    if "driver" in low:
+        return "update the NVIDIA (or ROCm) driver to one this torch's CUDA/HIP version supports, or install a matching torch build"
+    if "invalid device ordinal" in low:
+        return "that GPU index does not exist: check CUDA_VISIBLE_DEVICES and the GPU count"
+    return "check that nvidia-smi (or rocm-smi) works and CUDA_VISIBLE_DEVICES is right, and reinstall the driver if it does not"
+
+
+def gpu_unusable_reason(index: int = 0, *, torch_mod: Any = None) -> str | None:
+    """Why GPU ``index`` cannot train, found by initialising CUDA and allocating a
+    few bytes on it; None when it can, or when torch sees no CUDA/ROCm GPU."""
+    if torch_mod is None:
+        import torch as torch_mod
+    cuda = torch_mod.cuda
+    if not _safe_call(cuda.is_available, default=False) or not _safe_call(cuda.device_count, default=0):
+        return None
+    try:
+        torch_mod.ones(1, device=f"cuda:{index}").add_(1)
+        cuda.synchronize(index)  # errors of asynchronous kernels surface here
+    except Exception as e:  # noqa: BLE001 - any failure means "unusable", said with its cause
+        text = " ".join(str(e).split())[:300]
+        return f"GPU {index} is unusable ({type(e).__name__}: {text}): {_unusable_fix(text)}"
+    return None
+
+
+# Clock-event (formerly "throttle") reason bits, from nvml.h; the others (idle,
+# application clocks, sync boost, display) are not a problem worth a warning.
+_THROTTLE_BITS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",  # thermal or power brake, reported by the board
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
+THROTTLE_KIND = {"sw_power_cap": "power", "hw_slowdown": "thermal", "sw_thermal": "thermal",
+                 "hw_thermal": "thermal", "hw_power_brake": "power"}
+
+
+class GpuTelemetry:
+    """NVML readings of one NVIDIA GPU: utilisation, temperature, power,
+    throttle reasons, memory.  Holds an NVML session until close()."""
+
+    def __init__(self, nvml: Any, handle: Any, index: int) -> None:
+        self._nvml, self._handle, self.index = nvml, handle, index
+        # nvmlDeviceGetCurrentClocksThrottleReasons was renamed ...ClocksEventReasons (driver 535).
+        self._reasons = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                         or getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+
+    @classmethod
+    def open(cls, index: int = 0, *, pynvml_mod: Any = None, torch_mod: Any = None) -> GpuTelemetry | None:
+        """Telemetry of torch's CUDA device ``index``, or None when NVML is not
+        available (no driver, no nvidia-ml-py, not an NVIDIA GPU)."""
+        nvml = pynvml_mod if pynvml_mod is not None else _load_pynvml()
+        if nvml is None:
+            return None
+        try:
+            nvml.nvmlInit()
+        except Exception:  # noqa: BLE001 - no library or driver: telemetry off
+            return None
+        try:
+            return cls(nvml, cls._handle(nvml, index, torch_mod), index)
+        except Exception:  # noqa: BLE001
+            _safe_call(nvml.nvmlShutdown)
+            return None
+
+    @staticmethod
+    def _handle(nvml: Any, index: int, torch_mod: Any) -> Any:
+        # torch numbers GPUs after CUDA_VISIBLE_DEVICES (and fastest first); NVML
+        # numbers all of them by PCI bus: the UUID names the same card in both.
+        if torch_mod is None:
+            import torch as torch_mod
+        uuid = _safe_call(lambda: str(torch_mod.cuda.get_device_properties(index).uuid))
+        if uuid:
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            except Exception:  # noqa: BLE001 - older driver or MIG: by position
+                pass
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def read(self) -> dict:
+        """The readings this GPU supports (a query it does not support is left out):
+        gpu_util_pct, temp_c, power_w, gpu_mem_used_bytes, throttle (list of names)."""
+        n, h, out = self._nvml, self._handle, {}
+        util = _safe_call(lambda: n.nvmlDeviceGetUtilizationRates(h))
+        if util is not None:
+            out["gpu_util_pct"] = int(util.gpu)
+        temp = _safe_call(lambda: n.nvmlDeviceGetTemperature(h, getattr(n, "NVML_TEMPERATURE_GPU", 0)))
+        if temp is not None:
+            out["temp_c"] = int(temp)
+        power = _safe_call(lambda: n.nvmlDeviceGetPowerUsage(h))
+        if power is not None:
+            out["power_w"] = round(power / 1000, 1)  # NVML reports milliwatts
+        mem = _safe_call(lambda: n.nvmlDeviceGetMemoryInfo(h))
+        if mem is not None:
+            out["gpu_mem_used_bytes"] = int(mem.used)  # every process, contexts included
+        bits = _safe_call(lambda: self._reasons(h)) if self._reasons else None
+        if bits is not None:
+            out["throttle"] = [name for bit, name in _THROTTLE_BITS.items() if int(bits) & bit]
+        return out
+
+    def close(self) -> None:
+        _safe_call(self._nvml.nvmlShutdown)
 
 
 # --------------------------------------------------------------------------
@@ -893,7 +1086,7 @@ def _cpu_only(disk_path: str) -> HardwareProfile:
         gpus=(),
         cpu=detect_cpu(),
         disk_free_bytes=_disk_free(disk_path),
-        on_battery=_on_battery(),
+        on_battery=on_battery(),
         torch_version=torch_version,
         cuda_version=cuda_version,
         hip_version=hip_version,

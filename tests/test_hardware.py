@@ -41,16 +41,43 @@ class FakeLibRmVersionMismatch(FakeNVMLError):
     pass
 
 
-def fake_pynvml(devices=(), *, init_error=None, cuda_driver=12040):
-    """devices: (name, total_bytes, free_bytes) per GPU, as NVML reports them."""
+def fake_pynvml(devices=(), *, init_error=None, cuda_driver=12040, telemetry=None):
+    """devices: (name, total_bytes, free_bytes) per GPU, as NVML reports them.
+
+    telemetry: the readings every GPU reports (util, temp, power_mw, reasons);
+    change mod.telemetry to change them.  A key left out is NVML_ERROR_NOT_SUPPORTED."""
     calls = []
     mod = types.SimpleNamespace(
         NVMLError=FakeNVMLError,
         NVMLError_LibraryNotFound=FakeLibraryNotFound,
         NVMLError_DriverNotLoaded=FakeDriverNotLoaded,
         NVMLError_LibRmVersionMismatch=FakeLibRmVersionMismatch,
+        NVML_TEMPERATURE_GPU=0,
         calls=calls,
+        telemetry=dict(telemetry or {}),
     )
+
+    def reading(key, wrap=lambda v: v):
+        def query(h, *args):
+            calls.append(key)
+            if key not in mod.telemetry:
+                raise FakeNVMLError("Not Supported")
+            return wrap(mod.telemetry[key])
+        return query
+
+    mod.nvmlDeviceGetUtilizationRates = reading("util", lambda v: types.SimpleNamespace(gpu=v, memory=v // 2))
+    mod.nvmlDeviceGetTemperature = reading("temp")
+    mod.nvmlDeviceGetPowerUsage = reading("power_mw")
+    mod.nvmlDeviceGetCurrentClocksEventReasons = reading("reasons")
+
+    def by_uuid(uuid):
+        calls.append(("uuid", uuid))
+        for h in range(len(devices)):
+            if mod.nvmlDeviceGetUUID(h) == uuid:
+                return h
+        raise FakeNVMLError("Not Found")
+
+    mod.nvmlDeviceGetHandleByUUID = by_uuid
 
     def nvmlInit():
         calls.append("init")
@@ -63,7 +90,12 @@ def fake_pynvml(devices=(), *, init_error=None, cuda_driver=12040):
     mod.nvmlInit = nvmlInit
     mod.nvmlShutdown = nvmlShutdown
     mod.nvmlDeviceGetCount = lambda: len(devices)
-    mod.nvmlDeviceGetHandleByIndex = lambda i: i
+    def by_index(i):
+        if not 0 <= i < len(devices):
+            raise FakeNVMLError("Invalid Argument")
+        return i
+
+    mod.nvmlDeviceGetHandleByIndex = by_index
     mod.nvmlDeviceGetName = lambda h: devices[h][0]
     mod.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
     mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
@@ -74,7 +106,8 @@ def fake_pynvml(devices=(), *, init_error=None, cuda_driver=12040):
 
 
 def fake_torch(devices=(), *, cuda="12.6", hip=None, version="2.13.0+cu126", mps=False, mem_get_info=True):
-    """devices: (name, total_bytes, major, minor, free_bytes[, gcnArchName]) per GPU."""
+    """devices: (name, total_bytes, major, minor, free_bytes[, gcnArchName]) per GPU.
+    cuda.mem_get_info_calls counts the calls that would create a CUDA context."""
     props = [
         types.SimpleNamespace(
             name=d[0],
@@ -88,6 +121,7 @@ def fake_torch(devices=(), *, cuda="12.6", hip=None, version="2.13.0+cu126", mps
     ]
 
     def get_info(i):
+        cuda_ns.mem_get_info_calls += 1
         if not mem_get_info:
             raise RuntimeError("mem_get_info not supported")
         return (devices[i][4], devices[i][1])
@@ -97,6 +131,7 @@ def fake_torch(devices=(), *, cuda="12.6", hip=None, version="2.13.0+cu126", mps
         device_count=lambda: len(devices),
         get_device_properties=lambda i: props[i],
         mem_get_info=get_info,
+        mem_get_info_calls=0,
     )
     return types.SimpleNamespace(
         __version__=version,
@@ -449,11 +484,13 @@ def test_two_identical_h100s_with_another_process_using_memory(tmp_path):
     assert p.accelerator == "cuda" and p.cuda_version == "12.6" and p.torch_version == "2.13.0+cu126"
     assert len(p.gpus) == 2 and p.identical_gpu_count == 2
     g0, g1 = p.gpus
-    assert g0 == GPUInfo(0, name, "nvidia", "cuda", total, total - used_by_other, (9, 0), "sm_90", True, True)
-    assert g1.free_bytes == total - 600 * MiB and g1.index == 1
-    assert g0.free_bytes < g0.total_bytes
-    # the busy GPU is worth a note; the other one (our own context only) is not
-    assert len(p.notes) == 1 and "GPU 0" in p.notes[0] and "30.0" in p.notes[0]
+    # free memory is NVML's, less the context training will create (as in the catalog)
+    reserve = gpu_catalog.CONTEXT_RESERVE_BYTES
+    assert g0 == GPUInfo(0, name, "nvidia", "cuda", total, total - used_by_other - reserve, (9, 0), "sm_90", True, True)
+    assert g1.free_bytes == total - reserve and g1.index == 1
+    assert torch_mod.cuda.mem_get_info_calls == 0
+    # the busy GPU is worth a note; the idle one is not
+    assert len(p.notes) == 1 and "GPU 0" in p.notes[0] and "30.8" in p.notes[0]
     assert "init" in nvml.calls and nvml.calls[-1] == "shutdown"
 
 
@@ -543,12 +580,23 @@ def test_real_pynvml_on_this_machine_is_silent():
     assert hardware._query_nvml(None) is None
 
 
-def test_free_memory_falls_back_to_nvml_then_to_a_note():
-    name, total, major, minor = H100
-    torch_mod = fake_torch([(name, total, major, minor, 0)], mem_get_info=False)
-    nvml = fake_pynvml([(name, 81559 * MiB, 50 * GiB)])
+def test_free_memory_from_nvml_by_uuid_without_a_cuda_context():
+    # NVML lists the cards in the other order (PCI bus vs torch's order): the UUID decides.
+    torch_mod = fake_torch([(*H100, 1), (*A100, 1)])
+    nvml = fake_pynvml([(A100[0], A100[1], 20 * GiB), (H100[0], H100[1], 50 * GiB)])
+    nvml.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{1 - h}-aaaa-bbbb-cccc-dddddddddddd"
     p = hardware._detect(torch_mod, nvml)
-    assert p.primary_gpu.free_bytes == 50 * GiB
+    reserve = gpu_catalog.CONTEXT_RESERVE_BYTES
+    assert [g.free_bytes for g in p.gpus] == [50 * GiB - reserve, 20 * GiB - reserve]
+    assert torch_mod.cuda.mem_get_info_calls == 0
+
+
+def test_free_memory_from_mem_get_info_without_nvml_then_a_note():
+    name, total, major, minor = H100
+    torch_mod = fake_torch([(name, total, major, minor, 40 * GiB)])
+    assert hardware._detect(torch_mod, None).primary_gpu.free_bytes == 40 * GiB
+    assert torch_mod.cuda.mem_get_info_calls == 1
+    torch_mod = fake_torch([(name, total, major, minor, 0)], mem_get_info=False)
     q = hardware._detect(torch_mod, None)
     assert q.primary_gpu.free_bytes == total
     assert any("could not be measured" in n for n in q.notes)
@@ -596,3 +644,83 @@ def test_torch_warnings_become_notes_only_when_there_are_gpus(recwarn):
     quiet.cuda.is_available = lambda: warnings.warn("CUDA initialization: no driver") or False
     assert hardware._detect(quiet, None).notes == ()
     assert len(recwarn) == 0
+
+
+# --------------------------------------------------------------------------
+# Runtime queries: memory, usability, telemetry
+# --------------------------------------------------------------------------
+
+
+def test_device_memory_on_cpu_is_rss_with_a_resettable_peak():
+    current, peak = hardware.device_memory("cpu")
+    assert current > 16 * MiB and peak >= current
+    block = b"x" * (64 * MiB)  # touched pages: RSS grows
+    grown, peak = hardware.device_memory("cpu")
+    assert grown > current and peak >= grown
+    del block
+    hardware.reset_peak_memory("cpu")
+    now, peak = hardware.device_memory("cpu")
+    assert peak == now
+    hardware.empty_device_cache("cpu")
+
+
+def _usability_torch(error=None, *, devices=1):
+    calls = []
+
+    def ones(n, device):
+        calls.append(device)
+        if error is not None:
+            raise error
+        return types.SimpleNamespace(add_=lambda v: None)
+
+    cuda = types.SimpleNamespace(is_available=lambda: devices > 0, device_count=lambda: devices,
+                                 synchronize=lambda i: calls.append(("sync", i)))
+    return types.SimpleNamespace(cuda=cuda, ones=ones, calls=calls)
+
+
+@pytest.mark.parametrize(
+    "error, fix",
+    [
+        (RuntimeError("CUDA error: no kernel image is available for execution on the device"), "install a torch build"),
+        (RuntimeError("CUDA error: out of memory"), "other processes hold its memory"),
+        (RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable"), "exclusive-process"),
+        (RuntimeError("The NVIDIA driver on your system is too old (found version 11040)"), "update the NVIDIA"),
+        (OSError("something else"), "nvidia-smi"),
+    ],
+)
+def test_gpu_unusable_reason_names_the_error_and_the_fix(error, fix):
+    reason = hardware.gpu_unusable_reason(1, torch_mod=_usability_torch(error, devices=2))
+    assert reason.startswith("GPU 1 is unusable (")
+    assert type(error).__name__ in reason and str(error)[:20] in reason and fix in reason
+
+
+def test_gpu_unusable_reason_is_none_when_usable_or_absent():
+    usable = _usability_torch()
+    assert hardware.gpu_unusable_reason(0, torch_mod=usable) is None
+    assert usable.calls == ["cuda:0", ("sync", 0)]
+    assert hardware.gpu_unusable_reason(0, torch_mod=_usability_torch(RuntimeError("x"), devices=0)) is None
+    assert hardware.gpu_unusable_reason() is None  # this machine: no GPU
+
+
+def test_gpu_telemetry_reads_nvml_and_names_throttle_reasons():
+    nvml = fake_pynvml([H100[:2] + (H100[1],)] * 2,
+                       telemetry=dict(util=97, temp=84, power_mw=612_345, reasons=0x1 | 0x4 | 0x20))
+    torch_mod = fake_torch([(*H100, 1)] * 2)
+    t = hardware.GpuTelemetry.open(1, pynvml_mod=nvml, torch_mod=torch_mod)
+    assert ("uuid", "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd") in nvml.calls  # matched by UUID
+    r = t.read()
+    assert r == {"gpu_util_pct": 97, "temp_c": 84, "power_w": 612.3, "gpu_mem_used_bytes": 0,
+                 "throttle": ["sw_power_cap", "sw_thermal"]}  # idle (0x1) is not a problem
+    assert all(hardware.THROTTLE_KIND[n] in ("thermal", "power") for n in r["throttle"])
+    nvml.telemetry = {"temp": 60}  # the rest: not supported on this board
+    assert t.read() == {"temp_c": 60, "gpu_mem_used_bytes": 0}
+    t.close()
+    assert nvml.calls.count("init") == 1 and nvml.calls[-1] == "shutdown"
+
+
+def test_gpu_telemetry_without_nvml_is_none():
+    assert hardware.GpuTelemetry.open(0, pynvml_mod=fake_pynvml(init_error=FakeLibraryNotFound())) is None
+    assert hardware.GpuTelemetry.open(0) is None  # this machine: nvidia-ml-py, no driver
+    nvml = fake_pynvml([])  # NVML works but has no such GPU: the session is closed again
+    assert hardware.GpuTelemetry.open(0, pynvml_mod=nvml, torch_mod=cpu_torch()) is None
+    assert nvml.calls[-1] == "shutdown"

@@ -1,0 +1,330 @@
+"""Live view of a training run, and the one writer of run_dir/metrics.jsonl.
+
+The trainer calls ``update`` after every optimizer step (cheap: counters, and a
+progress-bar refresh at most 10 times a second on a terminal), ``log_entry`` at
+LOG_INTERVAL and for every evaluation, ``event`` for things that happen (OOM
+recovery, checkpoint, resume), and ``epoch_end``.  A background thread samples
+memory and, on NVIDIA GPUs, NVML telemetry every ``interval_s``; it does no I/O
+of its own: the warnings it raises are printed and written by the training
+thread at its next call, so lines never interleave.
+
+Without a terminal (a log file, CI, CONFIG_MONITOR=n) every entry is one plain
+line; on a terminal a ``\\r``-refreshed progress bar stays at the bottom and
+evaluation, event and warning lines are printed above it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .hardware import THROTTLE_KIND, GpuTelemetry, HardwareProfile, device_memory, on_battery
+
+REDRAW_S = 0.1  # progress-bar refresh period
+BAR_WIDTH = 20
+RATE_POINT_S = 0.25  # spacing of the (time, step, samples) points of the rate window
+RATE_POINTS = 40  # so the rate and ETA follow the last ~10 s (or 40 steps when slower)
+BATTERY_CHECK_S = 60.0
+GROWTH_EPOCHS = 3  # memory growing this many epochs in a row ...
+GROWTH_FRACTION = 0.05  # ... by more than this each time is a warning
+
+
+_THROTTLE_FIX = {
+    "thermal": "check cooling, airflow and fan speed (nvidia-smi -q -d TEMPERATURE,PERFORMANCE)",
+    "power": "check the power limit and supply (nvidia-smi -q -d POWER,PERFORMANCE)",
+}
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / 2**30:.2f}GiB" if n >= 2**30 else f"{n / 2**20:.0f}MiB"
+
+
+def format_duration(seconds: float) -> str:
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def format_eval(entry: dict) -> str:
+    parts = [f"eval loss {entry['eval_loss']:.4f}"]
+    if "accuracy" in entry:
+        parts.append(f"accuracy {entry['accuracy']:.2%}")
+    if "perplexity" in entry:
+        parts.append(f"perplexity {entry['perplexity']:.2f}")
+    prefix = "final " if entry.get("final") else ""
+    return f"{prefix}eval @ step {entry['step']} (epoch {entry['epoch']}): {', '.join(parts)}"
+
+
+def _telemetry_text(t: dict) -> str:
+    parts = [f"{t['gpu_util_pct']}%" if "gpu_util_pct" in t else "",
+             f"{t['temp_c']}C" if "temp_c" in t else "",
+             f"{t['power_w']:.0f}W" if "power_w" in t else ""]
+    text = " ".join(p for p in parts if p)
+    return f"GPU {text}" if text else ""
+
+
+class Monitor:
+    def __init__(self, run_dir: Path, total_steps: int, device: torch.device, hardware: HardwareProfile, *,
+                 interval_s: float = 1.0, telemetry: bool = True, tokens_per_sample: int = 0,
+                 log: Callable[[str], None] = print, enabled: bool = True, append: bool = False,
+                 write_metrics: bool = True, stream=None) -> None:
+        """``enabled=False`` (CONFIG_MONITOR=n): no sampler thread, no bar, still
+        metrics.jsonl and plain lines.  ``write_metrics=False`` (DDP ranks other
+        than 0): nothing at all.  ``append=True`` (resume) keeps earlier lines."""
+        self.total_steps, self.device, self.log = max(1, total_steps), torch.device(device), log
+        self.interval_s, self.tokens_per_sample = interval_s, tokens_per_sample
+        self.active = write_metrics
+        self.enabled = enabled and write_metrics
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = self.enabled and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.step = self.epoch = self.samples = 0
+        self.loss = self.lr = math.nan
+        self._points: collections.deque = collections.deque(maxlen=RATE_POINTS)
+        self._last_draw = 0.0
+        self._bar_shown = False
+        self._mem = (0, 0)  # (current, peak) bytes, refreshed by the sampler and log_entry
+        self.telemetry: dict = {}  # latest NVML reading
+        self._pending: collections.deque = collections.deque()  # (kind, message, data) from the sampler
+        self._warned: set[str] = set()
+        self._epoch_mem: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._gpu: GpuTelemetry | None = None
+        self._next_battery = 0.0
+        self._file = None
+        if not self.active:
+            return
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(run_dir / "metrics.jsonl", "a" if append else "w", encoding="utf-8")
+        nvidia = hardware.primary_gpu is not None and hardware.primary_gpu.vendor == "nvidia"
+        if self.enabled and telemetry and nvidia and self.device.type == "cuda":
+            self._gpu = GpuTelemetry.open(self.device.index or 0)
+            if self._gpu is None:
+                self._print("note: GPU telemetry is off: NVML is not available (no NVIDIA driver, or "
+                            "nvidia-ml-py is not installed); memory and throughput are still monitored")
+
+    # -- the trainer's calls ---------------------------------------------------
+
+    def start(self) -> Monitor:
+        if not self.active or self._thread is not None:
+            return self
+        self._sample()  # battery and a first reading now, not one interval in
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="kfit-monitor", daemon=True)
+            self._thread.start()
+        self._flush_pending()
+        return self
+
+    def update(self, step: int, epoch: int, loss: float, lr: float, samples: int) -> None:
+        """After every optimizer step; ``samples`` is the running total of training
+        samples (not this step's), ``epoch`` is 1-based like the log entries."""
+        if not self.active:
+            return
+        now = time.perf_counter()
+        self.step, self.epoch, self.loss, self.lr, self.samples = step, epoch, loss, lr, samples
+        if not self._points or now - self._points[-1][0] >= RATE_POINT_S:
+            self._points.append((now, step, samples))
+        if self._pending:
+            self._flush_pending()
+        if self.tty and now - self._last_draw >= REDRAW_S:
+            self._draw(now)
+
+    def log_entry(self, entry: dict) -> None:
+        """A training entry (step, epoch, loss, lr, samples_per_s ...) or an
+        evaluation (eval_loss, accuracy/perplexity, final): adds memory,
+        telemetry and ETA, writes one JSON line and shows it."""
+        if not self.active:
+            return
+        record = dict(entry)
+        self._mem = device_memory(self.device)
+        record["mem_bytes"], record["mem_peak_bytes"] = self._mem
+        record.update({k: v for k, v in self.telemetry.items() if k not in record})
+        is_eval = "eval_loss" in record
+        if not is_eval:
+            if "tokens_per_s" not in record and self.tokens_per_sample and "samples_per_s" in record:
+                record["tokens_per_s"] = record["samples_per_s"] * self.tokens_per_sample
+            eta = self.eta_s(record.get("step", self.step))
+            if eta is not None:
+                record["eta_s"] = round(eta, 1)
+        record["time"] = round(time.time(), 3)
+        self._write(record)
+        if is_eval:
+            self._print(format_eval(record))
+        elif self.tty:
+            self._draw(time.perf_counter())
+        else:
+            self._print(self.format_line(record))
+
+    def event(self, kind: str, message: str, **data) -> None:
+        """Something that happened (oom_recovery, checkpoint, resume, warning...):
+        a JSON line {"event": kind, "message": ..., "step": ..., **data} and the message."""
+        if not self.active:
+            return
+        self._write({"event": kind, "message": message, "step": self.step, **data,
+                     "time": round(time.time(), 3)})
+        self._print(message)
+
+    def epoch_end(self, epoch: int) -> None:
+        """Memory at the end of each epoch; growth epoch over epoch is a leak's signature
+        (losses kept as tensors, caches that never evict) and is warned about once."""
+        if not self.active:
+            return
+        self._mem = device_memory(self.device)
+        self._epoch_mem.append(self._mem[0])
+        recent = self._epoch_mem[-(GROWTH_EPOCHS + 1):]
+        if len(recent) == GROWTH_EPOCHS + 1 and all(b > a * (1 + GROWTH_FRACTION) for a, b in zip(recent, recent[1:])):
+            what = "GPU memory allocated" if self.device.type == "cuda" else "process memory (RSS)"
+            self._warn("memory_growth",
+                       f"{what} grew every epoch for {GROWTH_EPOCHS} epochs ({format_bytes(recent[0])} at epoch "
+                       f"{epoch - GROWTH_EPOCHS} -> {format_bytes(recent[-1])} at epoch {epoch}): something keeps "
+                       "tensors alive across steps (e.g. a loss stored without .item()); it may run out of memory",
+                       epoch=epoch, mem_bytes=recent)
+        self._flush_pending()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
+        if self._file is not None:
+            self._flush_pending()
+            if self._bar_shown:
+                self.stream.write("\n")
+                self.stream.flush()
+                self._bar_shown = False
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- derived figures -------------------------------------------------------
+
+    def _rate(self, now: float) -> tuple[float, float] | None:
+        """(steps/s, samples/s) over the recent window; None before two points."""
+        if not self._points:
+            return None
+        t0, step0, samples0 = self._points[0]
+        dt = now - t0
+        if self.step <= step0 or dt <= 0:
+            return None
+        return (self.step - step0) / dt, (self.samples - samples0) / dt
+
+    def eta_s(self, step: int | None = None) -> float | None:
+        rate = self._rate(time.perf_counter())
+        if rate is None:
+            return None
+        return max(0, self.total_steps - (self.step if step is None else step)) / rate[0]
+
+    def format_line(self, entry: dict) -> str:
+        """``step    10/120 | epoch   1 | loss 1.2345 | lr 1.00e-02 | 15,000 samples/s | mem 312MiB (peak 340MiB) | ETA 0:12``"""
+        parts = [f"step {entry['step']:>5}/{self.total_steps}", f"epoch {entry['epoch']:>3}",
+                 f"loss {entry['loss']:.4f}", f"lr {entry['lr']:.2e}"]
+        if "tokens_per_s" in entry:
+            parts.append(f"{entry['tokens_per_s']:,.0f} tokens/s")
+        elif "samples_per_s" in entry:
+            parts.append(f"{entry['samples_per_s']:,.0f} samples/s")
+        parts.append(f"mem {format_bytes(entry['mem_bytes'])} (peak {format_bytes(entry['mem_peak_bytes'])})")
+        gpu = _telemetry_text(entry)
+        if gpu:
+            parts.append(gpu)
+        if "eta_s" in entry:
+            parts.append(f"ETA {format_duration(entry['eta_s'])}")
+        return " | ".join(parts)
+
+    # -- output ----------------------------------------------------------------
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()  # a crash or kill -9 must not lose the lines before it
+
+    def _print(self, line: str) -> None:
+        if self._bar_shown:  # clear the bar, print above it, redraw it below
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+        self.log(line)
+        if self._bar_shown:
+            self._draw(time.perf_counter())
+
+    def _draw(self, now: float) -> None:
+        self._last_draw = now
+        frac = min(1.0, self.step / self.total_steps)
+        rate = self._rate(now)
+        parts = [f"{frac:4.0%} {self.step}/{self.total_steps}",
+                 f"ETA {format_duration(max(0, self.total_steps - self.step) / rate[0])}" if rate else "ETA ?"]
+        if math.isfinite(self.loss):
+            parts.append(f"loss {self.loss:.4f}")
+        if rate:
+            parts.append(f"{rate[1] * self.tokens_per_sample:,.0f} tokens/s" if self.tokens_per_sample
+                         else f"{rate[1]:,.0f} samples/s")
+        if self._mem[0]:
+            parts.append(f"mem {format_bytes(self._mem[0])} (peak {format_bytes(self._mem[1])})")
+        gpu = _telemetry_text(self.telemetry)
+        if gpu:
+            parts.append(gpu)
+        text = " | ".join(parts)
+        # A line longer than the terminal wraps, and \r then redraws only its last row:
+        # the bar gives up its width first, then the line is cut.
+        columns = shutil.get_terminal_size((100, 24)).columns
+        width = min(BAR_WIDTH, columns - 2 - len(text))
+        if width >= 5:
+            filled = int(frac * width)
+            text = f"{'#' * filled}{'.' * (width - filled)} {text}"
+        self.stream.write("\r" + text[:columns - 1] + "\x1b[K")
+        self.stream.flush()
+        self._bar_shown = True
+
+    # -- sampling and warnings -------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        """Memory, telemetry, battery: cheap reads, no I/O beyond /proc and NVML."""
+        try:
+            self._mem = device_memory(self.device)
+            if self._gpu is not None:
+                self.telemetry = reading = self._gpu.read()
+                for name in reading.get("throttle", ()):
+                    kind = THROTTLE_KIND[name]
+                    self._warn(f"{kind}_throttle",
+                               f"GPU {self._gpu.index} clocks are lowered by a {kind} limit ({name}; "
+                               f"{reading.get('temp_c', '?')}C, {reading.get('power_w', '?')}W), so training "
+                               f"runs slower: {_THROTTLE_FIX[kind]}", reason=name)
+            now = time.monotonic()
+            if now >= self._next_battery:
+                self._next_battery = now + BATTERY_CHECK_S
+                if on_battery():
+                    self._warn("on_battery", "running on battery: training drains it fast and power saving "
+                               "may slow it down; plug in the charger")
+        except Exception as e:  # noqa: BLE001 - monitoring must never stop training
+            self._warn("monitor_error", f"monitoring stopped sampling ({type(e).__name__}: {e})")
+            self._stop.set()
+
+    def _warn(self, kind: str, message: str, **data) -> None:
+        """Queue a warning, once per kind; the training thread prints and writes it."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            self._pending.append((kind, message, data))
+
+    def _flush_pending(self) -> None:
+        while self._pending:
+            kind, message, data = self._pending.popleft()
+            self.event("warning", f"warning: {message}", warning=kind, **data)

@@ -1,0 +1,6 @@
+# --- monitoring ------------------------------------------------------------
+
+.PHONY: bench-monitor
+
+bench-monitor: $(ENV_STAMP) ## Measure the live monitor's cost per training step (STEPS=, REPEATS=, BATCH=)
+	@$(PY) $(ROOT)/scripts/bench_monitor.py
