@@ -1,44 +1,123 @@
-"""The train subcommand."""
+"""The train subcommand: fallback, launch under torchrun, probe, resume, train.
+
+Exit status: 0 done; 1 the loss diverged; 2 an error the user can fix; 130 / 143
+stopped by SIGINT / SIGTERM after saving a checkpoint ('make train' resumes).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from kfit_env import ensure_config, hardware_from_env, plan_for
-from lib.errors import KfitError
+from lib.errors import HardwareError, KfitError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def usable_hardware(config, hardware, warn=_stderr, index: int = 0):
+    """The detected machine, or its CPU when GPU `index` cannot train under DEVICE_AUTO (CONFIG_CPU_FALLBACK)."""
+    from lib.hardware import gpu_unusable_reason, resolve_hardware
+
+    if config.device == "cpu":
+        return hardware
+    reason = gpu_unusable_reason(index) if hardware.accelerator in ("cuda", "rocm") else None
+    if reason is None and (hardware.gpus or not hardware.notes):
+        return hardware  # a usable GPU, or a machine without one
+    if reason is None:  # a GPU torch cannot use at all: the resolver plans the CPU (or refuses DEVICE_CUDA)
+        reason = "; ".join(hardware.notes)
+    if config.device == "cuda":
+        raise HardwareError(f"CONFIG_DEVICE_CUDA is set but {reason}")
+    if not config.cpu_fallback:
+        raise HardwareError(f"{reason}. CONFIG_CPU_FALLBACK=n forbids training on the CPU instead: fix the GPU, "
+                            "or enable CONFIG_CPU_FALLBACK")
+    warn(f"warning: {reason}")
+    warn("warning: training on the CPU instead (CONFIG_CPU_FALLBACK=y): expect it to be much slower")
+    return resolve_hardware(gpu="cpu")
+
+
+def resume_from(config, plan) -> Path | None:
+    """The run to continue: the latest unfinished one in OUTPUT_DIR with a matching config and effective
+    batch, unless CONFIG_RESUME=n or RESUME=0 (RESUME=1 resumes even when CONFIG_RESUME=n)."""
+    from lib.checkpoint import find_resumable
+
+    env = os.environ.get("RESUME", "").strip().lower()
+    if env in ("0", "n", "no", "false") or (not config.resume and env not in ("1", "y", "yes", "true")):
+        return None
+    return find_resumable(Path(config.output_dir), config.text, plan.effective_batch, config.run_name, log=print)
 
 
 def cmd_train(args) -> int:
-    from lib.hyperparams import compile_line, summary_line
-    from lib.trainer import train
+    import torch
 
-    from lib.hyperparams import world_size_from_env
+    from lib import distributed
+    from lib.hyperparams import compile_line, summary_line
+    from lib.oom import ADVICE, is_oom
+    from lib.task import load_task
+    from lib.trainer import TrainingInterrupted, train
 
     hardware = hardware_from_env(allow_simulated=False)
-    if world_size_from_env() > 1:
-        raise KfitError(f"WORLD_SIZE={world_size_from_env()}: this version trains in one process; multi-process "
-                        "training (torchrun, DDP) is not built yet. Unset WORLD_SIZE; 'make plan WORLD_SIZE=N' "
-                        "shows what N processes would run.")
     config = ensure_config()
-    model, plan = plan_for(config, hardware)
-    print(summary_line(plan, hardware, model))
-    print(compile_line(plan))
-    for note in plan.notes:
-        print(f"Note: {note}")
+    if not distributed.under_torchrun():
+        if int(os.environ.get("WORLD_SIZE") or 1) > 1:
+            raise KfitError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set, but kfit was not started by torchrun: "
+                            f"unset it and use 'make train GPUS={os.environ['WORLD_SIZE']}', which launches "
+                            "torchrun ('make plan WORLD_SIZE=N' shows what N processes would run)")
+        hardware = usable_hardware(config, hardware)
+        _, plan = plan_for(config, hardware, world_size=1)  # the config is validated before any launch
+        nproc, why = distributed.process_count(config, hardware, plan.device_type)
+        if nproc > 1:
+            nnodes = int(os.environ.get("NNODES") or 1)
+            plan_for(config, hardware, world_size=nproc * nnodes)  # refuses a world size the plan cannot take
+            print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why})")
+            distributed.exec_torchrun(nproc, ROOT / "scripts" / "kfit.py", dict(os.environ))
+    rank = distributed.current()
+    say = print if rank.is_main else (lambda *a, **k: None)
+    if rank.active:
+        hardware = usable_hardware(config, hardware, _stderr if rank.is_main else (lambda line: None), rank.local_rank)
+        _, plan = plan_for(config, hardware, rank.world_size)
+        rank = distributed.setup(plan.device_type, hardware.cpu.logical_cores)
+        hardware = distributed.hardware_for_rank(hardware, rank, rank.local_world_size, say)
     try:
-        result = train(config, plan, hardware)
+        model, plan = plan_for(config, hardware, rank.world_size)
+        say(summary_line(plan, hardware, model))
+        say(compile_line(plan))
+        for note in plan.notes:
+            say(f"Note: {note}")
+        task = load_task(config)
+        from lib.probe import maybe_probe
+
+        plan = maybe_probe(config, plan, hardware, task, log=say, rank=rank)
+        resume = distributed.broadcast(resume_from(config, plan) if rank.is_main else None)
+        result = train(config, plan, hardware, task=task, resume=resume, log=say)
+    except TrainingInterrupted as stop:
+        return stop.exit_code
     except FloatingPointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_oom(err):
+            raise
+        what = "CONFIG_OOM_RECOVERY is off" if not config.oom_recovery else "it could not be recovered"
+        print(f"error: out of memory ({' '.join(str(err).split())[:200]}); {what}: {ADVICE}", file=sys.stderr)
+        return 2
+    finally:
+        distributed.teardown()
     final = result.final_eval
-    metric = (f"accuracy {final['accuracy']:.2%}" if "accuracy" in final else
-              f"perplexity {final['perplexity']:.2f}" if "perplexity" in final else
-              f"eval loss {final['eval_loss']:.4f}")
-    print(f"Done: {result.steps} steps, {result.epochs:.1f} epochs in {result.seconds:.1f}s; {metric}; "
-          f"run in {result.run_dir}")
+    if rank.is_main:
+        metric = (f"accuracy {final['accuracy']:.2%}" if "accuracy" in final else
+                  f"perplexity {final['perplexity']:.2f}" if "perplexity" in final else
+                  f"eval loss {final['eval_loss']:.4f}")
+        print(f"Done: {result.steps} steps, {result.epochs:.1f} epochs in {result.seconds:.1f}s; {metric}; "
+              f"run in {result.run_dir}")
     return 0
 
 
-
 def register(sub) -> None:
-    sub.add_parser("train", help="train as configured").set_defaults(func=cmd_train)
+    sub.add_parser("train", help="train as configured (GPUS=N: N processes under torchrun; RESUME=0: start "
+                   "fresh)").set_defaults(func=cmd_train)

@@ -20,6 +20,8 @@ def env_number(name: str, kind: type[int] | type[float]):
 
 
 def hardware_from_env(allow_simulated: bool = True):
+    """The machine to plan for. For training (allow_simulated=False) it is this one, as detected:
+    GPUS= then means the number of training processes (see lib.distributed), not simulated GPUs."""
     from lib.hardware import resolve_hardware
 
     hw, gpu = os.environ.get("HW") or None, os.environ.get("GPU") or None
@@ -27,7 +29,7 @@ def hardware_from_env(allow_simulated: bool = True):
         raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
                         "(use 'make plan HW=... / GPU=...' to see another machine's plan)")
     return resolve_hardware(hw=hw, gpu=gpu, free_gb=env_number("FREE_GB", float),
-                            gpus=env_number("GPUS", int))
+                            gpus=env_number("GPUS", int) if allow_simulated else None)
 
 
 def ensure_config() -> "kconfig.Config":

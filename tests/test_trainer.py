@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,6 +15,16 @@ from lib.hyperparams import ModelDescription, resolve
 from lib.trainer import Trainer, epoch_micro_batches, lr_at
 
 CPU = resolve_hardware(gpu="cpu")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Beside other test processes on few cores, two spinning OpenMP threads made these tiny runs up to 30x
+    slower (measured); results compared within a test all use the same setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -194,3 +205,36 @@ def test_text_corpus_directory_sets_the_vocabulary(make_config, tmp_path):
                                       "CONFIG_GPT2_BLOCK_SIZE=32\n", base="gpt2-tiny"))
     assert trainer.info.vocab_size == 256 and trainer.model.lm_head.out_features == 256
     assert result.steps == 1
+
+
+# --------------------------------------------------------------------------
+# CPU fallback (train CLI): a GPU that fails at start, faked behind lib.hardware's own query
+
+
+@pytest.fixture
+def cli_train(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import cli_train
+
+    monkeypatch.setattr("lib.hardware.gpu_unusable_reason",
+                        lambda index=0: f"GPU {index} is unusable (RuntimeError: CUDA error: no kernel image): fix")
+    return cli_train
+
+
+def test_device_auto_falls_back_to_the_cpu_with_a_warning(make_config, cli_train):
+    from lib.errors import HardwareError
+
+    h100 = resolve_hardware(gpu="h100")
+    config = dataclasses.replace(make_config(""), device="auto", cpu_fallback=True)
+    warnings = []
+    fallback = cli_train.usable_hardware(config, h100, warnings.append)
+    assert fallback.gpus == () and "no kernel image" in warnings[0] and "on the CPU instead" in warnings[1]
+    assert resolve(config, fallback, ModelDescription.from_config(config)).device_type == "cpu"
+    with pytest.raises(HardwareError, match="CONFIG_CPU_FALLBACK=n forbids"):
+        cli_train.usable_hardware(dataclasses.replace(config, cpu_fallback=False), h100, warnings.append)
+    with pytest.raises(HardwareError, match="CONFIG_DEVICE_CUDA is set but GPU 0 is unusable"):
+        cli_train.usable_hardware(dataclasses.replace(config, device="cuda"), h100, warnings.append)
+    assert cli_train.usable_hardware(dataclasses.replace(config, device="cpu"), h100, warnings.append) is h100
+    assert cli_train.usable_hardware(config, CPU, warnings.append) is CPU and len(warnings) == 2

@@ -1,0 +1,221 @@
+"""The probe: confirm the plan's micro-batch on the device with a few real training steps.
+
+A plan is a prediction. Before training, the probe runs TRIAL_STEPS real steps
+(forward, backward, optimizer step: the optimizer state is allocated on the
+first) of a throwaway copy of the model at the planned micro-batch. Out of
+memory, or a measured peak over the plan's budget, bisects down; a peak that
+leaves clear room (HEADROOM, seed 003's 10%) under the budget may try larger,
+up to the per-process share of the target effective batch. Candidates are the
+divisors of that share, so every answer keeps the effective batch exact. The
+evaluation batch is searched the same way with forward-only passes.
+
+With torch.compile the batch dimension is marked dynamic, so the sizes tried
+share one compiled graph instead of one compile each (20+ s apiece).
+
+Results are cached in $KFIT_CACHE_DIR (else $XDG_CACHE_HOME/kfit, else
+~/.cache/kfit)/probe.json under a fingerprint of the hardware, the
+memory-relevant config, precision, compile and library versions.
+PROBE_AUTO probes GPUs only and uses the cache; PROBE_ALWAYS probes any device
+(the CPU included) and refreshes it; PROBE_NEVER trusts the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import checkpoint, distributed
+from .config import Config
+from .hardware import HardwareProfile, device_memory, reset_peak_memory
+from .hyperparams import Plan, calculate_gradient_accumulation
+from .memory import default_cache_dir
+from .oom import ADVICE, Injector, OutOfMemory, is_oom, release
+from .task import Task
+from .trainer import autocast_for, make_optimizer
+
+TRIAL_STEPS = 2
+HEADROOM = 0.10
+CACHE_FILE = "probe.json"
+
+
+def cache_path() -> Path:
+    return default_cache_dir() / CACHE_FILE  # the memory planner's cache directory
+
+
+def fingerprint(config: Config, plan: Plan, hardware: HardwareProfile, task: Task) -> str:
+    """What decides how much memory a training step takes on this device."""
+    gpu = hardware.primary_gpu if plan.device_type != "cpu" else None
+    info = task.info
+    key = {
+        "device": plan.device_type, "name": gpu.name if gpu else hardware.cpu.name,
+        "total_bytes": gpu.total_bytes if gpu else hardware.cpu.ram_total_bytes,
+        "model": config.model, "preset": config.gpt2_preset, "custom": config.custom_model_factory,
+        "data": [info.channels, info.image_size, info.num_classes, info.vocab_size, info.block_size],
+        "optimizer": config.optimizer, "memory_profile": config.memory_profile,
+        "precision": plan.precision, "compile": plan.compile, "compile_mode": plan.compile_mode,
+        "gradient_checkpointing": plan.gradient_checkpointing,
+        "versions": [torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None)],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def search(fits: Callable[[int], int | None], candidates: list[int], start: int, budget: int | None,
+           grow: bool) -> tuple[int | None, list[tuple[int, bool, int | None]]]:
+    """The largest candidate that fits, starting at candidates[start].
+
+    fits(size) -> the measured peak bytes, or None on out-of-memory. A peak over `budget` fails too.
+    Grows (about x2 per trial) only while no size failed and the peak leaves HEADROOM under the budget;
+    then bisects between the largest success and the smallest failure. Returns (size or None, trials).
+    """
+    trials: list[tuple[int, bool, int | None]] = []
+    good, bad, i = -1, len(candidates), start
+    while good + 1 < bad:
+        peak = fits(candidates[i])
+        ok = peak is not None and (budget is None or peak <= budget)
+        trials.append((candidates[i], ok, peak))
+        if ok:
+            good = i
+            if bad == len(candidates):  # nothing failed yet: grow while there is clear room
+                if not grow or budget is None or peak > budget * (1 - HEADROOM) or i + 1 == len(candidates):
+                    break
+                i = max(i + 1, max(j for j, c in enumerate(candidates) if c <= 2 * candidates[i]))
+                continue
+        else:
+            bad = i
+        i = (good + bad) // 2
+    return (candidates[good] if good >= 0 else None), trials
+
+
+class _Trials:
+    """A throwaway model, optimizer and scaler on the device, and one trial per size."""
+
+    def __init__(self, config: Config, plan: Plan, task: Task, device: torch.device) -> None:
+        self.plan, self.task, self.device = plan, task, device
+        self.model = task.build(plan.gradient_checkpointing).to(device)
+        self.optimizer = make_optimizer(config, self.model)
+        self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
+        self.forward = torch.compile(self.model, mode=plan.compile_mode) if plan.compile else self.model
+        self.inject = Injector()
+        self.steps = 0
+
+    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = (t.to(self.device) for t in self.task.example_batch(size))
+        if self.plan.compile:  # one graph for every size tried
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(y, 0)
+        return x, y
+
+    def measure(self, size: int, train: bool) -> int | None:
+        reset_peak_memory(self.device)
+        failed = False
+        try:
+            x, y = self.batch(size)
+            for _ in range(TRIAL_STEPS if train else 1):
+                self.steps += 1
+                self.inject.check(size)
+                if train:
+                    with autocast_for(self.plan):
+                        loss = self.task.loss(self.forward(x), y)
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                    self.optimizer.zero_grad(set_to_none=True)
+                else:
+                    with torch.no_grad(), autocast_for(self.plan):
+                        self.task.loss(self.forward(x), y)
+            peak = device_memory(self.device)[1]
+        except Exception as err:  # noqa: BLE001 - out-of-memory is an answer; anything else is a bug
+            if not is_oom(err):
+                raise
+            failed = True
+        if failed:
+            release(self.device, self.optimizer)  # outside the except block: the traceback is gone
+            return None
+        return peak
+
+
+def _divisors(n: int, cap: int) -> list[int]:
+    return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+
+
+def run(config: Config, plan: Plan, task: Task, device: torch.device) -> dict:
+    """Probe now; the result as cached."""
+    started = time.perf_counter()
+    budget = getattr(plan, "budget_bytes", None)  # from the memory planner, when it planned this
+    per_process = (plan.target_effective_batch or plan.effective_batch) // plan.world_size
+    if plan.mode == "auto":  # any divisor of the per-process share keeps the effective batch exact
+        candidates, grow = _divisors(per_process, per_process) or [1], True
+    else:  # MANUAL: the configured micro-batch is the most the user wants
+        candidates, grow = _divisors(plan.micro_batch * plan.grad_accum, plan.micro_batch), False
+    start = max(i for i, c in enumerate(candidates) if c <= plan.micro_batch)
+    trials = _Trials(config, plan, task, device)
+    model = trials.model
+    model.train()
+    micro, train_trials = search(lambda b: trials.measure(b, True), candidates, start, budget, grow)
+    if micro is None:
+        raise OutOfMemory(f"the probe ran out of memory even at micro-batch {candidates[0]} on {plan.device_name}: "
+                          f"{ADVICE}")
+    model.eval()
+    n_eval = len(task.eval)
+    eval_candidates = sorted({c for c in [2 ** k for k in range(n_eval.bit_length())] + [plan.eval_batch, n_eval]
+                              if 1 <= c <= n_eval})
+    eval_start = max(i for i, c in enumerate(eval_candidates) if c <= plan.eval_batch)
+    eval_batch, eval_trials = search(lambda b: trials.measure(b, False), eval_candidates, eval_start, budget, True)
+    steps = trials.steps
+    del trials, model
+    release(device)
+    return {"max_micro": micro, "eval_batch": eval_batch or 1, "trial_steps": steps,
+            "seconds": round(time.perf_counter() - started, 3),
+            "peak_bytes": max((p for b, ok, p in train_trials if ok and b == micro), default=None),
+            "trials": [[b, ok] for b, ok, _ in train_trials], "eval_trials": [[b, ok] for b, ok, _ in eval_trials]}
+
+
+def _describe(trials: list) -> str:
+    return ", ".join(f"{b} {'ok' if ok else 'failed'}" for b, ok in trials)
+
+
+def apply(plan: Plan, result: dict, how: str) -> Plan:
+    """The plan with the probed micro-batch (accumulation recomputed) and evaluation batch."""
+    target = plan.target_effective_batch or plan.effective_batch
+    micro, accum, why = calculate_gradient_accumulation(target, result["max_micro"], plan.world_size)
+    reasons = {**plan.reasons, "micro_batch": f"probe {how}: {result['max_micro']} fits", "grad_accum": why,
+               "eval_batch": f"probe {how}: largest safe forward-only batch"}
+    return dataclasses.replace(plan, micro_batch=micro, grad_accum=accum, eval_batch=result["eval_batch"],
+                               effective_batch=micro * accum * plan.world_size, reasons=reasons)
+
+
+def maybe_probe(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *, log=print,
+                rank: distributed.Rank = distributed.SINGLE) -> Plan:
+    """The plan as the probe confirms it (PROBE_AUTO: GPUs, cache first; ALWAYS: any device; NEVER: as is)."""
+    if config.probe == "never" or (config.probe == "auto" and plan.device_type != "cuda"):
+        return plan
+    device = distributed.device_for(rank, plan.device_type)
+    path, key = cache_path(), fingerprint(config, plan, hardware, task)
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if config.probe == "auto" and isinstance(cache.get(key), dict) and "max_micro" in cache[key]:
+        result, how = cache[key], "cached"
+        log(f"Probe: cached result for this device and model in {path}: micro-batch up to {result['max_micro']}, "
+            f"eval batch {result['eval_batch']} (CONFIG_PROBE_ALWAYS probes again)")
+    else:
+        result, how = run(config, plan, task, device), "measured"
+        log(f"Probe: {result['trial_steps']} trial steps in {result['seconds']:.1f}s on {plan.device_name}: "
+            f"micro-batch {_describe(result['trials'])}; eval batch {_describe(result['eval_trials'])}")
+        if rank.is_main:
+            cache[key] = {**result, "device": plan.device_name, "model": config.model, "time": time.time()}
+            checkpoint.write_json_atomic(path, cache)
+    # Several ranks (possibly on different GPUs): everyone uses what fits on all of them.
+    result = {**result, "max_micro": distributed.all_min(result["max_micro"], device),
+              "eval_batch": distributed.all_min(result["eval_batch"], device)}
+    probed = apply(plan, result, how)
+    log(f"Probe: micro-batch {plan.micro_batch} -> {probed.micro_batch}, accumulation {plan.grad_accum} -> "
+        f"{probed.grad_accum} (effective {probed.effective_batch}); eval batch {probed.eval_batch}")
+    return probed
