@@ -23,6 +23,7 @@ from typing import Protocol
 from .config import Config
 from .errors import PlanError
 from .hardware import GPUInfo, HardwareProfile, gib
+from .planner import BatchChoice
 
 # GPUs where torch.compile is known to misbehave (the primary seed's list).
 COMPILE_DENY = {
@@ -71,6 +72,12 @@ class Plan:
     model: str
     reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # The memory planner's prediction (None under the tier policy and in MANUAL mode).
+    max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
+    predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included
+    budget_bytes: int | None = None  # free memory x memory profile
+    memory_breakdown: dict[str, int] | None = None  # category -> bytes at the peak; sums to the peak
+    eval_predicted_peak_bytes: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -85,9 +92,10 @@ class Plan:
 class BatchPolicy(Protocol):
     name: str
 
-    def max_micro_batch(self, *, hardware: HardwareProfile, model: ModelDescription,
-                        device_type: str, compile: bool, precision: str) -> tuple[int, str]:
-        """The largest micro-batch the device should run, and why."""
+    def choose(self, *, config: Config, hardware: HardwareProfile, model: ModelDescription, device_type: str,
+               compile: bool, compile_mode: str | None, precision: str, world_size: int,
+               target: int) -> BatchChoice:
+        """The largest micro-batch the device should run and the evaluation batch, with reasons."""
 
 
 # The seed's per-model scale factors: samples per step relative to GPT-2.
@@ -123,8 +131,23 @@ class TierPolicy:
                        f"tier {tier}, base {base} (compile {'on' if compile else 'off'}) x {model.name} "
                        f"scale {scale:g} = {batch}")
 
+    def choose(self, *, hardware, model, device_type, compile, precision, **_) -> BatchChoice:
+        cap, why = self.max_micro_batch(hardware=hardware, model=model, device_type=device_type,
+                                        compile=compile, precision=precision)
+        return BatchChoice(max_micro=cap, reason=why, eval_batch=2 * cap, eval_reason=(
+            "twice the largest safe micro-batch: evaluation keeps no activations for backward"))
+
 
 DEFAULT_POLICY = TierPolicy()
+
+
+def policy_for(config: Config) -> BatchPolicy:
+    """The batch policy AUTO mode selects: CONFIG_HYPER_PARAM_POLICY_PLANNER (default) or _TIERS."""
+    if config.hyperparam_policy == "tiers":
+        return DEFAULT_POLICY
+    from .planner import PLANNER
+
+    return PLANNER
 
 
 # --------------------------------------------------------------------------
@@ -229,8 +252,12 @@ def decide_workers(config: Config, device_type: str, hardware: HardwareProfile, 
 
 
 def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
-            policy: BatchPolicy = DEFAULT_POLICY) -> Plan:
-    """The plan for training `model` under `config` on `hardware` with `world_size` processes."""
+            policy: BatchPolicy | None = None) -> Plan:
+    """The plan for training `model` under `config` on `hardware` with `world_size` processes.
+
+    `policy` defaults to the one the config selects (`policy_for`). The planner
+    reads and writes its trace cache, which only changes how long this takes.
+    """
     if world_size < 1:
         raise PlanError(f"world size must be at least 1, got {world_size}")
     notes: list[str] = []
@@ -245,6 +272,7 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
         notes.append(f"{world_size} processes but only {hardware.identical_gpu_count} identical GPU(s): "
                      "processes will share GPUs or use different models")
 
+    memory: dict = {}
     if config.hyperparam_mode == "manual":
         micro, accum = config.batch_size, config.gradient_accumulation
         target = None
@@ -258,14 +286,20 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
             reasons["eval_batch"] = "twice the micro-batch: evaluation keeps no activations for backward"
     else:
         target = config.target_effective_batch
+        policy = policy or policy_for(config)
         policy_name = policy.name
-        cap, reasons["micro_batch"] = policy.max_micro_batch(
-            hardware=hardware, model=model, device_type=device_type, compile=compile_on, precision=precision)
+        choice = policy.choose(config=config, hardware=hardware, model=model, device_type=device_type,
+                               compile=compile_on, compile_mode=compile_mode, precision=precision,
+                               world_size=world_size, target=target)
+        cap, reasons["micro_batch"] = choice.max_micro, choice.reason
         micro, accum, reasons["grad_accum"] = calculate_gradient_accumulation(target, cap, world_size)
         if micro < cap:
             reasons["micro_batch"] += f"; {micro} used (largest that divides the target)"
-        eval_batch = 2 * cap
-        reasons["eval_batch"] = "twice the largest safe micro-batch: evaluation keeps no activations for backward"
+        eval_batch, reasons["eval_batch"] = choice.eval_batch, choice.eval_reason
+        if choice.predict is not None:
+            at = choice.predict(micro)
+            memory = dict(max_micro_batch=cap, predicted_peak_bytes=at.peak_bytes, budget_bytes=choice.budget_bytes,
+                          memory_breakdown=at.breakdown, eval_predicted_peak_bytes=choice.eval_peak_bytes)
     effective = micro * accum * world_size
 
     on_gpu = device_type == "cuda"
@@ -295,7 +329,7 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
         eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
         gradient_checkpointing=config.gradient_checkpointing, num_workers=workers,
-        pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes))
+        pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), **memory)
 
 
 # --------------------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""Subcommands that show plans: plan and check-hardware."""
+"""Subcommands that show plans: plan, check-hardware, plan-matrix and plan-report."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 
 from kfit_env import ensure_config, hardware_from_env, plan_for
 from lib import config as kconfig
@@ -10,6 +13,7 @@ from lib import config as kconfig
 
 def format_plan(plan, config, hardware, model) -> str:
     from lib.hyperparams import compile_line, summary_line
+    from lib.report import memory_lines
 
     target = f" (target {plan.target_effective_batch})" if plan.target_effective_batch else " (MANUAL)"
     rows = [
@@ -31,6 +35,7 @@ def format_plan(plan, config, hardware, model) -> str:
     width = max(len(r[0]) for r in rows)
     for name, value, why in rows:
         lines.append(f"  {name:<{width}}  {value:<18} {why}")
+    lines += memory_lines(plan)
     lines += [f"  note: {n}" for n in plan.notes]
     lines += [summary_line(plan, hardware, model), compile_line(plan)]
     return "\n".join(lines)
@@ -49,6 +54,7 @@ def cmd_plan(args) -> int:
 
 def cmd_check_hardware(args) -> int:
     from lib.hardware import gib
+    from lib.report import hardware_warnings, recommendations
 
     hardware = hardware_from_env()
     if args.format == "json":
@@ -68,18 +74,63 @@ def cmd_check_hardware(args) -> int:
     print(f"  CPU: {cpu.name}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores")
     print(f"  RAM: {gib(cpu.ram_total_bytes):.1f}GB total, {gib(cpu.ram_available_bytes):.1f}GB available")
     print(f"  disk: {gib(hardware.disk_free_bytes):.1f}GB free")
-    if hardware.disk_free_bytes < 5 * 2**30:
-        print("  warning: less than 5GB of disk free: checkpoints may not fit")
     print(f"  power: {'battery' if hardware.on_battery else 'mains' if hardware.on_battery is False else 'no battery'}")
     for note in hardware.notes:
         print(f"  note: {note}")
+    for warning in hardware_warnings(hardware):
+        print(f"  warning: {warning}")
     path = kconfig.config_path()
     if path.exists():
         config = kconfig.read_config(path)
         model, plan = plan_for(config, hardware)
         print()
-        print("Recommendation for the current config:")
+        print("Plan for the current config:")
         print(format_plan(plan, config, hardware, model))
+        advice = recommendations(config, hardware, plan, plan.world_size)
+        if advice:
+            print()
+            print("Recommendations:")
+            for line in advice:
+                print(f"  - {line}")
+    return 0
+
+
+def cmd_plan_matrix(args) -> int:
+    from lib.report import format_matrix, plan_matrix
+
+    start = time.perf_counter()
+    rows = plan_matrix()
+    if args.format == "json":
+        print(json.dumps([{"defconfig": r.defconfig, "machine": r.machine, "error": r.error,
+                           "plan": r.plan.to_dict() if r.plan else None} for r in rows], indent=2))
+        return 0
+    print(format_matrix(rows))
+    fits = sum(1 for r in rows if r.plan)
+    print(f"{len(rows)} plans ({fits} fit) in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _focus_machine() -> str:
+    """The matrix column the report details: GPU=, else this machine's GPU if the catalog knows it, else cpu."""
+    from lib import gpu_catalog
+    from lib.errors import HardwareError
+
+    if os.environ.get("GPU"):
+        return "cpu" if os.environ["GPU"].lower() == "cpu" else gpu_catalog.lookup(os.environ["GPU"]).key
+    hardware = hardware_from_env()
+    try:
+        return gpu_catalog.lookup(hardware.primary_gpu.name).key if hardware.gpus else "cpu"
+    except HardwareError:
+        return "h100"
+
+
+def cmd_plan_report(args) -> int:
+    from lib.report import plan_matrix, render_report
+
+    focus = _focus_machine()
+    out = Path(os.environ.get("OUT") or "plan-report.html")
+    render_report(plan_matrix(), focus, out)
+    print(f"plan report written to {out} (details for {focus}; open it in a browser)")
     return 0
 
 
@@ -87,7 +138,9 @@ def cmd_check_hardware(args) -> int:
 
 def register(sub) -> None:
     for name, func, text in (("plan", cmd_plan, "resolve the plan without training"),
-                             ("check-hardware", cmd_check_hardware, "report the hardware and the plan")):
+                             ("check-hardware", cmd_check_hardware, "report the hardware and the plan"),
+                             ("plan-matrix", cmd_plan_matrix, "every defconfig on every catalog GPU and the CPU"),
+                             ("plan-report", cmd_plan_report, "the plan matrix and memory charts as HTML ($OUT)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--format", choices=("text", "json"), default=None,
                        help="output format (default: $FORMAT, else text)")

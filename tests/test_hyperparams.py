@@ -37,6 +37,7 @@ def gpu_with(free_gib: float, key: str = "b200", name: str | None = None):
 
 
 CPU = resolve_hardware(gpu="cpu")
+TIERS = "CONFIG_HYPER_PARAM_POLICY_TIERS=y\n"  # the seed's tier policy (AUTO's default is the memory planner)
 
 
 # The primary seed's tables, written out here so the test does not check the code against itself.
@@ -80,7 +81,7 @@ def test_tier_boundaries_use_80_percent_of_free_memory():
 
 
 def test_seed_worked_example_resnet18_on_h100_with_70gb_free(make_config):
-    config = make_config(base="resnet18")
+    config = make_config(TIERS, base="resnet18")
     hardware = resolve_hardware(gpu="h100", free_gb=70)
     model = ModelDescription.from_config(config)
     plan = resolve(config, hardware, model)
@@ -92,7 +93,7 @@ def test_seed_worked_example_resnet18_on_h100_with_70gb_free(make_config):
 
 
 def test_world_size_is_processes_not_gpus(make_config):
-    config = make_config(base="resnet18")
+    config = make_config(TIERS, base="resnet18")
     four_gpus = resolve_hardware(gpu="h100", free_gb=70, gpus=4)
     model = ModelDescription.from_config(config)
     single = resolve(config, four_gpus, model, world_size=1)
@@ -105,7 +106,7 @@ def test_world_size_is_processes_not_gpus(make_config):
 
 
 def test_indivisible_target_says_how_far_off(make_config):
-    config = make_config("CONFIG_TARGET_EFFECTIVE_BATCH=512\n", base="resnet18")
+    config = make_config(TIERS + "CONFIG_TARGET_EFFECTIVE_BATCH=512\n", base="resnet18")
     plan = resolve(config, resolve_hardware(gpu="h100", free_gb=70, gpus=3), ModelDescription("resnet18"), 3)
     assert plan.micro_batch <= 64
     assert abs(plan.effective_batch - 512) / 512 < 0.01
@@ -134,8 +135,8 @@ def test_accumulation_invariants(target, cap, ws):
 def test_compile_on_doubles_the_tier_batch(make_config):
     model = ModelDescription("gpt2")
     a100 = resolve_hardware(gpu="a100-40gb")  # about 38.5GB free -> 30.8GB usable -> the 16GB+ tier
-    on = resolve(make_config(base="gpt2"), a100, model)
-    off = resolve(make_config("CONFIG_COMPILE_MANUAL=y\n# CONFIG_COMPILE_MODEL is not set\n", base="gpt2"),
+    on = resolve(make_config(TIERS, base="gpt2"), a100, model)
+    off = resolve(make_config(TIERS + "CONFIG_COMPILE_MANUAL=y\n# CONFIG_COMPILE_MODEL is not set\n", base="gpt2"),
                   a100, model)
     assert on.compile and not off.compile
     assert (on.micro_batch, off.micro_batch) == (16, 8)
@@ -162,7 +163,7 @@ def test_old_nvidia_gpu_does_not_compile(make_config):
 
 
 def test_cpu_plan(make_config):
-    plan = resolve(make_config(), CPU, ModelDescription("lenet5"))
+    plan = resolve(make_config(TIERS), CPU, ModelDescription("lenet5"))
     assert plan.device_type == "cpu" and plan.precision == "fp32" and not plan.compile
     assert (plan.micro_batch, plan.grad_accum, plan.effective_batch) == (64, 8, 512)
     assert plan.num_workers == 0 and not plan.pin_memory and not plan.tf32
@@ -170,7 +171,8 @@ def test_cpu_plan(make_config):
 
 
 def test_device_cpu_on_a_gpu_machine(make_config):
-    plan = resolve(make_config("CONFIG_DEVICE_CPU=y\n"), resolve_hardware(gpu="h100"), ModelDescription("lenet5"))
+    plan = resolve(make_config(TIERS + "CONFIG_DEVICE_CPU=y\n"), resolve_hardware(gpu="h100"),
+                   ModelDescription("lenet5"))
     assert plan.device_type == "cpu" and plan.micro_batch == 64 and plan.precision == "fp32"
 
 
@@ -226,7 +228,7 @@ def test_apply_hyperparams_refuses_a_model_the_config_does_not_train(make_config
 
 
 def test_apply_hyperparams_prints_the_seed_lines(make_config, capsys):
-    plan = apply_hyperparams(make_config(base="resnet18"), verbose=True, model_type="resnet18",
+    plan = apply_hyperparams(make_config(TIERS, base="resnet18"), verbose=True, model_type="resnet18",
                              hardware=resolve_hardware(gpu="h100", free_gb=70), world_size=1)
     out = capsys.readouterr().out
     assert "Hyperparams: AUTO mode - GPU:" in out and "batch=64, grad_acc=8 (effective=512, target=512)" in out

@@ -26,7 +26,9 @@ TARGETS = ("menuconfig", "olddefconfig", "savedefconfig", "listnewconfig", "plan
 # Variables the Makefile or kfit read from the environment (and make's own, which would carry
 # command-line assignments of an enclosing `make test KCONFIG_CONFIG=...` into ours).
 _CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "FORMAT", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE",
-            "PYTEST_ARGS", "TORCH_SPEC", "PYTHON", "VENV", "MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS",
+            "RESUME", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK",
+            "KFIT_INJECT_OOM", "KFIT_INJECT_OOM_ABOVE", "KFIT_INJECT_OOM_RANK", "TRIALS", "RUNS", "BATCH",
+            "APPLY", "HPO_STORAGE", "DEFCONFIG", "OUT", "PYTEST_ARGS", "TORCH_SPEC", "PYTHON", "VENV", "MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS",
             "MAKELEVEL", "MAKEOVERRIDES")
 
 pytestmark = pytest.mark.slow
@@ -223,10 +225,20 @@ def test_train_without_config_applies_default_and_learns(tmp_path):
 # 6. plans for another machine
 
 
-def test_plan_resnet18_on_h100_json(tmp_path):
+def test_plan_resnet18_on_h100_json_planner(tmp_path):
     ok(make(tmp_path, "resnet18-defconfig"))
+    plan = json.loads(ok(make(tmp_path, "plan", "GPU=h100", "FREE_GB=70", "FORMAT=json")).stdout)
+    assert plan["policy"] == "planner" and plan["effective_batch"] == 512
+    assert plan["micro_batch"] * plan["grad_accum"] == 512
+    assert 0 < plan["predicted_peak_bytes"] <= plan["budget_bytes"] == int(70 * 2**30 * 0.75)
+    assert plan["memory_breakdown"] and plan["compile"] is True and plan["precision"] == "bf16"
+
+
+def test_plan_resnet18_on_h100_json_tiers(tmp_path):
+    ok(make(tmp_path, "resnet18-defconfig", 'FRAGMENTS=tier-policy'))
     before = (tmp_path / ".config").read_bytes()
     plan = json.loads(ok(make(tmp_path, "plan", "GPU=h100", "FREE_GB=70", "FORMAT=json")).stdout)
+    assert plan["policy"] == "tiers"
     assert plan["micro_batch"] == 64
     assert plan["grad_accum"] == 8
     assert plan["effective_batch"] == 512
@@ -365,8 +377,8 @@ def test_train_refuses_simulated_hardware(lenet5_dir):
     assert not (lenet5_dir / "runs").exists()
 
 
-def test_train_refuses_several_processes_until_ddp_exists(lenet5_dir):
-    failed(make(lenet5_dir, "train", "WORLD_SIZE=4"), "WORLD_SIZE=4", "torchrun")
+def test_train_without_torchrun_refuses_a_world_size(lenet5_dir):
+    failed(make(lenet5_dir, "train", "WORLD_SIZE=4"), "WORLD_SIZE=4", "GPUS=")
     assert not (lenet5_dir / "runs").exists()
 
 

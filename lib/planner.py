@@ -1,0 +1,140 @@
+"""The memory planner: AUTO's default batch policy (CONFIG_HYPER_PARAM_POLICY_PLANNER).
+
+budget = free memory (GPU free, or RAM available on a CPU) x CONFIG_MEMORY_PROFILE_*.
+The micro-batch cap is the largest batch whose predicted training peak
+(lib.memory: traced step + device overheads) fits the budget; the resolver
+then splits the target effective batch with calculate_gradient_accumulation.
+The evaluation batch comes from its own forward-only trace, with the training
+state that stays alive during evaluation (gradients, optimizer state) added.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from .config import Config
+from .errors import PlanError
+from .hardware import HardwareProfile, gib
+
+if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
+    from .memory import MemoryPredictor, Prediction
+
+PROFILES = {0.5: "conservative", 0.75: "balanced", 0.95: "extreme"}
+DEFAULT_PROFILE = 0.75
+MAX_MICRO_BATCH = 65536  # CONFIG_BATCH_SIZE's upper bound
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """What a batch policy decided, and (for the planner) what it predicted."""
+
+    max_micro: int
+    reason: str
+    eval_batch: int
+    eval_reason: str
+    budget_bytes: int | None = None
+    eval_peak_bytes: int | None = None
+    predict: Callable[[int], "Prediction"] | None = field(default=None, compare=False, repr=False)
+
+
+def profile_label(config: Config) -> str:
+    share = config.memory_profile or DEFAULT_PROFILE
+    custom = config.symbols.get("MEMORY_PROFILE_CUSTOM") == "y"
+    return f"{'custom' if custom else PROFILES.get(share, 'custom')} {share:.0%}"
+
+
+def memory_budget(config: Config, hardware: HardwareProfile, device_type: str) -> tuple[int, str]:
+    """(bytes the planner may use, how that was worked out)."""
+    share = config.memory_profile or DEFAULT_PROFILE
+    if device_type == "cpu":
+        free, where = hardware.cpu.ram_available_bytes, "RAM available"
+    else:
+        gpu = hardware.primary_gpu
+        free, where = gpu.free_bytes, f"free on {gpu.name}"
+    return int(free * share), f"{gib(free):.1f}GB {where} x {profile_label(config)}"
+
+
+def _fmt(n: int) -> str:
+    return f"{gib(n):.2f}GB" if n >= 2**30 else f"{n / 2**20:.0f}MB"
+
+
+@dataclass(frozen=True)
+class PlannerPolicy:
+    """Largest micro-batch whose predicted peak fits free memory x the memory profile."""
+
+    name: str = "planner"
+    cache_dir: str | None = None  # None: lib.memory.default_cache_dir() at each use
+    _predictor: list = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def predictor(self) -> "MemoryPredictor":
+        if not self._predictor:
+            from .memory import MemoryPredictor
+
+            self._predictor.append(MemoryPredictor(self.cache_dir))
+        return self._predictor[0]
+
+    def choose(self, *, config: Config, hardware: HardwareProfile, model, device_type: str, compile: bool,
+               compile_mode: str | None, precision: str, world_size: int, target: int) -> BatchChoice:
+        from .memory import largest_fitting
+
+        budget, budget_why = memory_budget(config, hardware, device_type)
+        train = lambda b: self.predictor.predict(  # noqa: E731
+            config, batch=b, device_type=device_type, precision=precision, compile_mode=compile_mode)
+        # The memory search ignores the target, so resolves that differ only in the target (HPO trials)
+        # reuse the same cached traces; a process never needs more than its share of the target.
+        fits = largest_fitting(lambda b: train(b).peak_bytes, budget, MAX_MICRO_BATCH)
+        if fits == 0:
+            raise PlanError(self._no_fit(config, train(1), budget, budget_why, device_type, precision))
+        share = math.ceil(target / world_size)
+        cap = min(fits, share)
+        at = train(cap)
+        reason = f"predicted peak {_fmt(at.peak_bytes)} at {cap} fits the budget {_fmt(budget)} ({budget_why})"
+        if fits >= share:
+            reason += f"; {cap} is the whole per-process share of the target (memory allows {fits})"
+        else:
+            reason += f"; {cap + 1} would need {_fmt(train(cap + 1).peak_bytes)}"
+
+        # Evaluation runs while the gradients and optimizer state are alive (they are freed at the next step).
+        state = at.trace.breakdown["gradients"] + at.trace.breakdown["optimizer_state"]
+        evaluate = lambda b: self.predictor.predict(  # noqa: E731
+            config, batch=b, device_type=device_type, precision=precision, train=False).peak_bytes + state
+        samples = at.trace.eval_samples
+        eval_fits = largest_fitting(evaluate, budget, max(cap, samples))  # >= cap: no backward, no saved activations
+        eval_batch = max(cap, min(eval_fits, samples))
+        eval_peak = evaluate(eval_batch)
+        eval_reason = (f"forward-only trace: predicted peak {_fmt(eval_peak)} at {eval_batch}, with the "
+                       f"{_fmt(state)} of gradients and optimizer state that stay alive during evaluation")
+        eval_reason += (f"; covers the whole evaluation split ({samples} samples) in one batch"
+                        if eval_batch >= samples else f"; {eval_batch + 1} would not fit the budget")
+        return BatchChoice(max_micro=cap, reason=reason, eval_batch=eval_batch, eval_reason=eval_reason,
+                           budget_bytes=budget, eval_peak_bytes=eval_peak, predict=train)
+
+    def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
+                precision: str) -> str:
+        parts = ", ".join(f"{k} {_fmt(v)}" for k, v in one.breakdown.items() if v >= 2**20)
+        label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+        helps = []
+        if precision == "fp32":
+            bf16 = self.predictor.predict(config, batch=1, device_type=device_type, precision="bf16")
+            helps.append(f"bf16 autocast (CONFIG_PRECISION_BF16 or _AUTO on a bf16 GPU): {_fmt(bf16.peak_bytes)}")
+        if not config.gradient_checkpointing and config.model in ("gpt2", "resnet18", "resnet50"):
+            ckpt = self.predictor.predict(config, batch=1, device_type=device_type, precision=precision,
+                                          gradient_checkpointing=True)
+            helps.append(f"gradient checkpointing (CONFIG_GRADIENT_CHECKPOINTING=y): {_fmt(ckpt.peak_bytes)}")
+        if config.optimizer != "sgd":
+            helps.append(f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor "
+                         "per parameter instead of two)")
+        if config.model == "gpt2":
+            helps.append("a smaller preset (CONFIG_GPT2_PRESET_*) or a shorter CONFIG_GPT2_BLOCK_SIZE")
+        if (config.memory_profile or DEFAULT_PROFILE) < 0.95:
+            helps.append("a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)")
+        helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
+        return (f"{label} does not fit even at micro-batch 1: the predicted peak is {_fmt(one.peak_bytes)} "
+                f"({parts}) but the budget is {_fmt(budget)} ({budget_why}). What would help, with the "
+                "predicted peak at micro-batch 1 where known: " + "; ".join(helps))
+
+
+PLANNER = PlannerPolicy()  # shared, so its in-process trace memo serves every resolve() of a process

@@ -1,0 +1,14 @@
+# Memory planner targets (lib/memory.py, lib/planner.py, lib/report.py).
+.PHONY: plan-matrix plan-report bench-memory bench-plan
+
+plan-matrix: $(ENV_STAMP) ## Plan every defconfig on every catalog GPU and the CPU (FORMAT=json)
+	@$(KFIT) plan-matrix
+
+plan-report: $(ENV_STAMP) ## Write the plan matrix and memory charts as HTML (OUT=plan-report.html, GPU=)
+	@$(KFIT) plan-report
+
+bench-memory: $(ENV_STAMP) ## Predicted vs measured peak memory of real training steps (DEVICE=cpu|cuda)
+	@$(PY) $(ROOT)/scripts/bench_memory.py
+
+bench-plan: $(ENV_STAMP) ## Planner wall time (cold, cached) and tier vs planner batch per GPU
+	@$(PY) $(ROOT)/scripts/bench_plan.py

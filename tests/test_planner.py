@@ -1,0 +1,133 @@
+"""The memory planner policy through resolve(): budgets, the chosen batch, failures, custom models."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from lib import config as kc
+from lib.errors import PlanError
+from lib.hardware import resolve_hardware
+from lib.hyperparams import ModelDescription, TierPolicy, resolve
+from lib.planner import PLANNER, PlannerPolicy, memory_budget
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def gpt2_tiny(tmp_path_factory):
+    base = kc.make_defconfig("gpt2-tiny", out=tmp_path_factory.mktemp("c") / ".config")
+    return kc.derive(base, {"TARGET_EFFECTIVE_BATCH": 1024})
+
+
+def plan(config, hardware, policy=None, world_size=1):
+    return resolve(config, hardware, ModelDescription.from_config(config), world_size, policy)
+
+
+def test_planner_is_the_default_and_fills_the_plan(gpt2_tiny):
+    p = plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=0.3))
+    assert p.policy == "planner" and p.precision == "fp16"
+    assert p.budget_bytes == int(0.3 * GIB * 0.75)
+    assert p.predicted_peak_bytes <= p.budget_bytes
+    assert sum(p.memory_breakdown.values()) == p.predicted_peak_bytes
+    assert {"parameters", "gradients", "optimizer_state", "activations"} <= set(p.memory_breakdown)
+    assert p.micro_batch * p.grad_accum == p.effective_batch == 1024
+    assert p.eval_batch >= p.micro_batch and p.eval_predicted_peak_bytes <= p.budget_bytes
+    data = json.loads(json.dumps(p.to_dict()))
+    for key in ("predicted_peak_bytes", "budget_bytes", "memory_breakdown", "max_micro_batch",
+                "eval_predicted_peak_bytes"):
+        assert data[key] is not None
+
+
+def test_capped_batch_fits_and_the_next_one_does_not(gpt2_tiny):
+    hardware = resolve_hardware(gpu="t4", free_gb=0.3)
+    p = plan(gpt2_tiny, hardware)
+    cap = p.max_micro_batch
+    assert cap < 1024  # capped by memory, not by the target
+    peak = lambda b: PLANNER.predictor.predict(gpt2_tiny, batch=b, device_type="cuda", precision="fp16",  # noqa: E731
+                                               compile_mode=p.compile_mode).peak_bytes
+    assert peak(cap) <= p.budget_bytes < peak(cap + 1)
+    assert f"{cap + 1} would need" in p.reasons["micro_batch"]
+    more = plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=0.6))
+    assert more.max_micro_batch > cap  # twice the memory, a larger batch
+
+
+def test_memory_profile_scales_the_budget(gpt2_tiny):
+    hardware = resolve_hardware(gpu="t4", free_gb=1.0)
+    sizes = []
+    for symbol, share in (("CONSERVATIVE", 0.5), ("BALANCED", 0.75), ("EXTREME", 0.95)):
+        config = kc.derive(gpt2_tiny, {f"MEMORY_PROFILE_{symbol}": True})
+        assert memory_budget(config, hardware, "cuda")[0] == int(GIB * share)
+        sizes.append(plan(config, hardware).max_micro_batch)
+    assert sizes == sorted(sizes) and sizes[0] < sizes[2]
+
+
+def test_batch_one_too_big_is_a_plan_error_with_numbers_and_advice(gpt2_tiny):
+    with pytest.raises(PlanError) as err:
+        plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=0.02))
+    text = str(err.value)
+    assert "does not fit even at micro-batch 1" in text and "budget is 15MB" in text
+    assert "CONFIG_GRADIENT_CHECKPOINTING=y" in text and "CONFIG_GPT2_PRESET" in text
+    assert "CONFIG_MEMORY_PROFILE_EXTREME" in text
+
+
+def test_repeated_resolves_with_derived_configs_hit_the_cache(gpt2_tiny):
+    policy = PlannerPolicy()  # its own trace counter, the session's cache
+    hardware = resolve_hardware(gpu="a10g", free_gb=1.0)
+    first = plan(gpt2_tiny, hardware, policy)
+    traced = policy.predictor.traces
+    again = plan(gpt2_tiny, hardware, policy)
+    assert again == first and policy.predictor.traces == traced
+    # an HPO trial with another target: the memory search is reused (at most the new micro-batch is traced)
+    plan(kc.derive(gpt2_tiny, {"TARGET_EFFECTIVE_BATCH": 512}), hardware, policy)
+    assert policy.predictor.traces <= traced + 1
+
+
+def test_tier_policy_plans_carry_no_prediction(gpt2_tiny):
+    tiers = kc.derive(gpt2_tiny, {"HYPER_PARAM_POLICY_TIERS": True})
+    p = plan(tiers, resolve_hardware(gpu="h100"))
+    assert p.policy == "tiers" and p.predicted_peak_bytes is None and p.memory_breakdown is None
+    assert plan(gpt2_tiny, resolve_hardware(gpu="h100"), TierPolicy()).policy == "tiers"
+    custom = ModelDescription("custom")  # scale 1.0, as GPT-2
+    assert TierPolicy().max_micro_batch(hardware=resolve_hardware(gpu="cpu"), model=custom, device_type="cpu",
+                                        compile=False, precision="fp32")[0] == 16
+
+
+def test_cpu_budget_is_available_ram():
+    cpu = resolve_hardware(gpu="cpu")
+    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
+    assert memory_budget(config, cpu, "cpu")[0] == int(cpu.cpu.ram_available_bytes * 0.75)
+
+
+FACTORY = textwrap.dedent('''
+    import torch, torch.nn as nn, torch.nn.functional as F
+
+    def make_batch(n, generator):
+        x = torch.randn(n, 24, generator=generator)
+        return x, (x.sum(dim=1) > 0).long()
+
+    def build():
+        model = nn.Sequential(nn.Linear(24, 256), nn.ReLU(), nn.Linear(256, 2))
+        return model, make_batch, lambda out, y: F.cross_entropy(out, y)
+''')
+
+
+def test_custom_model_from_a_file_plans_and_trains(tmp_path, monkeypatch):
+    from lib.trainer import train
+
+    (tmp_path / "my_factory_mod.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = kc.make_defconfig("custom-transformer", out=tmp_path / ".config")
+    config = kc.derive(base, {"CUSTOM_MODEL_FACTORY": "my_factory_mod:build", "DEVICE_CPU": True,
+                              "MAX_STEPS": 2, "EPOCHS": 1, "OUTPUT_DIR": str(tmp_path / "runs"),
+                              "CUSTOM_TRAIN_SAMPLES": 256, "CUSTOM_EVAL_SAMPLES": 64})
+    hardware = resolve_hardware(gpu="cpu")
+    p = plan(config, hardware)
+    assert p.model == "custom" and p.policy == "planner" and p.micro_batch == 64
+    assert 0 < p.predicted_peak_bytes < 50 * 2**20
+    result = train(config, p, hardware, log=lambda line: None)
+    assert result.steps == 2
+    on_gpu = plan(config, resolve_hardware(gpu="l4", free_gb=0.05))  # 37.5MB budget: blas workspace + a few
+    assert on_gpu.predicted_peak_bytes <= on_gpu.budget_bytes
