@@ -97,5 +97,7 @@ help: ## List targets, defconfigs and fragments
 	@echo "Fragments (make <name>-defconfig FRAGMENTS=\"a b\"):"
 	@$(foreach f,$(FRAGMENT_NAMES),echo "  $(f)";)
 	@echo
-	@echo "Variables: KCONFIG_CONFIG=file  FRAGMENTS=\"a b\"  FORMAT=json  HW=profile.json"
-	@echo "           GPU=<catalog key> FREE_GB=n GPUS=n  WORLD_SIZE=n  TORCH_SPEC=\"torch==... --index-url ...\""
+	@echo "Variables: KCONFIG_CONFIG=file  FRAGMENTS=\"a b\"  FORMAT=json  TORCH_SPEC=\"torch==... --index-url ...\""
+	@echo "  plan:    HW=profile.json  GPU=<catalog key> FREE_GB=n GPUS=n  WORLD_SIZE=n  OUT=report.html"
+	@echo "  train:   GPUS=n (processes)  NNODES=n NODE_RANK=i MASTER_ADDR=host MASTER_PORT=p  RESUME=0"
+	@echo "  tuning:  RUNS=n BATCH=n APPLY=1 (find-lr)  TRIALS=n HPO_STORAGE=url DEFCONFIG=name (hpo)"
