@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .env import env_number
 from .errors import KfitError
 
 DEFAULT_MASTER_PORT = 29500
@@ -52,19 +53,9 @@ def under_torchrun(env=os.environ) -> bool:
     return "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "RANK" in env)
 
 
-def _env_int(env, name: str, default: int | None = None) -> int | None:
-    value = env.get(name)
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise KfitError(f"{name}={value!r} is not a whole number") from None
-
-
 def process_count(config, hardware, device_type: str, env=os.environ) -> tuple[int, str]:
     """Training processes on this machine, and why: GPUS= wins, then NPROC_MANUAL, then AUTO."""
-    gpus = _env_int(env, "GPUS")
+    gpus = env_number("GPUS", int, None, env)
     if gpus is not None:
         if gpus < 1:
             raise KfitError(f"GPUS={gpus}: give at least 1 process")
@@ -78,16 +69,16 @@ def process_count(config, hardware, device_type: str, env=os.environ) -> tuple[i
 
 def torchrun_command(nproc: int, script: Path, env=os.environ) -> list[str]:
     """The torchrun command line that runs `script train` in nproc processes on this machine."""
-    nnodes = _env_int(env, "NNODES", 1)
+    nnodes = env_number("NNODES", int, 1, env)
     if nnodes > 1:
         if not env.get("MASTER_ADDR"):
             raise KfitError(f"NNODES={nnodes} needs MASTER_ADDR= (the address of the NODE_RANK=0 machine) and "
                             "NODE_RANK= (0..NNODES-1) on every machine")
-        node_rank = _env_int(env, "NODE_RANK")
+        node_rank = env_number("NODE_RANK", int, None, env)
         if node_rank is None or not 0 <= node_rank < nnodes:
             raise KfitError(f"NODE_RANK={env.get('NODE_RANK')!r}: give this machine's rank, 0..{nnodes - 1}")
         rendezvous = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr",
-                      env["MASTER_ADDR"], "--master-port", str(_env_int(env, "MASTER_PORT", DEFAULT_MASTER_PORT))]
+                      env["MASTER_ADDR"], "--master-port", str(env_number("MASTER_PORT", int, DEFAULT_MASTER_PORT, env))]
     else:
         rendezvous = ["--standalone"]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *rendezvous,
@@ -109,8 +100,8 @@ def current(env=os.environ) -> Rank:
     """This process's rank, from torchrun's environment."""
     if not under_torchrun(env):
         return SINGLE
-    return Rank(rank=_env_int(env, "RANK", 0), local_rank=_env_int(env, "LOCAL_RANK", 0),
-                world_size=_env_int(env, "WORLD_SIZE", 1), local_world_size=_env_int(env, "LOCAL_WORLD_SIZE", 1))
+    return Rank(rank=env_number("RANK", int, 0, env), local_rank=env_number("LOCAL_RANK", int, 0, env),
+                world_size=env_number("WORLD_SIZE", int, 1, env), local_world_size=env_number("LOCAL_WORLD_SIZE", int, 1, env))
 
 
 def setup(device_type: str, cpu_cores: int) -> Rank:

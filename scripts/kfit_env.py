@@ -5,18 +5,8 @@ from __future__ import annotations
 import os
 
 from lib import config as kconfig
+from lib.env import env_number  # noqa: F401  (re-exported for the cli_* modules)
 from lib.errors import KfitError
-
-
-def env_number(name: str, kind: type[int] | type[float]):
-    """A numeric environment variable (as make passes FREE_GB=, GPUS=), or None when unset."""
-    value = os.environ.get(name)
-    if not value:
-        return None
-    try:
-        return kind(value)
-    except ValueError:
-        raise KfitError(f"{name}={value!r} is not a {'whole ' if kind is int else ''}number") from None
 
 
 def hardware_from_env(allow_simulated: bool = True):
