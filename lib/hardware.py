@@ -67,6 +67,11 @@ def gib(n_bytes: int | float) -> float:
     return n_bytes / GiB
 
 
+def format_size(n_bytes: int, mb_decimals: int = 1) -> str:
+    """Bytes for plans and reports: '1.23GB' from a GiB up, else '37.1MB' (GB and MB are 2**30 and 2**20)."""
+    return f"{gib(n_bytes):.2f}GB" if n_bytes >= GiB else f"{n_bytes / 2**20:.{mb_decimals}f}MB"
+
+
 # --------------------------------------------------------------------------
 # The profile
 # --------------------------------------------------------------------------

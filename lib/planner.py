@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .config import Config
 from .errors import PlanError
-from .hardware import HardwareProfile, gib
+from .hardware import HardwareProfile, format_size, gib
 
 if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
     from .memory import MemoryPredictor, Prediction
@@ -57,7 +57,7 @@ def memory_budget(config: Config, hardware: HardwareProfile, device_type: str) -
 
 
 def _fmt(n: int) -> str:
-    return f"{gib(n):.2f}GB" if n >= 2**30 else f"{n / 2**20:.0f}MB"
+    return format_size(n, mb_decimals=0)
 
 
 @dataclass(frozen=True)

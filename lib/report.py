@@ -13,7 +13,7 @@ from pathlib import Path
 from . import config as kconfig
 from . import gpu_catalog
 from .errors import KfitError
-from .hardware import HardwareProfile, from_catalog, gib, resolve_hardware
+from .hardware import HardwareProfile, format_size, from_catalog, gib, resolve_hardware
 from .hyperparams import ModelDescription, Plan, resolve
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -25,7 +25,7 @@ OVERHEAD_COLOR = "#bab0ac"  # the device terms of lib.memory.device_overheads
 def size(n: int | None) -> str:
     if n is None:
         return "-"
-    return f"{gib(n):.2f}GB" if n >= 2**30 else f"{n / 2**20:.1f}MB"
+    return format_size(n)
 
 
 def memory_lines(plan: Plan, width: int = 30) -> list[str]:
