@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 from .config import Config
 from .errors import PlanError
 from .hardware import GPUInfo, HardwareProfile, gib
-from .planner import BatchChoice
+from .plan import BatchChoice, BatchPolicy, ModelDescription, Plan  # noqa: F401  (the resolver's API)
 
 # GPUs where torch.compile is known to misbehave (the primary seed's list).
 COMPILE_DENY = {
@@ -32,71 +31,8 @@ COMPILE_DENY = {
 }
 
 
-@dataclass(frozen=True)
-class ModelDescription:
-    """What the resolver needs to know about the model."""
-
-    name: str  # lenet5 | resnet18 | resnet50 | gpt2
-    preset: str | None = None  # GPT-2 size preset
-    parameters: int | None = None
-
-    @classmethod
-    def from_config(cls, config: Config) -> "ModelDescription":
-        return cls(name=config.model, preset=config.gpt2_preset)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Every machine-dependent training choice, with the reason for each."""
-
-    mode: str  # auto | manual
-    policy: str  # the batch policy's name, "manual" in MANUAL mode
-    device_type: str  # torch device type: cuda | mps | cpu (ROCm GPUs are "cuda" in torch)
-    accelerator: str  # cuda | rocm | mps | cpu
-    device_name: str
-    world_size: int
-    micro_batch: int
-    grad_accum: int
-    effective_batch: int
-    target_effective_batch: int | None
-    eval_batch: int
-    compile: bool
-    compile_mode: str | None
-    precision: str  # bf16 | fp16 | fp32
-    grad_scaler: bool
-    tf32: bool
-    cudnn_benchmark: bool
-    gradient_checkpointing: bool
-    num_workers: int
-    pin_memory: bool
-    model: str
-    reasons: dict[str, str] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-    # The memory planner's prediction (None under the tier policy and in MANUAL mode).
-    max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
-    predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included
-    budget_bytes: int | None = None  # free memory x memory profile
-    memory_breakdown: dict[str, int] | None = None  # category -> bytes at the peak; sums to the peak
-    eval_predicted_peak_bytes: int | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["notes"] = list(self.notes)
-        return d
-
-
 # --------------------------------------------------------------------------
-# Batch policies: the piece later policies (the memory planner) replace.
-
-
-class BatchPolicy(Protocol):
-    name: str
-
-    def choose(self, *, config: Config, hardware: HardwareProfile, model: ModelDescription, device_type: str,
-               compile: bool, compile_mode: str | None, precision: str, world_size: int,
-               target: int) -> BatchChoice:
-        """The largest micro-batch the device should run and the evaluation batch, with reasons."""
-
+# The seed's tier policy (CONFIG_HYPER_PARAM_POLICY_TIERS); lib.planner holds the default one.
 
 # The seed's per-model scale factors: samples per step relative to GPT-2.
 MODEL_SCALE = {"gpt2": 1.0, "resnet50": 1.5, "resnet18": 2.0, "lenet5": 4.0}

@@ -206,7 +206,7 @@ def find_lr(config, plan, *, batch: int, runs: int = 1, task=None) -> list[Range
     per-device micro-batch, not the global effective batch.
     """
     from .task import load_task
-    from .trainer import autocast_for, configure_backends, make_optimizer, seed_everything
+    from .step import autocast_for, configure_backends, make_optimizer, seed_everything
 
     task = task or load_task(config)
     device = torch.device(plan.device_type)

@@ -111,7 +111,7 @@ def _file_hash(path: str | os.PathLike | None) -> str | None:
 def _code_hash() -> str:
     """kfit's own code that shapes a trace: this tracer, the optimizer and loss, the built-in models."""
     lib = Path(__file__).resolve().parent
-    files = [lib / "memory.py", lib / "trainer.py", lib / "task.py", *sorted((lib / "models").glob("*.py"))]
+    files = [lib / "memory.py", lib / "step.py", lib / "task.py", *sorted((lib / "models").glob("*.py"))]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.read_bytes())
@@ -212,7 +212,7 @@ def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> 
     torch defaults to foreach (multi-tensor) kernels on CUDA only, and it cannot
     tell for fake tensors, so the trace would otherwise always take the CPU path.
     """
-    from .trainer import make_optimizer
+    from .step import make_optimizer
 
     optimizer = make_optimizer(config, model)
     for group in optimizer.param_groups:
@@ -294,7 +294,7 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
     """Trace one training step (or, with train=False, one evaluation forward) at `batch`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .trainer import autocast_for
+    from .step import autocast_for
 
     start = time.perf_counter()
     x1, y1 = task.example_batch(1)  # shapes and dtypes; fake tensors need no values

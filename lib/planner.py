@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .config import Config
 from .errors import PlanError
 from .hardware import HardwareProfile, format_size, gib
+from .plan import BatchChoice
 
 if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
     from .memory import MemoryPredictor, Prediction
@@ -24,19 +25,6 @@ if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the res
 PROFILES = {0.5: "conservative", 0.75: "balanced", 0.95: "extreme"}
 DEFAULT_PROFILE = 0.75
 MAX_MICRO_BATCH = 65536  # CONFIG_BATCH_SIZE's upper bound
-
-
-@dataclass(frozen=True)
-class BatchChoice:
-    """What a batch policy decided, and (for the planner) what it predicted."""
-
-    max_micro: int
-    reason: str
-    eval_batch: int
-    eval_reason: str
-    budget_bytes: int | None = None
-    eval_peak_bytes: int | None = None
-    predict: Callable[[int], "Prediction"] | None = field(default=None, compare=False, repr=False)
 
 
 def profile_label(config: Config) -> str:

@@ -33,11 +33,12 @@ import torch
 from . import checkpoint, distributed
 from .config import Config
 from .hardware import HardwareProfile, device_memory, reset_peak_memory
-from .hyperparams import Plan, calculate_gradient_accumulation
+from .hyperparams import calculate_gradient_accumulation
+from .plan import Plan
 from .memory import default_cache_dir
 from .oom import ADVICE, Injector, OutOfMemory, is_oom, release
 from .task import Task
-from .trainer import autocast_for, make_optimizer
+from .step import autocast_for, make_optimizer
 
 TRIAL_STEPS = 2
 HEADROOM = 0.10

@@ -45,10 +45,11 @@ from . import checkpoint, distributed
 from .config import Config
 from .data import BatchSplit
 from .hardware import HardwareProfile
-from .hyperparams import Plan
+from .plan import Plan
 from .models import count_parameters
 from .monitor import Monitor
 from .oom import Injector, halve, is_oom, release
+from .step import autocast_for, configure_backends, make_optimizer, seed_everything
 from .task import Task, load_task
 
 Log = Callable[[str], None]
@@ -71,21 +72,6 @@ class TrainResult:
 
 # --------------------------------------------------------------------------
 # Building the pieces
-
-
-def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    # Decay weight matrices and kernels only; biases and norm scales are not regularised.
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    lr = config.learning_rate
-    if config.optimizer == "sgd":
-        momentum = config.sgd_momentum or 0.0
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
-    if config.optimizer == "adam":
-        return torch.optim.Adam(groups, lr=lr)
-    return torch.optim.AdamW(groups, lr=lr)
 
 
 def lr_at(config: Config, step: int, total_steps: int) -> float:
@@ -127,26 +113,6 @@ def run_directory(config: Config) -> Path:
         n += 1
         path = base / f"{label}-{stamp}-{n}"
     return path
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def configure_backends(plan: Plan) -> None:
-    if plan.device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = plan.tf32
-        torch.backends.cudnn.allow_tf32 = plan.tf32
-        torch.backends.cudnn.benchmark = plan.cudnn_benchmark
-
-
-def autocast_for(plan: Plan):
-    """The autocast context of the plan's precision (a no-op for fp32)."""
-    if plan.precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float16
-    return torch.autocast(plan.device_type, dtype=dtype)
 
 
 def versions() -> dict:

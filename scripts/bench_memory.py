@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from lib import config as kconfig  # noqa: E402
 from lib.memory import MemoryPredictor, step_optimizer, training_steps  # noqa: E402
 from lib.task import load_task  # noqa: E402
-from lib.trainer import autocast_for, seed_everything  # noqa: E402
+from lib.step import autocast_for, seed_everything  # noqa: E402
 
 # defconfig (or "outside" for the out-of-tree factory below) -> micro-batches
 CASES = {"lenet5": (32, 128, 512), "resnet18": (8, 16, 32), "gpt2-tiny": (8, 16, 32),

@@ -32,7 +32,7 @@ from lib.config import make_defconfig  # noqa: E402
 from lib.hardware import resolve_hardware  # noqa: E402
 from lib.monitor import Monitor  # noqa: E402
 from lib.task import load_task  # noqa: E402
-from lib.trainer import make_optimizer  # noqa: E402
+from lib.step import make_optimizer  # noqa: E402
 
 LOG_EVERY = 10
 MODES = (("no monitor", None), ("monitor 1s", 1.0), ("monitor 0.1s", 0.1))

@@ -1,0 +1,92 @@
+"""The plan's types: what the resolver decides (Plan), what a batch policy answers (BatchChoice).
+
+These are plain data. They import only the config and hardware types, so the
+predictors, the batch policies, the resolver and the trainer can all import
+them without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Protocol
+
+from .config import Config
+from .hardware import HardwareProfile
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What the resolver needs to know about the model."""
+
+    name: str  # lenet5 | resnet18 | resnet50 | gpt2
+    preset: str | None = None  # GPT-2 size preset
+    parameters: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> "ModelDescription":
+        return cls(name=config.model, preset=config.gpt2_preset)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every machine-dependent training choice, with the reason for each."""
+
+    mode: str  # auto | manual
+    policy: str  # the batch policy's name, "manual" in MANUAL mode
+    device_type: str  # torch device type: cuda | mps | cpu (ROCm GPUs are "cuda" in torch)
+    accelerator: str  # cuda | rocm | mps | cpu
+    device_name: str
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+    effective_batch: int
+    target_effective_batch: int | None
+    eval_batch: int
+    compile: bool
+    compile_mode: str | None
+    precision: str  # bf16 | fp16 | fp32
+    grad_scaler: bool
+    tf32: bool
+    cudnn_benchmark: bool
+    gradient_checkpointing: bool
+    num_workers: int
+    pin_memory: bool
+    model: str
+    reasons: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    # The memory planner's prediction (None under the tier policy and in MANUAL mode).
+    max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
+    predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included
+    budget_bytes: int | None = None  # free memory x memory profile
+    memory_breakdown: dict[str, int] | None = None  # category -> bytes at the peak; sums to the peak
+    eval_predicted_peak_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        return d
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """What a batch policy decided, and (for the planner) what it predicted."""
+
+    max_micro: int
+    reason: str
+    eval_batch: int
+    eval_reason: str
+    budget_bytes: int | None = None
+    eval_peak_bytes: int | None = None
+    # batch -> lib.memory.Prediction (the planner only), for the memory figures of the chosen micro-batch
+    predict: Callable[[int], Any] | None = field(default=None, compare=False, repr=False)
+
+
+class BatchPolicy(Protocol):
+    """How AUTO mode sizes the micro-batch: lib.planner.PlannerPolicy (default) or hyperparams.TierPolicy."""
+
+    name: str
+
+    def choose(self, *, config: Config, hardware: HardwareProfile, model: ModelDescription, device_type: str,
+               compile: bool, compile_mode: str | None, precision: str, world_size: int,
+               target: int) -> BatchChoice:
+        """The largest micro-batch the device should run and the evaluation batch, with reasons."""

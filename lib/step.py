@@ -1,0 +1,52 @@
+"""What one training step runs, built in one place: the optimizer, autocast, backends, seeding.
+
+The trainer, the memory tracer (lib.memory), the LR finder and the probe all
+build their step from these, so a trace counts exactly the optimizer state and
+the autocast casts the trainer will run. lib.memory hashes this file into its
+trace-cache key: editing it invalidates the cached traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import torch
+
+from .config import Config
+from .plan import Plan
+
+
+def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    # Decay weight matrices and kernels only; biases and norm scales are not regularised.
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    lr = config.learning_rate
+    if config.optimizer == "sgd":
+        momentum = config.sgd_momentum or 0.0
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=lr)
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def configure_backends(plan: Plan) -> None:
+    if plan.device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = plan.tf32
+        torch.backends.cudnn.allow_tf32 = plan.tf32
+        torch.backends.cudnn.benchmark = plan.cudnn_benchmark
+
+
+def autocast_for(plan: Plan):
+    """The autocast context of the plan's precision (a no-op for fp32)."""
+    if plan.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float16
+    return torch.autocast(plan.device_type, dtype=dtype)
