@@ -1,0 +1,152 @@
+"""Strict loading of the Kconfig tree and config files, and atomic writing.
+
+kconfiglib only warns about an unknown symbol, a malformed or out-of-range
+number, or an assignment whose dependencies are unmet; `_load_strict` turns
+every such case into a ConfigError naming the symbol, the file and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import kconfiglib
+
+from ..errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]  # lib/config/kconfig.py -> the repository
+KCONFIG = ROOT / "Kconfig"
+
+
+def _new_kconfig() -> kconfiglib.Kconfig:
+    kconf = kconfiglib.Kconfig(str(KCONFIG), warn_to_stderr=False)
+    if kconf.warnings:  # a broken Kconfig tree is our bug, not the user's
+        raise ConfigError("Kconfig tree has problems:\n  " + "\n  ".join(kconf.warnings))
+    kconf.warn_assign_undef = True
+    kconf.warn_assign_override = False  # fragments override on purpose
+    kconf.warn_assign_redun = False
+    return kconf
+
+
+def _user_str(sym: kconfiglib.Symbol) -> str:
+    if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE):
+        return kconfiglib.TRI_TO_STR[sym.user_value]
+    return sym.user_value
+
+
+def _why_not(sym: kconfiglib.Symbol, requested: str) -> str:
+    """Explain why a requested value did not take."""
+    choice = sym.choice
+    if choice is not None and choice.visibility == 0:
+        return f"its choice is hidden: it depends on {kconfiglib.expr_str(choice.direct_dep)}, which is not met"
+    if not any(node.prompt for node in sym.nodes):
+        return "it has no prompt: it is derived from other options and cannot be set"
+    if sym.visibility == 0:
+        return f"its dependencies are not met: it depends on {kconfiglib.expr_str(sym.direct_dep)}"
+    if sym.orig_type in (kconfiglib.INT, kconfiglib.HEX):
+        for low, high, cond in sym.ranges:
+            if kconfiglib.expr_value(cond):
+                return f"it is outside the allowed range {low.str_value}..{high.str_value}"
+    if choice is not None and requested == "n" and choice.selection is sym:
+        return ("it is the choice's default: to deselect it, set another member of the "
+                "choice to y")
+    if sym.rev_dep is not sym.kconfig.n and kconfiglib.expr_value(sym.rev_dep):
+        return f"it is forced by select from {kconfiglib.expr_str(sym.rev_dep)}"
+    return f"kconfiglib resolved it to '{sym.str_value}'"
+
+
+def _display(sym: kconfiglib.Symbol, value: str) -> str:
+    if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE) and value == "n":
+        return f"# CONFIG_{sym.name} is not set"
+    if sym.orig_type == kconfiglib.STRING:
+        return f'CONFIG_{sym.name}="{value}"'
+    return f"CONFIG_{sym.name}={value}"
+
+
+def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconfiglib.Kconfig:
+    """Load files in order (the first replaces, the rest merge) and require every value to take.
+
+    Each file's values must take at the point it is merged. A later fragment may
+    override or hide what an earlier file set (switching to MANUAL hides the
+    base's TARGET_EFFECTIVE_BATCH): that is what fragments are for, so such a
+    superseded value is reported in `notes`, as the kernel's merge_config does,
+    not refused.
+    """
+    kconf = _new_kconfig()
+    requested: dict[str, tuple[kconfiglib.Symbol, str, Path]] = {}
+    errors: list[str] = []
+    for i, path in enumerate(files):
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+        errors += _contradictions(path)
+        before = {s.name: s.user_value for s in kconf.unique_defined_syms}
+        kconf.load_config(str(path), replace=(i == 0))
+        # set_value() warnings (a malformed number) carry no file name: add it
+        errors += [w.replace("warning: ", "", 1) if w.startswith(str(path)) else
+                   f"{path}: " + w.replace("warning: ", "", 1) for w in kconf.warnings]
+        kconf.warnings.clear()
+        for sym in kconf.unique_defined_syms:
+            if sym.user_value is not None and (i == 0 or before[sym.name] != sym.user_value):
+                requested[sym.name] = (sym, _user_str(sym), path)
+        errors += [f"{src}: {_display(sym, value)} did not take: {_why_not(sym, value)}"
+                   for sym, value, src in _not_taken(requested.values()) if src == path]
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    if notes is not None:
+        notes += [f"{src}: {_display(sym, value)} no longer applies after the later fragments "
+                  f"({_why_not(sym, value)})" for sym, value, src in _not_taken(requested.values())]
+    return kconf
+
+
+def _contradictions(path: Path) -> list[str]:
+    """Assignments within one file that contradict each other (only the last would silently win)."""
+    kconf = _new_kconfig()
+    kconf.warn_assign_override = True
+    kconf.load_config(str(path))
+    found = [w.replace("warning: ", "", 1) for w in kconf.warnings if "set more than once" in w]
+    for choice in kconf.unique_choices:
+        chosen = [sym.name for sym in choice.syms if sym.user_value == 2]
+        if len(chosen) > 1:
+            found.append(f"{path}: sets {' and '.join('CONFIG_' + n + '=y' for n in chosen)}, but they are "
+                         "members of one choice: keep one")
+    return found
+
+
+def _not_taken(requests):
+    for sym, value, path in requests:
+        choice = sym.choice
+        if choice is not None and value == "y" and choice.user_selection is not sym:
+            continue  # a later assignment selected another member of the same choice
+        if value != sym.str_value:
+            yield sym, value, path
+
+
+# --------------------------------------------------------------------------
+# Writing
+
+
+def _config_text(kconf: kconfiglib.Kconfig) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config"
+        kconf.write_config(str(path), save_old=False)
+        return path.read_text()
+
+
+def _write_atomic(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False) -> None:
+    """Write via a temporary file and rename, keeping the previous file as <out>.old like the kernel."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        if minimal:
+            kconf.write_min_config(tmp)
+        else:
+            kconf.write_config(tmp, save_old=False)
+        if out.exists() and not minimal:
+            os.replace(out, out.with_name(out.name + ".old"))
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,178 @@
+"""The operations behind the make targets, and changing values programmatically.
+
+Every operation loads through `_load_strict` and builds the typed Config before
+it writes anything, so nothing reaches disk unless the whole result is valid.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import kconfiglib
+
+from ..errors import ConfigError
+from .kconfig import ROOT, _display, _load_strict, _new_kconfig, _write_atomic
+from .typed import Config, _typed
+
+DEFCONFIG_DIR = ROOT / "defconfigs"
+FRAGMENT_DIR = DEFCONFIG_DIR / "fragments"
+DEFAULT_DEFCONFIG = "lenet5"
+
+
+def config_path() -> Path:
+    """The .config in use: $KCONFIG_CONFIG as in the kernel, else ./.config."""
+    return Path(os.environ.get("KCONFIG_CONFIG") or ".config")
+
+
+def _load_existing(path: Path) -> kconfiglib.Kconfig:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' or 'make menuconfig' first "
+                          "(see 'make help' for the defconfigs)")
+    return _load_strict([path])
+
+
+def read_config(path: Path | str | None = None) -> Config:
+    """Read and validate a .config (or any config file) into a Config. Changes nothing on disk."""
+    path = Path(path) if path is not None else config_path()
+    return _typed(_load_existing(path), str(path))
+
+
+def defconfig_names() -> list[str]:
+    return sorted(p.name for p in DEFCONFIG_DIR.iterdir() if p.is_file())
+
+
+def fragment_names() -> list[str]:
+    return sorted(p.name for p in FRAGMENT_DIR.iterdir() if p.is_file()) if FRAGMENT_DIR.is_dir() else []
+
+
+def _named(name: str, directory: Path, names: list[str], what: str) -> Path:
+    path = Path(name)
+    if path.is_file() and (os.sep in name or not (directory / name).is_file()):
+        return path  # an explicit path to a file of the user's
+    if (directory / name).is_file():
+        return directory / name
+    raise ConfigError(f"unknown {what} '{name}': choose one of {', '.join(names) or '(none)'} "
+                      f"(files in {directory.relative_to(ROOT)}/), or give a path to a file")
+
+
+def defconfig_file(name: str) -> Path:
+    return _named(name, DEFCONFIG_DIR, defconfig_names(), "defconfig")
+
+
+def fragment_file(name: str) -> Path:
+    return _named(name, FRAGMENT_DIR, fragment_names(), "fragment")
+
+
+def make_defconfig(name: str, fragments: Sequence[str] = (), out: Path | None = None,
+                   notes: list[str] | None = None) -> Config:
+    """Base defconfig + fragments -> a full, validated .config written atomically.
+
+    Values of the base that a fragment supersedes are appended to `notes`.
+    """
+    out = out or config_path()
+    files = [defconfig_file(name)] + [fragment_file(f) for f in fragments]
+    kconf = _load_strict(files, notes)
+    config = _typed(kconf, str(out))
+    _write_atomic(kconf, out)
+    return config
+
+
+def olddefconfig(path: Path | None = None) -> Config:
+    """Validate the existing .config and rewrite it with defaults for new symbols."""
+    path = path or config_path()
+    kconf = _load_existing(path)
+    config = _typed(kconf, str(path))  # typed checks (numbers in strings) before anything is written
+    _write_atomic(kconf, path)
+    return config
+
+
+def savedefconfig(path: Path | None = None, out: Path = Path("defconfig")) -> Path:
+    """Write the minimal config that reproduces the current one (as the kernel's savedefconfig)."""
+    path = path or config_path()
+    kconf = _load_existing(path)
+    _typed(kconf, str(path))
+    _write_atomic(kconf, out, minimal=True)
+    return out
+
+
+def minimal_config_text(path: Path) -> str:
+    """What savedefconfig would write for a config file."""
+    kconf = _load_strict([path])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "defconfig"
+        kconf.write_min_config(str(out))
+        return out.read_text()
+
+
+def listnewconfig(path: Path | None = None) -> list[str]:
+    """Visible symbols the config does not set yet, as 'CONFIG_X=default' lines (as the kernel prints)."""
+    kconf = _load_existing(path or config_path())
+    new = []
+    for sym in kconf.unique_defined_syms:
+        if sym.user_value is None and sym.visibility and any(n.prompt for n in sym.nodes):
+            if sym.choice is not None and sym.choice.user_selection is not None:
+                continue  # the choice was answered by another member
+            new.append(_display(sym, sym.str_value))
+    return new
+
+
+# --------------------------------------------------------------------------
+# Changing values programmatically (LR finder APPLY=1, hpo-apply, HPO trials)
+
+
+def _assignment_lines(assignments: Mapping[str, object]) -> str:
+    """.config lines for {symbol: value}; names may carry the CONFIG_ prefix, values are Python or text."""
+    kconf = _new_kconfig()
+    lines = []
+    for name, value in assignments.items():
+        name = name.removeprefix("CONFIG_")
+        sym = kconf.syms.get(name)
+        if sym is None or not sym.nodes:
+            raise ConfigError(f"CONFIG_{name} is not a kfit option (see 'make menuconfig')")
+        if isinstance(value, bool):
+            value = "y" if value else "n"
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
+        text = str(value)
+        if sym.orig_type == kconfiglib.STRING:
+            text = text.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(_display(sym, text))
+    return "\n".join(lines) + "\n"
+
+
+def _merged(base_text: str, assignments: Mapping[str, object], source: str,
+            notes: list[str] | None) -> tuple[kconfiglib.Kconfig, Config]:
+    with tempfile.TemporaryDirectory() as tmp:
+        base, change = Path(tmp) / "config", Path(tmp) / "changes"
+        base.write_text(base_text)
+        change.write_text(_assignment_lines(assignments))
+        try:
+            kconf = _load_strict([base, change], notes)
+        except ConfigError as err:  # name the user's file and "the requested change", not temp paths
+            raise ConfigError(str(err).replace(str(change), "requested change").replace(str(base), source)) from None
+        return kconf, _typed(kconf, source)
+
+
+def derive(config: Config, assignments: Mapping[str, object]) -> Config:
+    """`config` with some symbols changed, validated as strictly as a fragment. Writes nothing.
+
+    Every value must take (a hidden symbol, an out-of-range number or a bad
+    string is a ConfigError naming it), exactly as for a defconfig fragment.
+    """
+    return _merged(config.text, assignments, config.source, None)[1]
+
+
+def apply_assignments(path: Path, assignments: Mapping[str, object], notes: list[str] | None = None) -> Config:
+    """Change symbols in the config file at `path` through the same validation, then write it atomically.
+
+    Nothing is written unless the result is valid; the previous file is kept as <path>.old.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' first")
+    kconf, config = _merged(path.read_text(), assignments, str(path), notes)
+    _write_atomic(kconf, path)
+    return config

@@ -1,0 +1,84 @@
+"""What a trace depends on, and where traces are kept.
+
+Traces are cached as JSON under $KFIT_CACHE_DIR, else $XDG_CACHE_HOME/kfit,
+else ~/.cache/kfit, keyed by a fingerprint of everything that changes the
+result (`fingerprint`): the model's config fields, precision, optimizer,
+checkpointing, device type, the torch version and a hash of kfit's own model,
+task, trainer and tracer code. A custom model's key includes a hash of its
+module's source, so editing the factory file invalidates its traces.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..config import Config
+
+FORMAT = 1  # bump when the traced step changes: old cache entries then stop matching
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("KFIT_CACHE_DIR"):
+        return Path(os.environ["KFIT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kfit"
+
+
+def _file_hash(path: str | os.PathLike | None) -> str | None:
+    if not path or not os.path.isfile(path):
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _code_hash() -> str:
+    """kfit's own code that shapes a trace: this package, the optimizer and loss, the built-in models."""
+    package = Path(__file__).resolve().parent
+    lib = package.parent
+    files = [*sorted(package.glob("*.py")), lib / "step.py", lib / "task.py", *sorted((lib / "models").glob("*.py"))]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def model_fingerprint(config: Config) -> dict:
+    """The config fields that decide the model's shapes (and so its traces), never the data's contents."""
+    fp: dict = {"model": config.model}
+    if config.model == "gpt2":
+        fp.update(preset=config.gpt2_preset, block_size=config.gpt2_block_size,
+                  dropout=bool(config.gpt2_dropout),  # masks are saved for backward only when > 0
+                  # the vocabulary: 256 bytes for the embedded text, meta.json (or GPT-2's) for a corpus
+                  corpus=(None if config.dataset != "dir" else
+                          _file_hash(Path(config.data_dir or "") / "meta.json") or "gpt2-vocab"))
+    elif config.model == "custom":
+        from ..models.custom import load_factory
+
+        factory = load_factory(config.custom_model_factory)
+        fp.update(factory=config.custom_model_factory,
+                  source=_file_hash(inspect.getsourcefile(inspect.getmodule(factory)) or ""))
+    else:  # image models: channels and classes come from the data set's format
+        fp.update(image_size=config.image_size,
+                  data=config.dataset_format if config.dataset == "dir" else "digits")
+    return fp
+
+
+def fingerprint(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
+                train: bool) -> tuple[str, dict]:
+    """(hash, contents) of everything but the batch size that changes a trace."""
+    key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(), "model": model_fingerprint(config),
+           "device_type": device_type, "precision": precision, "train": train}
+    if train:  # evaluation runs no backward and no optimizer
+        key.update(gradient_checkpointing=gradient_checkpointing, optimizer=config.optimizer,
+                   momentum=bool(config.sgd_momentum), weight_decay=config.weight_decay > 0,
+                   grad_clip=config.grad_clip > 0)
+    text = json.dumps(key, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24], key
+
