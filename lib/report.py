@@ -11,9 +11,8 @@ from datetime import datetime
 from pathlib import Path
 
 from . import config as kconfig
-from . import gpu_catalog
 from .errors import KfitError
-from .hardware import HardwareProfile, format_size, from_catalog, gib, resolve_hardware
+from .hardware import HardwareProfile, catalog, format_size, from_catalog, gib, resolve_hardware
 from .hyperparams import ModelDescription, Plan, resolve
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -52,7 +51,7 @@ def hardware_warnings(hardware: HardwareProfile) -> list[str]:
     for gpu in hardware.gpus:
         used = gpu.total_bytes - gpu.free_bytes
         # Our own context accounts for about CONTEXT_RESERVE_BYTES; 1 GiB beyond that is someone else's.
-        if used > gpu_catalog.CONTEXT_RESERVE_BYTES + 2**30:
+        if used > catalog.CONTEXT_RESERVE_BYTES + 2**30:
             warnings.append(f"GPU {gpu.index} ({gpu.name}): {gib(used):.1f}GB of {gib(gpu.total_bytes):.1f}GB is in "
                             "use, more than a CUDA context takes: other processes hold memory (nvidia-smi); the "
                             "plan only counts what is free")
@@ -106,7 +105,7 @@ def machines(cpu_profile: HardwareProfile | None = None) -> list[tuple[str, Hard
     """Every catalog GPU (attached to this machine's CPU) and this machine's CPU alone."""
     cpu_profile = cpu_profile or resolve_hardware(gpu="cpu")
     cpu = cpu_profile.cpu  # one reading of available RAM for the whole matrix
-    return [(key, from_catalog(key, cpu=cpu)) for key in gpu_catalog.catalog_keys()] + [("cpu", cpu_profile)]
+    return [(key, from_catalog(key, cpu=cpu)) for key in catalog.catalog_keys()] + [("cpu", cpu_profile)]
 
 
 def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, HardwareProfile]] | None = None,

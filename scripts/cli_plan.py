@@ -112,14 +112,14 @@ def cmd_plan_matrix(args) -> int:
 
 def _focus_machine() -> str:
     """The matrix column the report details: GPU=, else this machine's GPU if the catalog knows it, else cpu."""
-    from lib import gpu_catalog
+    from lib.hardware import catalog
     from lib.errors import HardwareError
 
     if os.environ.get("GPU"):
-        return "cpu" if os.environ["GPU"].lower() == "cpu" else gpu_catalog.lookup(os.environ["GPU"]).key
+        return "cpu" if os.environ["GPU"].lower() == "cpu" else catalog.lookup(os.environ["GPU"]).key
     hardware = hardware_from_env()
     try:
-        return gpu_catalog.lookup(hardware.primary_gpu.name).key if hardware.gpus else "cpu"
+        return catalog.lookup(hardware.primary_gpu.name).key if hardware.gpus else "cpu"
     except HardwareError:
         return "h100"
 

@@ -1,4 +1,4 @@
-"""lib.hardware and lib.gpu_catalog: detection (real and faked), profiles, catalog."""
+"""lib.hardware and lib.hardware.catalog: detection (real and faked), profiles, catalog."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import types
 
 import pytest
 
-from lib import gpu_catalog, hardware
+from lib import hardware
 from lib.errors import HardwareError, KfitError
-from lib.hardware import CPUInfo, GPUInfo, HardwareProfile, gib
+from lib.hardware import CPUInfo, GPUInfo, HardwareProfile, catalog, gib
+from lib.hardware.detection import _detect, _query_torch_gpus, _rocm_bf16
+from lib.hardware.nvml import _query_nvml
 
 GiB = 2**30
 MiB = 2**20
@@ -313,12 +315,12 @@ REQUIRED_KEYS = {"h100", "a100-40gb", "a100-80gb", "a10g", "l4", "rtx4090", "rtx
 
 
 def test_catalog_has_the_required_entries():
-    assert REQUIRED_KEYS <= set(gpu_catalog.CATALOG)
+    assert REQUIRED_KEYS <= set(catalog.CATALOG)
 
 
-@pytest.mark.parametrize("key", sorted(gpu_catalog.CATALOG))
+@pytest.mark.parametrize("key", sorted(catalog.CATALOG))
 def test_every_catalog_entry_resolves(key):
-    e = gpu_catalog.CATALOG[key]
+    e = catalog.CATALOG[key]
     assert e.key == key == key.lower()
     assert e.source.startswith("https://")
     assert e.tdp_watts > 0 and e.memory_type
@@ -326,7 +328,7 @@ def test_every_catalog_entry_resolves(key):
     assert p.source == f"catalog:{key}"
     g = p.primary_gpu
     assert (g.name, g.vendor, g.backend, g.total_bytes, g.arch) == (e.name, e.vendor, e.backend, e.total_bytes, e.arch)
-    assert g.free_bytes == e.total_bytes - gpu_catalog.CONTEXT_RESERVE_BYTES
+    assert g.free_bytes == e.total_bytes - catalog.CONTEXT_RESERVE_BYTES
     assert p.identical_gpu_count == 1
     assert p.accelerator == e.backend
     assert p.notes == ()
@@ -358,7 +360,7 @@ def test_every_catalog_entry_resolves(key):
     ],
 )
 def test_catalog_facts(key, cc, gb, bf16):
-    e = gpu_catalog.CATALOG[key]
+    e = catalog.CATALOG[key]
     assert e.compute_capability == cc
     assert e.bf16 is bf16
     # torch's total is a little under the marketing GB figure, never over it
@@ -366,9 +368,9 @@ def test_catalog_facts(key, cc, gb, bf16):
 
 
 def test_catalog_arches():
-    assert gpu_catalog.CATALOG["w7900"].arch == "gfx1100"
-    assert gpu_catalog.CATALOG["mi210"].arch == "gfx90a"
-    assert gpu_catalog.CATALOG["b200"].arch == "sm_100"
+    assert catalog.CATALOG["w7900"].arch == "gfx1100"
+    assert catalog.CATALOG["mi210"].arch == "gfx90a"
+    assert catalog.CATALOG["b200"].arch == "sm_100"
 
 
 @pytest.mark.parametrize(
@@ -388,7 +390,7 @@ def test_catalog_arches():
     ],
 )
 def test_catalog_aliases(alias, key):
-    assert gpu_catalog.lookup(alias).key == key
+    assert catalog.lookup(alias).key == key
     assert hardware.resolve_hardware(gpu=alias).source == f"catalog:{key}"
 
 
@@ -410,7 +412,7 @@ def test_catalog_overrides():
     assert all(g.free_bytes == 40 * GiB for g in p.gpus)
     q = hardware.from_catalog("h100", total_gb=94, cpu=CPUInfo("x", 1, 1, GiB, GiB))
     assert q.gpus[0].total_bytes == 94 * GiB
-    assert q.gpus[0].free_bytes == 94 * GiB - gpu_catalog.CONTEXT_RESERVE_BYTES
+    assert q.gpus[0].free_bytes == 94 * GiB - catalog.CONTEXT_RESERVE_BYTES
     assert q.cpu.name == "x"
 
 
@@ -480,12 +482,12 @@ def test_two_identical_h100s_with_another_process_using_memory(tmp_path):
     used_by_other = 30 * GiB
     torch_mod = fake_torch([(name, total, major, minor, total - used_by_other), (name, total, major, minor, total - 600 * MiB)])
     nvml = fake_pynvml([(name, 81559 * MiB, 81559 * MiB - used_by_other), (name, 81559 * MiB, 81559 * MiB)])
-    p = hardware._detect(torch_mod, nvml, str(tmp_path))
+    p = _detect(torch_mod, nvml, str(tmp_path))
     assert p.accelerator == "cuda" and p.cuda_version == "12.6" and p.torch_version == "2.13.0+cu126"
     assert len(p.gpus) == 2 and p.identical_gpu_count == 2
     g0, g1 = p.gpus
     # free memory is NVML's, less the context training will create (as in the catalog)
-    reserve = gpu_catalog.CONTEXT_RESERVE_BYTES
+    reserve = catalog.CONTEXT_RESERVE_BYTES
     assert g0 == GPUInfo(0, name, "nvidia", "cuda", total, total - used_by_other - reserve, (9, 0), "sm_90", True, True)
     assert g1.free_bytes == total - reserve and g1.index == 1
     assert torch_mod.cuda.mem_get_info_calls == 0
@@ -496,7 +498,7 @@ def test_two_identical_h100s_with_another_process_using_memory(tmp_path):
 
 def test_mixed_pair():
     torch_mod = fake_torch([(*H100, H100[1] - GiB), (*A100, A100[1] - GiB)])
-    p = hardware._detect(torch_mod, fake_pynvml([]))
+    p = _detect(torch_mod, fake_pynvml([]))
     assert len(p.gpus) == 2 and p.identical_gpu_count == 1
     assert p.primary_gpu.name == H100[0]
     assert p.gpus[1].compute_capability == (8, 0) and p.gpus[1].arch == "sm_80"
@@ -504,7 +506,7 @@ def test_mixed_pair():
 
 
 def test_v100_takes_the_fp16_path():
-    p = hardware._detect(fake_torch([(*V100, V100[1] - GiB)], cuda="11.8"), None)
+    p = _detect(fake_torch([(*V100, V100[1] - GiB)], cuda="11.8"), None)
     g = p.primary_gpu
     assert g.compute_capability == (7, 0) and g.arch == "sm_70"
     assert g.supports_bf16 is False and g.supports_tf32 is False
@@ -517,7 +519,7 @@ def test_rocm_mi210():
         [("AMD Instinct MI210", total, 9, 0, total - GiB, "gfx90a:sramecc+:xnack-")],
         cuda=None, hip="6.2.41133", version="2.13.0+rocm6.2",
     )
-    p = hardware._detect(torch_mod, fake_pynvml(init_error=FakeLibraryNotFound()))
+    p = _detect(torch_mod, fake_pynvml(init_error=FakeLibraryNotFound()))
     g = p.primary_gpu
     assert p.accelerator == "rocm" and p.hip_version == "6.2.41133" and p.cuda_version is None
     assert (g.vendor, g.backend, g.arch, g.compute_capability) == ("amd", "rocm", "gfx90a", None)
@@ -532,12 +534,12 @@ def test_rocm_mi210():
      ("gfx908", False), ("gfx906", False), ("gfx1030", False), ("weird", False)],
 )
 def test_rocm_bf16_rule(arch, bf16):
-    assert hardware._rocm_bf16(arch) is bf16
+    assert _rocm_bf16(arch) is bf16
 
 
 def test_cpu_only_torch_with_nvml_gpus_gives_no_gpus_and_names_the_fix():
     nvml = fake_pynvml([(H100[0], 81559 * MiB, 81000 * MiB)] * 2, cuda_driver=12040)
-    p = hardware._detect(cpu_torch(), nvml)
+    p = _detect(cpu_torch(), nvml)
     assert p.gpus == () and p.accelerator == "cpu"
     assert len(p.notes) == 1
     note = p.notes[0]
@@ -549,18 +551,18 @@ def test_cuda_torch_that_cannot_see_nvml_gpus_explains_why(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = fake_pynvml([(H100[0], 81559 * MiB, 81000 * MiB)], cuda_driver=11040)
     torch_mod = fake_torch([], cuda="12.6")  # CUDA build, is_available() False
-    (note,) = hardware._detect(torch_mod, nvml).notes
+    (note,) = _detect(torch_mod, nvml).notes
     assert "driver supports only CUDA 11.4" in note and "update the NVIDIA driver" in note
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    (note,) = hardware._detect(torch_mod, nvml).notes
+    (note,) = _detect(torch_mod, nvml).notes
     assert "CUDA_VISIBLE_DEVICES=''" in note and "unset it" in note
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    (note,) = hardware._detect(torch_mod, fake_pynvml([(H100[0], 1, 1)], cuda_driver=12080)).notes
+    (note,) = _detect(torch_mod, fake_pynvml([(H100[0], 1, 1)], cuda_driver=12080)).notes
     assert "is_available() is False" in note and "nvidia-smi" in note
 
 
 def test_driver_library_mismatch_is_reported():
-    p = hardware._detect(cpu_torch(), fake_pynvml(init_error=FakeLibRmVersionMismatch()))
+    p = _detect(cpu_torch(), fake_pynvml(init_error=FakeLibRmVersionMismatch()))
     assert p.gpus == ()
     (note,) = p.notes
     assert "reboot" in note
@@ -568,7 +570,7 @@ def test_driver_library_mismatch_is_reported():
 
 @pytest.mark.parametrize("err", [FakeLibraryNotFound(), FakeDriverNotLoaded(), FakeNVMLError("x"), RuntimeError("broken")])
 def test_no_nvml_is_a_silent_cpu_profile(err, recwarn):
-    p = hardware._detect(cpu_torch(), fake_pynvml(init_error=err))
+    p = _detect(cpu_torch(), fake_pynvml(init_error=err))
     assert p.gpus == () and p.notes == () and p.accelerator == "cpu"
     assert len(recwarn) == 0
 
@@ -576,8 +578,8 @@ def test_no_nvml_is_a_silent_cpu_profile(err, recwarn):
 def test_real_pynvml_on_this_machine_is_silent():
     import pynvml
 
-    assert hardware._query_nvml(pynvml) is None
-    assert hardware._query_nvml(None) is None
+    assert _query_nvml(pynvml) is None
+    assert _query_nvml(None) is None
 
 
 def test_free_memory_from_nvml_by_uuid_without_a_cuda_context():
@@ -585,8 +587,8 @@ def test_free_memory_from_nvml_by_uuid_without_a_cuda_context():
     torch_mod = fake_torch([(*H100, 1), (*A100, 1)])
     nvml = fake_pynvml([(A100[0], A100[1], 20 * GiB), (H100[0], H100[1], 50 * GiB)])
     nvml.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{1 - h}-aaaa-bbbb-cccc-dddddddddddd"
-    p = hardware._detect(torch_mod, nvml)
-    reserve = gpu_catalog.CONTEXT_RESERVE_BYTES
+    p = _detect(torch_mod, nvml)
+    reserve = catalog.CONTEXT_RESERVE_BYTES
     assert [g.free_bytes for g in p.gpus] == [50 * GiB - reserve, 20 * GiB - reserve]
     assert torch_mod.cuda.mem_get_info_calls == 0
 
@@ -594,10 +596,10 @@ def test_free_memory_from_nvml_by_uuid_without_a_cuda_context():
 def test_free_memory_from_mem_get_info_without_nvml_then_a_note():
     name, total, major, minor = H100
     torch_mod = fake_torch([(name, total, major, minor, 40 * GiB)])
-    assert hardware._detect(torch_mod, None).primary_gpu.free_bytes == 40 * GiB
+    assert _detect(torch_mod, None).primary_gpu.free_bytes == 40 * GiB
     assert torch_mod.cuda.mem_get_info_calls == 1
     torch_mod = fake_torch([(name, total, major, minor, 0)], mem_get_info=False)
-    q = hardware._detect(torch_mod, None)
+    q = _detect(torch_mod, None)
     assert q.primary_gpu.free_bytes == total
     assert any("could not be measured" in n for n in q.notes)
 
@@ -605,7 +607,7 @@ def test_free_memory_from_mem_get_info_without_nvml_then_a_note():
 def test_apple_mps():
     cpu = CPUInfo("Apple M2 Max", 12, 12, 32 * GiB, 20 * GiB)
     torch_mod = fake_torch([], cuda=None, version="2.13.0", mps=True)
-    gpus, notes = hardware._query_torch_gpus(torch_mod, cpu=cpu)
+    gpus, notes = _query_torch_gpus(torch_mod, cpu=cpu)
     (g,) = gpus
     assert (g.name, g.vendor, g.backend, g.arch) == ("Apple M2 Max", "apple", "mps", "apple")
     assert g.total_bytes == 32 * GiB and g.free_bytes == 16 * GiB  # recommended_max_memory
@@ -621,7 +623,7 @@ def test_unreadable_device_is_skipped_with_a_note():
         return types.SimpleNamespace(name=H100[0], total_memory=H100[1], major=9, minor=0, uuid="x")
 
     torch_mod.cuda.get_device_properties = props
-    p = hardware._detect(torch_mod, None)
+    p = _detect(torch_mod, None)
     assert len(p.gpus) == 1 and p.gpus[0].index == 0
     assert any("GPU 0 was skipped" in n for n in p.notes)
 
@@ -637,12 +639,12 @@ def test_torch_warnings_become_notes_only_when_there_are_gpus(recwarn):
         return real_info(i)
 
     torch_mod.cuda.mem_get_info = noisy
-    p = hardware._detect(torch_mod, None)
+    p = _detect(torch_mod, None)
     assert any(n.startswith("torch warned: NVIDIA H100") for n in p.notes)
 
     quiet = cpu_torch()
     quiet.cuda.is_available = lambda: warnings.warn("CUDA initialization: no driver") or False
-    assert hardware._detect(quiet, None).notes == ()
+    assert _detect(quiet, None).notes == ()
     assert len(recwarn) == 0
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from lib import config as kc
-from lib import gpu_catalog
-from lib.hardware import from_catalog, resolve_hardware
+from lib.hardware import catalog, from_catalog, resolve_hardware
 from lib.hyperparams import ModelDescription, TierPolicy, resolve
 from lib.report import (
     format_matrix, hardware_warnings, machines, memory_lines, plan_matrix, recommendations, render_report,
@@ -30,7 +29,7 @@ def lenet(tmp_path_factory):
 def test_matrix_covers_every_defconfig_on_every_machine():
     rows = plan_matrix(policy=TierPolicy())  # the tier policy keeps this instant; the planner is below
     keys = {(r.defconfig, r.machine) for r in rows}
-    expected = {(d, m) for d in kc.defconfig_names() for m in [*gpu_catalog.catalog_keys(), "cpu"]}
+    expected = {(d, m) for d in kc.defconfig_names() for m in [*catalog.catalog_keys(), "cpu"]}
     assert keys == expected and len(rows) == len(expected)
     text = format_matrix(rows)
     assert text.splitlines()[0].split()[:3] == ["defconfig", "machine", "micro"]

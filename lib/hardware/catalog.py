@@ -1,8 +1,9 @@
 """A catalog of GPUs that kfit can plan for without having them.
 
-``GPU=h100 kfit ...`` plans a run for an H100 on any machine: lib.hardware turns
-a catalog entry into the same frozen HardwareProfile that detection produces.
-This module is plain data plus a lookup; it never touches a device.
+``GPU=h100 kfit ...`` plans a run for an H100 on any machine: from_catalog
+(lib.hardware.simulate) turns a catalog entry into the same frozen
+HardwareProfile that detection produces.  This module is plain data plus a
+lookup; it never touches a device.
 
 How the figures were chosen
 ---------------------------

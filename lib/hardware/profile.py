@@ -1,0 +1,239 @@
+"""The frozen HardwareProfile every other module consumes, its JSON form, and
+load_profile (HW=profile.json).
+
+Units: every ``*_bytes`` field is bytes; every ``*_gb`` argument is GiB
+(2**30 bytes), the unit :func:`gib` prints, so a number copied from kfit's
+output means the same thing when typed back in.
+
+Profile files are written by hand too, so reading one is strict: a missing,
+extra or mistyped key raises HardwareError naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from lib.errors import HardwareError
+
+from .strict import _bad, _bool, _check_keys, _describe, _int, _list, _str
+
+GiB = 2**30
+VENDORS = ("nvidia", "amd", "apple")
+BACKENDS = ("cuda", "rocm", "mps")
+_BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "apple": "mps"}
+
+
+def gib(n_bytes: int | float) -> float:
+    """Bytes as GiB (2**30), the unit kfit prints and reads."""
+    return n_bytes / GiB
+
+
+def format_size(n_bytes: int, mb_decimals: int = 1) -> str:
+    """Bytes for plans and reports: '1.23GB' from a GiB up, else '37.1MB' (GB and MB are 2**30 and 2**20)."""
+    return f"{gib(n_bytes):.2f}GB" if n_bytes >= GiB else f"{n_bytes / 2**20:.{mb_decimals}f}MB"
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    index: int  # torch device index (after CUDA_VISIBLE_DEVICES)
+    name: str  # e.g. "NVIDIA H100 80GB HBM3"
+    vendor: str  # "nvidia" | "amd" | "apple"
+    backend: str  # "cuda" | "rocm" | "mps"
+    total_bytes: int
+    free_bytes: int  # NVML free less catalog.CONTEXT_RESERVE_BYTES; torch.cuda.mem_get_info without NVML (and on ROCm)
+    compute_capability: tuple[int, int] | None  # NVIDIA (major, minor); None for AMD/Apple
+    arch: str  # "sm_90", "gfx90a", "gfx1100", "apple"
+    supports_bf16: bool
+    supports_tf32: bool  # NVIDIA cc >= 8.0 only
+
+
+@dataclass(frozen=True)
+class CPUInfo:
+    name: str
+    physical_cores: int
+    logical_cores: int
+    ram_total_bytes: int
+    ram_available_bytes: int
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    gpus: tuple[GPUInfo, ...]
+    cpu: CPUInfo
+    disk_free_bytes: int
+    on_battery: bool | None  # None = no battery
+    torch_version: str
+    cuda_version: str | None
+    hip_version: str | None
+    source: str  # "detected", "file:<path>", "catalog:<key>"
+    notes: tuple[str, ...]  # what a user should know, each naming the fix
+
+    @property
+    def accelerator(self) -> str:
+        """"cuda" | "rocm" | "mps" | "cpu"."""
+        return self.gpus[0].backend if self.gpus else "cpu"
+
+    @property
+    def primary_gpu(self) -> GPUInfo | None:
+        return self.gpus[0] if self.gpus else None
+
+    @property
+    def identical_gpu_count(self) -> int:
+        """GPUs with the same name and total memory as gpus[0]; 0 when none."""
+        if not self.gpus:
+            return 0
+        first = self.gpus[0]
+        return sum(1 for g in self.gpus if g.name == first.name and g.total_bytes == first.total_bytes)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready data (lists, not tuples); from_dict reverses it."""
+        return {
+            "gpus": [_gpu_to_dict(g) for g in self.gpus],
+            "cpu": dataclasses.asdict(self.cpu),
+            "disk_free_bytes": self.disk_free_bytes,
+            "on_battery": self.on_battery,
+            "torch_version": self.torch_version,
+            "cuda_version": self.cuda_version,
+            "hip_version": self.hip_version,
+            "source": self.source,
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: Any) -> HardwareProfile:
+        """Strict: a missing, extra or mistyped key raises HardwareError naming it."""
+        return _profile_from_dict(d, origin="hardware profile")
+
+
+def _gpu_to_dict(g: GPUInfo) -> dict:
+    d = dataclasses.asdict(g)
+    d["compute_capability"] = list(g.compute_capability) if g.compute_capability is not None else None
+    return d
+
+
+_GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GPUInfo))
+_CPU_FIELDS = tuple(f.name for f in dataclasses.fields(CPUInfo))
+_PROFILE_FIELDS = tuple(f.name for f in dataclasses.fields(HardwareProfile))
+
+
+def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
+    _check_keys(origin, where, d, _GPU_FIELDS)
+    k = lambda name: f"{where}.{name}"  # noqa: E731
+    index = _int(origin, k("index"), d["index"])
+    if index != position:
+        raise _bad(origin, k("index"), f"must be {position} (GPUs are listed in torch device order), got {index}")
+    vendor = _str(origin, k("vendor"), d["vendor"])
+    if vendor not in VENDORS:
+        raise _bad(origin, k("vendor"), f"must be one of {', '.join(VENDORS)}, got {vendor!r}")
+    backend = _str(origin, k("backend"), d["backend"])
+    if backend != _BACKEND_OF_VENDOR[vendor]:
+        raise _bad(origin, k("backend"), f"must be {_BACKEND_OF_VENDOR[vendor]!r} for vendor {vendor!r}, got {backend!r}")
+    total = _int(origin, k("total_bytes"), d["total_bytes"], minimum=1)
+    free = _int(origin, k("free_bytes"), d["free_bytes"])
+    if free > total:
+        raise _bad(origin, k("free_bytes"), f"({free}) must not exceed total_bytes ({total})")
+    cc_raw = d["compute_capability"]
+    cc: tuple[int, int] | None
+    if cc_raw is None:
+        cc = None
+    else:
+        if (
+            not isinstance(cc_raw, (list, tuple))
+            or len(cc_raw) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in cc_raw)
+        ):
+            raise _bad(origin, k("compute_capability"), f"must be [major, minor] or null, got {_describe(cc_raw)}")
+        cc = (cc_raw[0], cc_raw[1])
+    if vendor == "nvidia" and cc is None:
+        raise _bad(origin, k("compute_capability"), "must be [major, minor] for an NVIDIA GPU (e.g. [9, 0] for an H100)")
+    if vendor != "nvidia" and cc is not None:
+        raise _bad(origin, k("compute_capability"), f"must be null for vendor {vendor!r} (it is an NVIDIA notion)")
+    bf16 = _bool(origin, k("supports_bf16"), d["supports_bf16"])
+    tf32 = _bool(origin, k("supports_tf32"), d["supports_tf32"])
+    if tf32 and (cc is None or cc < (8, 0)):
+        raise _bad(origin, k("supports_tf32"), "can only be true for an NVIDIA GPU with compute capability >= 8.0")
+    return GPUInfo(
+        index=index,
+        name=_str(origin, k("name"), d["name"]),
+        vendor=vendor,
+        backend=backend,
+        total_bytes=total,
+        free_bytes=free,
+        compute_capability=cc,
+        arch=_str(origin, k("arch"), d["arch"]),
+        supports_bf16=bf16,
+        supports_tf32=tf32,
+    )
+
+
+def _cpu_from_dict(origin: str, d: Any) -> CPUInfo:
+    _check_keys(origin, "cpu", d, _CPU_FIELDS)
+    ram_total = _int(origin, "cpu.ram_total_bytes", d["ram_total_bytes"], minimum=1)
+    ram_avail = _int(origin, "cpu.ram_available_bytes", d["ram_available_bytes"])
+    if ram_avail > ram_total:
+        raise _bad(origin, "cpu.ram_available_bytes", f"({ram_avail}) must not exceed ram_total_bytes ({ram_total})")
+    return CPUInfo(
+        name=_str(origin, "cpu.name", d["name"]),
+        physical_cores=_int(origin, "cpu.physical_cores", d["physical_cores"], minimum=1),
+        logical_cores=_int(origin, "cpu.logical_cores", d["logical_cores"], minimum=1),
+        ram_total_bytes=ram_total,
+        ram_available_bytes=ram_avail,
+    )
+
+
+def _profile_from_dict(d: Any, *, origin: str) -> HardwareProfile:
+    _check_keys(origin, "", d, _PROFILE_FIELDS)
+    gpus = tuple(
+        _gpu_from_dict(origin, f"gpus[{i}]", g, i) for i, g in enumerate(_list(origin, "gpus", d["gpus"]))
+    )
+    backends = {g.backend for g in gpus}
+    if len(backends) > 1:
+        raise _bad(origin, "gpus", f"mixes backends ({', '.join(sorted(backends))}); one torch build drives one backend")
+    notes = []
+    for i, n in enumerate(_list(origin, "notes", d["notes"])):
+        notes.append(_str(origin, f"notes[{i}]", n))
+    return HardwareProfile(
+        gpus=gpus,
+        cpu=_cpu_from_dict(origin, d["cpu"]),
+        disk_free_bytes=_int(origin, "disk_free_bytes", d["disk_free_bytes"]),
+        on_battery=_bool(origin, "on_battery", d["on_battery"], optional=True),
+        torch_version=_str(origin, "torch_version", d["torch_version"]),
+        cuda_version=_str(origin, "cuda_version", d["cuda_version"], optional=True),
+        hip_version=_str(origin, "hip_version", d["hip_version"], optional=True),
+        source=_str(origin, "source", d["source"]),
+        notes=tuple(notes),
+    )
+
+
+def load_profile(path: str) -> HardwareProfile:
+    """HW=profile.json: a profile saved with to_json (or written by hand)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise HardwareError(
+            f"hardware profile {path!r} does not exist: check the HW= path, or save one from a "
+            "machine with 'make check-hardware FORMAT=json > FILE'."
+        ) from None
+    except UnicodeDecodeError:
+        raise HardwareError(
+            f"hardware profile {path!r} is not UTF-8 text: HW= must name a JSON file written by "
+            "'make check-hardware FORMAT=json > FILE'."
+        ) from None
+    except OSError as e:
+        raise HardwareError(f"hardware profile {path!r} cannot be read ({e.strerror}): check the HW= path and its permissions.") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise HardwareError(
+            f"hardware profile {path!r} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}): "
+            "fix the file, or regenerate it with 'make check-hardware FORMAT=json > FILE'."
+        ) from None
+    profile = _profile_from_dict(data, origin=f"hardware profile {path!r}")
+    return dataclasses.replace(profile, source=f"file:{path}")

@@ -1,0 +1,183 @@
+"""resolve_hardware, the one entry the CLI uses, and the machines it simulates.
+
+* ``HW=profile.json``  -> :func:`load_profile` (a file written by ``to_json``)
+* ``GPU=h100``         -> :func:`from_catalog` (lib.hardware.catalog), on this CPU
+* ``GPU=cpu``          -> this machine's CPU, no GPU
+* neither              -> :func:`detect`, the real machine
+* ``FREE_GB=`` / ``GPUS=`` override the result in every case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from lib.errors import HardwareError
+
+from . import catalog
+from .detection import _torch_versions, detect
+from .host import _disk_free, detect_cpu, on_battery
+from .profile import GiB, CPUInfo, GPUInfo, HardwareProfile, gib, load_profile
+
+
+def _positive_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise HardwareError(f"{name}={value!r} is not a positive number of GiB: give e.g. {name}=40.")
+    return float(value)
+
+
+def _gpu_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HardwareError(f"GPUS={value!r} is not a GPU count: give a whole number >= 1, e.g. GPUS=2.")
+    return value
+
+
+def _this_torch() -> tuple[str, str | None, str | None]:
+    import torch
+
+    return _torch_versions(torch)
+
+
+def from_catalog(
+    key: str,
+    *,
+    free_gb: float | None = None,
+    gpus: int = 1,
+    total_gb: float | None = None,
+    cpu: CPUInfo | None = None,
+    disk_path: str = ".",
+) -> HardwareProfile:
+    """A machine with ``gpus`` identical catalog GPUs.
+
+    The CPU is ``cpu`` when given, else THIS machine's detected CPU and RAM:
+    ``GPU=h100`` plans for an H100 attached to a CPU like this one (data loading
+    and host RAM are planned from it).  Disk is this machine's; there is no
+    battery.  torch/CUDA/HIP versions are this torch's (None where it lacks the
+    backend) - the catalog describes hardware, not software.
+
+    free memory: ``free_gb`` (GiB) when given, else total minus
+    catalog.CONTEXT_RESERVE_BYTES.  ``total_gb`` (GiB) replaces the
+    catalog's total, for a variant of the card.
+    """
+    entry = catalog.lookup(key)
+    count = _gpu_count(gpus)
+    total = entry.total_bytes
+    if total_gb is not None:
+        total = int(_positive_number("TOTAL_GB", total_gb) * GiB)
+    if free_gb is not None:
+        free = _checked_free(free_gb, total, entry.name)
+    else:
+        free = max(0, total - catalog.CONTEXT_RESERVE_BYTES)
+    gpu = GPUInfo(
+        index=0,
+        name=entry.name,
+        vendor=entry.vendor,
+        backend=entry.backend,
+        total_bytes=total,
+        free_bytes=free,
+        compute_capability=entry.compute_capability,
+        arch=entry.arch,
+        supports_bf16=entry.bf16,
+        supports_tf32=entry.tf32,
+    )
+    torch_version, cuda_version, hip_version = _this_torch()
+    return HardwareProfile(
+        gpus=tuple(dataclasses.replace(gpu, index=i) for i in range(count)),
+        cpu=cpu if cpu is not None else detect_cpu(),
+        disk_free_bytes=_disk_free(disk_path),
+        on_battery=None,
+        torch_version=torch_version,
+        cuda_version=cuda_version,
+        hip_version=hip_version,
+        source=f"catalog:{entry.key}",
+        notes=(),
+    )
+
+
+def _cpu_only(disk_path: str) -> HardwareProfile:
+    """GPU=cpu: this machine's CPU, RAM, disk and battery, and no GPU (torch is
+    not asked about devices, so this is cheap even on a GPU machine)."""
+    torch_version, cuda_version, hip_version = _this_torch()
+    return HardwareProfile(
+        gpus=(),
+        cpu=detect_cpu(),
+        disk_free_bytes=_disk_free(disk_path),
+        on_battery=on_battery(),
+        torch_version=torch_version,
+        cuda_version=cuda_version,
+        hip_version=hip_version,
+        source="catalog:cpu",
+        notes=(),
+    )
+
+
+def _checked_free(free_gb: Any, total_bytes: int, name: str) -> int:
+    value = _positive_number("FREE_GB", free_gb)
+    free = int(value * GiB)
+    if free > total_bytes:
+        raise HardwareError(
+            f"FREE_GB={free_gb!r} is more than the {gib(total_bytes):.2f} GiB total of {name}: "
+            f"give at most {math.floor(gib(total_bytes) * 100) / 100:.2f}."
+        )
+    return free
+
+
+def _override(profile: HardwareProfile, *, free_gb: float | None, gpus: int | None) -> HardwareProfile:
+    if free_gb is None and gpus is None:
+        return profile
+    if not profile.gpus:
+        what = "GPUS" if gpus is not None else "FREE_GB"
+        raise HardwareError(
+            f"{what}= was given but the hardware profile ({profile.source}) has no GPU: "
+            "drop it, or pick a GPU with GPU=<catalog key> or HW=<profile.json>."
+        )
+    new = list(profile.gpus)
+    notes = list(profile.notes)
+    if gpus is not None:
+        count = _gpu_count(gpus)
+        if count > len(new):
+            extra = count - len(new)
+            notes.append(
+                f"GPUS={count} simulates {extra} more {new[0].name} than the {len(new)} this profile has "
+                "(copies of GPU 0)"
+            )
+            new += [new[0]] * extra
+        new = [dataclasses.replace(g, index=i) for i, g in enumerate(new[:count])]
+    if free_gb is not None:
+        new = [
+            dataclasses.replace(g, free_bytes=_checked_free(free_gb, g.total_bytes, f"GPU {g.index} ({g.name})"))
+            for g in new
+        ]
+    return dataclasses.replace(profile, gpus=tuple(new), notes=tuple(notes))
+
+
+def resolve_hardware(
+    *,
+    hw: str | None = None,
+    gpu: str | None = None,
+    free_gb: float | None = None,
+    gpus: int | None = None,
+    disk_path: str = ".",
+) -> HardwareProfile:
+    """The one entry the CLI uses.
+
+    ``hw`` (a profile file) wins; else ``gpu`` (a catalog key, case-insensitive,
+    or "cpu" for a CPU-only profile of this machine); else detect().  ``free_gb``
+    (GiB per GPU, > 0 and <= total) and ``gpus`` (>= 1) then override the result;
+    either on a profile without GPUs is a HardwareError.
+    """
+    if hw:
+        profile = load_profile(hw)
+        if gpu:
+            profile = dataclasses.replace(
+                profile, notes=profile.notes + (f"GPU={gpu} was ignored because HW={hw} was given: drop one of them",)
+            )
+        return _override(profile, free_gb=free_gb, gpus=gpus)
+    if gpu is not None and gpu.strip().lower() == "cpu":
+        return _override(_cpu_only(disk_path), free_gb=free_gb, gpus=gpus)
+    if gpu:
+        if gpus is not None:
+            _gpu_count(gpus)
+        return from_catalog(gpu, free_gb=free_gb, gpus=gpus if gpus is not None else 1, disk_path=disk_path)
+    return _override(detect(disk_path), free_gb=free_gb, gpus=gpus)

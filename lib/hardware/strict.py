@@ -1,0 +1,75 @@
+"""Strict readers of hand-written profile JSON: each error names the key, what
+it must be, and how to fix the file.  Used by profile.py's from_dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lib.errors import HardwareError
+
+
+_FIX = "fix the value, or regenerate the file with 'make check-hardware FORMAT=json > FILE'"
+
+
+def _bad(origin: str, key: str, problem: str) -> HardwareError:
+    return HardwareError(f"{origin}: key '{key}' {problem}; {_FIX}.")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _check_keys(origin: str, where: str, d: Any, fields: tuple[str, ...]) -> None:
+    if not isinstance(d, dict):
+        label = f"'{where}'" if where else "the top level"
+        raise HardwareError(f"{origin}: {label} must be a JSON object, got {_describe(d)}; {_FIX}.")
+    prefix = f"{where}." if where else ""
+    missing = [k for k in fields if k not in d]
+    if missing:
+        raise HardwareError(
+            f"{origin}: key '{prefix}{missing[0]}' is missing"
+            + (f" (also missing: {', '.join(prefix + k for k in missing[1:])})" if len(missing) > 1 else "")
+            + f"; {_FIX}."
+        )
+    extra = sorted(str(k) for k in d if k not in fields)
+    if extra:
+        raise HardwareError(
+            f"{origin}: key '{prefix}{extra[0]}' is not a profile field"
+            + (f" (nor: {', '.join(prefix + k for k in extra[1:])})" if len(extra) > 1 else "")
+            + f"; valid keys here: {', '.join(fields)}; {_FIX}."
+        )
+
+
+def _int(origin: str, key: str, v: Any, *, minimum: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(origin, key, f"must be an integer, got {_describe(v)}")
+    if v < minimum:
+        raise _bad(origin, key, f"must be >= {minimum}, got {v}")
+    return v
+
+
+def _str(origin: str, key: str, v: Any, *, optional: bool = False) -> str | None:
+    if v is None and optional:
+        return None
+    if not isinstance(v, str):
+        want = "a string or null" if optional else "a string"
+        raise _bad(origin, key, f"must be {want}, got {_describe(v)}")
+    return v
+
+
+def _bool(origin: str, key: str, v: Any, *, optional: bool = False) -> bool | None:
+    if v is None and optional:
+        return None
+    if not isinstance(v, bool):
+        want = "true, false or null" if optional else "true or false"
+        raise _bad(origin, key, f"must be {want}, got {_describe(v)}")
+    return v
+
+
+def _list(origin: str, key: str, v: Any) -> list:
+    if not isinstance(v, (list, tuple)):
+        raise _bad(origin, key, f"must be a list, got {_describe(v)}")
+    return list(v)
