@@ -189,7 +189,7 @@ def memory_warning(plan, hardware, batch: int) -> str | None:
 
 def task_batches(task, batch: int, seed: int, device: torch.device) -> Iterator[Batch]:
     """The training split in the trainer's sample order, epoch after epoch, on `device`."""
-    from .trainer import epoch_micro_batches
+    from .trainer.windows import epoch_micro_batches
 
     epoch = 0
     while True:

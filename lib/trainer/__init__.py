@@ -1,0 +1,18 @@
+"""The one training loop, for every model, as a package (each module imports its siblings directly):
+
+  loop.py        Trainer: the epoch loop, its logging, evaluations, checkpoints and stops; train()
+  stepper.py     Stepper, the Trainer's base: the model, optimizer and one optimizer step (DDP, out-of-memory redo)
+  windows.py     which samples a step sees: the epoch order, windows, per-rank micro-batches; Progress
+  resume.py      checkpoint contents, RNG state, the run directory, stopping on SIGTERM/SIGINT
+  evaluation.py  the eval split's loss and metric, on rank 0
+  schedule.py    the learning-rate schedule
+"""
+
+from .evaluation import Evaluator
+from .loop import OnEval, Trainer, TrainResult, train
+from .resume import TrainingInterrupted, run_directory, versions
+from .schedule import lr_at
+from .windows import Progress, epoch_micro_batches, split_batches
+
+__all__ = ["Evaluator", "OnEval", "Progress", "TrainResult", "Trainer", "TrainingInterrupted", "epoch_micro_batches",
+           "lr_at", "run_directory", "split_batches", "train", "versions"]

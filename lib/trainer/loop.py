@@ -1,0 +1,196 @@
+"""The one training loop, for every model. It reads only the Config and the Plan.
+
+`Trainer` runs epochs of optimizer steps (stepper.py takes each one), with the
+log lines, evaluations (evaluation.py), periodic checkpoints (resume.py) and the
+stops: epochs done, CONFIG_MAX_STEPS, the time limit, or SIGTERM/SIGINT after a
+checkpoint. Which samples each step sees is windows.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import checkpoint
+from ..config import Config
+from ..hardware import HardwareProfile
+from ..monitor import Monitor
+from ..plan import Plan
+from ..task import Task
+from .evaluation import Evaluator
+from .resume import TrainingInterrupted, checkpoint_due, write_run_files
+from .stepper import Log, Stepper
+from .windows import epoch_micro_batches
+
+# Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
+# (optuna.TrialPruned, say) ends training and propagates to the caller of train().
+OnEval = Callable[[int, int, dict], None]
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    epochs: float
+    samples: int
+    seconds: float
+    stop_reason: str
+    final_eval: dict
+    history: list[dict] = field(default_factory=list)
+
+
+class Trainer(Stepper):
+    """A Stepper (the model, its optimizer, one step) and the run around its steps."""
+
+    def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
+                 run_dir: Path | None = None, log: Log = print, task: Task | None = None,
+                 on_eval: OnEval | None = None, resume: Path | None = None) -> None:
+        super().__init__(config, plan, hardware, run_dir=run_dir, log=log, task=task, resume=resume)
+        self.on_eval = on_eval
+        self.evaluator = Evaluator(self.task, config, self.device, self.inject)
+
+    def fit(self) -> TrainResult:
+        config, plan, log, p = self.config, self.plan, self.log, self.progress
+        main = self.rank.is_main
+        if main:
+            write_run_files(self.run_dir, config, plan, self.hardware)
+        log(f"Data: {self.info.description}")
+        log(f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
+            f"{self.parameters:,} parameters, on {plan.device_type} ({plan.precision}); "
+            f"{self.total_steps} optimizer steps of {p.window_size} samples"
+            + (f" over {self.rank.world_size} processes" if self.rank.active else ""))
+        log(f"Run directory: {self.run_dir}")
+        self.monitor = Monitor(
+            self.run_dir, self.total_steps, self.device, self.hardware,
+            interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
+            tokens_per_sample=self.info.block_size or 0, log=log, enabled=config.monitor,
+            append=self.resumed_from is not None, write_metrics=main)
+        history: list[dict] = []
+        stop_reason, final = "epochs", {}
+        self.signals.install()
+        self.model.train()
+        self.started = self.last_checkpoint = self.interval_start = time.perf_counter()
+        try:
+            self.monitor.start()
+            if self.resumed_from is not None:
+                self.monitor.event("resume", f"Resuming {self.run_dir} from step {p.step} ({self.resumed_from.name}, "
+                                   f"epoch {p.epoch + 1}, micro-batch {p.micro_batch})", path=str(self.resumed_from))
+            while p.epoch < config.epochs and stop_reason == "epochs" and p.step < self.total_steps:
+                stop_reason = self.run_epoch(history)
+            if stop_reason == "epochs" and config.max_steps and p.step >= config.max_steps:
+                stop_reason = "max_steps"  # resumed from a checkpoint taken at the last step
+            seconds, self.feed = self.elapsed(), None
+            if main:
+                final = self.log_eval(p.step, self.epochs_begun(), final=True)
+                history.append(final)
+                final = {k: v for k, v in final.items() if k not in ("step", "epoch", "final")}
+                path = self.save(self.run_dir / checkpoint.FINAL, final)
+                for _, old in checkpoint.periodic_checkpoints(self.run_dir):
+                    old.unlink(missing_ok=True)  # the finished run's checkpoint supersedes them
+                log(f"Saved {path} ({stop_reason}: {p.step} steps, {p.samples:,} samples in {seconds:.1f}s)")
+        finally:
+            self.feed = None
+            self.signals.restore()
+            self.monitor.close()
+        return TrainResult(run_dir=self.run_dir, steps=p.step, epochs=p.samples / len(self.train_split),
+                           samples=p.samples, seconds=seconds, stop_reason=stop_reason, final_eval=final,
+                           history=history)
+
+    def run_epoch(self, history: list[dict]) -> str:
+        """The rest of the current epoch, window by window. Returns "epochs" when the epoch ended, else why
+        training stops ("max_steps", "time_limit"); raises TrainingInterrupted on SIGTERM or SIGINT."""
+        config, p = self.config, self.progress
+        windows = epoch_micro_batches(len(self.train_split), p.window_size, config.seed, p.epoch)
+        self.feed = None
+        while p.window < len(windows):
+            loss, timed_out, signalled = self.optimizer_step(windows, p.window, p.step)
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"loss became {loss} at step {p.step + 1}: lower CONFIG_LEARNING_RATE "
+                    f"(now {config.learning_rate:g}) or enable CONFIG_GRAD_CLIP")
+            n = len(windows[p.window])
+            p.step, p.window, p.samples = p.step + 1, p.window + 1, p.samples + n
+            p.interval_loss, p.interval_samples = p.interval_loss + loss * n, p.interval_samples + n
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.monitor.update(p.step, p.epoch + 1, loss, lr, p.samples)
+            if p.step % config.log_interval == 0 or p.step == self.total_steps:
+                history.append(self.log_interval(lr))
+            if config.eval_interval and p.step % config.eval_interval == 0 and p.step < self.total_steps:
+                history.append(self.log_eval(p.step, p.epoch + 1))
+            if config.max_steps and p.step >= config.max_steps:
+                return "max_steps"
+            if timed_out:
+                return "time_limit"
+            if signalled:
+                self.interrupt()
+            if self.rank.is_main and checkpoint_due(config, p.step, self.last_checkpoint) and p.step < self.total_steps:
+                path = self.save_periodic()
+                self.monitor.event("checkpoint", f"Checkpoint at step {p.step}: {path.name}", path=str(path))
+        if not config.eval_interval and p.epoch + 1 < config.epochs:
+            history.append(self.log_eval(p.step, p.epoch + 1))
+        self.monitor.epoch_end(p.epoch + 1)
+        p.epoch, p.window = p.epoch + 1, 0
+        return "epochs"
+
+    def log_interval(self, lr: float) -> dict:
+        """Log the mean loss and throughput of the steps since the last log line."""
+        p, now = self.progress, time.perf_counter()
+        rate = p.interval_samples / max(now - self.interval_start, 1e-9)
+        entry = {"step": p.step, "epoch": p.epoch + 1, "loss": p.interval_loss / p.interval_samples,
+                 "lr": lr, "samples_per_s": rate, "elapsed_s": self.elapsed()}
+        if self.info.block_size:
+            entry["tokens_per_s"] = rate * self.info.block_size
+        self.monitor.log_entry(entry)
+        self.interval_start, p.interval_loss, p.interval_samples = now, 0.0, 0
+        return entry
+
+    def evaluate(self) -> dict:
+        return self.evaluator(self.model, self.plan, self.eval_batch_halved)
+
+    def eval_batch_halved(self, before: int, after: int) -> None:
+        self.plan = dataclasses.replace(self.plan, eval_batch=after)
+        self.event("oom_recovery", f"Out of memory in evaluation: eval batch {before} -> {after}", eval_batch=after)
+
+    def log_eval(self, step: int, epoch: int, final: bool = False) -> dict:
+        """Evaluate (rank 0 only: the others wait at the next step's collective) and report."""
+        if not self.rank.is_main:
+            return {"step": step, "epoch": epoch}
+        result = self.evaluate()
+        entry = {"step": step, "epoch": epoch, **result, **({"final": True} if final else {})}
+        self.monitor.log_entry(entry)
+        if self.on_eval is not None:
+            self.on_eval(step, epoch, result)
+        return entry
+
+    def save_periodic(self) -> Path:
+        path = self.save(checkpoint.periodic_path(self.run_dir, self.progress.step))
+        checkpoint.prune(self.run_dir, self.config.checkpoint_keep)
+        self.last_checkpoint = time.perf_counter()
+        return path
+
+    def interrupt(self) -> None:
+        """Stop at this step boundary after saving a checkpoint (all ranks agreed on it)."""
+        signum = self.signals.received or signal.SIGTERM
+        path = self.save_periodic() if self.rank.is_main else None
+        self.monitor.event("interrupted", f"{signal.Signals(signum).name} received: checkpoint saved at step "
+                           f"{self.progress.step} ({path.name if path else ''}); 'make train' resumes from it",
+                           signal=signal.Signals(signum).name, path=str(path))
+        raise TrainingInterrupted(signum, self.progress.step, path)
+
+
+def train(config: Config, plan: Plan, hardware: HardwareProfile, *, run_dir: Path | None = None,
+          log: Log = print, task: Task | None = None, on_eval: OnEval | None = None,
+          resume: Path | None = None) -> TrainResult:
+    """Train as configured and planned; returns where the run went and how it ended.
+    `resume`: a run directory to continue from its newest readable checkpoint."""
+    trainer = Trainer(config, plan, hardware, run_dir=run_dir, log=log, task=task, on_eval=on_eval, resume=resume)
+    try:
+        return trainer.fit()
+    finally:
+        if trainer.rank.active:
+            trainer.release()

@@ -1,0 +1,137 @@
+"""What a run leaves behind to be continued, and how it picks up again.
+
+Resume: checkpoints hold the model, optimizer, scaler, RNG states and the
+position (epoch, window, current micro-batch: `Progress`), so a run interrupted
+by SIGTERM or SIGINT and resumed computes exactly the losses of an
+uninterrupted one. `StopSignals` turns the first such signal into a request to
+stop at the next step boundary, after a checkpoint (`TrainingInterrupted`).
+The atomic writing and the finding of a run's newest readable checkpoint are
+lib/checkpoint.py's.
+"""
+
+from __future__ import annotations
+
+import platform
+import random
+import signal
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint
+from ..config import Config
+from ..hardware import HardwareProfile
+from ..plan import Plan
+from .windows import Progress
+
+
+def run_directory(config: Config) -> Path:
+    base = Path(config.output_dir)
+    if config.run_name:
+        return base / config.run_name
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+    path = base / f"{label}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = base / f"{label}-{stamp}-{n}"
+    return path
+
+
+def versions() -> dict:
+    return {"torch": str(torch.__version__), "python": platform.python_version(),
+            "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
+
+
+def write_run_files(run_dir: Path, config: Config, plan: Plan, hardware: HardwareProfile) -> None:
+    """The .config, plan and hardware a run was started with, beside its checkpoints."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_text_atomic(run_dir / "config", config.text)
+    checkpoint.write_json_atomic(run_dir / "plan.json", plan.to_dict())
+    checkpoint.write_json_atomic(run_dir / "hardware.json", hardware.to_dict())
+
+
+# --------------------------------------------------------------------------
+# Into and out of a checkpoint
+
+
+def checkpoint_state(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                     progress: dict, device: torch.device, epoch: int, final_eval: dict | None,
+                     config: Config, plan: Plan, hardware: HardwareProfile) -> dict:
+    """Everything a checkpoint holds: the tensors and RNG states to continue exactly, and what made the run."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+            "progress": progress, "rng": rng_state(device), "step": progress["step"], "epoch": epoch,
+            "eval": final_eval, "config": config.text, "plan": plan.to_dict(), "hardware": hardware.to_dict(),
+            "versions": versions()}
+
+
+def load_state(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, device: torch.device) -> Progress:
+    """Put a checkpoint's tensors and RNG states back in place; returns where the run stood."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"], device)
+    return Progress(**state["progress"])
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def checkpoint_due(config: Config, step: int, last_checkpoint: float) -> bool:
+    """Whether a periodic checkpoint is due after `step`; `last_checkpoint` is a perf_counter() time."""
+    if config.checkpoint_interval == "steps":
+        return step % config.checkpoint_every_steps == 0
+    # AUTO: from the measured step time, about every CHECKPOINT_MINUTES of training.
+    return time.perf_counter() - last_checkpoint >= 60 * (config.checkpoint_minutes or 10)
+
+
+# --------------------------------------------------------------------------
+# Stopping on a signal
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT stopped training after a checkpoint was saved; exit_code is 128 + the signal."""
+
+    def __init__(self, signum: int, step: int, path: Path | None) -> None:
+        self.signum, self.step, self.path, self.exit_code = signum, step, path, 128 + signum
+        super().__init__(f"{signal.Signals(signum).name} at step {step}")
+
+
+class StopSignals:
+    """Catches SIGTERM and SIGINT while installed: `received` is the signal, for the loop to stop at the
+    next step boundary; a second Ctrl-C raises KeyboardInterrupt at once, without a checkpoint."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.previous: dict = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.received = signum
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            self.previous = {}  # signal handlers can only be installed from the main thread (HPO may use others)
+            return
+        self.previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,201 @@
+"""The model and everything one optimizer step needs, and that step itself.
+
+A step accumulates gradients over this rank's micro-batches of a window (see
+windows.py), agrees with the other ranks in one collective whether any ran out
+of memory, and if one did, redoes the step at half the micro-batch with the same
+samples. Under DDP with out-of-memory recovery on, gradients are summed only
+after that agreement; without it DDP syncs during the last backward.
+`Stepper` is the Trainer's base (loop.py adds the epochs around the steps);
+its state (model, optimizer, scaler, Progress) is what a checkpoint saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import checkpoint, distributed
+from ..config import Config
+from ..hardware import HardwareProfile
+from ..models import count_parameters
+from ..monitor import Monitor
+from ..oom import Injector, halve, is_oom, release
+from ..plan import Plan
+from ..step import autocast_for, configure_backends, make_optimizer, seed_everything
+from ..task import Task, load_task
+from .resume import StopSignals, checkpoint_state, load_state, run_directory
+from .schedule import lr_at
+from .windows import Progress, epoch_micro_batches, loader, rank_batches
+
+Log = Callable[[str], None]
+
+
+class Stepper:
+    """Builds the model, optimizer and scaler (restoring them from a run to resume) and takes optimizer steps."""
+
+    def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
+                 run_dir: Path | None = None, log: Log = print, task: Task | None = None,
+                 resume: Path | None = None) -> None:
+        self.rank = distributed.current() if torch.distributed.is_initialized() else distributed.SINGLE
+        self.config, self.plan, self.hardware = config, plan, hardware
+        self.log = log if self.rank.is_main else (lambda line: None)
+        seed_everything(config.seed)
+        configure_backends(plan)
+        self.device = distributed.device_for(self.rank, plan.device_type)
+        self.task = task or load_task(config)
+        self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
+        self.loss_fn = self.task.loss
+        self.model = self.task.build(plan.gradient_checkpointing).to(self.device)
+        self.parameters = count_parameters(self.model)
+        self.optimizer = make_optimizer(config, self.model)
+        self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
+        self.progress = Progress(window_size=plan.effective_batch, micro_batch=plan.micro_batch)
+        self.resumed_from: Path | None = None
+        self.run_dir = run_dir or run_directory(config)
+        if resume is not None:
+            self.restore(resume)
+        self.ddp = None
+        module = self.model
+        if self.rank.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # No buffer broadcast: it is a collective in every forward, and ranks may run different
+            # numbers of micro-batches (uneven slices, or one rank redoing a step after out-of-memory).
+            no_forward_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                               inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+            self.ddp = module = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None, **no_forward_sync)
+        self.forward = torch.compile(module, mode=plan.compile_mode) if plan.compile else module
+        # With recovery on, every micro-batch runs under no_sync and gradients are summed after all ranks
+        # agreed that none ran out of memory; otherwise DDP syncs during the last backward (overlapped).
+        self.ddp_sync_last = self.ddp is not None and not config.oom_recovery
+        self.inject = Injector()
+        self.windows_per_epoch = len(epoch_micro_batches(len(self.train_split), self.progress.window_size, 0, 0))
+        total = config.epochs * self.windows_per_epoch
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        self.feed = None
+        self.signals = StopSignals()
+        self.monitor: Monitor | None = None
+
+    # -- one optimizer step --------------------------------------------------
+
+    def window_batches(self, window: list[int]) -> list[tuple[list[int], float]]:
+        return rank_batches(window, self.rank.rank, self.rank.world_size, self.progress.micro_batch)
+
+    def start_feed(self, windows: list[list[int]], first: int) -> None:
+        """Load this rank's micro-batches from window `first` on, at the current micro-batch size."""
+        batches = [b for window in windows[first:] for b, _ in self.window_batches(window)]
+        self.feed = iter(loader(self.train_split, batches, self.plan))
+
+    def accumulate(self, window: list[int], step: int) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches; returns its sample-weighted loss sum."""
+        batches = self.window_batches(window)
+        # Under DDP with sync on the last micro-batch, DDP averages over ranks: undo that mean.
+        grad_factor = self.rank.world_size if self.ddp_sync_last else 1
+        total = torch.zeros((), device=self.device)
+        for i, (indices, weight) in enumerate(batches):
+            x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
+            self.inject.check(len(indices), step + 1 if i == 0 else None)
+            sync = self.ddp is None or (self.ddp_sync_last and i == len(batches) - 1)
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with autocast_for(self.plan):
+                    loss = self.loss_fn(self.forward(x), y)
+                self.scaler.scale(loss * (weight * grad_factor)).backward()
+            if weight:
+                total += loss.detach() * len(indices)
+        return total
+
+    def optimizer_step(self, windows: list[list[int]], position: int, step: int) -> tuple[float, bool, bool]:
+        """One optimizer step over windows[position], redone at half the micro-batch after out-of-memory.
+        Returns (mean loss, time limit reached, stop signal) as all ranks agree on them."""
+        window = windows[position]
+        while True:
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.feed is None:
+                self.start_feed(windows, position)
+            failed, loss_sum = False, 0.0
+            try:
+                loss_sum = self.accumulate(window, step).item()
+            except Exception as err:  # noqa: BLE001 - only out-of-memory is recovered; the rest re-raises
+                if not (self.config.oom_recovery and is_oom(err)):
+                    raise
+                failed, reason = True, " ".join(str(err).split())[:200]
+            timed_out = bool(self.config.time_limit_s and self.elapsed() >= self.config.time_limit_s)
+            # One collective per step: every rank learns whether any ran out of memory or must stop.
+            oom, loss_sum, time_flag, signal_flag = distributed.all_sum(
+                [float(failed), loss_sum, float(timed_out), float(self.signals.received is not None)], self.device)
+            if not oom:
+                break
+            self.recover(step, reason if failed else "another rank ran out of memory")
+        if self.ddp is not None and not self.ddp_sync_last:
+            distributed.all_reduce_gradients(list(self.model.parameters()))
+        if self.config.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.config, step, self.total_steps)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss_sum / len(window), time_flag > 0, signal_flag > 0
+
+    def recover(self, step: int, reason: str) -> None:
+        """After out-of-memory: free the failed step, halve the micro-batch, double the accumulation."""
+        self.feed = None  # the loader's prefetched batches belong to the old cut
+        release(self.device, self.optimizer)
+        p, before = self.progress, self.progress.micro_batch
+        p.micro_batch = halve(before, p.halvings, self.config.oom_max_halvings or 0, f"at step {step + 1}")
+        p.halvings += 1
+        share = math.ceil(p.window_size / self.rank.world_size)
+        self.plan = dataclasses.replace(
+            self.plan, micro_batch=p.micro_batch, grad_accum=math.ceil(share / p.micro_batch),
+            reasons={**self.plan.reasons, "micro_batch": self.plan.reasons.get("micro_batch", "") +
+                     f"; halved to {p.micro_batch} after out of memory at step {step + 1}"})
+        if self.rank.is_main:
+            checkpoint.write_json_atomic(self.run_dir / "plan.json", self.plan.to_dict())
+        self.event("oom_recovery", f"Out of memory at step {step + 1} ({reason}): micro-batch {before} -> "
+                           f"{p.micro_batch}, accumulation {self.plan.grad_accum}; redoing the step with the "
+                           f"same {p.window_size} samples", micro_batch=p.micro_batch, halvings=p.halvings)
+
+    def event(self, kind: str, message: str, **data) -> None:
+        if self.monitor is not None:
+            self.monitor.event(kind, message, **data)
+        else:  # evaluate() called outside fit()
+            self.log(message)
+
+    def elapsed(self) -> float:
+        return self.progress.elapsed_s + time.perf_counter() - self.started
+
+    # -- the state a checkpoint holds ----------------------------------------
+
+    def save(self, path: Path, final_eval: dict | None = None) -> Path:
+        checkpoint.save_checkpoint(path, checkpoint_state(
+            model=self.model, optimizer=self.optimizer, scaler=self.scaler, device=self.device,
+            progress={**asdict(self.progress), "elapsed_s": self.elapsed()}, epoch=self.epochs_begun(),
+            final_eval=final_eval, config=self.config, plan=self.plan, hardware=self.hardware))
+        return path
+
+    def restore(self, run_dir: Path) -> None:
+        """Continue the run in run_dir from its newest readable checkpoint."""
+        found = checkpoint.latest_valid(run_dir, self.log)
+        if found is None:
+            self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
+            return
+        path, state = found
+        self.progress = load_state(state, self.model, self.optimizer, self.scaler, self.device)
+        self.plan = dataclasses.replace(self.plan, micro_batch=self.progress.micro_batch)
+        self.run_dir, self.resumed_from = Path(run_dir), path
+
+    def epochs_begun(self) -> int:
+        return min(self.progress.epoch + (self.progress.window > 0), self.config.epochs)
+
+    def release(self) -> None:
+        """Drop the model, optimizer and DDP wrapper (before leaving a process group)."""
+        self.forward = self.ddp = self.model = self.optimizer = self.feed = None
