@@ -4,6 +4,7 @@ imports a later one. Function-level imports count (they run too); `if TYPE_CHECK
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,30 @@ def test_nothing_in_lib_imports_the_command_line():
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             assert not any(m.split(".")[0] in ("scripts", "kfit_env", "cli_plan", "cli_train", "cli_tune")
                            for m in mods), f"{name} imports the command line"
+
+
+def test_every_path_docs_architecture_names_exists():
+    named = set(paths_named((ROOT / "docs" / "architecture.md").read_text()))
+    assert len(named) > 30
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def paths_named(text: str) -> list[str]:
+    """Paths such as lib/config/, lib/hardware/profile.py, kconfigs/Kconfig.model (in backticks or tables);
+    a bare file name after a comma in the same cell ('`lib/x.py`, `y.py`') belongs to the first one's folder."""
+    paths = []
+    for cell in re.split(r"\||\n", text):
+        folder = None
+        for token in re.findall(r"`([^`\s]+)`", cell):
+            token = token.split("(")[0]
+            if re.fullmatch(r"(lib|scripts|tests|docs|kconfigs|defconfigs)/[\w./-]*", token):
+                if "<" in token:
+                    continue
+                paths.append(token)
+                folder = token.rsplit("/", 1)[0]
+            elif folder and re.fullmatch(r"[\w-]+\.py", token):
+                paths.append(f"{folder}/{token}")
+    for token in re.findall(r"(?m)^\s+-> .*?(lib/[\w/.]+)", text):
+        paths.append(token)
+    return paths

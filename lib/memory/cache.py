@@ -4,8 +4,9 @@ Traces are cached as JSON under $KFIT_CACHE_DIR, else $XDG_CACHE_HOME/kfit,
 else ~/.cache/kfit, keyed by a fingerprint of everything that changes the
 result (`fingerprint`): the model's config fields, precision, optimizer,
 checkpointing, device type, the torch version and a hash of kfit's own model,
-task, trainer and tracer code. A custom model's key includes a hash of its
-module's source, so editing the factory file invalidates its traces.
+task, step (lib/step.py: optimizer, autocast) and tracer code. A custom
+model's key includes a hash of its module's source, so editing the factory
+file invalidates its traces.
 """
 
 from __future__ import annotations

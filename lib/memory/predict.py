@@ -4,7 +4,7 @@ Device overheads (CUDA and ROCm; all zero on CPU and MPS, where glibc/Metal
 hand memory straight back and the bench measures no gap):
   cuda_context           0: free memory is measured after our context exists
                           (lib.hardware uses mem_get_info; the catalog subtracts
-                          gpu_catalog.CONTEXT_RESERVE_BYTES), so it is already
+                          catalog.CONTEXT_RESERVE_BYTES), so it is already
                           outside the budget.
   blas_workspace         32 MiB: the cuBLAS/cuBLASLt workspace torch allocates per
                           handle at the first matmul (CUBLAS_WORKSPACE_CONFIG default

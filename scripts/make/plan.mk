@@ -1,4 +1,4 @@
-# Memory planner targets (lib/memory.py, lib/planner.py, lib/report.py).
+# Memory planner targets (lib/memory/, lib/planner.py, lib/report.py).
 .PHONY: plan-matrix plan-report bench-memory bench-plan
 
 plan-matrix: $(ENV_STAMP) ## Plan every defconfig on every catalog GPU and the CPU (FORMAT=json)
