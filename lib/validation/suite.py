@@ -1,0 +1,81 @@
+"""Which checks run, in which order, with what time budget; the run that writes the JSON.
+
+The budgets (seconds, a GPU in full mode) add up to BUDGET_S (451 s), under
+the 8 minutes one H100-class GPU is allowed, with room for start-up; a check past its budget stops taking new
+cases and says which it left out. With DEVICE=cpu the checks a CPU can run run
+their short version and finish in well under a minute.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from .budget import check_oom_recovery, check_squeezed
+from .compile_check import check_compile
+from .detection import check_detection, check_telemetry
+from .memory_check import check_memory
+from .report import (FAIL, Check, Context, Result, document, environment, header, output_path, row, run_checks,
+                     skipped, summary_line, update_index)
+from .torchrun import check_torchrun
+
+
+def check_step_time(ctx: Context) -> Result:
+    return skipped("skipped: no step-time predictor yet")
+
+
+CHECKS = [
+    Check("detection", check_detection, 15),
+    Check("telemetry", check_telemetry, 20),
+    Check("memory", check_memory, 140),
+    Check("compile", check_compile, 140),
+    Check("squeezed-budget", check_squeezed, 45),
+    Check("oom-recovery", check_oom_recovery, 60),
+    Check("step-time", check_step_time, 1),
+    Check("torchrun", check_torchrun, 30),
+]
+BUDGET_S = sum(c.budget_s for c in CHECKS)
+
+
+def device_name(device: str, cuda) -> str:
+    if cuda is not None:
+        return cuda.name()
+    from lib.hardware import detect_cpu
+
+    return detect_cpu().name
+
+
+def run_suite(device: str, *, quick: bool, out: str | None, root: Path, cwd: Path,
+              log: Callable[[str], None] = print, checks: list[Check] | None = None, cuda=None) -> tuple[int, Path]:
+    """Run every check, write the JSON (and, in docs/validation, its index row); (exit status, JSON path)."""
+    from datetime import date
+
+    from lib.checkpoint import write_json_atomic
+
+    start = time.monotonic()
+    if device == "cpu":  # tiny steps: beside other work, spinning OpenMP threads made them up to 30x slower
+        import torch
+
+        torch.set_num_threads(1)
+    if device == "cuda" and cuda is None:
+        from .measure import CudaDevice
+
+        cuda = CudaDevice()
+    name = device_name(device, cuda)
+    log(f"validate-gpu: {name} ({device}, {'quick' if quick else 'full'} mode)")
+    log(header())
+    with tempfile.TemporaryDirectory(prefix="kfit-validate-") as tmp:
+        ctx = Context(device=device, quick=quick, workdir=Path(tmp), log=log, cuda=cuda)
+        results = run_checks(CHECKS if checks is None else checks, ctx, on_result=lambda r: log(row(r)))
+    seconds = time.monotonic() - start
+    driver = next((r.figures.get("driver") for r in results if r.figures.get("driver")), None)
+    doc = document(results, environment(device, name, quick=quick, root=root, driver=driver), seconds)
+    path = output_path(out, device=device, device_name=name, day=date.today(), root=root, cwd=cwd)
+    write_json_atomic(path, doc)
+    readme = path.parent / "README.md"
+    if path.parent.resolve() == (root / "docs" / "validation").resolve() and readme.exists():
+        update_index(readme, doc, path.name)
+    log(summary_line(device, results, seconds, path))
+    return (1 if any(r.status == FAIL for r in results) else 0), path

@@ -1,0 +1,6 @@
+# Validation on a real GPU (lib/validation/, scripts/validate_gpu.py; docs/validation/README.md).
+# DEVICE=, OUT= and QUICK= reach the script as environment.
+.PHONY: validate-gpu
+
+validate-gpu: $(ENV_STAMP) ## Check kfit against this GPU, write docs/validation/<gpu>-<date>.json (DEVICE=cpu OUT= QUICK=1)
+	@$(PY) $(ROOT)/scripts/validate_gpu.py

@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Validate kfit on this machine's GPU (make validate-gpu): detection, telemetry, memory prediction,
+a squeezed budget, out-of-memory recovery, compile throughput, torchrun; one JSON file.
+
+DEVICE=auto|cuda|cpu (cpu: the short version of every check a CPU can run, as the test suite runs it),
+QUICK=1|0 (default: 1 on the CPU, 0 on a GPU), OUT=file.json or a directory (default: on a GPU
+docs/validation/<gpu>-<date>.json, whose row is added to docs/validation/README.md; on the CPU
+runs/validation/cpu-<date>.json). Prints a table, then one line:
+validate-gpu: device=<cpu|cuda> checks=N passed=P failed=F skipped=S seconds=T json=PATH
+Exit status 1 when a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=os.environ.get("DEVICE") or "auto")
+    parser.add_argument("--quick", choices=("", "0", "1"), default=os.environ.get("QUICK", ""))
+    parser.add_argument("--out", default=os.environ.get("OUT") or None)
+    args = parser.parse_args()
+
+    import torch
+
+    from lib.validation.suite import run_suite
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: DEVICE=cuda but this torch sees no CUDA GPU (torch "
+              f"{torch.__version__}, CUDA {torch.version.cuda})", file=sys.stderr)
+        return 2
+    quick = device == "cpu" if args.quick == "" else args.quick == "1"
+    status, _ = run_suite(device, quick=quick, out=args.out, root=ROOT, cwd=Path.cwd(),
+                          log=lambda line: print(line, flush=True))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""make validate-gpu: the GPU paths with fakes behind the interfaces the real ones use, and the CPU run end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lib import config as kconfig
+from lib.hardware import resolve_hardware
+from lib.memory import FRAGMENTATION_SHARE, Prediction, Trace, device_overheads
+from lib.validation import budget, compile_check, detection, memory_check, report, suite, torchrun
+from lib.validation.measure import CudaDevice, measure_cuda
+from lib.validation.suite import run_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+GiB, MiB = 2**30, 2**20
+H100 = resolve_hardware(gpu="h100")
+H100_NAME = H100.primary_gpu.name
+
+
+class FakeCuda:
+    """The torch.cuda calls CudaDevice makes, over made-up memory."""
+
+    def __init__(self, free=10 * GiB, total=80 * GiB, reserved=3 * GiB, allocated=2 * GiB):
+        self.free, self.total, self.reserved, self.allocated = free, total, reserved, allocated
+        self.calls: list[str] = []
+        self.allocated_readings: list[int] = []
+
+    def synchronize(self, index):
+        self.calls.append("synchronize")
+
+    def empty_cache(self):
+        self.calls.append("empty_cache")
+
+    def reset_peak_memory_stats(self, index):
+        self.calls.append("reset")
+
+    def max_memory_reserved(self, index):
+        return self.reserved
+
+    def max_memory_allocated(self, index):
+        return self.allocated
+
+    def memory_allocated(self, index):
+        return self.allocated_readings.pop(0) if self.allocated_readings else self.allocated
+
+    def mem_get_info(self, index):
+        return self.free, self.total
+
+    def get_device_name(self, index):
+        return H100_NAME
+
+    def get_device_properties(self, index):
+        return SimpleNamespace(uuid="1234-abcd")
+
+    def take(self, n):  # what torch.empty(n, device="cuda") does to free memory
+        self.free -= n
+        return bytearray(0)
+
+
+# A fake GPU runs the measured step on the CPU, where torch disables CUDA autocast and the GradScaler.
+on_the_cpu = pytest.mark.filterwarnings("ignore:.*CUDA is not available")
+
+
+def fake_device(fake: FakeCuda, **kwargs) -> CudaDevice:
+    return CudaDevice(fake, alloc=fake.take, device="cpu", **kwargs)
+
+
+def ctx_for(tmp_path, device="cuda", cuda=None, quick=True):
+    return report.Context(device=device, quick=quick, workdir=tmp_path, log=lambda line: None, cuda=cuda)
+
+
+# --------------------------------------------------------------------------
+# detection: nvidia-smi against detect()
+
+SMI = ("name, memory.total [MiB], memory.used [MiB], compute_cap, driver_version\n"
+       f"{H100_NAME}, {H100.primary_gpu.total_bytes // MiB} MiB, 1 MiB, 9.0, 570.86.15\n")
+
+
+def test_nvidia_smi_csv_is_parsed():
+    [row] = detection.parse_smi_csv(SMI)
+    assert row == {"name": H100_NAME, "memory_total_bytes": H100.primary_gpu.total_bytes // MiB * MiB,
+                   "memory_used_bytes": MiB, "compute_capability": (9, 0), "driver_version": "570.86.15"}
+    assert detection.parse_smi_csv("") == []
+    assert detection.parse_smi_csv("name, memory.total [MiB]\nX, [N/A]\n")[0]["memory_total_bytes"] is None
+
+
+def test_detection_matches_nvidia_smi_through_the_real_command_interface(tmp_path):
+    commands = []
+    result = detection.check_detection(ctx_for(tmp_path), run=lambda argv: commands.append(argv) or SMI,
+                                       detect=lambda: H100)
+    assert commands == [detection.SMI_QUERY] and "--format=csv" in commands[0]
+    assert result.status == "pass", result.reason
+    assert result.figures["driver"] == "570.86.15" and result.figures["gpus"][0]["smi_compute_capability"] == (9, 0)
+
+
+def test_detection_mismatches_fail_with_the_figures():
+    wrong_cc = detection.parse_smi_csv(SMI.replace("9.0,", "8.0,"))
+    assert "compute capability" in detection.compare_detection(wrong_cc, H100).reason
+    small = detection.parse_smi_csv(SMI.replace(f"{H100.primary_gpu.total_bytes // MiB} MiB", "40000 MiB"))
+    result = detection.compare_detection(small, H100)
+    assert result.status == "fail" and "nvidia-smi says 40000 MiB" in result.reason
+    other = detection.compare_detection(detection.parse_smi_csv(SMI.replace(H100_NAME, "NVIDIA A10G")), H100)
+    assert other.status == "fail" and "not in nvidia-smi's list" in other.reason
+    none = detection.compare_detection(detection.parse_smi_csv(SMI), resolve_hardware(gpu="cpu"))
+    assert none.status == "fail" and "kfit detected none" in none.reason
+
+
+def test_detection_is_skipped_on_the_cpu_and_without_nvidia_smi(tmp_path):
+    assert detection.check_detection(ctx_for(tmp_path, "cpu")).status == "skip"
+
+    def missing(argv):
+        raise FileNotFoundError(argv[0])
+
+    assert "not installed" in detection.check_detection(ctx_for(tmp_path), run=missing, detect=lambda: H100).reason
+
+
+# --------------------------------------------------------------------------
+# telemetry: NVML sampled while the GPU works
+
+
+class FakeNvml:
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    def __init__(self):
+        self.shut = False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return ("handle", uuid)
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return 1755 if clock == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock):
+        return 1980
+
+
+class FakeTelemetry:
+    def __init__(self):
+        self.n, self.closed = 0, False
+
+    def read(self):
+        self.n += 1
+        return {"gpu_util_pct": 99, "temp_c": 40 + self.n, "power_w": 300.0 + self.n, "throttle": ["sw_power_cap"]}
+
+    def close(self):
+        self.closed = True
+
+
+def test_telemetry_is_sampled_under_load_with_clocks(tmp_path):
+    nvml, telemetry, loads = FakeNvml(), FakeTelemetry(), []
+    clocks = detection.ClockReader.open("1234-abcd", 0, nvml=nvml)
+    assert clocks.handle == ("handle", "GPU-1234-abcd")  # torch's UUID, as NVML names it
+    result = detection.check_telemetry(ctx_for(tmp_path, cuda=fake_device(FakeCuda())),
+                                       telemetry_open=lambda index: telemetry,
+                                       clocks_open=lambda uuid, index: clocks,
+                                       load=lambda device, seconds: loads.append(seconds) or time.sleep(0.6))
+    assert result.status == "pass", result.reason
+    assert loads == [3.0] and telemetry.closed and nvml.shut
+    f = result.figures
+    assert f["samples"] >= 2 and f["ranges"]["sm_clock_mhz"] == (1755, 1755) and f["sm_clock_max_mhz"] == 1980
+    assert f["throttle_reasons_seen"] == ["sw_power_cap"] and "sw_power_cap" in result.reason
+
+
+def test_telemetry_without_nvml_or_clocks_fails(tmp_path):
+    ctx = ctx_for(tmp_path, cuda=fake_device(FakeCuda()))
+    assert detection.check_telemetry(ctx, telemetry_open=lambda index: None).status == "fail"
+    result = detection.check_telemetry(ctx, telemetry_open=lambda index: FakeTelemetry(),
+                                       clocks_open=lambda uuid, index: None, load=lambda d, s: None)
+    assert result.status == "fail" and "sm_clock_mhz" in result.reason
+    assert detection.check_telemetry(ctx_for(tmp_path, "cpu")).status == "skip"
+
+
+# --------------------------------------------------------------------------
+# the device: peaks, the squeezing allocation, the BLAS workspace
+
+
+def test_hold_leaves_the_chosen_amount_and_retries_smaller():
+    fake = FakeCuda(free=20 * GiB)
+    cuda = fake_device(fake)
+    assert cuda.hold(5 * GiB) == 15 * GiB and fake.free == 5 * GiB and cuda.held_bytes == 15 * GiB
+    cuda.release()
+    assert cuda.held_bytes == 0 and "empty_cache" in fake.calls
+    refused = []
+
+    def alloc(n):
+        if not refused:
+            refused.append(n)
+            raise torch.OutOfMemoryError("fragmented")
+        return fake.take(n)
+
+    fake.free = 20 * GiB
+    cuda = CudaDevice(fake, alloc=alloc, device="cpu")
+    assert cuda.hold(4 * GiB) == 16 * GiB - 256 * MiB and refused == [16 * GiB]
+    assert fake_device(FakeCuda(free=GiB)).hold(2 * GiB) == 0  # already less free than asked for
+
+
+def test_blas_workspace_is_the_allocation_beyond_the_matmul_outputs():
+    fake, cleared = FakeCuda(), []
+    kept = 64 * 64 * 4 * 2 + 64 * 64 * 2  # a, a @ a (fp32) and the bf16 product
+    fake.allocated_readings = [100 * MiB, 100 * MiB + 32 * MiB + kept]
+    cuda = fake_device(fake, clear_blas=lambda: cleared.append(True))
+    assert cuda.blas_workspace() == 32 * MiB and cleared == [True]
+
+
+@on_the_cpu
+def test_measure_cuda_resets_then_reads_peaks_less_the_held_allocation(tmp_path):
+    config = kconfig.make_defconfig("lenet5", out=tmp_path / "lenet5.config")
+    from lib.task import load_task
+
+    fake = FakeCuda(free=20 * GiB, reserved=13 * GiB, allocated=12 * GiB)
+    cuda = fake_device(fake)
+    cuda.hold(8 * GiB)  # 12 GiB held
+    reserved, allocated = measure_cuda(load_task(config), config, cuda, batch=4, precision="fp16")
+    assert (reserved, allocated) == (GiB, 0)
+    assert fake.calls.index("reset") < len(fake.calls) - 1 and fake.calls[-1] == "synchronize"
+
+
+@on_the_cpu
+def test_the_memory_check_compares_each_device_term_on_a_fake_gpu(tmp_path, monkeypatch):
+    fake = FakeCuda(reserved=300 * MiB, allocated=250 * MiB)
+    cuda = fake_device(fake)
+    cuda.blas_workspace = lambda: 8 * MiB
+    monkeypatch.setattr(memory_check, "cases", lambda device, quick: [
+        memory_check.Case("gpt2-tiny", "fp16", 2), memory_check.Case("lenet5", "bf16", 4, compile=False)])
+    result = memory_check.check_memory(ctx_for(tmp_path, cuda=cuda))
+    rows = result.figures["cases"]
+    assert [r["case"] for r in rows] == ["gpt2-tiny fp16 2", "lenet5 bf16 4"]
+    frag = rows[0]["terms"]["allocator_fragmentation"]
+    assert frag["measured"] == 50 * MiB and frag["predicted"] > 0
+    assert rows[0]["terms"]["blas_workspace"] == {"predicted": 32 * MiB, "measured": 8 * MiB}
+    assert "attention_workspace" in rows[0]["terms"] and "attention_workspace" not in rows[1]["terms"]
+    suggested = result.figures["suggested"]
+    assert suggested["BLAS_WORKSPACE_BYTES"] == {"current": 32 * MiB, "measured": 8 * MiB}
+    assert suggested["FRAGMENTATION_SHARE"]["current"] == FRAGMENTATION_SHARE
+    assert result.status == "fail"  # made-up peaks far from the predictions
+    assert "over-predicted" in result.reason or "under-predicted" in result.reason
+
+
+def trace(act, tmp, peak, features=()):
+    breakdown = {"parameters": 10 * MiB, "activations": act, "temporaries": tmp, "workspace": 0}
+    return Trace(batch=8, peak_bytes=peak, breakdown=breakdown, parameters=1, features=features, eval_samples=1,
+                 seconds=0.0)
+
+
+def test_device_terms_against_measured_figures():
+    t = trace(act=100 * MiB, tmp=0, peak=120 * MiB, features=("attention",))
+    prediction = Prediction(8, "cuda", t, device_overheads(t, "cuda"))
+    terms = memory_check.overhead_terms(prediction, reserved=180 * MiB, allocated=160 * MiB, blas_measured=30 * MiB)
+    assert terms["allocator_fragmentation"] == {"predicted": 10 * MiB, "measured": 20 * MiB, "share": 0.2}
+    assert terms["attention_workspace"] == {"predicted": 2 * MiB, "measured": 10 * MiB, "share": 0.1}
+    assert terms["unseen_by_trace"]["measured"] == 40 * MiB
+    rows = [{"compile": False, "terms": terms}, {"compile": True, "terms": {"allocator_fragmentation": {"share": 9}}}]
+    suggested = memory_check.suggested(rows, 30 * MiB)
+    assert suggested["FRAGMENTATION_SHARE"]["measured_max"] == 0.2  # the compiled case is not an eager figure
+    assert suggested["ATTENTION_WORKSPACE_SHARE"]["measured_max"] == 0.1
+
+
+def test_memory_tolerances():
+    def row(err):
+        return {"case": f"m {err}", "rel_err": err, "predicted_bytes": MiB, "measured_bytes": MiB}
+
+    assert memory_check.judge([row(0.2), row(-0.04)], [], "cpu").status == "pass"
+    assert "under-predicted" in memory_check.judge([row(-0.06)], [], "cpu").reason
+    assert "over-predicted" in memory_check.judge([row(0.3)], [], "cpu").reason
+    assert memory_check.judge([], ["x: time budget"], "cpu").status == "skip"
+
+
+# --------------------------------------------------------------------------
+# squeezed budget, out-of-memory recovery, compile, torchrun: the verdicts
+
+
+def plan(**kw):
+    base = dict(target_effective_batch=32, world_size=1, budget_bytes=3 * GiB, micro_batch=4, grad_accum=8,
+                effective_batch=32, predicted_peak_bytes=2.9 * GiB)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_squeezed_budget_verdicts():
+    ok = budget.judge_squeeze(steps=20, events=[], peak=int(2.5 * GiB), plan=plan(), free=5 * GiB, held=70 * GiB)
+    assert ok.status == "pass" and ok.figures["held_bytes"] == 70 * GiB
+    over = budget.judge_squeeze(steps=20, events=[], peak=4 * GiB, plan=plan(), free=5 * GiB, held=0)
+    assert over.status == "fail" and "above the budget" in over.reason
+    oom = budget.judge_squeeze(steps=12, events=[{}], peak=GiB, plan=plan(micro_batch=32), free=5 * GiB, held=0)
+    assert all(s in oom.reason for s in ("12 of 20", "out of memory 1", "did not limit"))
+
+
+def test_recovery_verdicts():
+    clean = SimpleNamespace(steps=20, samples=320)
+    after = {"micro_batch": 4, "grad_accum": 4, "world_size": 1}
+    ok = budget.judge_recovery(clean=clean, recovered=clean, events=[{"step": 3}], effective_batch=16,
+                               plan_after=after, difference=(1e-7, True), leave=5 * GiB)
+    assert ok.status == "pass" and "effective 16 kept" in ok.reason
+    none = budget.judge_recovery(clean=clean, recovered=clean, events=[], effective_batch=16, plan_after=after,
+                                 difference=(0.0, True), leave=5 * GiB)
+    assert none.status == "fail" and "5120 MiB left free" in none.reason
+    drift = budget.judge_recovery(clean=clean, recovered=clean, events=[{}], effective_batch=32, plan_after=after,
+                                  difference=(0.1, False))
+    assert "effective batch changed" in drift.reason and "differ" in drift.reason
+    a = {"w": torch.ones(3)}
+    assert budget.weight_difference(a, {"w": torch.ones(3) + 1e-6}) == (pytest.approx(1e-6, rel=0.1), True)
+
+
+def test_compile_auto_is_confirmed_or_corrected():
+    def measured(*speedups):
+        return {f"m{i}": {"speedup": s, "compiled": {"warm_up_s": 30}} for i, s in enumerate(speedups)}
+
+    assert compile_check.verdict("H100", True, "on", measured(1.4, 1.2)).status == "pass"
+    wrong = compile_check.verdict("H100", True, "on", measured(0.8, 0.9))
+    assert wrong.status == "fail" and "COMPILE_DENY" in wrong.figures["suggested"]["COMPILE_AUTO"]["advice"]
+    assert "enable" in compile_check.verdict("X", False, "deny list", measured(1.3)).reason
+    assert compile_check.check_compile(report.Context("cpu", True, Path("."))).status == "skip"
+
+
+def test_torchrun_command_and_verdicts():
+    assert torchrun.command(Path("r.json"))[1:] == ["-m", "torch.distributed.run", "--nproc-per-node", "1",
+                                                    "--standalone", "-m", "lib.validation.torchrun", "r.json"]
+    good = {"backend": "nccl", "world_size": 1, "device": "cuda:0", "init_s": 0.5, "all_reduce_value": 1,
+            "all_reduce_gbps": 900.0, "all_reduce_mib": 256, "ddp_equal": True, "ddp_max_diff": 0.0}
+    assert "nccl world 1" in torchrun.judge(good, 0, "", 4.0).reason
+    assert torchrun.judge({}, 1, "NCCL error: unhandled system error", 4.0).reason.endswith("system error")
+    assert torchrun.judge({**good, "ddp_equal": False}, 0, "", 4.0).status == "fail"
+
+
+# --------------------------------------------------------------------------
+# the run: budgets, failures, the JSON and the index
+
+
+def test_a_failing_check_never_stops_the_others_and_budgets_are_kept(tmp_path):
+    def boom(ctx):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    def slow(ctx):
+        seen.append(ctx.seconds_left())
+        time.sleep(0.05)
+        return report.passed("ok")
+
+    seen = []
+    fake = fake_device(FakeCuda())
+    fake.hold(GiB)
+    checks = [report.Check("boom", boom, 5), report.Check("slow", slow, 0.01)]
+    results = report.run_checks(checks, ctx_for(tmp_path, cuda=fake))
+    assert [r.status for r in results] == ["fail", "pass"]
+    assert "illegal memory access" in results[0].reason and "traceback" in results[0].figures
+    assert fake.held_bytes == 0  # released after each check
+    assert 0 < seen[0] <= 0.01 and results[1].figures["over_budget_s"] >= 0
+
+
+def test_the_budgets_keep_a_full_gpu_run_under_8_minutes():
+    assert suite.BUDGET_S <= 8 * 60 - 25  # start-up, device queries and writing the JSON
+    assert [c.name for c in suite.CHECKS] == ["detection", "telemetry", "memory", "compile", "squeezed-budget",
+                                              "oom-recovery", "step-time", "torchrun"]
+
+
+def test_output_paths():
+    day = __import__("datetime").date(2026, 11, 22)
+    kw = dict(day=day, root=Path("/repo"), cwd=Path("/here"))
+    assert report.output_path(None, device="cuda", device_name="NVIDIA H100 80GB HBM3", **kw) == \
+        Path("/repo/docs/validation/nvidia-h100-80gb-hbm3-2026-11-22.json")
+    assert report.output_path(None, device="cpu", device_name="AMD EPYC", **kw) == \
+        Path("/here/runs/validation/cpu-2026-11-22.json")
+    assert report.output_path("/tmp/x.json", device="cpu", device_name="c", **kw) == Path("/tmp/x.json")
+    assert report.output_path("/tmp/d", device="cpu", device_name="c", **kw) == Path("/tmp/d/cpu-2026-11-22.json")
+
+
+def test_a_gpu_run_writes_docs_validation_and_its_index_row(tmp_path):
+    docs = tmp_path / "docs" / "validation"
+    docs.mkdir(parents=True)
+    (docs / "README.md").write_text(f"# V\n\n{report.INDEX_BEGIN}\n{report.INDEX_HEADER}\n| none yet | | | | | | |\n"
+                                    f"{report.INDEX_END}\n\nmore\n")
+    lines = []
+    checks = [report.Check("memory", lambda ctx: report.passed("ok", suggested={"FRAGMENTATION_SHARE": {"x": 1}}), 5),
+              report.Check("detection", lambda ctx: report.passed("ok", driver="570.86.15"), 5),
+              report.Check("step-time", lambda ctx: report.skipped("skipped: no step-time predictor yet"), 1)]
+    status, path = run_suite("cuda", quick=False, out=None, root=tmp_path, cwd=tmp_path, log=lines.append,
+                             checks=checks, cuda=fake_device(FakeCuda()))
+    assert status == 0 and path.parent == docs and path.name.startswith("nvidia-h100")
+    doc = json.loads(path.read_text())
+    assert doc["environment"]["driver"] == "570.86.15" and doc["summary"]["skipped"] == 1
+    assert doc["suggested_constants"] == {"FRAGMENTATION_SHARE": {"x": 1}}
+    assert doc["checks"]["step-time"]["reason"] == "skipped: no step-time predictor yet"
+    readme = (docs / "README.md").read_text()
+    assert f"| {H100_NAME} | {doc['environment']['date']} |" in readme and "none yet" not in readme
+    assert readme.endswith("more\n")
+    run_suite("cuda", quick=False, out=None, root=tmp_path, cwd=tmp_path, log=lines.append, checks=checks,
+              cuda=fake_device(FakeCuda()))
+    assert (docs / "README.md").read_text().count(path.name) == 2  # replaced, not added: link text and target
+    assert lines[-1].startswith("validate-gpu: device=cuda checks=3 passed=2 failed=0 skipped=1")
+
+
+@pytest.mark.slow
+def test_make_validate_gpu_on_the_cpu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "OUT",
+                                                              "DEVICE", "QUICK", "KFIT_INJECT_OOM")}
+    start = time.monotonic()
+    run = subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "validate-gpu",
+                          "DEVICE=cpu", f"OUT={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    seconds = time.monotonic() - start
+    assert run.returncode == 0, run.stdout + run.stderr
+    last = run.stdout.strip().splitlines()[-1]
+    assert last.startswith("validate-gpu: device=cpu checks=8 passed=4 failed=0 skipped=4"), run.stdout
+    assert seconds < 120  # about 30 s on 2 busy cores; the bound only catches a runaway
+    [path] = tmp_path.glob("cpu-*.json")
+    assert f"json={path}" in last
+    doc = json.loads(path.read_text())
+    checks = doc["checks"]
+    assert {k: v["status"] for k, v in checks.items()} == {
+        "detection": "skip", "telemetry": "skip", "memory": "pass", "compile": "skip", "squeezed-budget": "pass",
+        "oom-recovery": "pass", "step-time": "skip", "torchrun": "pass"}
+    assert checks["step-time"]["reason"] == "skipped: no step-time predictor yet"
+    assert checks["memory"]["figures"]["max_rel_err"] <= memory_check.OVER_TOLERANCE
+    assert checks["squeezed-budget"]["figures"]["steps"] == 20
+    squeezed = checks["squeezed-budget"]["figures"]
+    assert squeezed["measured_peak_bytes"] <= squeezed["budget_bytes"]
+    assert checks["oom-recovery"]["figures"]["micro_batch_after"] == 4
+    assert checks["torchrun"]["figures"]["backend"] == "gloo"
+    assert doc["environment"]["device"] == "cpu" and doc["environment"]["torch"] == torch.__version__
+    assert not (ROOT / "docs" / "validation" / path.name).exists()
