@@ -149,27 +149,34 @@ class FakeNvml:
 
 
 class FakeTelemetry:
-    def __init__(self):
-        self.n, self.closed = 0, False
+    def __init__(self, clocks=True):
+        self.n, self.closed, self.clocks = 0, False, clocks
 
     def read(self):
         self.n += 1
-        return {"gpu_util_pct": 99, "temp_c": 40 + self.n, "power_w": 300.0 + self.n, "throttle": ["sw_power_cap"]}
+        out = {"gpu_util_pct": 99, "temp_c": 40 + self.n, "power_w": 300.0 + self.n, "throttle": ["sw_power_cap"]}
+        if self.clocks:
+            out.update(sm_clock_mhz=1755, mem_clock_mhz=2619, sm_clock_max_mhz=1980)
+        return out
 
     def close(self):
         self.closed = True
 
 
+def test_gpu_telemetry_reads_clocks():
+    from lib.hardware import GpuTelemetry
+
+    reading = GpuTelemetry(FakeNvml(), ("handle", "GPU-1234-abcd"), 0).read()
+    assert (reading["sm_clock_mhz"], reading["mem_clock_mhz"], reading["sm_clock_max_mhz"]) == (1755, 2619, 1980)
+
+
 def test_telemetry_is_sampled_under_load_with_clocks(tmp_path):
-    nvml, telemetry, loads = FakeNvml(), FakeTelemetry(), []
-    clocks = detection.ClockReader.open("1234-abcd", 0, nvml=nvml)
-    assert clocks.handle == ("handle", "GPU-1234-abcd")  # torch's UUID, as NVML names it
+    telemetry, loads = FakeTelemetry(), []
     result = detection.check_telemetry(ctx_for(tmp_path, cuda=fake_device(FakeCuda())),
                                        telemetry_open=lambda index: telemetry,
-                                       clocks_open=lambda uuid, index: clocks,
                                        load=lambda device, seconds: loads.append(seconds) or time.sleep(0.6))
     assert result.status == "pass", result.reason
-    assert loads == [3.0] and telemetry.closed and nvml.shut
+    assert loads == [3.0] and telemetry.closed
     f = result.figures
     assert f["samples"] >= 2 and f["ranges"]["sm_clock_mhz"] == (1755, 1755) and f["sm_clock_max_mhz"] == 1980
     assert f["throttle_reasons_seen"] == ["sw_power_cap"] and "sw_power_cap" in result.reason
@@ -178,8 +185,8 @@ def test_telemetry_is_sampled_under_load_with_clocks(tmp_path):
 def test_telemetry_without_nvml_or_clocks_fails(tmp_path):
     ctx = ctx_for(tmp_path, cuda=fake_device(FakeCuda()))
     assert detection.check_telemetry(ctx, telemetry_open=lambda index: None).status == "fail"
-    result = detection.check_telemetry(ctx, telemetry_open=lambda index: FakeTelemetry(),
-                                       clocks_open=lambda uuid, index: None, load=lambda d, s: None)
+    result = detection.check_telemetry(ctx, telemetry_open=lambda index: FakeTelemetry(clocks=False),
+                                       load=lambda d, s: None)
     assert result.status == "fail" and "sm_clock_mhz" in result.reason
     assert detection.check_telemetry(ctx_for(tmp_path, "cpu")).status == "skip"
 

@@ -63,7 +63,8 @@ class GpuTelemetry:
 
     def read(self) -> dict:
         """The readings this GPU supports (a query it does not support is left out):
-        gpu_util_pct, temp_c, power_w, gpu_mem_used_bytes, throttle (list of names)."""
+        gpu_util_pct, temp_c, power_w, gpu_mem_used_bytes, throttle (list of names),
+        sm_clock_mhz, mem_clock_mhz, sm_clock_max_mhz."""
         n, h, out = self._nvml, self._handle, {}
         util = _safe_call(lambda: n.nvmlDeviceGetUtilizationRates(h))
         if util is not None:
@@ -77,6 +78,12 @@ class GpuTelemetry:
         mem = _safe_call(lambda: n.nvmlDeviceGetMemoryInfo(h))
         if mem is not None:
             out["gpu_mem_used_bytes"] = int(mem.used)  # every process, contexts included
+        for key, clock, query in (("sm_clock_mhz", "NVML_CLOCK_SM", "nvmlDeviceGetClockInfo"),
+                                  ("mem_clock_mhz", "NVML_CLOCK_MEM", "nvmlDeviceGetClockInfo"),
+                                  ("sm_clock_max_mhz", "NVML_CLOCK_SM", "nvmlDeviceGetMaxClockInfo")):
+            mhz = _safe_call(lambda: getattr(n, query)(h, getattr(n, clock)))
+            if mhz is not None:
+                out[key] = int(mhz)
         bits = _safe_call(lambda: self._reasons(h)) if self._reasons else None
         if bits is not None:
             out["throttle"] = [name for bit, name in _THROTTLE_BITS.items() if int(bits) & bit]

@@ -113,43 +113,6 @@ def check_detection(ctx: Context, run: Callable[[list[str]], str] = run_command,
 # Telemetry
 
 
-class ClockReader:
-    """SM and memory clocks from NVML (lib.hardware.GpuTelemetry reads no clocks)."""
-
-    def __init__(self, nvml: Any, handle: Any) -> None:
-        self.nvml, self.handle = nvml, handle
-
-    @classmethod
-    def open(cls, uuid: str | None, index: int, nvml: Any = None) -> "ClockReader | None":
-        try:
-            if nvml is None:
-                import pynvml as nvml
-            nvml.nvmlInit()
-            if uuid:
-                key = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-                return cls(nvml, nvml.nvmlDeviceGetHandleByUUID(key))
-            return cls(nvml, nvml.nvmlDeviceGetHandleByIndex(index))
-        except Exception:  # noqa: BLE001 - no NVML: the telemetry check says what is missing
-            return None
-
-    def read(self) -> dict:
-        n, out = self.nvml, {}
-        for key, clock, call in (("sm_clock_mhz", "NVML_CLOCK_SM", "nvmlDeviceGetClockInfo"),
-                                 ("mem_clock_mhz", "NVML_CLOCK_MEM", "nvmlDeviceGetClockInfo"),
-                                 ("sm_clock_max_mhz", "NVML_CLOCK_SM", "nvmlDeviceGetMaxClockInfo")):
-            try:
-                out[key] = int(getattr(n, call)(self.handle, getattr(n, clock)))
-            except Exception:  # noqa: BLE001 - a query this GPU does not support is left out
-                pass
-        return out
-
-    def close(self) -> None:
-        try:
-            self.nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-
-
 def sample_while(readers: list[Callable[[], dict]], load: Callable[[], None],
                  interval: float = INTERVAL_S) -> list[dict]:
     """Call every reader each `interval` seconds on a thread while `load` runs here."""
@@ -208,7 +171,6 @@ def matmul_load(device: str, seconds: float) -> None:
 
 
 def check_telemetry(ctx: Context, telemetry_open: Callable[[int], Any] | None = None,
-                    clocks_open: Callable[[str | None, int], Any] = ClockReader.open,
                     load: Callable[[str, float], None] = matmul_load) -> Result:
     if ctx.device != "cuda":
         return skipped("DEVICE=cpu: NVML telemetry needs an NVIDIA GPU")
@@ -219,12 +181,8 @@ def check_telemetry(ctx: Context, telemetry_open: Callable[[int], Any] | None = 
     telemetry = telemetry_open(ctx.cuda.index)
     if telemetry is None:
         return failed("NVML is not usable (no driver library or nvidia-ml-py): no telemetry")
-    clocks = clocks_open(ctx.cuda.uuid(), ctx.cuda.index)
-    readers = [telemetry.read] + ([clocks.read] if clocks else [])
     try:
-        samples = sample_while(readers, lambda: load(ctx.cuda.device, 3.0 if ctx.quick else 8.0))
+        samples = sample_while([telemetry.read], lambda: load(ctx.cuda.device, 3.0 if ctx.quick else 8.0))
     finally:
         telemetry.close()
-        if clocks:
-            clocks.close()
     return judge_telemetry(samples)
