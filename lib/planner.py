@@ -1,11 +1,14 @@
 """The memory planner: AUTO's default batch policy (CONFIG_HYPER_PARAM_POLICY_PLANNER).
 
 budget = free memory (GPU free, or RAM available on a CPU) x CONFIG_MEMORY_PROFILE_*.
-The micro-batch cap is the largest batch whose predicted training peak
-(lib.memory: traced step + device overheads) fits the budget; the resolver
-then splits the target effective batch with calculate_gradient_accumulation.
-The evaluation batch comes from its own forward-only trace, with the training
-state that stays alive during evaluation (gradients, optimizer state) added.
+The micro-batch cap is the largest batch, up to the per-process share of the
+target, whose predicted training peak (lib.memory: traced step + device
+overheads) fits the budget; the resolver then splits the target effective
+batch with calculate_gradient_accumulation. The evaluation batch comes from its
+own forward-only trace, with the training state that stays alive during
+evaluation (gradients, optimizer state) added, up to the evaluation split.
+Both searches run on lib.memory.PeakCurve: the cached traces, and the affine
+stretches they prove, so a cached plan traces nothing even when the budget moves.
 """
 
 from __future__ import annotations
@@ -66,39 +69,40 @@ class PlannerPolicy:
 
     def choose(self, *, config: Config, hardware: HardwareProfile, model, device_type: str, compile: bool,
                compile_mode: str | None, precision: str, world_size: int, target: int) -> BatchChoice:
-        from .memory import largest_fitting
-
         budget, budget_why = memory_budget(config, hardware, device_type)
-        train = lambda b: self.predictor.predict(  # noqa: E731
-            config, batch=b, device_type=device_type, precision=precision, compile_mode=compile_mode)
-        # The memory search ignores the target, so resolves that differ only in the target (HPO trials)
-        # reuse the same cached traces; a process never needs more than its share of the target.
-        fits = largest_fitting(lambda b: train(b).peak_bytes, budget, MAX_MICRO_BATCH)
-        if fits == 0:
-            raise PlanError(self._no_fit(config, train(1), budget, budget_why, device_type, precision))
+        # A process never needs more than its share of the target, so the search stops there: when the share
+        # fits (usual on a CPU) its one trace is cached for good and a budget that moves never traces again.
+        # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
         share = math.ceil(target / world_size)
-        cap = min(fits, share)
-        at = train(cap)
-        reason = f"predicted peak {_fmt(at.peak_bytes)} at {cap} fits the budget {_fmt(budget)} ({budget_why})"
-        if fits >= share:
-            reason += f"; {cap} is the whole per-process share of the target (memory allows {fits})"
+        limit = min(share, MAX_MICRO_BATCH)
+        train = self.predictor.curve(config, device_type=device_type, precision=precision,
+                                     compile_mode=compile_mode)
+        cap = train.largest_fitting(budget, limit)
+        if cap == 0:
+            raise PlanError(self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision))
+        reason = f"predicted peak {_fmt(train.at(cap))} at {cap} fits the budget {_fmt(budget)} ({budget_why})"
+        if cap == share:
+            reason += f"; {cap} is the whole per-process share of the target (the search stops there)"
+        elif cap == limit:
+            reason += f"; {cap} is the largest micro-batch kfit plans (CONFIG_BATCH_SIZE's upper bound)"
         else:
-            reason += f"; {cap + 1} would need {_fmt(train(cap + 1).peak_bytes)}"
+            reason += f"; {cap + 1} would need {_fmt(train.at(cap + 1))}"
 
         # Evaluation runs while the gradients and optimizer state are alive (they are freed at the next step).
-        state = at.trace.breakdown["gradients"] + at.trace.breakdown["optimizer_state"]
-        evaluate = lambda b: self.predictor.predict(  # noqa: E731
-            config, batch=b, device_type=device_type, precision=precision, train=False).peak_bytes + state
-        samples = at.trace.eval_samples
-        eval_fits = largest_fitting(evaluate, budget, max(cap, samples))  # >= cap: no backward, no saved activations
-        eval_batch = max(cap, min(eval_fits, samples))
-        eval_peak = evaluate(eval_batch)
+        at = train.trace(cap)
+        state = at.breakdown["gradients"] + at.breakdown["optimizer_state"]
+        samples = at.eval_samples
+        evaluate = self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
+                                        plus=state)
+        # >= cap: no backward, no saved activations; at most the split (or cap when the split is smaller)
+        eval_batch = cap if samples <= cap else max(cap, evaluate.largest_fitting(budget, samples))
+        eval_peak = evaluate.at(eval_batch)
         eval_reason = (f"forward-only trace: predicted peak {_fmt(eval_peak)} at {eval_batch}, with the "
                        f"{_fmt(state)} of gradients and optimizer state that stay alive during evaluation")
         eval_reason += (f"; covers the whole evaluation split ({samples} samples) in one batch"
                         if eval_batch >= samples else f"; {eval_batch + 1} would not fit the budget")
         return BatchChoice(max_micro=cap, reason=reason, eval_batch=eval_batch, eval_reason=eval_reason,
-                           budget_bytes=budget, eval_peak_bytes=eval_peak, predict=train)
+                           budget_bytes=budget, eval_peak_bytes=eval_peak, predict=train.prediction)
 
     def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
                 precision: str) -> str:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import html
 import math
+import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -108,20 +111,65 @@ def machines(cpu_profile: HardwareProfile | None = None) -> list[tuple[str, Hard
     return [(key, from_catalog(key, cpu=cpu)) for key in catalog.catalog_keys()] + [("cpu", cpu_profile)]
 
 
+class Progress:
+    """Progress of a slow loop on stderr, naming the item being worked on: a tqdm bar on a terminal,
+    else one plain line per item that traced (cached items are instant and print nothing)."""
+
+    def __init__(self, total: int, label: str, policy=None, unit: str = "plan") -> None:
+        self.total, self.label, self.done = total, label, 0
+        self._policy = policy
+        self._bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=label, file=sys.stderr, unit=unit, leave=False)
+
+    def _traces(self) -> int:
+        from .planner import PLANNER, PlannerPolicy
+
+        policy = PLANNER if self._policy is None else self._policy
+        return policy.predictor.traces if isinstance(policy, PlannerPolicy) else 0
+
+    @contextmanager
+    def item(self, name: str):
+        if self._bar is not None:
+            self._bar.set_postfix_str(name)
+        traces, start = self._traces(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.done += 1
+            traced = self._traces() - traces
+            if self._bar is not None:
+                self._bar.update()
+            elif traced:
+                print(f"{self.label} {self.done}/{self.total}: {name}: {traced} trace(s) in "
+                      f"{time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
 def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, HardwareProfile]] | None = None,
-                policy=None) -> list[MatrixRow]:
-    """The plan of every defconfig on every machine (a PlanError becomes the row's error)."""
+                policy=None, label: str = "plan-matrix") -> list[MatrixRow]:
+    """The plan of every defconfig on every machine (a PlanError becomes the row's error),
+    with progress on stderr (Progress)."""
     rows = []
     targets = targets or machines()
+    names = defconfigs or kconfig.defconfig_names()
+    progress = Progress(len(names) * len(targets), label, policy)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in defconfigs or kconfig.defconfig_names():
+        for name in names:
             config = kconfig.make_defconfig(name, out=Path(tmp) / f"{name}.config")
             model = ModelDescription.from_config(config)
             for key, hardware in targets:
-                try:
-                    rows.append(MatrixRow(name, key, resolve(config, hardware, model, 1, policy)))
-                except KfitError as err:
-                    rows.append(MatrixRow(name, key, None, str(err)))
+                with progress.item(f"{name} on {key}"):
+                    try:
+                        rows.append(MatrixRow(name, key, resolve(config, hardware, model, 1, policy)))
+                    except KfitError as err:
+                        rows.append(MatrixRow(name, key, None, str(err)))
+    progress.close()
     return rows
 
 
@@ -214,15 +262,18 @@ def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
     from .planner import PLANNER
 
     cards = []
+    shown = [r for r in rows if r.machine == focus and r.plan is not None and r.plan.predicted_peak_bytes is not None]
+    progress = Progress(len(shown), "plan-report charts", unit="chart")
     with tempfile.TemporaryDirectory() as tmp:
-        for r in rows:
-            if r.machine != focus or r.plan is None or r.plan.predicted_peak_bytes is None:
-                continue
+        for r in shown:
             config = kconfig.make_defconfig(r.defconfig, out=Path(tmp) / f"{r.defconfig}.config")
+            with progress.item(f"{r.defconfig} on {focus}"):
+                points = _curve_points(config, r.plan)
             cards.append({"defconfig": r.defconfig, "plan": r.plan, "bar": _breakdown_bar(r.plan),
-                          "curve": _peak_curve(_curve_points(config, r.plan), r.plan),
+                          "curve": _peak_curve(points, r.plan),
                           "breakdown": [(k, size(v), COLORS.get(k, OVERHEAD_COLOR))
                                         for k, v in r.plan.memory_breakdown.items()]})
+    progress.close()
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
     page = env.get_template("plan_report.html.j2").render(

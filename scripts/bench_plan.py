@@ -1,19 +1,28 @@
 #!/usr/bin/env python3
 """How long the memory planner takes, and what it chooses next to the tier policy (make bench-plan).
 
-Part 1, per defconfig: wall time of a fresh `kfit plan` process on an H100
-profile with an empty trace cache (cold) and again with the cache filled
-(cached), next to `python -c "import torch"`, which every plan pays.
+Part 1, per shipped defconfig, each plan a fresh `kfit plan` process:
+  cold      an empty trace cache: on an H100 profile, then on this machine's CPU
+  cached    the cache filled: the H100 again, and the CPU with its budget moved
+            (memory profile 70%, 80%, 65% instead of 75%, as RAM available moves
+            between runs); each the fastest of REPEATS runs
+  torch     `python -c "import torch"`, which every plan pays, timed REPEATS
+            times in the same moments
+  overhead  the slower cached plan minus `import torch`, in CPU seconds (user +
+            system) so that other load on a shared machine does not count;
+            on an idle machine these processes use one core, and wall = CPU
+  traced    whether a cached run traced anything (the cache changed)
 Part 2, per catalog GPU: the micro-batch cap of the tier policy and of the
 planner for each defconfig, each with its predicted peak as a share of the
 planner's budget (the tier batch is traced too, to show what it would use).
 Last line: plan: cached_overhead_s=X cold_max_s=Y
-(cached_overhead_s: the slowest cached plan minus the torch import.)
+(X: the largest overhead over the shipped defconfigs; Y: the slowest cold plan, wall seconds.)
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -26,25 +35,49 @@ sys.path.insert(0, str(ROOT))
 from lib import config as kconfig  # noqa: E402
 
 
-def timed_run(args: list[str], env: dict, cwd: str) -> float:
-    start = time.perf_counter()
+REPEATS = 3
+MOVED_PROFILES = (70, 80, 65)  # percent of RAM available, one per cached CPU run
+
+
+def timed_run(args: list[str], env: dict, cwd: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one process."""
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(args, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
-def wall_times(names: list[str]) -> tuple[float, list[tuple[str, float, float]]]:
-    kfit = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
+def _cache_state(cache: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(cache.rglob("*.json"))}
+
+
+def wall_times(names: list[str]) -> list[dict]:
+    kfit = [sys.executable, str(ROOT / "scripts" / "kfit.py"), "plan"]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "KFIT_CACHE_DIR": str(Path(tmp) / "cache"), "GPU": "h100"}
-        torch_s = min(timed_run([sys.executable, "-c", "import torch"], env, tmp) for _ in range(3))
-        rows = []
+        cache = Path(tmp) / "cache"
+        env = {**os.environ, "KFIT_CACHE_DIR": str(cache)}
+        env.pop("HW", None)
+        h100, cpu = {**env, "GPU": "h100"}, {**env, "GPU": "cpu"}
         for name in names:
-            env["KCONFIG_CONFIG"] = str(Path(tmp) / f"{name}.config")
-            kconfig.make_defconfig(name, out=Path(env["KCONFIG_CONFIG"]))
-            cold = timed_run(kfit + ["plan"], env, tmp)
-            cached = timed_run(kfit + ["plan"], env, tmp)
-            rows.append((name, cold, cached))
-    return torch_s, rows
+            config = Path(tmp) / f"{name}.config"
+            kconfig.make_defconfig(name, out=config)
+            h100["KCONFIG_CONFIG"] = cpu["KCONFIG_CONFIG"] = str(config)
+            row = {"name": name, "cold_h100": timed_run(kfit, h100, tmp)[0], "cold_cpu": timed_run(kfit, cpu, tmp)[0]}
+            before = _cache_state(cache)
+            runs: dict[str, list[tuple[float, float]]] = {"torch": [], "h100": [], "cpu": []}
+            for percent in MOVED_PROFILES[:REPEATS]:
+                runs["torch"].append(timed_run([sys.executable, "-c", "import torch"], env, tmp))
+                runs["h100"].append(timed_run(kfit, h100, tmp))
+                kconfig.apply_assignments(config, {"MEMORY_PROFILE_CUSTOM": True, "MEMORY_PROFILE_PERCENT": percent})
+                runs["cpu"].append(timed_run(kfit, cpu, tmp))
+                kconfig.make_defconfig(name, out=config)
+            fastest = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in runs.items()}
+            row.update(torch=fastest["torch"][0], cached_h100=fastest["h100"][0], cached_cpu=fastest["cpu"][0],
+                       overhead=max(fastest["h100"][1], fastest["cpu"][1]) - fastest["torch"][1],
+                       traced=_cache_state(cache) != before)
+            rows.append(row)
+    return rows
 
 
 def batch_table(names: list[str]) -> list[str]:
@@ -75,15 +108,18 @@ def batch_table(names: list[str]) -> list[str]:
 
 def main() -> int:
     names = kconfig.defconfig_names()
-    torch_s, rows = wall_times(names)
-    print(f"{'defconfig':<20} {'cold s':>7} {'cached s':>8} {'import torch s':>14}")
-    for name, cold, cached in rows:
-        print(f"{name:<20} {cold:>7.2f} {cached:>8.2f} {torch_s:>14.2f}")
+    rows = wall_times(names)
+    print(f"{'defconfig':<20} {'cold h100 s':>11} {'cold cpu s':>10} {'cached h100 s':>13} {'cached cpu s':>12} "
+          f"{'import torch s':>14} {'overhead cpu s':>14} {'traced':>6}")
+    for r in rows:
+        traced = "yes" if r["traced"] else "no"
+        print(f"{r['name']:<20} {r['cold_h100']:>11.2f} {r['cold_cpu']:>10.2f} {r['cached_h100']:>13.2f} "
+              f"{r['cached_cpu']:>12.2f} {r['torch']:>14.2f} {r['overhead']:>14.2f} {traced:>6}")
     print()
     for line in batch_table(names):
         print(line)
-    print(f"plan: cached_overhead_s={max(c for _, _, c in rows) - torch_s:.2f} "
-          f"cold_max_s={max(c for _, c, _ in rows):.2f}")
+    print(f"plan: cached_overhead_s={max(r['overhead'] for r in rows):.2f} "
+          f"cold_max_s={max(max(r['cold_h100'], r['cold_cpu']) for r in rows):.2f}")
     return 0
 
 

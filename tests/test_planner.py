@@ -11,6 +11,7 @@ from lib import config as kc
 from lib.errors import PlanError
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, TierPolicy, resolve
+from lib.memory.predict import PeakCurve, affine_runs
 from lib.planner import PLANNER, PlannerPolicy, memory_budget
 
 GIB = 2**30
@@ -33,7 +34,8 @@ def test_planner_is_the_default_and_fills_the_plan(gpt2_tiny):
     assert p.predicted_peak_bytes <= p.budget_bytes
     assert sum(p.memory_breakdown.values()) == p.predicted_peak_bytes
     assert {"parameters", "gradients", "optimizer_state", "activations"} <= set(p.memory_breakdown)
-    assert p.micro_batch * p.grad_accum == p.effective_batch == 1024
+    # the fastest micro-batch that fits need not divide the target: the last one of a step is then short
+    assert p.effective_batch == 1024 and (p.grad_accum - 1) * p.micro_batch < 1024 <= p.grad_accum * p.micro_batch
     assert p.eval_batch >= p.micro_batch and p.eval_predicted_peak_bytes <= p.budget_bytes
     data = json.loads(json.dumps(p.to_dict()))
     for key in ("predicted_peak_bytes", "budget_bytes", "memory_breakdown", "max_micro_batch",
@@ -83,6 +85,52 @@ def test_repeated_resolves_with_derived_configs_hit_the_cache(gpt2_tiny):
     # an HPO trial with another target: the memory search is reused (at most the new micro-batch is traced)
     plan(kc.derive(gpt2_tiny, {"TARGET_EFFECTIVE_BATCH": 512}), hardware, policy)
     assert policy.predictor.traces <= traced + 1
+
+
+def test_the_search_stops_at_the_share_and_a_moved_budget_traces_nothing(tmp_path):
+    policy = PlannerPolicy(cache_dir=str(tmp_path))  # a cold cache of its own
+    lenet = kc.make_defconfig("lenet5", out=tmp_path / ".config")
+    cpu = resolve_hardware(gpu="cpu")
+    p = plan(lenet, cpu, policy)
+    assert p.max_micro_batch == p.micro_batch == 512 and "the search stops there" in p.reasons["micro_batch"]
+    assert policy.predictor.cached_batches(lenet, device_type="cpu", precision="fp32") == [512]
+    assert policy.predictor.traces == 2  # the share, and evaluation at the split
+    for percent in (40, 60, 90):  # RAM available moves between runs: the budget with it
+        moved = kc.derive(lenet, {"MEMORY_PROFILE_CUSTOM": True, "MEMORY_PROFILE_PERCENT": percent})
+        assert plan(moved, cpu, policy).micro_batch == 512
+    assert policy.predictor.traces == 2
+
+
+def test_a_binding_budget_that_moves_is_read_off_the_traced_line(tmp_path, gpt2_tiny):
+    policy = PlannerPolicy(cache_dir=str(tmp_path))
+    for free_gb in (0.27, 0.33):  # the first budgets trace the curves around them (and a new micro-batch)
+        assert plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=free_gb), policy).max_micro_batch < 1024
+    traced = policy.predictor.traces
+    caps = []
+    for free_gb in (0.28, 0.3, 0.32, 0.31):
+        p = plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=free_gb), policy)
+        caps.append(p.max_micro_batch)
+        peak = lambda b: PLANNER.predictor.predict(gpt2_tiny, batch=b, device_type="cuda",  # noqa: E731
+                                                   precision="fp16", compile_mode=p.compile_mode).peak_bytes
+        assert peak(p.max_micro_batch) <= p.budget_bytes < peak(p.max_micro_batch + 1)  # exact, as traced
+    assert policy.predictor.traces == traced and len(set(caps)) == 4
+    cache = json.loads(next((tmp_path / "memory").glob("*.json")).read_text())
+    assert "affine" in cache  # the line, recorded for people reading the cache
+
+
+def test_peak_curve_reads_answers_off_proven_lines():
+    def shape(b):  # convex, piecewise affine, affine from 64 on: the shape of a ResNet's trace
+        return max(500 * b + 82_000, 1000 * b + 50_000)
+
+    calls = []
+    curve = PeakCurve(lambda b: calls.append(b) or (shape(b),))
+    for budget in (300_000, 1_000_000, 36_000, 90_000, 10**12):
+        want = max((b for b in range(1, 4097) if shape(b) <= budget), default=0)
+        assert curve.largest_fitting(budget, 4096) == want
+    assert len(calls) <= 16
+    calls.clear()  # a budget that moves within a proven stretch costs no trace
+    assert curve.largest_fitting(700_000, 4096) == 650 and curve.at(651) == shape(651) and calls == []
+    assert affine_runs({1: 10, 2: 20, 3: 30, 5: 60, 7: 90}) == [(1, 3), (3, 7)]
 
 
 def test_tier_policy_plans_carry_no_prediction(gpt2_tiny):

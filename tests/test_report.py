@@ -43,6 +43,30 @@ def test_planner_matrix_row_shows_peak_against_budget():
     assert line.startswith("lenet5") and "t4" in line and "GB" in line and line.endswith("%")
 
 
+def test_matrix_progress_goes_to_stderr_and_names_what_is_traced(tmp_path, capsys, monkeypatch):
+    import io
+
+    from lib.planner import PlannerPolicy
+
+    policy = PlannerPolicy(cache_dir=str(tmp_path))  # cold: every plan traces
+    targets = [m for m in machines() if m[0] in ("t4", "cpu")]
+    plan_matrix(["lenet5"], targets, policy)
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("plan-matrix 1/2: lenet5 on t4: 2 trace(s) in ")
+    assert "plan-matrix 2/2: lenet5 on cpu: " in err
+    plan_matrix(["lenet5"], targets, policy)
+    assert capsys.readouterr() == ("", "")  # cached plans are instant and say nothing
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    plan_matrix(["lenet5"], targets, policy)
+    bar = sys.stderr.getvalue()
+    assert "plan-matrix" in bar and "/2 [" in bar and "lenet5 on cpu" in bar
+
+
 def test_report_renders_html_with_svg_charts(tmp_path):
     targets = [m for m in machines() if m[0] in ("t4", "cpu")]
     rows = plan_matrix(["lenet5", "gpt2-tiny"], targets)

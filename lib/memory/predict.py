@@ -25,16 +25,15 @@ trace is an upper bound.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..config import Config
 from .cache import default_cache_dir, fingerprint
-from .trace import MiB, Trace, trace_step
+from .trace import CATEGORIES, MiB, Trace, trace_step
 
 BLAS_WORKSPACE_BYTES = 32 * MiB
 ATTENTION_WORKSPACE_SHARE = 0.02
@@ -93,7 +92,12 @@ def _task_for(config: Config, key: str):
 
 
 class MemoryPredictor:
-    """Predicts peaks through a trace cache; `traces` counts the traces actually run."""
+    """Predicts peaks through a trace cache; `traces` counts the traces actually run.
+
+    A cache file (one per fingerprint) holds the traces by batch size and, for
+    people reading it, the stretches of batch sizes where the traced peak is
+    exactly affine (`affine`: see `affine_runs`).
+    """
 
     def __init__(self, cache_dir: Path | str | None = None) -> None:
         self._cache_dir = Path(cache_dir) if cache_dir else None
@@ -114,39 +118,54 @@ class MemoryPredictor:
 
     def _store(self, key: str, contents: dict) -> None:
         directory = self.cache_dir
+        traces = self._memo[key]
+        points = {int(b): (t["peak_bytes"], *(t["breakdown"][k] for k in sorted(t["breakdown"])))
+                  for b, t in traces.items()}
+        affine = [{"from": first, "to": last, "peak_at_from": points[first][0],
+                   "bytes_per_sample": (points[last][0] - points[first][0]) / (last - first)}
+                  for first, last in affine_runs(points)]
         try:
             directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp", dir=directory)
             with os.fdopen(fd, "w") as f:
-                json.dump({"key": contents, "traces": self._memo[key]}, f, sort_keys=True)
+                json.dump({"key": contents, "traces": traces, "affine": affine}, f, sort_keys=True)
             os.replace(tmp, directory / f"{key}.json")
         except OSError:
             pass  # a read-only cache only costs time
 
-    def trace(self, config: Config, *, batch: int, device_type: str, precision: str,
-              gradient_checkpointing: bool | None = None, train: bool = True) -> Trace:
-        """The cached trace for this step, tracing (and caching) it on a miss."""
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
+    def _step(self, config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool | None,
+              train: bool) -> tuple[str, Callable[[int], Trace]]:
+        """(cache key, batch -> the cached trace of this step, tracing and caching it on a miss)."""
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
         key, contents = fingerprint(config, device_type=device_type, precision=precision,
                                     gradient_checkpointing=ckpt, train=train)
-        entries = self._entries(key)
-        if str(batch) not in entries:
-            task = _task_for(config, json.dumps(contents["model"], sort_keys=True))
-            result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
-                                gradient_checkpointing=ckpt, train=train)
-            self.traces += 1
-            # re-read: another process may have added entries meanwhile
-            self._memo.pop(key, None)
-            self._entries(key)[str(batch)] = result.to_json()
-            self._store(key, contents)
-        return Trace.from_json(self._entries(key)[str(batch)])
+
+        def trace(batch: int) -> Trace:
+            if batch < 1:
+                raise ValueError(f"batch must be >= 1, got {batch}")
+            if str(batch) not in self._entries(key):
+                task = _task_for(config, json.dumps(contents["model"], sort_keys=True))
+                result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
+                                    gradient_checkpointing=ckpt, train=train)
+                self.traces += 1
+                # re-read: another process may have added entries meanwhile
+                self._memo.pop(key, None)
+                self._entries(key)[str(batch)] = result.to_json()
+                self._store(key, contents)
+            return Trace.from_json(self._entries(key)[str(batch)])
+
+        return key, trace
+
+    def trace(self, config: Config, *, batch: int, device_type: str, precision: str,
+              gradient_checkpointing: bool | None = None, train: bool = True) -> Trace:
+        """The cached trace for this step, tracing (and caching) it on a miss."""
+        return self._step(config, device_type=device_type, precision=precision,
+                          gradient_checkpointing=gradient_checkpointing, train=train)[1](batch)
 
     def cached_batches(self, config: Config, *, device_type: str, precision: str, train: bool = True) -> list[int]:
         """The batch sizes already traced for this step (what the planner's search tried)."""
-        key, _ = fingerprint(config, device_type=device_type, precision=precision,
-                             gradient_checkpointing=config.gradient_checkpointing, train=train)
+        key, _ = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
+                            train=train)
         return sorted(int(b) for b in self._entries(key))
 
     def predict(self, config: Config, *, batch: int, device_type: str, precision: str,
@@ -157,33 +176,160 @@ class MemoryPredictor:
         return Prediction(batch, device_type, trace,
                           device_overheads(trace, device_type, compile_mode if train else None))
 
+    def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
+              compile_mode: str | None = None, plus: int = 0) -> "StepCurve":
+        """The predicted peak (device terms and `plus` bytes included) against the batch size, starting
+        from every batch size already in the cache: the planner searches on it."""
+        key, step = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
+                               train=train)
+        return StepCurve(step, [int(b) for b in list(self._entries(key))], device_type=device_type,
+                         compile_mode=compile_mode if train else None, plus=plus)
+
+
+# --------------------------------------------------------------------------
+# Peak against batch size, and the search for the largest batch that fits
+
+Vector = tuple[int, ...]  # a traced point: its peak bytes first, then anything else exact (the breakdown)
+
+
+def _collinear(a: tuple[int, Vector], b: tuple[int, Vector], c: tuple[int, Vector]) -> bool:
+    """b lies exactly on the line through a and c, in every component (integers: no rounding)."""
+    return all((vb - va) * (c[0] - a[0]) == (vc - va) * (b[0] - a[0]) for va, vb, vc in zip(a[1], b[1], c[1]))
+
+
+def affine_runs(points: Mapping[int, Vector | int]) -> list[tuple[int, int]]:
+    """The stretches (first, last batch) of consecutive points on one line, three points at least.
+
+    A step's peak is the largest of its moments' live bytes, each a sum of
+    tensors that are constant or proportional to the batch, so the peak is
+    convex and piecewise affine in the batch size: three points on one line
+    prove it affine between the outer two. Measured: the shipped models'
+    traces are affine to the byte from a batch of 1-4 (GPT-2, the custom
+    transformer) or 48-256 (ResNets; LeNet-5 on CUDA) on.
+    """
+    pts = sorted((b, v if isinstance(v, tuple) else (v,)) for b, v in points.items())
+    runs: list[tuple[int, int]] = []
+    for i in range(1, len(pts) - 1):
+        if _collinear(pts[i - 1], pts[i], pts[i + 1]):
+            if runs and runs[-1][1] == pts[i][0]:  # the previous triple shares two points: the same line
+                runs[-1] = (runs[-1][0], pts[i + 1][0])
+            else:
+                runs.append((pts[i - 1][0], pts[i + 1][0]))
+    return runs
+
+
+class PeakCurve:
+    """One step's peak against the batch size: the points traced so far, and the lines they prove.
+
+    `measure(b)` traces a point: a vector of exact integers, peak bytes first
+    (anything else exact after it); `at(b)` is what the budget is compared with
+    (StepCurve adds the device terms). Inside an affine run of points
+    (`affine_runs`: every component on one line) a point is interpolated
+    exactly, with no trace, so once the traces around the budget prove the
+    curve affine there, a budget that moves (RAM available on a CPU) is
+    answered from the line.
+    """
+
+    def __init__(self, measure: Callable[[int], Vector], known: Mapping[int, Vector] | None = None) -> None:
+        self._measure = measure
+        self.points: dict[int, Vector] = dict(known or {})
+
+    def _run(self, lo: int, hi: int) -> tuple[int, int] | None:
+        return next(((a, b) for a, b in affine_runs(self.points) if a <= lo and hi <= b), None)
+
+    def vector(self, batch: int) -> Vector:
+        """The point at `batch`: traced, or read off a proven line (exact: whole bytes per sample)."""
+        if batch in self.points:
+            return self.points[batch]
+        run = self._run(batch, batch)
+        if run is None:
+            self.points[batch] = tuple(self._measure(batch))
+            return self.points[batch]
+        a, b = run
+        return tuple(x + (y - x) * (batch - a) // (b - a) for x, y in zip(self.points[a], self.points[b]))
+
+    def at(self, batch: int) -> int:
+        return self.vector(batch)[0]
+
+    def largest_fitting(self, budget: int, limit: int) -> int:
+        """The largest b in 1..limit with at(b) <= budget (0 when none).
+
+        Starts from the closest points already known on either side of the
+        budget, aims where the line through them crosses it, and stops as soon
+        as three points on that line prove it: a cold search on an affine
+        stretch traces limit, 1 and one or two aims; a warm one, nothing.
+        """
+        if limit < 1:
+            return 0
+        known = {b: self.at(b) for b in self.points}
+        hi = min((b for b, p in known.items() if b <= limit and p > budget), default=0)
+        if not hi:
+            if self.at(limit) <= budget:
+                return limit
+            hi = limit
+        lo = max((b for b, p in known.items() if b < hi and p <= budget), default=0)
+        if not lo:
+            if self.at(1) > budget:
+                return 0
+            lo = 1
+        slow = False
+        while hi - lo > 1:
+            p_lo, p_hi = self.at(lo), self.at(hi)  # p_lo <= budget < p_hi
+            guess = lo + (budget - p_lo) * (hi - lo) // (p_hi - p_lo)
+            if self._run(lo, hi):  # the line is the curve: read the answer off it (the device terms round)
+                guess = max(lo, min(guess, hi - 1))
+                while guess > lo and self.at(guess) > budget:
+                    guess -= 1
+                while guess + 1 < hi and self.at(guess + 1) <= budget:
+                    guess += 1
+                return guess
+            width, guess = hi - lo, min(max(guess, lo + 1), hi - 1)
+            lo, hi = (guess, hi) if self.at(guess) <= budget else (lo, guess)
+            if hi - lo <= width // 2:
+                slow = False
+            elif slow:  # the line missed twice (a kink in the curve): halve the bracket as well
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if self.at(mid) <= budget else (lo, mid)
+                slow = False
+            else:
+                slow = True
+        return lo
+
+
+class StepCurve(PeakCurve):
+    """The PeakCurve of a traced step: a point is a trace (peak, then its breakdown), and a point read off
+    a proven line is that trace interpolated, so the plan's figures at any batch there cost no trace."""
+
+    def __init__(self, step: Callable[[int], Trace], batches: list[int], *, device_type: str,
+                 compile_mode: str | None, plus: int = 0) -> None:
+        self._traces: dict[int, Trace] = {}
+        self._device_type, self._compile_mode, self._plus = device_type, compile_mode, plus
+        self._keys: list[str] = []  # the breakdown's categories, in CATEGORIES order
+
+        def measure(batch: int) -> Vector:
+            trace = self._traces[batch] = step(batch)
+            self._keys = self._keys or sorted(trace.breakdown, key=lambda k: (
+                CATEGORIES.index(k) if k in CATEGORIES else len(CATEGORIES), k))
+            return (trace.peak_bytes, *(trace.breakdown[k] for k in self._keys))
+
+        super().__init__(measure, {b: measure(b) for b in batches})
+
+    def trace(self, batch: int) -> Trace:
+        vector = self.vector(batch)
+        # a point read off a line: the parameters, features and evaluation split are those of any trace
+        template = self._traces.get(batch) or replace(next(iter(self._traces.values())), batch=batch, seconds=0.0)
+        return replace(template, peak_bytes=vector[0], breakdown=dict(zip(self._keys, vector[1:])))
+
+    def prediction(self, batch: int) -> Prediction:
+        trace = self.trace(batch)
+        return Prediction(batch, self._device_type, trace, device_overheads(trace, self._device_type,
+                                                                            self._compile_mode))
+
+    def at(self, batch: int) -> int:
+        return self.prediction(batch).peak_bytes + self._plus
+
 
 def largest_fitting(peak: Callable[[int], int], budget: int, limit: int) -> int:
-    """The largest b in 1..limit with peak(b) <= budget (0 when none), for a peak that grows with b.
-
-    Peak memory is close to linear in the batch, so each step aims where the line
-    through the two bracketing points crosses the budget, then checks the
-    neighbour on the other side: usually 3 to 5 calls in all.
-    """
-    if peak(limit) <= budget:
-        return limit
-    if peak(1) > budget:
-        return 0
-    lo, hi = 1, limit  # peak(lo) fits, peak(hi) does not
-    while hi - lo > 1:
-        p_lo, p_hi = peak(lo), peak(hi)
-        aim = lo + math.floor((budget - p_lo) * (hi - lo) / max(1, p_hi - p_lo))
-        guess = min(max(aim, lo + 1), hi - 1)
-        width = hi - lo
-        if peak(guess) <= budget:
-            lo = guess
-            if guess + 1 < hi:
-                lo, hi = (guess + 1, hi) if peak(guess + 1) <= budget else (lo, guess + 1)
-        else:
-            hi = guess
-            if guess - 1 > lo:
-                lo, hi = (guess - 1, hi) if peak(guess - 1) <= budget else (lo, guess - 1)
-        if hi - lo > width // 2 and hi - lo > 1:  # the line was off: halve the bracket as well
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if peak(mid) <= budget else (lo, mid)
-    return lo
+    """The largest b in 1..limit with peak(b) <= budget (0 when none), for a convex peak that grows with b
+    (PeakCurve.largest_fitting with nothing known yet)."""
+    return PeakCurve(lambda b: (peak(b),)).largest_fitting(budget, limit)
