@@ -1,13 +1,18 @@
 """The resolver: (config, hardware, model, world size) -> Plan, a pure function.
 
-Order matters: device, then precision and compile (the batch depends on
-whether compile is on), then the micro-batch from a swappable batch policy,
-then gradient accumulation so that
+Order matters: device, then precision, compile and TF32 (the batch depends on
+whether compile is on), then the largest micro-batch that fits from a
+swappable batch policy, then (the memory planner) the micro-batch up to it,
+and gradient checkpointing on or off, with the highest samples/s that
+lib.steptime predicts, and gradient accumulation so that
 
     effective batch = micro-batch x accumulation x world size
 
-equals the target. World size is the number of training processes
-(WORLD_SIZE under torchrun), not the number of GPUs in the machine.
+equals the target (a micro-batch that does not divide a process's share
+makes the last one of each step short). World size is the number of training
+processes (WORLD_SIZE under torchrun), not the number of GPUs in the machine.
+Every plan ends with its predicted step time, samples/s, run time and energy
+(`with_predictions`).
 
 Nothing here detects hardware or reads files; `apply_hyperparams` is the
 convenience entry (the seed's name) that detects, resolves and prints.
@@ -15,6 +20,7 @@ convenience entry (the seed's name) that detects, resolves and prints.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -22,7 +28,9 @@ from dataclasses import dataclass
 from .config import Config
 from .errors import PlanError
 from .hardware import GPUInfo, HardwareProfile, gib
+from .fastest import choose_fastest, with_predictions
 from .plan import BatchChoice, BatchPolicy, ModelDescription, Plan  # noqa: F401  (the resolver's API)
+from .threads import decide_cpu_threads, decide_loader_workers, using_threads
 
 # GPUs where torch.compile is known to misbehave (the primary seed's list).
 COMPILE_DENY = {
@@ -177,14 +185,11 @@ def calculate_gradient_accumulation(target: int, max_micro: int, world_size: int
                           f"({(effective - target) / target:+.1%})")
 
 
-def decide_workers(config: Config, device_type: str, hardware: HardwareProfile, world_size: int) -> tuple[int, str]:
-    if config.workers_mode == "manual":
-        return config.dataloader_workers, "MANUAL: CONFIG_DATALOADER_WORKERS"
-    if device_type == "cpu":
-        return 0, "AUTO: CPU training: worker processes would compete with training for the same cores"
-    per_process = hardware.cpu.logical_cores // max(1, world_size)
-    workers = max(0, min(4, per_process - 1))
-    return workers, f"AUTO: {per_process} CPU threads per process, one kept for the training loop (at most 4)"
+def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool, str]:
+    if config.tf32 == "auto":
+        tf32 = bool(on_gpu and gpu.supports_tf32)
+        return tf32, "AUTO: " + (f"{gpu.name} has TF32 tensor cores" if tf32 else "no TF32 hardware")
+    return config.tf32 == "on", f"CONFIG_TF32_{config.tf32.upper()}"
 
 
 def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
@@ -192,7 +197,9 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
     """The plan for training `model` under `config` on `hardware` with `world_size` processes.
 
     `policy` defaults to the one the config selects (`policy_for`). The planner
-    reads and writes its trace cache, which only changes how long this takes.
+    reads and writes its trace cache, and lib.steptime its counts, CPU figures
+    and (on this machine's CPU, once) real micro-batch timings, which only
+    changes how long this takes.
     """
     if world_size < 1:
         raise PlanError(f"world size must be at least 1, got {world_size}")
@@ -201,14 +208,23 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
 
     device_type, reasons["device"] = decide_device(config, hardware)
     gpu = hardware.primary_gpu if device_type in ("cuda", "mps") else None
+    on_gpu = device_type == "cuda"
     precision, reasons["precision"] = decide_precision(config, device_type, gpu)
     compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
+    tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
+    idle = hardware.cpu.idle_cores  # step timings taken while planning run at the threads training will
+    cpu_threads, reasons["cpu_threads"] = decide_cpu_threads(config, device_type, hardware, world_size,
+                                                             idle_cores=idle)
+    workers, reasons["workers"] = decide_loader_workers(config, device_type, hardware, world_size, idle_cores=idle)
+    timing_threads = cpu_threads if device_type == "cpu" else None
 
     if device_type == "cuda" and world_size > hardware.identical_gpu_count and hardware.identical_gpu_count:
         notes.append(f"{world_size} processes but only {hardware.identical_gpu_count} identical GPU(s): "
                      "processes will share GPUs or use different models")
 
     memory: dict = {}
+    checkpointing = config.gradient_checkpointing
+    speed_model = None
     if config.hyperparam_mode == "manual":
         micro, accum = config.batch_size, config.gradient_accumulation
         target = None
@@ -220,52 +236,74 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
         else:
             eval_batch = 2 * micro
             reasons["eval_batch"] = "twice the micro-batch: evaluation keeps no activations for backward"
+        effective = micro * accum * world_size
     else:
         target = config.target_effective_batch
         policy = policy or policy_for(config)
         policy_name = policy.name
-        choice = policy.choose(config=config, hardware=hardware, model=model, device_type=device_type,
-                               compile=compile_on, compile_mode=compile_mode, precision=precision,
-                               world_size=world_size, target=target)
+        choose = dict(hardware=hardware, model=model, device_type=device_type, compile=compile_on,
+                      compile_mode=compile_mode, precision=precision, world_size=world_size, target=target)
+        choice = policy.choose(config=config, **choose)
         cap, reasons["micro_batch"] = choice.max_micro, choice.reason
-        micro, accum, reasons["grad_accum"] = calculate_gradient_accumulation(target, cap, world_size)
-        if micro < cap:
-            reasons["micro_batch"] += f"; {micro} used (largest that divides the target)"
+        fast = None
+        if choice.predict is not None and target % world_size == 0:  # the memory planner: the fastest that fits
+            try:
+                with using_threads(timing_threads):
+                    fast = choose_fastest(config, hardware, policy, choice, device_type=device_type,
+                                          precision=precision, tf32=tf32, compile_on=compile_on,
+                                          world_size=world_size, target=target, choose=choose)
+            except Exception as err:  # noqa: BLE001 - a step-time failure must not stop planning
+                notes.append(f"step time not predicted ({type(err).__name__}: {err}); the micro-batch is the "
+                             "largest that divides the target")
+        if fast is not None:
+            best, option, speed_model, why = fast
+            micro, accum, checkpointing, choice = best.micro_batch, best.grad_accum, option.checkpointing, option.choice
+            share = target // world_size
+            reasons["micro_batch"] = f"{choice.reason}; {why}"
+            last = share - (accum - 1) * micro
+            reasons["grad_accum"] = f"{share} per process / micro-batch {micro}" + (
+                f": {accum - 1} x {micro} + {last} (the short one weighs its samples)" if last != micro else "")
+            effective = target
+        else:
+            micro, accum, reasons["grad_accum"] = calculate_gradient_accumulation(target, cap, world_size)
+            if micro < cap:
+                reasons["micro_batch"] += f"; {micro} used (largest that divides the target)"
+            effective = micro * accum * world_size
         eval_batch, reasons["eval_batch"] = choice.eval_batch, choice.eval_reason
         if choice.predict is not None:
             at = choice.predict(micro)
-            memory = dict(max_micro_batch=cap, predicted_peak_bytes=at.peak_bytes, budget_bytes=choice.budget_bytes,
-                          memory_breakdown=at.breakdown, eval_predicted_peak_bytes=choice.eval_peak_bytes)
-    effective = micro * accum * world_size
-
-    on_gpu = device_type == "cuda"
-    if config.tf32 == "auto":
-        tf32 = bool(on_gpu and gpu.supports_tf32)
-        reasons["tf32"] = "AUTO: " + (f"{gpu.name} has TF32 tensor cores" if tf32 else "no TF32 hardware")
+            memory = dict(max_micro_batch=choice.max_micro, predicted_peak_bytes=at.peak_bytes,
+                          budget_bytes=choice.budget_bytes, memory_breakdown=at.breakdown,
+                          eval_predicted_peak_bytes=choice.eval_peak_bytes)
+    if checkpointing != config.gradient_checkpointing:
+        reasons["gradient_checkpointing"] = (
+            f"AUTO: {'on' if checkpointing else 'off'} against CONFIG_GRADIENT_CHECKPOINTING="
+            f"{'y' if config.gradient_checkpointing else 'n'}: predicted faster (see micro-batch)")
     else:
-        tf32 = config.tf32 == "on"
-        reasons["tf32"] = f"CONFIG_TF32_{config.tf32.upper()}"
+        reasons["gradient_checkpointing"] = f"CONFIG_GRADIENT_CHECKPOINTING={'y' if checkpointing else 'n'}"
+
     if config.cudnn_benchmark == "auto":
         cudnn_benchmark = on_gpu
         reasons["cudnn_benchmark"] = "AUTO: " + ("fixed input shapes on a GPU" if on_gpu else "not a CUDA device")
     else:
         cudnn_benchmark = config.cudnn_benchmark == "on"
         reasons["cudnn_benchmark"] = f"CONFIG_CUDNN_BENCHMARK_{config.cudnn_benchmark.upper()}"
-    workers, reasons["workers"] = decide_workers(config, device_type, hardware, world_size)
     if compile_on and device_type == "cpu":
         notes.append("torch.compile on a CPU was measured slower than eager for small models here")
     if hardware.on_battery:
         notes.append("running on battery: training will be slower and drain it; plug in for long runs")
 
-    return Plan(
+    plan = Plan(
         mode=config.hyperparam_mode, policy=policy_name, device_type=device_type, accelerator=(
             hardware.accelerator if device_type != "cpu" else "cpu"),
         device_name=gpu.name if gpu else hardware.cpu.name, world_size=world_size,
         micro_batch=micro, grad_accum=accum, effective_batch=effective, target_effective_batch=target,
         eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
-        gradient_checkpointing=config.gradient_checkpointing, num_workers=workers,
+        gradient_checkpointing=checkpointing, num_workers=workers, cpu_threads=cpu_threads,
         pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), **memory)
+    with using_threads(timing_threads):
+        return with_predictions(config, hardware, plan, speed_model)
 
 
 # --------------------------------------------------------------------------

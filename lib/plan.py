@@ -50,6 +50,7 @@ class Plan:
     cudnn_benchmark: bool
     gradient_checkpointing: bool
     num_workers: int
+    cpu_threads: int  # intra-op threads per process (lib.threads)
     pin_memory: bool
     model: str
     reasons: dict[str, str] = field(default_factory=dict)
@@ -60,6 +61,11 @@ class Plan:
     budget_bytes: int | None = None  # free memory x memory profile
     memory_breakdown: dict[str, int] | None = None  # category -> bytes at the peak; sums to the peak
     eval_predicted_peak_bytes: int | None = None
+    # lib.steptime's prediction (None where the device's speed is unknown); reasons["step_time"] says how.
+    predicted_step_seconds: float | None = None  # one optimizer step
+    predicted_samples_per_second: float | None = None  # over all processes
+    predicted_run_seconds: float | None = None  # the configured epochs / steps (time limit), evaluations included
+    predicted_energy_kwh: float | None = None  # the device's power limit x the run's time
 
     def to_dict(self) -> dict:
         d = asdict(self)

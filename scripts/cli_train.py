@@ -73,26 +73,34 @@ def cmd_train(args) -> int:
         nproc, why = distributed.process_count(config, hardware, plan.device_type)
         if nproc > 1:
             nnodes = int(os.environ.get("NNODES") or 1)
-            plan_for(config, hardware, world_size=nproc * nnodes)  # refuses a world size the plan cannot take
-            print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why})")
-            distributed.exec_torchrun(nproc, ROOT / "scripts" / "kfit.py", dict(os.environ))
+            _, launch = plan_for(config, hardware, world_size=nproc * nnodes)  # refuses a world size it cannot take
+            print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why}); "
+                  f"{launch.cpu_threads} CPU thread(s) each")
+            # the threads are decided here, before any rank starts: a rank would count its siblings as load
+            distributed.exec_torchrun(nproc, ROOT / "scripts" / "kfit.py", dict(os.environ), threads=launch.cpu_threads)
     rank = distributed.current()
     say = print if rank.is_main else (lambda *a, **k: None)
     if rank.active:
         hardware = usable_hardware(config, hardware, _stderr if rank.is_main else (lambda line: None), rank.local_rank)
         _, plan = plan_for(config, hardware, rank.world_size)
-        rank = distributed.setup(plan.device_type, hardware.cpu.logical_cores)
+        rank = distributed.setup(plan.device_type)
         hardware = distributed.hardware_for_rank(hardware, rank, rank.local_world_size, say)
     try:
         model, plan = plan_for(config, hardware, rank.world_size)
         say(summary_line(plan, hardware, model))
         say(compile_line(plan))
+        say(f"CPU threads: {plan.cpu_threads} ({plan.reasons['cpu_threads']})")
         for note in plan.notes:
             say(f"Note: {note}")
         task = load_task(config)
         from lib.probe import maybe_probe
 
-        plan = maybe_probe(config, plan, hardware, task, log=say, rank=rank)
+        probed = maybe_probe(config, plan, hardware, task, log=say, rank=rank)
+        if probed != plan:  # another micro-batch: its own predicted time
+            from lib.hyperparams import with_predictions
+
+            probed = with_predictions(config, hardware, probed)
+        plan = probed
         resume = distributed.broadcast(resume_from(config, plan) if rank.is_main else None)
         result = train(config, plan, hardware, task=task, resume=resume, log=say)
     except TrainingInterrupted as stop:

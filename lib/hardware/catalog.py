@@ -23,7 +23,21 @@ How the figures were chosen
   from NVIDIA's table, https://developer.nvidia.com/cuda-gpus (V100:
   https://developer.nvidia.com/cuda-legacy-gpus).
 * ``tdp_watts`` is the board power limit of the form factor named in ``name``
-  (SXM and PCIe parts of the same chip differ).  It is informational.
+  (SXM and PCIe parts of the same chip differ).  lib.steptime multiplies it by
+  a run's predicted time for the plan's energy estimate (an upper bound: a run
+  rarely holds the board at its limit).
+* ``peak`` holds the throughput figures the step-time model (lib.steptime)
+  divides counted work by: dense (not 2:4 sparse) TFLOP/s for plain fp32
+  (non-tensor), TF32 tensor cores (None where there are none), bf16/fp16
+  tensor cores with fp32 accumulation (the fp16 figure on V100 and T4, which
+  lack bf16), and memory bandwidth in GB/s (10^9 bytes/s), each from the page
+  in ``peak.source``.  Vendors quote sparse figures first on Ampere and later:
+  the dense ones are half of them.
+
+CPUs
+----
+A CPU's throughput is measured on the machine (lib.steptime.device); its
+power has no catalog: ``CPU_WATTS_PER_CORE`` is a documented guess.
 
 Default free memory
 -------------------
@@ -56,6 +70,22 @@ GiB = 2**30
 # See "Default free memory" above.
 CONTEXT_RESERVE_BYTES = 768 * MiB
 
+# A CPU's power for energy estimates, a guess: an AMD EPYC 7763 is rated 280 W for 64 cores
+# (4.4 W a core; https://www.amd.com/en/products/processors/server/epyc/7003-series/amd-epyc-7763.html),
+# and desktop parts land between 4 and 8 W a core at their rated TDP.
+CPU_WATTS_PER_CORE = 4.4
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Dense peak throughput (TFLOP/s) and memory bandwidth (GB/s, 10^9 bytes/s), with their source."""
+
+    fp32_tflops: float  # plain fp32 (CUDA cores / vector units)
+    tf32_tflops: float | None  # TF32 tensor cores; None without them
+    half_tflops: float  # bf16 (fp16 where there is no bf16) tensor cores, fp32 accumulate
+    bandwidth_gbs: float
+    source: str
+
 
 @dataclass(frozen=True)
 class CatalogGPU:
@@ -71,9 +101,10 @@ class CatalogGPU:
     tdp_watts: int
     memory_type: str
     source: str  # URL of the spec cited for this entry
+    peak: Peak  # throughput and bandwidth, for lib.steptime (see the module docstring)
 
 
-def _nvidia(key, name, total_bytes, cc, tdp_watts, memory_type, source):
+def _nvidia(key, name, total_bytes, cc, tdp_watts, memory_type, source, peak):
     major, minor = cc
     ampere_or_later = cc >= (8, 0)
     return CatalogGPU(
@@ -91,10 +122,11 @@ def _nvidia(key, name, total_bytes, cc, tdp_watts, memory_type, source):
         tdp_watts=tdp_watts,
         memory_type=memory_type,
         source=source,
+        peak=peak,
     )
 
 
-def _amd(key, name, total_bytes, arch, tdp_watts, memory_type, source):
+def _amd(key, name, total_bytes, arch, tdp_watts, memory_type, source, peak):
     return CatalogGPU(
         key=key,
         name=name,
@@ -108,96 +140,132 @@ def _amd(key, name, total_bytes, arch, tdp_watts, memory_type, source):
         tdp_watts=tdp_watts,
         memory_type=memory_type,
         source=source,
+        peak=peak,
     )
 
+
+_NVIDIA_DATACENTER = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+_ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+_GA102 = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
+_T4 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
+_V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 
 _ENTRIES = (
     # H100 SXM5 80GB.  85520809984 bytes is the total torch/CUDA reports (nvidia-smi:
     # 81559 MiB), quoted in the PR cited.  700 W:
     # https://hawkvelt.id.au/post/2024-08-04-nvidia-h100 ; cc 9.0: cuda-gpus.
+    # Peak: the H100 SXM datasheet (sparse TF32/bf16 halved); also
+    # https://glennklockwood.com/garden/processors/h100 .
     _nvidia(
         "h100", "NVIDIA H100 80GB HBM3", 85520809984, (9, 0), 700, "HBM3",
         "https://github.com/modal-labs/modal-client/pull/2797",
+        Peak(66.9, 494.7, 989.4, 3350, _NVIDIA_DATACENTER),
     ),
     # A100 SXM4 40GB.  deviceQuery on this card: 40339 MBytes (42298834944 bytes).
     # 400 W, HBM2: https://glennklockwood.com/garden/processors/A100 ; cc 8.0.
+    # Peak: the A100 datasheet (40GB SXM: 1,555 GB/s).
     _nvidia(
         "a100-40gb", "NVIDIA A100-SXM4-40GB", 42298834944, (8, 0), 400, "HBM2",
         "https://github.com/bottlerocket-os/bottlerocket/pull/3873",
+        Peak(19.5, 156, 312, 1555, _A100),
     ),
     # A100 SXM4 80GB.  deviceQuery (CUDA 12.2 driver): 81051 MBytes (84987740160
     # bytes), i.e. torch's "79.15 GiB total capacity"; other drivers report up to
     # ~100 MiB more (approximate).  nvidia-smi shows 81920 MiB (modal PR #2797).
     # Same 400 W board as the 40GB part, HBM2e.
+    # Peak: the A100 datasheet (80GB SXM: 2,039 GB/s).
     _nvidia(
         "a100-80gb", "NVIDIA A100-SXM4-80GB", 84987740160, (8, 0), 400, "HBM2e",
         "https://glennklockwood.com/garden/processors/A100",
+        Peak(19.5, 156, 312, 2039, _A100),
     ),
     # A10G (AWS G5).  torch prints total_memory=22587MB (MiB, rounded down), so
     # 22587 MiB is approximate to within 1 MiB; nvidia-smi: 23028 MiB and a 300 W
     # cap in the issue cited.  24 GB GDDR6:
     # https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/ ;
     # cc 8.6 (A10 family: cuda-gpus).
+    # Peak: the A10G's own figures (lower tensor throughput than the A10's), from the
+    # Baseten comparison (A10G: 35 TF32, 70 bf16 tensor TFLOPS, 600 GB/s).
     _nvidia(
         "a10g", "NVIDIA A10G", 22587 * MiB, (8, 6), 300, "GDDR6",
         "https://github.com/NVIDIA/DCGM/issues/232",
+        Peak(31.2, 35, 70, 600, "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/"),
     ),
     # L4.  deviceQuery: 22518 MBytes (23612293120 bytes); nvidia-smi 23034 MiB
     # (modal PR #2797).  72 W, 24 GB GDDR6: page cited.  cc 8.9.
+    # Peak: the L4 datasheet (120 TF32 / 242 bf16 sparse, halved; 300 GB/s).
     _nvidia(
         "l4", "NVIDIA L4", 23612293120, (8, 9), 72, "GDDR6",
         "https://pcpartdb.com/gpus/view/nvidia-l4",
+        Peak(30.3, 60, 121, 300, "https://www.nvidia.com/en-us/data-center/l4/"),
     ),
     # GeForce RTX 4090.  torch prints total_memory=24563MB (MiB, rounded down;
     # approximate to within 1 MiB; a desktop also drives a display, which takes
     # more).  450 W TGP, 24 GB GDDR6X: page cited.  cc 8.9.
+    # Peak: NVIDIA's Ada architecture whitepaper (bf16 with fp32 accumulate; 1,008 GB/s).
     _nvidia(
         "rtx4090", "NVIDIA GeForce RTX 4090", 24563 * MiB, (8, 9), 450, "GDDR6X",
         "https://gadgetbrains.com/?p=3712",
+        Peak(82.6, 82.6, 165.2, 1008, _ADA),
     ),
     # GeForce RTX 3090.  deviceQuery: 24268 MBytes (25447170048 bytes), torch's
     # "23.70 GiB total capacity".  350 W, 24 GB GDDR6X: page cited.  cc 8.6.
+    # Peak: NVIDIA's GA102 whitepaper (bf16 with fp32 accumulate; 936 GB/s).
     _nvidia(
         "rtx3090", "NVIDIA GeForce RTX 3090", 25447170048, (8, 6), 350, "GDDR6X",
         "https://www.hardwaredb.net/geforce-rtx-3090-benchmark",
+        Peak(35.6, 35.6, 71, 936, _GA102),
     ),
     # Tesla T4.  deviceQuery: 15102 MBytes (15835660288 bytes), torch's "14.75 GiB
     # total capacity"; nvidia-smi 15360 MiB (modal PR #2797).  70 W, 16 GB GDDR6:
     # page cited.  cc 7.5: no bf16, no TF32.
+    # Peak: the T4 datasheet (65 fp16 mixed-precision TFLOPS; 320 GB/s).
     _nvidia(
         "t4", "Tesla T4", 15835660288, (7, 5), 70, "GDDR6",
         "https://www.aiminingco.com/gpu/t4/specs",
+        Peak(8.1, None, 65, 320, _T4),
     ),
     # Tesla V100 SXM2 16GB.  deviceQuery: 16160 MBytes (16945512448 bytes), torch's
     # "15.78 GiB total capacity".  nvidia-smi in the issue cited: 16384 MiB,
     # 300 W cap.  cc 7.0 (cuda-legacy-gpus): no bf16, no TF32.
+    # Peak: the V100 datasheet (SXM2: 125 fp16 tensor TFLOPS, 900 GB/s).
     _nvidia(
         "v100", "Tesla V100-SXM2-16GB", 16945512448, (7, 0), 300, "HBM2",
         "https://github.com/1CatAI/1Cat-vLLM/issues/85",
+        Peak(15.7, None, 125, 900, _V100),
     ),
     # B200.  torch prints total_memory=182631MB (MiB, rounded down; another
     # driver gave 182642MB), matching the "Total Global Memory: 178.35 GB" (GiB)
     # in the PR cited; approximate.  nvidia-smi: 183359 MiB, 1000 W cap:
     # https://github.com/NVIDIA/TensorRT-LLM/issues/10278 .  cc 10.0 (cuda-gpus).
     # Marketed as 192 GB HBM3e; about 180 GB of it is enabled.
+    # Peak: the HGX B200 (1,000 W) figures NVIDIA lists, dense, as collected on the page cited
+    # (7.7 TB/s for the 180 GB part).
     _nvidia(
         "b200", "NVIDIA B200", 182631 * MiB, (10, 0), 1000, "HBM3e",
         "https://github.com/pytorch/ao/pull/4002",
+        Peak(75, 1100, 2250, 7700, "https://glennklockwood.com/garden/processors/B200"),
     ),
     # AMD Radeon PRO W7900, RDNA3 (gfx1100).  48 GB GDDR6, 295 W: page cited.  No
     # torch/ROCm figure was found: 48 GiB is the physical size (AMD's "GB" here is
     # binary; 24 x 2 GiB chips); ROCm reports a few MiB less.  Approximate.
+    # Peak: AMD's product page (61.3 fp32, 122.6 fp16/bf16 TFLOPS; 864 GB/s).
     _amd(
         "w7900", "AMD Radeon PRO W7900", 48 * GiB, "gfx1100", 295, "GDDR6",
         "https://www.itcreations.com/amd-gpu/amd-radeon-pro-w7900-gpu",
+        Peak(61.3, None, 122.6, 864, "https://www.amd.com/en/products/professional-graphics/amd-radeon-pro-w7900"),
     ),
     # AMD Instinct MI210, CDNA2 (gfx90a).  64 GB HBM2e, 300 W: AnandTech's launch
     # article (cited).  ROCm reports a 64 GB gfx90a device as 68702699520 bytes
     # (64 GiB - 16 MiB, KFD mem_banks size_in_bytes) in public logs; that figure
     # is taken from a gfx90a log, not an MI210 one, so it is approximate.
+    # Peak: AMD's MI210 page (22.6 vector fp32, 181 bf16 matrix TFLOPS; 1.6 TB/s).
     _amd(
         "mi210", "AMD Instinct MI210", 68702699520, "gfx90a", 300, "HBM2e",
         "https://www.anandtech.com/show/17326/amd-releases-instinct-mi210-accelerator-cdna-2-on-a-pcie-card",
+        Peak(22.6, None, 181, 1638, "https://www.amd.com/en/products/accelerators/instinct/mi200/mi210.html"),
     ),
 )
 

@@ -6,6 +6,7 @@
   resume.py      checkpoint contents, RNG state, the run directory, stopping on SIGTERM/SIGINT
   evaluation.py  the eval split's loss and metric, on rank 0
   schedule.py    the learning-rate schedule
+  timing.py      the first steps' time against the plan's prediction; calibrating lib.steptime
 """
 
 from .evaluation import Evaluator

@@ -25,6 +25,7 @@ from ..task import Task
 from .evaluation import Evaluator
 from .resume import TrainingInterrupted, checkpoint_due, write_run_files
 from .stepper import Log, Stepper
+from .timing import StepTimer, finish_line
 from .windows import epoch_micro_batches
 
 # Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
@@ -70,6 +71,10 @@ class Trainer(Stepper):
             interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
             tokens_per_sample=self.info.block_size or 0, log=log, enabled=config.monitor,
             append=self.resumed_from is not None, write_metrics=main)
+        self.timer = StepTimer(config, self.hardware, self.event, calibrate=main)
+        line = finish_line(plan, self.total_steps, p.step)
+        if line:
+            log(line)
         history: list[dict] = []
         stop_reason, final = "epochs", {}
         self.signals.install()
@@ -84,6 +89,7 @@ class Trainer(Stepper):
                 stop_reason = self.run_epoch(history)
             if stop_reason == "epochs" and config.max_steps and p.step >= config.max_steps:
                 stop_reason = "max_steps"  # resumed from a checkpoint taken at the last step
+            self.timer.finish()
             seconds, self.feed = self.elapsed(), None
             if main:
                 final = self.log_eval(p.step, self.epochs_begun(), final=True)
@@ -108,7 +114,9 @@ class Trainer(Stepper):
         windows = epoch_micro_batches(len(self.train_split), p.window_size, config.seed, p.epoch)
         self.feed = None
         while p.window < len(windows):
+            started = time.perf_counter()
             loss, timed_out, signalled = self.optimizer_step(windows, p.window, p.step)
+            self.timer.record(self.plan, time.perf_counter() - started)
             if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"loss became {loss} at step {p.step + 1}: lower CONFIG_LEARNING_RATE "

@@ -1,0 +1,112 @@
+"""The fastest plan that fits: among the micro-batches (and gradient-checkpointing settings) the batch
+policy's memory cap allows, the one lib.steptime predicts the most samples/s for; and every plan's
+predicted step time, throughput, run time and energy (`with_predictions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .config import Config
+from .errors import PlanError
+from .hardware import HardwareProfile
+from .plan import BatchChoice, BatchPolicy, Plan
+
+# Models whose builders take a gradient-checkpointing switch (lib/models).
+CHECKPOINTING_MODELS = ("gpt2", "resnet18", "resnet50")
+
+
+@dataclass(frozen=True)
+class _Option:
+    """A micro-batch cap from the batch policy under one gradient-checkpointing setting."""
+
+    checkpointing: bool
+    choice: BatchChoice
+
+
+def _other_checkpointing(config: Config, choice: BatchChoice, share: int) -> bool:
+    """Whether the other checkpointing setting could help: the model has it, and it is on (recomputing
+    costs time) or memory caps the micro-batch below the share (it would let a larger one fit)."""
+    return config.model in CHECKPOINTING_MODELS and (config.gradient_checkpointing or choice.max_micro < share)
+
+
+def _speed_reason(choice, ranked, share: int, cap: int, source: str) -> str:
+    """Why this micro-batch: the choice, a near-tie it won, the runner-up, the largest that fits, the
+    largest that divides the share (the rule before step-time prediction), each with its samples/s."""
+    from .steptime import TIE
+
+    why = f"fastest predicted of {len(ranked)} candidates ({source}): {choice.describe()}"
+    best = ranked[0]
+    said = [choice]
+    if best is not choice:
+        why += f"; {best.describe()} is within {TIE:.0%}, and the larger micro-batch is kept"
+        said.append(best)
+    same = [c for c in ranked if c.gradient_checkpointing == choice.gradient_checkpointing]
+    for label, found in (("runner-up", next((c for c in ranked if c not in said), None)),
+                         ("the largest that fits", next((c for c in same if c.micro_batch == cap), None)),
+                         ("the largest divisor of the share", max(
+                             (c for c in same if share % c.micro_batch == 0), key=lambda c: c.micro_batch,
+                             default=None))):
+        if found is not None and found not in said:
+            why += f"; {label} {found.describe()}"
+            said.append(found)
+    return why
+
+
+def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolicy, choice: BatchChoice, *,
+                   device_type: str, precision: str, tf32: bool, compile_on: bool, world_size: int, target: int,
+                   choose: dict):
+    """(candidate, its option, its step-time model, reason) with the highest predicted samples/s among the
+    micro-batches (and checkpointing settings) that fit; None where the device's speed is unknown."""
+    from .steptime import candidates, fastest, step_time_model
+
+    share = target // world_size
+    ranked, models = [], {}
+
+    def model_for(checkpointing: bool):
+        return step_time_model(config, hardware, device_type=device_type, precision=precision, tf32=tf32,
+                               compile=compile_on, gradient_checkpointing=checkpointing, world_size=world_size,
+                               measure_up_to=min(choice.max_micro, share))
+
+    def add(option: _Option, model) -> None:
+        models[option.checkpointing] = (model, option)
+        ranked.extend(candidates(model, share=share, cap=min(option.choice.max_micro, share),
+                                 world_size=world_size, gradient_checkpointing=option.checkpointing))
+
+    model = model_for(config.gradient_checkpointing)
+    if model is None:
+        return None
+    add(_Option(config.gradient_checkpointing, choice), model)
+    if _other_checkpointing(config, choice, share):
+        other = dataclasses.replace(config, gradient_checkpointing=not config.gradient_checkpointing)
+        alt = model_for(other.gradient_checkpointing)
+        # the memory search for the other setting only where, unbounded by memory, it could be faster
+        bound = candidates(alt, share=share, cap=share, world_size=world_size,
+                           gradient_checkpointing=other.gradient_checkpointing)
+        if max(c.samples_per_second for c in bound) > max(c.samples_per_second for c in ranked):
+            try:
+                add(_Option(other.gradient_checkpointing, policy.choose(config=other, **choose)), alt)
+            except PlanError:
+                pass  # the other setting does not fit at all
+    best, ranked = fastest(ranked, config.gradient_checkpointing)
+    model, option = models[best.gradient_checkpointing]
+    cap = min(option.choice.max_micro, share)
+    return best, option, model, _speed_reason(best, ranked, share, cap, model.source)
+
+
+def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, speed_model=None) -> Plan:
+    """The plan with its predicted step time, throughput, run time and energy (lib.steptime), and why;
+    as it was, with a note, where the device's speed is unknown."""
+    from .steptime import model_for_plan, plan_predictions
+
+    try:
+        speed_model = speed_model or model_for_plan(config, hardware, plan)
+    except Exception as err:  # noqa: BLE001 - a step-time failure must not stop planning
+        return dataclasses.replace(plan, notes=(*plan.notes, f"step time not predicted ({type(err).__name__}: {err})"))
+    if speed_model is None:
+        why = (f"unknown: no speed figures for {plan.device_name} (lib/hardware/catalog.py lists the GPUs "
+               "kfit knows)")
+        return dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why})
+    fields, why = plan_predictions(config, plan, speed_model)
+    return dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields)

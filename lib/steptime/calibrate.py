@@ -1,0 +1,223 @@
+"""A plan's predicted step time, and its calibration by the steps of a real run.
+
+`step_time_model` assembles a StepTimeModel from the counted step (count.py,
+cached), the device's figures (device.py), any real micro-batch timings taken
+on this machine (measure.py, cached) and any calibration. `predict_step_time`
+applies it to a plan. `calibrate` is what the trainer calls after its first
+steps: it stores the run's median step time under a key of the machine, the
+model's step and the plan's precision, compile, TF32 and world size, in
+<cache dir>/steptime/calibration.json (the last CALIBRATION_RUNS runs); from
+then on the model is scaled by the median over those runs of (the run's time /
+the model's own prediction for that step), recomputed at each use, so the
+next `make plan` on that machine lands close.
+
+Measuring while planning can be switched off with KFIT_STEPTIME_MEASURE=0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import Config
+from ..hardware import HardwareProfile
+from ..memory import default_cache_dir
+from ..plan import Plan
+from ..threads import using_threads
+from .count import StepCounter, read_json, step_key, task_for, write_json
+from .device import Device, device_for
+from .measure import BUDGET_S, power_sizes, time_micro_batches
+from .model import StepTimeModel, window_sizes
+
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_RUNS = 5  # the last runs kept per machine and model; their median ratio calibrates
+MEASURE_ENV = "KFIT_STEPTIME_MEASURE"
+
+_COUNTERS: dict[Path, StepCounter] = {}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One optimizer step of a plan, predicted."""
+
+    seconds: float
+    samples_per_second: float  # over all processes
+    calibrated: bool  # scaled by a real run on this machine
+    source: str  # roofline / measured / calibrated, and from what
+    parts: dict[str, float]  # micro_batches, optimizer, step_overhead: seconds, summing to `seconds`
+
+
+def steptime_dir(cache_dir: Path | str | None = None) -> Path:
+    return Path(cache_dir or default_cache_dir()) / "steptime"
+
+
+def _counter(cache_dir: Path | str | None) -> StepCounter:
+    root = Path(cache_dir or default_cache_dir())
+    if root not in _COUNTERS:
+        _COUNTERS[root] = StepCounter(root)
+    return _COUNTERS[root]
+
+
+def _hash(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: str, checkpointing: bool,
+              measure_up_to: int | None, directory: Path) -> StepTimeModel:
+    """The model with this machine's real micro-batch timings, taking the missing ones when asked and cheap."""
+    path = directory / f"measured-{_hash(model.device.key, counts)}.json"
+    data = read_json(path)
+    micro = {int(k): float(v) for k, v in data.get("micro", {}).items()}
+    skipped = set(data.get("skipped", []))
+    optimizer_s = data.get("optimizer_s")
+    wanted = [s for s in power_sizes(measure_up_to or 0) if s not in micro and s not in skipped]
+    if measure_up_to and wanted and os.environ.get(MEASURE_ENV, "1") != "0":
+        # all sizes again, in one set of rounds: timings taken at different times do not compare
+        sizes = sorted(set(wanted) | set(micro))
+        micro, optimizer_s = time_micro_batches(config, task_for(config), precision=precision,
+                                                gradient_checkpointing=checkpointing, sizes=sizes,
+                                                estimate=model.roofline_micro_seconds, budget_s=BUDGET_S)
+        skipped = set(sizes) - set(micro)
+        write_json(path, {"micro": {str(k): v for k, v in micro.items()}, "skipped": sorted(skipped),
+                          "optimizer_s": optimizer_s, "time": time.time()})
+    if not micro:
+        return model
+    return dataclasses.replace(model, measured=micro, measured_optimizer_s=optimizer_s)
+
+
+def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, world_size: int) -> str:
+    return _hash(device.kind, device.key, counts, tf32, compile, world_size)
+
+
+def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: str, precision: str,
+                    tf32: bool = False, compile: bool = False, gradient_checkpointing: bool | None = None,
+                    world_size: int = 1, measure_up_to: int | None = None,
+                    cache_dir: Path | str | None = None) -> StepTimeModel | None:
+    """The step-time model of this config on this device; None where the device's speed is unknown.
+
+    `measure_up_to`: on this machine's CPU, time real micro-batches (powers of two up to it) that are
+    not cached yet, within measure.BUDGET_S. Cached timings and calibrations are always used.
+    """
+    checkpointing = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
+    directory = steptime_dir(cache_dir)
+    device = device_for(hardware, device_type, directory)
+    if device is None:
+        return None
+    counts = _counter(cache_dir).counts(config, device_type=device_type, precision=precision,
+                                        gradient_checkpointing=checkpointing)
+    model = StepTimeModel(counts=counts, device=device, precision=precision, tf32=tf32, compile=compile)
+    key = step_key(config, device_type=device_type, precision=precision, gradient_checkpointing=checkpointing)
+    if device.here and not compile:  # eager timings say nothing about a compiled step
+        model = _measured(model, config, key, precision=precision, checkpointing=checkpointing,
+                          measure_up_to=measure_up_to, directory=directory)
+    runs = read_json(directory / CALIBRATION_FILE).get(
+        _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size))
+    runs = [r for r in runs if isinstance(r, dict) and r.get("seconds")] if isinstance(runs, list) else []
+    if runs:  # the median run's ratio: one run on a busy machine does not set the next plans
+        ratios = sorted((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]),
+                         r["micro_batch"]) for r in runs)
+        correction, at = ratios[(len(ratios) - 1) // 2]
+        model = dataclasses.replace(model, correction=correction, calibrated_at=at)
+    return model
+
+
+def model_for_plan(config: Config, hardware: HardwareProfile, plan: Plan,
+                   cache_dir: Path | str | None = None) -> StepTimeModel | None:
+    with using_threads(plan.cpu_threads if plan.device_type == "cpu" else None):  # a CPU's speed is per thread count
+        return step_time_model(config, hardware, device_type=plan.device_type, precision=plan.precision,
+                               tf32=plan.tf32, compile=plan.compile, gradient_checkpointing=plan.gradient_checkpointing,
+                               world_size=plan.world_size, cache_dir=cache_dir)
+
+
+def samples_per_process(plan: Plan) -> int:
+    """The most samples one process takes in an optimizer step (the slowest rank sets the pace)."""
+    return math.ceil(plan.effective_batch / plan.world_size)
+
+
+def step_time(model: StepTimeModel, plan: Plan) -> StepTime:
+    samples = samples_per_process(plan)
+    parts = model.parts(plan.micro_batch, plan.grad_accum, samples)
+    seconds = sum(parts.values())
+    return StepTime(seconds=seconds, samples_per_second=plan.effective_batch / seconds,
+                    calibrated=model.calibrated_at is not None, source=model.source, parts=parts)
+
+
+def predict_step_time(config: Config, hardware: HardwareProfile, plan: Plan,
+                      cache_dir: Path | str | None = None) -> StepTime | None:
+    """The plan's step time on this hardware (calibrated where a run here calibrated it); None if unknown."""
+    model = model_for_plan(config, hardware, plan, cache_dir)
+    return step_time(model, plan) if model is not None else None
+
+
+def calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_seconds: list[float],
+              cache_dir: Path | str | None = None) -> StepTime | None:
+    """Store a real run's step times (seconds per optimizer step, warm-up excluded) for this machine and
+    model; returns the plan's prediction as it now stands (calibrated). None where the device is unknown."""
+    if not step_seconds:
+        return None
+    model = model_for_plan(config, hardware, plan, cache_dir)
+    if model is None:
+        return None
+    key = step_key(config, device_type=plan.device_type, precision=plan.precision,
+                   gradient_checkpointing=plan.gradient_checkpointing)
+    path = steptime_dir(cache_dir) / CALIBRATION_FILE
+    entries = read_json(path)
+    name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.world_size)
+    runs = entries.get(name) if isinstance(entries.get(name), list) else []
+    runs.append({"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "samples": samples_per_process(plan),
+                 "seconds": statistics.median(step_seconds), "steps": len(step_seconds),
+                 "device": model.device.name, "model": config.model, "time": round(time.time(), 3)})
+    entries[name] = runs[-CALIBRATION_RUNS:]
+    write_json(path, entries)
+    return predict_step_time(config, hardware, plan, cache_dir)
+
+
+# --------------------------------------------------------------------------
+# A whole run
+
+
+def run_steps(config: Config, plan: Plan, train_samples: int) -> int:
+    """Optimizer steps of the configured run: epochs x windows per epoch, capped by CONFIG_MAX_STEPS."""
+    windows = len(window_sizes(train_samples, plan.effective_batch))
+    total = config.epochs * windows
+    return min(total, config.max_steps) if config.max_steps else total
+
+
+def evaluations(config: Config, steps: int) -> int:
+    """Evaluation passes of a run of `steps` (lib/trainer/loop.py's schedule), the final one included."""
+    if config.eval_interval:
+        return (steps - 1) // config.eval_interval + 1
+    return max(0, config.epochs - 1) + 1
+
+
+def plan_predictions(config: Config, plan: Plan, model: StepTimeModel) -> tuple[dict, str]:
+    """The plan's four predicted_* fields, and the reason that explains them."""
+    step = step_time(model, plan)
+    counts = model.counts
+    steps = run_steps(config, plan, counts.train_samples)
+    evals = evaluations(config, steps)
+    eval_s = sum(model.forward_seconds(b) for b in window_sizes(counts.eval_samples, plan.eval_batch))
+    seconds = steps * step.seconds + evals * eval_s
+    limited = bool(config.time_limit_s and seconds > config.time_limit_s)
+    if limited:
+        seconds = float(config.time_limit_s)
+    device = model.device
+    devices = plan.world_size if device.kind == "gpu" else 1  # processes on a CPU share one package
+    energy = device.power_watts * devices * seconds / 3.6e6 if device.power_watts else None
+    why = (f"{step.source}; {steps} steps x {step.seconds * 1e3:.1f} ms + {evals} evaluation(s) x "
+           f"{eval_s * 1e3:.1f} ms = {seconds:,.1f}s"
+           + (f", stopped by CONFIG_TIME_LIMIT={config.time_limit_s}" if limited else ""))
+    if energy is None:
+        why += "; energy unknown (no power figure for this device)"
+    else:
+        guess = " (a guess: catalog.CPU_WATTS_PER_CORE x cores)" if device.kind == "cpu" else " (board power limit)"
+        why += f"; energy at {device.power_watts * devices:.0f} W{guess}"
+    return {"predicted_step_seconds": step.seconds, "predicted_samples_per_second": step.samples_per_second,
+            "predicted_run_seconds": seconds, "predicted_energy_kwh": energy}, why

@@ -1,0 +1,288 @@
+"""What one training step does, counted before running one: FLOPs, bytes moved and ops dispatched.
+
+A micro-batch's forward (with the loss), its backward, and the optimizer step
+(gradient clipping included) are run under FakeTensorMode, as the memory tracer
+does (lib/memory/trace.py), with one dispatch mode that counts, per phase:
+
+    flops           matmul, convolution and attention FLOPs (torch.utils.flop_counter's formulas,
+                    plus the CPU flash-attention kernels it does not list)
+    compute_bytes   bytes read and written by those FLOP-counted ops (inputs + outputs)
+    memory_bytes    bytes read and written by every other op (elementwise, reductions, copies, the optimizer)
+    ops             kernels dispatched (views excluded): what per-op launch or dispatch overhead multiplies
+
+Counts are linear in the batch (a constant part from the weights, a part per
+sample), so a step is counted at two batch sizes only (`COUNT_BATCHES`) and
+`Counts.at(b)` interpolates. They are cached as JSON next to the memory traces,
+keyed with lib.memory's fingerprint of the step (the model, precision,
+optimizer, gradient checkpointing, device type, torch) and the code of the
+models, the task, lib/step.py and this file (`counts_key`; `step_key` leaves
+this file out, for what real steps measured).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ..config import Config
+from ..memory import default_cache_dir, fingerprint
+
+FORMAT = 1
+COUNT_BATCHES = (1, 2)
+PHASES = ("forward", "backward", "optimizer")
+FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a step (forward, backward or optimizer) at one batch size."""
+
+    flops: float = 0.0
+    compute_bytes: float = 0.0
+    memory_bytes: float = 0.0
+    ops: float = 0.0
+
+    def __add__(self, other: "Phase") -> "Phase":
+        return Phase(*(getattr(self, f) + getattr(other, f) for f in FIELDS))
+
+    def to_json(self) -> dict:
+        return {f: getattr(self, f) for f in FIELDS}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A step's counts at COUNT_BATCHES, with what a plan needs to know about the data set."""
+
+    phases: dict[int, dict[str, Phase]]  # batch -> phase -> counts
+    parameters: int
+    train_samples: int
+    eval_samples: int
+
+    def at(self, batch: float, phase: str) -> Phase:
+        """The counts of `phase` at `batch`, on the line through the two counted batch sizes."""
+        (b0, p0), (b1, p1) = sorted(self.phases.items())[:2]
+        a, b = p0[phase], p1[phase]
+        t = (batch - b0) / (b1 - b0)
+        return Phase(*(max(0.0, getattr(a, f) + t * (getattr(b, f) - getattr(a, f))) for f in FIELDS))
+
+    def micro_batch(self, batch: float) -> Phase:
+        """Forward and backward of one micro-batch."""
+        return self.at(batch, "forward") + self.at(batch, "backward")
+
+    def to_json(self) -> dict:
+        return {"phases": {str(b): {k: v.to_json() for k, v in p.items()} for b, p in self.phases.items()},
+                "parameters": self.parameters, "train_samples": self.train_samples,
+                "eval_samples": self.eval_samples}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Counts":
+        return cls(phases={int(b): {k: Phase(**v) for k, v in p.items()} for b, p in d["phases"].items()},
+                   parameters=d["parameters"], train_samples=d["train_samples"], eval_samples=d["eval_samples"])
+
+
+# --------------------------------------------------------------------------
+# The counting dispatch mode
+
+
+def _cpu_attention_flops(name: str, args) -> int | None:
+    """FLOPs of the CPU flash-attention kernels, which torch's flop registry does not list."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    if "_scaled_dot_product_flash_attention_for_cpu" not in name:
+        return None
+    if name.endswith("_backward") or "backward" in name:
+        grad_out, q, k, v = args[:4]
+        return sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
+    q, k, v = args[:3]
+    return sdpa_flop_count(q.shape, k.shape, v.shape)
+
+
+class _Counter:
+    """Accumulates Phase counts; `mode()` is the TorchDispatchMode that feeds it."""
+
+    def __init__(self) -> None:
+        self.totals = {f: 0.0 for f in FIELDS}
+
+    def take(self) -> Phase:
+        phase, self.totals = Phase(**self.totals), {f: 0.0 for f in FIELDS}
+        return phase
+
+    def mode(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+        from torch.utils.flop_counter import flop_registry
+
+        counter = self
+
+        class CountMode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                if getattr(func, "is_view", False):
+                    return out
+                seen, moved = set(), 0
+                for t in tree_flatten((args, kwargs, out))[0]:
+                    if isinstance(t, torch.Tensor) and id(t) not in seen:
+                        seen.add(id(t))
+                        moved += t.numel() * t.element_size()
+                packet = func.overloadpacket
+                flops = (flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry
+                         else _cpu_attention_flops(str(packet), args))
+                totals = counter.totals
+                totals["ops"] += 1
+                if flops:
+                    totals["flops"] += flops
+                    totals["compute_bytes"] += moved
+                else:
+                    totals["memory_bytes"] += moved
+                return out
+
+        return CountMode()
+
+
+def count_step(task, config: Config, *, batch: int, precision: str, device_type: str,
+               gradient_checkpointing: bool) -> tuple[dict[str, Phase], int]:
+    """The counts of one micro-batch's forward and backward and one optimizer step at `batch`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..memory import step_optimizer
+    from ..memory.trace import _fake_copy
+    from ..step import autocast_for
+
+    x1, y1 = task.example_batch(1)
+    with torch.device("meta"):
+        model = task.build(gradient_checkpointing)
+    parameters = sum(p.numel() for p in model.parameters())
+    autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))  # fake tensors are CPU ones
+    counter = _Counter()
+    phases: dict[str, Phase] = {}
+    with FakeTensorMode():
+        model = _fake_copy(model)
+        model.train()
+        optimizer = step_optimizer(config, model, device_type)
+        x = torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype)
+        y = torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype)
+        with counter.mode():
+            with autocast:
+                loss = task.loss(model(x), y)
+            phases["forward"] = counter.take()
+            loss.backward()
+            phases["backward"] = counter.take()
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=device_type == "cuda")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            phases["optimizer"] = counter.take()
+    return phases, parameters
+
+
+# --------------------------------------------------------------------------
+# The cache
+
+
+_TASK: dict[str, object] = {}  # the last task loaded, by model fingerprint: data is loaded once
+
+
+def task_for(config: Config):
+    from ..memory import model_fingerprint
+    from ..task import load_task
+
+    key = json.dumps(model_fingerprint(config), sort_keys=True)
+    if key not in _TASK:
+        _TASK.clear()
+        _TASK[key] = load_task(config)
+    return _TASK[key]
+
+
+@functools.lru_cache(maxsize=2)
+def _code_hash(count_code: bool) -> str:
+    """kfit's code that shapes a real step (the models, the task, lib/step.py), and this counter's too."""
+    lib = Path(__file__).resolve().parent.parent
+    files = [*sorted((lib / "models").glob("*.py")), lib / "step.py", lib / "task.py"]
+    digest = hashlib.sha256()
+    for path in files + ([Path(__file__)] if count_code else []):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def step_key(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool) -> str:
+    """What a real step's time depends on, besides the machine: lib.memory's fingerprint of the step
+    (model, precision, optimizer, checkpointing, device type, torch) with the model and step code in
+    place of the memory tracer's, which changes no step."""
+    _, contents = fingerprint(config, device_type=device_type, precision=precision,
+                              gradient_checkpointing=gradient_checkpointing, train=True)
+    contents = {**contents, "code": _code_hash(False)}
+    return hashlib.sha256(json.dumps(contents, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def counts_key(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool) -> str:
+    """The counts' cache key: the step's key and this counter's own code."""
+    key = step_key(config, device_type=device_type, precision=precision,
+                   gradient_checkpointing=gradient_checkpointing)
+    return hashlib.sha256(f"{FORMAT}:{_code_hash(True)}:{key}".encode()).hexdigest()[:24]
+
+
+class StepCounter:
+    """Counts steps through a JSON cache in <cache dir>/steptime; `counted` says how many ran."""
+
+    def __init__(self, cache_dir: Path | str | None = None) -> None:
+        self._cache_dir = Path(cache_dir) if cache_dir else None
+        self._memo: dict[str, Counts] = {}
+        self.counted = 0
+
+    @property
+    def cache_dir(self) -> Path:
+        return (self._cache_dir or default_cache_dir()) / "steptime"
+
+    def counts(self, config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
+               task=None) -> Counts:
+        key = counts_key(config, device_type=device_type, precision=precision,
+                         gradient_checkpointing=gradient_checkpointing)
+        if key in self._memo:
+            return self._memo[key]
+        path = self.cache_dir / f"counts-{key}.json"
+        try:
+            self._memo[key] = Counts.from_json(json.loads(path.read_text()))
+            return self._memo[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        task = task or task_for(config)
+        phases, parameters = {}, 0
+        for batch in COUNT_BATCHES:
+            phases[batch], parameters = count_step(task, config, batch=batch, precision=precision,
+                                                   device_type=device_type,
+                                                   gradient_checkpointing=gradient_checkpointing)
+        self.counted += 1
+        counts = Counts(phases=phases, parameters=parameters, train_samples=len(task.train),
+                        eval_samples=len(task.eval))
+        self._memo[key] = counts
+        write_json(path, counts.to_json())
+        return counts
+
+
+def write_json(path: Path, data) -> None:
+    """Write atomically; a read-only cache only costs time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}

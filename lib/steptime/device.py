@@ -1,0 +1,159 @@
+"""How fast the device is: peak FLOP/s per precision, memory bandwidth, overheads and power.
+
+GPUs: the catalog's datasheet figures (lib/hardware/catalog.py, `Peak`, each
+with its source), found by the device's name, with the share of peak a
+training step reaches in practice (`GPU_COMPUTE_EFFICIENCY`,
+`GPU_BANDWIDTH_EFFICIENCY`) and a host-side cost per dispatched op
+(`GPU_OP_OVERHEAD_S`). A GPU the catalog does not know has no figures: plans
+there carry no time prediction and keep the largest-divisor micro-batch.
+
+CPUs: measured on this machine by `measure_cpu` (a matmul at fp32 and bf16, a
+large copy, and a loop of tiny ops for the per-op dispatch cost; about a
+second), cached per CPU, core count, thread count and torch version in
+<cache dir>/steptime/cpu-<key>.json. A profile of another machine's CPU
+(HW=file) is scaled from this one by its physical core count, and says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+from ..errors import HardwareError
+from ..hardware import HardwareProfile, catalog
+from .count import read_json, write_json
+
+# What a training step reaches of a GPU's datasheet peak: matmuls at large sizes run at 60-80%
+# of the dense tensor-core peak, elementwise kernels at 70-85% of the bandwidth; calibration
+# (lib.steptime.calibrate) replaces these guesses with the machine's own ratio after a run.
+GPU_COMPUTE_EFFICIENCY = 0.6
+GPU_BANDWIDTH_EFFICIENCY = 0.75
+GPU_OP_OVERHEAD_S = 8e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
+GPU_STEP_OVERHEAD_S = 1e-3  # the loss's .item(), the learning rate, the data loader hand-off
+CPU_STEP_OVERHEAD_S = 2e-4
+# torch.compile fuses elementwise chains into few kernels: an estimate of the bytes and kernels that remain
+# of eager's (inductor keeps the matmuls and cuts most intermediate round trips); a measured run calibrates it.
+COMPILE_MEMORY_FACTOR = 0.4
+COMPILE_OPS_FACTOR = 0.25
+
+MEASURE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the step-time model divides counted work by."""
+
+    kind: str  # "gpu" | "cpu"
+    name: str
+    fp32_flops: float  # FLOP/s reachable in fp32 matmuls
+    tf32_flops: float | None
+    half_flops: float  # bf16/fp16 (autocast) matmuls
+    bandwidth: float  # bytes/s reachable by memory-bound ops
+    op_overhead_s: float  # per dispatched op
+    step_overhead_s: float  # per optimizer step
+    power_watts: float | None
+    source: str  # where the figures come from, for the plan's reasons
+    key: str = ""  # the machine (and its thread count), for the caches of measurements and calibrations
+    here: bool = False  # a CPU whose figures were measured on it: real steps can be timed here
+
+    def flops(self, precision: str, tf32: bool) -> float:
+        if precision in ("bf16", "fp16"):
+            return self.half_flops
+        return self.tf32_flops if tf32 and self.tf32_flops else self.fp32_flops
+
+
+def gpu_device(name: str) -> Device | None:
+    """A catalog GPU's figures, by key, alias or torch name; None when the catalog does not know it."""
+    try:
+        entry = catalog.lookup(name)
+    except HardwareError:
+        return None
+    peak = entry.peak
+    eff, bw = GPU_COMPUTE_EFFICIENCY, GPU_BANDWIDTH_EFFICIENCY
+    return Device(kind="gpu", name=entry.name, fp32_flops=peak.fp32_tflops * 1e12 * eff,
+                  tf32_flops=peak.tf32_tflops * 1e12 * eff if peak.tf32_tflops else None,
+                  half_flops=peak.half_tflops * 1e12 * eff, bandwidth=peak.bandwidth_gbs * 1e9 * bw,
+                  op_overhead_s=GPU_OP_OVERHEAD_S, step_overhead_s=GPU_STEP_OVERHEAD_S,
+                  power_watts=float(entry.tdp_watts), key=entry.name,
+                  source=f"{entry.key} datasheet peaks x {eff:.0%} compute / {bw:.0%} bandwidth")
+
+
+# --------------------------------------------------------------------------
+# CPUs: measured
+
+
+def _best(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_cpu() -> dict:
+    """Matmul FLOP/s at fp32 and bf16, copy bandwidth and per-op dispatch time on this CPU (about 1 s)."""
+    import torch
+
+    started = time.perf_counter()
+    result: dict = {"threads": torch.get_num_threads()}
+    n = 768
+    for key, dtype in (("fp32_flops", torch.float32), ("bf16_flops", torch.bfloat16)):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        result[key] = 2 * n**3 / _best(lambda: torch.mm(a, b), 5)
+    src = torch.empty(2**24)  # 64 MiB: past any cache
+    dst = torch.empty_like(src)
+    result["bandwidth"] = 2 * src.numel() * src.element_size() / _best(lambda: dst.copy_(src), 5)
+    x, y = torch.ones(8), torch.ones(8)
+
+    def tiny_ops():
+        for _ in range(500):
+            torch.add(x, y)
+
+    result["op_overhead_s"] = _best(tiny_ops, 3) / 500
+    result["seconds"] = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _cpu_key(name: str, cores: int) -> str:
+    import torch
+
+    text = json.dumps([MEASURE_FORMAT, name, cores, torch.get_num_threads(), torch.__version__])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cpu_device(hardware: HardwareProfile, cache_dir) -> Device:
+    """This CPU's measured figures (cached), scaled by core count for another machine's CPU."""
+    from ..hardware import detect_cpu
+
+    here = detect_cpu()
+    key = _cpu_key(here.name, here.logical_cores)
+    path = cache_dir / f"cpu-{key}.json"
+    figures = read_json(path)
+    if not all(k in figures for k in ("fp32_flops", "bf16_flops", "bandwidth", "op_overhead_s")):
+        figures = measure_cpu()
+        write_json(path, figures)
+    cpu = hardware.cpu
+    scale, source = 1.0, f"measured on this CPU ({figures['threads']} threads)"
+    local = (cpu.name, cpu.logical_cores) == (here.name, here.logical_cores)
+    if not local:
+        scale = cpu.physical_cores / max(1, here.physical_cores)
+        source = (f"measured on this machine's CPU ({here.name}), scaled by {cpu.physical_cores}/"
+                  f"{here.physical_cores} physical cores for {cpu.name}")
+    return Device(kind="cpu", name=cpu.name, fp32_flops=figures["fp32_flops"] * scale, tf32_flops=None,
+                  half_flops=figures["bf16_flops"] * scale, bandwidth=figures["bandwidth"],
+                  op_overhead_s=figures["op_overhead_s"], step_overhead_s=CPU_STEP_OVERHEAD_S,
+                  power_watts=catalog.CPU_WATTS_PER_CORE * cpu.physical_cores,
+                  source=source, key=key if local else f"{cpu.name}/{cpu.logical_cores}", here=local)
+
+
+def device_for(hardware: HardwareProfile, device_type: str, cache_dir) -> Device | None:
+    """The figures of the device a plan trains on; None where nothing is known (MPS, an unknown GPU)."""
+    if device_type == "cpu":
+        return cpu_device(hardware, cache_dir)
+    if device_type == "cuda" and hardware.primary_gpu is not None:
+        return gpu_device(hardware.primary_gpu.name)
+    return None

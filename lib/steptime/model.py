@@ -1,0 +1,126 @@
+"""The step-time model: counted work (count.py) over the device's speed (device.py), corrected by measurement.
+
+One micro-batch (forward + backward) takes
+
+    device = max(flops / peak FLOP/s, compute bytes / bandwidth) + other bytes / bandwidth
+    host   = ops x per-op overhead
+    time   = device + host          on a CPU (one set of cores does both)
+             max(device, host)      on a GPU (the host queues kernels ahead of the device)
+
+with torch.compile cutting the elementwise bytes and the op count
+(device.COMPILE_*). An optimizer step is
+
+    micro-batches of the window + the optimizer's own time + a fixed per-step overhead
+
+where a window of `samples` per process is cut as the trainer cuts it
+(lib/trainer/windows.py: full micro-batches, then a short one). Two
+measurements refine it, each on the machine it was taken on:
+
+  measured    real forward+backward times at a few micro-batch sizes (measure.py): the ratio
+              measured / roofline, interpolated in log2(micro-batch), scales the roofline. This is
+              what makes a CPU's cache effects visible (bigger is not always faster there).
+  calibrated  a real run's median step time over the model's prediction for that step
+              (calibrate.py): one factor for every candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .count import Counts, Phase
+from .device import COMPILE_MEMORY_FACTOR, COMPILE_OPS_FACTOR, Device
+
+
+def window_sizes(samples: int, micro_batch: int) -> list[int]:
+    """The micro-batch sizes of a window of `samples`, as lib/trainer/windows.split_batches cuts it."""
+    full, rest = divmod(samples, micro_batch)
+    sizes = [micro_batch] * full + ([rest] if rest else [])
+    if len(sizes) > 1 and sizes[-1] == 1:  # a lone trailing sample joins the previous micro-batch
+        lone = sizes.pop()
+        sizes[-1] += lone
+    return sizes
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    counts: Counts
+    device: Device
+    precision: str
+    tf32: bool = False
+    compile: bool = False
+    measured: dict[int, float] = field(default_factory=dict)  # micro-batch -> seconds of forward+backward
+    measured_optimizer_s: float | None = None
+    correction: float = 1.0  # a real run's step time over this model's prediction (1.0: not calibrated)
+    calibrated_at: int | None = None  # the micro-batch the calibration ran at
+
+    # -- the roofline --------------------------------------------------------
+
+    def _seconds(self, work: Phase) -> float:
+        dev = self.device
+        memory_bytes = work.memory_bytes * (COMPILE_MEMORY_FACTOR if self.compile else 1.0)
+        ops = work.ops * (COMPILE_OPS_FACTOR if self.compile else 1.0)
+        device = max(work.flops / dev.flops(self.precision, self.tf32), work.compute_bytes / dev.bandwidth)
+        device += memory_bytes / dev.bandwidth
+        host = ops * dev.op_overhead_s
+        return device + host if dev.kind == "cpu" else max(device, host)
+
+    def roofline_micro_seconds(self, batch: float) -> float:
+        return self._seconds(self.counts.micro_batch(batch))
+
+    # -- refined by measurement ------------------------------------------------
+
+    def efficiency(self, batch: float) -> float:
+        """measured / roofline at `batch`: interpolated in log2(batch) between measured sizes, held beyond them."""
+        if not self.measured:
+            return 1.0
+        points = sorted((math.log2(b), t / self.roofline_micro_seconds(b)) for b, t in self.measured.items())
+        x = math.log2(max(batch, 1))
+        if x <= points[0][0]:
+            return points[0][1]
+        for (x0, r0), (x1, r1) in zip(points, points[1:]):
+            if x <= x1:
+                return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+        return points[-1][1]
+
+    def micro_seconds(self, batch: float) -> float:
+        """Forward and backward of one micro-batch, before calibration."""
+        return self.roofline_micro_seconds(batch) * self.efficiency(batch)
+
+    def forward_seconds(self, batch: float) -> float:
+        """One evaluation forward (no backward), scaled as the micro-batch is."""
+        return self._seconds(self.counts.at(batch, "forward")) * self.efficiency(batch) * self.correction
+
+    def optimizer_seconds(self) -> float:
+        if self.measured_optimizer_s is not None:
+            return self.measured_optimizer_s
+        return self._seconds(self.counts.at(1, "optimizer"))
+
+    # -- one optimizer step ----------------------------------------------------
+
+    def parts(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> dict[str, float]:
+        """Seconds of one optimizer step by part, calibration included; they sum to `seconds`."""
+        sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
+        micro = sum(self.micro_seconds(s) for s in sizes)
+        f = self.correction
+        return {"micro_batches": micro * f, "optimizer": self.optimizer_seconds() * f,
+                "step_overhead": self.device.step_overhead_s * f}
+
+    def seconds(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> float:
+        """One optimizer step: `grad_accum` micro-batches of `micro_batch` (the last one short when
+        `samples` per process is not a multiple), the optimizer and the fixed overhead."""
+        return sum(self.parts(micro_batch, grad_accum, samples).values())
+
+    @property
+    def source(self) -> str:
+        """Where the figure comes from, for the plan's reasons."""
+        if self.correction != 1.0 or self.calibrated_at is not None:
+            how = f"calibrated by a run at micro-batch {self.calibrated_at} (x{self.correction:.2f})"
+        elif self.measured:
+            sizes = sorted(self.measured)
+            how = f"measured on this device at micro-batch {sizes[0]}-{sizes[-1]}"
+        else:
+            how = f"roofline: {self.device.source}"
+        if self.measured and self.calibrated_at is not None:
+            how += f", measured at micro-batch {min(self.measured)}-{max(self.measured)}"
+        return how

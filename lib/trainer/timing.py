@@ -1,0 +1,88 @@
+"""Predicted against measured step time: the first steps of a run time the plan, and calibrate it.
+
+The first STEPS optimizer steps after SKIP warm-up ones (two with torch.compile: the first compiles)
+are timed. Their median and the plan's predicted_step_seconds go to metrics.jsonl as one
+"step_time" event, and lib.steptime.calibrate stores them for this machine and model, so the next
+plan here predicts from them. A run shorter than that reports what it timed when it ends.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+from ..config import Config
+from ..hardware import HardwareProfile
+from ..plan import Plan
+
+SKIP = 1
+STEPS = 5
+
+
+class StepTimer:
+    def __init__(self, config: Config, hardware: HardwareProfile, event: Callable[..., None], *,
+                 calibrate: bool) -> None:
+        self.config, self.hardware, self.event, self.calibrate = config, hardware, event, calibrate
+        self.plan: Plan | None = None
+        self.times: list[float] = []
+        self.done = False
+
+    def record(self, plan: Plan, seconds: float) -> None:
+        """One optimizer step of `plan` took `seconds` (a new micro-batch, after out-of-memory, starts over)."""
+        if self.done:
+            return
+        if self.plan is None or plan.micro_batch != self.plan.micro_batch:
+            self.plan, self.times = plan, []
+        self.times.append(seconds)
+        if len(self.times) >= self.skip + STEPS:
+            self.report()
+
+    @property
+    def skip(self) -> int:
+        return SKIP + bool(self.plan is not None and self.plan.compile)
+
+    def finish(self) -> None:
+        if not self.done and self.plan is not None and len(self.times) > self.skip:
+            self.report()
+
+    def report(self) -> None:
+        from ..steptime import calibrate
+
+        self.done = True
+        timed = self.times[self.skip:]
+        measured, plan = statistics.median(timed), self.plan
+        predicted = plan.predicted_step_seconds
+        after = calibrate(self.config, self.hardware, plan, timed) if self.calibrate else None
+        text = f"Step time: {measured * 1e3:.1f} ms measured over {len(timed)} steps"
+        if predicted:
+            text += f", {predicted * 1e3:.1f} ms predicted ({(predicted - measured) / measured:+.0%})"
+        if after is not None:
+            text += "; calibrated for the next plan on this machine"
+        self.event("step_time", text, measured_step_seconds=measured, predicted_step_seconds=predicted,
+                   steps_timed=len(timed), micro_batch=plan.micro_batch, grad_accum=plan.grad_accum,
+                   predicted_source=plan.reasons.get("step_time"),
+                   calibrated_step_seconds=after.seconds if after is not None else None)
+
+
+def finish_line(plan: Plan, total_steps: int, done_steps: int) -> str | None:
+    """'Predicted: ...' before the first step: the time to finish from here, or None when unknown."""
+    if not plan.predicted_step_seconds or not plan.predicted_run_seconds or total_steps <= 0:
+        return None
+    left = max(0, total_steps - done_steps)
+    seconds = plan.predicted_run_seconds * left / total_steps
+    energy = (f", {plan.predicted_energy_kwh * left / total_steps:.2g} kWh"
+              if plan.predicted_energy_kwh is not None else "")
+    why = plan.reasons.get("step_time", "")
+    source = ("calibrated on this machine" if "calibrated by" in why else
+              "from steps measured here" if "measured on" in why else "roofline")
+    return (f"Predicted: {left} steps of {plan.predicted_step_seconds * 1e3:.1f} ms "
+            f"({plan.predicted_samples_per_second:,.0f} samples/s, {source}) = {format_seconds(seconds)} "
+            f"to finish{energy}")
+
+def format_seconds(seconds: float) -> str:
+    """'40ms' under a second, '2.6s' under a minute, else the monitor's h:mm:ss."""
+    from ..monitor import format_duration
+
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f}ms"
+    return f"{seconds:.1f}s" if seconds < 60 else format_duration(seconds)

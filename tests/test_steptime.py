@@ -1,0 +1,274 @@
+"""Step-time prediction (lib.steptime): counted work, the roofline, calibration, and the fastest plan that fits."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib import config as kc
+from lib import steptime
+from lib.hardware import catalog, resolve_hardware
+from lib.hyperparams import ModelDescription, resolve
+from lib.plan import BatchChoice
+from lib.steptime import (
+    Counts, Device, Phase, StepTimeModel, balanced_micro_batches, count_step, device, gpu_device, window_sizes,
+)
+
+CPU_FIGURES = {"threads": 2, "fp32_flops": 50e9, "bf16_flops": 100e9, "bandwidth": 20e9, "op_overhead_s": 5e-6}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache, fixed CPU figures and no real timings: every prediction here is deterministic."""
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(steptime.MEASURE_ENV, "0")
+    monkeypatch.setattr(device, "measure_cpu", lambda: dict(CPU_FIGURES))
+    return tmp_path / "cache"
+
+
+def fake_task(model_fn, x_shape, y_shape=(), classes=4):
+    def example_batch(n):
+        return torch.zeros((n, *x_shape)), torch.zeros((n, *y_shape), dtype=torch.long)
+    split = list(range(10))
+    return SimpleNamespace(build=lambda ckpt: model_fn(), example_batch=example_batch, train=split, eval=split,
+                           loss=lambda out, y: F.cross_entropy(out, y))
+
+
+def counted(model_fn, x_shape, batch):
+    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")  # AdamW, no clipping
+    phases, params = count_step(fake_task(model_fn, x_shape), config, batch=batch, precision="fp32",
+                                device_type="cpu", gradient_checkpointing=False)
+    return phases, params
+
+
+def test_flops_of_linear_layers_match_the_hand_count():
+    mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # noqa: E731
+    b = 8
+    phases, params = counted(mlp, (16,), b)
+    assert params == 16 * 32 + 32 + 32 * 4 + 4
+    assert phases["forward"].flops == 2 * b * (16 * 32 + 32 * 4)
+    # backward: both weight gradients, and the input gradient of the second layer only (x needs none)
+    assert phases["backward"].flops == 2 * b * (16 * 32 + 32 * 4) + 2 * b * 32 * 4
+    assert phases["optimizer"].flops == 0 and phases["optimizer"].memory_bytes > 0
+    # the first addmm reads bias, x and weight and writes its output: fp32 bytes
+    assert phases["forward"].compute_bytes == 4 * ((32 + b * 16 + 16 * 32 + b * 32) + (4 + b * 32 + 32 * 4 + b * 4))
+
+
+def test_flops_of_a_convolution_match_the_hand_count():
+    def net():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4))
+
+    b = 2
+    phases, _ = counted(net, (3, 8, 8), b)
+    conv = 2 * b * 8 * 6 * 6 * 3 * 3 * 3  # output elements x kernel volume x 2
+    linear = 2 * b * 8 * 6 * 6 * 4
+    assert phases["forward"].flops == conv + linear
+    assert phases["backward"].flops == conv + 2 * linear  # conv weight grad; linear weight and input grads
+
+
+def test_cpu_attention_kernels_are_counted():
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(8, 24)
+            self.head = torch.nn.Linear(8, 4)
+
+        def forward(self, x):  # (b, t, 8) -> (b, 4)
+            q, k, v = self.qkv(x).unsqueeze(1).split(8, dim=-1)
+            return self.head(F.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1).mean(1))
+
+    b, t = 2, 5
+    phases, _ = counted(Attention, (t, 8), b)
+    attention = 4 * b * t * t * 8  # QK^T and AV: 2 matmuls of b x t x t x d, 2 FLOPs each
+    assert phases["forward"].flops == 2 * b * t * 8 * 24 + attention + 2 * b * 8 * 4
+
+
+def fake_counts(per_sample=Phase(flops=1e6, compute_bytes=1e4, memory_bytes=5e4, ops=10),
+                optimizer=Phase(memory_bytes=1e5, ops=4), train=1000, eval_samples=100):
+    backward = Phase(*(2 * getattr(per_sample, f) for f in ("flops", "compute_bytes", "memory_bytes", "ops")))
+
+    def at(b):
+        scale = lambda p: Phase(p.flops * b, p.compute_bytes * b, p.memory_bytes * b, p.ops)  # noqa: E731
+        return {"forward": scale(per_sample), "backward": scale(backward), "optimizer": optimizer}
+    return Counts(phases={1: at(1), 2: at(2)}, parameters=1000, train_samples=train, eval_samples=eval_samples)
+
+
+FAKE_CPU = Device(kind="cpu", name="fake", fp32_flops=1e9, tf32_flops=None, half_flops=4e9, bandwidth=1e9,
+                  op_overhead_s=1e-5, step_overhead_s=1e-3, power_watts=10.0, source="fake", key="fake", here=True)
+
+
+def test_roofline_with_a_fake_device():
+    model = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
+    b = 4  # forward + backward: 3e6 FLOPs, 3e4 compute bytes, 1.5e5 other bytes, 30 ops per micro-batch
+    expected = max(3e6 * b / 1e9, 3e4 * b / 1e9) + 1.5e5 * b / 1e9 + 30 * 1e-5
+    assert model.micro_seconds(b) == pytest.approx(expected)
+    optimizer = 1e5 / 1e9 + 4 * 1e-5
+    assert model.seconds(b, 3) == pytest.approx(3 * expected + optimizer + 1e-3)
+    assert StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="bf16").micro_seconds(b) < expected
+    gpu = dataclasses.replace(FAKE_CPU, kind="gpu")  # the host queues ahead: max(device, host), not the sum
+    assert StepTimeModel(counts=fake_counts(), device=gpu, precision="fp32").micro_seconds(b) == pytest.approx(
+        max(expected - 30 * 1e-5, 30 * 1e-5))
+
+
+def test_a_short_last_micro_batch_is_timed_as_the_trainer_cuts_it():
+    assert window_sizes(512, 171) == [171, 171, 170]
+    assert window_sizes(513, 256) == [256, 257]  # a lone trailing sample joins the previous micro-batch
+    from lib.trainer.windows import split_batches
+
+    for samples, micro in ((512, 171), (513, 256), (1437, 512), (7, 3), (64, 64)):
+        assert window_sizes(samples, micro) == [len(b) for b in split_batches(list(range(samples)), micro)]
+    model = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
+    parts = model.parts(171, 3, 512)
+    assert parts["micro_batches"] == pytest.approx(2 * model.micro_seconds(171) + model.micro_seconds(170))
+
+
+def test_measured_efficiency_scales_the_roofline_between_measured_sizes():
+    base = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
+    measured = dataclasses.replace(base, measured={64: base.micro_seconds(64) * 2, 256: base.micro_seconds(256) * 4})
+    assert measured.efficiency(64) == pytest.approx(2) and measured.efficiency(256) == pytest.approx(4)
+    assert measured.efficiency(128) == pytest.approx(3)  # halfway in log2
+    assert measured.efficiency(8) == pytest.approx(2) and measured.efficiency(1024) == pytest.approx(4)
+    assert "measured" in measured.source
+
+
+def test_balanced_candidates_include_every_divisor_and_no_lone_last_sample():
+    sizes = balanced_micro_batches(512, 200)
+    assert sizes[:3] == [171, 128, 103] and sizes[-1] == 1
+    assert {d for d in range(1, 201) if 512 % d == 0} <= set(sizes)
+    # 3 and 2 would leave a last micro-batch of one sample, which the trainer joins to the one before
+    assert balanced_micro_batches(7, 100) == [7, 4, 1]
+    assert all(512 % m != 1 for m in sizes if m > 1)
+
+
+def test_catalog_gpus_have_datasheet_peaks_with_sources():
+    for entry in catalog.CATALOG.values():
+        peak = entry.peak
+        assert peak.source.startswith("https://") and peak.bandwidth_gbs > 0
+        assert peak.half_tflops > peak.fp32_tflops > 0
+        assert (peak.tf32_tflops is not None) == entry.tf32
+    h100 = gpu_device("NVIDIA H100 80GB HBM3")
+    assert h100.flops("bf16", False) == pytest.approx(989.4e12 * device.GPU_COMPUTE_EFFICIENCY)
+    assert h100.flops("fp32", True) == pytest.approx(494.7e12 * device.GPU_COMPUTE_EFFICIENCY)
+    assert h100.flops("fp32", False) == pytest.approx(66.9e12 * device.GPU_COMPUTE_EFFICIENCY)
+    assert gpu_device("Some Unknown GPU") is None
+
+
+@pytest.fixture
+def lenet(tmp_path):
+    return kc.make_defconfig("lenet5", out=tmp_path / ".config")
+
+
+def test_calibration_round_trip(cache, lenet):
+    cpu = resolve_hardware(gpu="cpu")
+    plan = resolve(lenet, cpu, ModelDescription.from_config(lenet))
+    before = steptime.predict_step_time(lenet, cpu, plan)
+    assert not before.calibrated and before.seconds == pytest.approx(plan.predicted_step_seconds)
+    assert sum(before.parts.values()) == pytest.approx(before.seconds)
+    after = steptime.calibrate(lenet, cpu, plan, [0.5, 0.4, 0.6])
+    assert after.calibrated and after.seconds == pytest.approx(0.5)  # the median, at the planned micro-batch
+    assert json.loads((cache / "steptime" / steptime.CALIBRATION_FILE).read_text())
+    steptime.calibrate(lenet, cpu, plan, [50.0])  # one run on a busy machine
+    steptime.calibrate(lenet, cpu, plan, [0.52])
+    assert steptime.predict_step_time(lenet, cpu, plan).seconds == pytest.approx(0.52)  # the median run
+    again = resolve(lenet, cpu, ModelDescription.from_config(lenet))
+    assert again.predicted_step_seconds == pytest.approx(0.52) and "calibrated" in again.reasons["step_time"]
+
+
+def test_plan_json_and_text_show_the_predictions(cache, lenet):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from cli_plan import format_plan
+
+    cpu = resolve_hardware(gpu="cpu")
+    model = ModelDescription.from_config(lenet)
+    plan = resolve(lenet, cpu, model)
+    data = json.loads(json.dumps(plan.to_dict()))
+    for key in ("predicted_step_seconds", "predicted_samples_per_second", "predicted_run_seconds",
+                "predicted_energy_kwh"):
+        assert isinstance(data[key], float) and data[key] > 0, key
+    assert data["predicted_samples_per_second"] == pytest.approx(512 / data["predicted_step_seconds"])
+    assert data["predicted_run_seconds"] > 120 * data["predicted_step_seconds"]  # 40 epochs x 3 steps + evaluations
+    text = format_plan(plan, lenet, cpu, model)
+    assert "step time" in text and "run time" in text and "kWh" in text
+    h100 = resolve(lenet, resolve_hardware(gpu="h100"), model)
+    assert h100.predicted_step_seconds > 0 and "h100 datasheet" in h100.reasons["step_time"]
+    assert "700 W" in h100.reasons["step_time"]  # the board's power limit
+    other = resolve_hardware(gpu="h100")
+    other = dataclasses.replace(other, gpus=(dataclasses.replace(other.gpus[0], name="NVIDIA Mystery GPU"),))
+    mystery = resolve(lenet, other, model)
+    assert mystery.predicted_step_seconds is None and "unknown" in mystery.reasons["step_time"]
+    assert mystery.micro_batch == 512  # no speed figures: the largest divisor that fits, as before
+
+
+class FixedPolicy:
+    """A batch policy with a fixed memory cap and flat memory predictions."""
+
+    name = "planner"
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+
+    def choose(self, **_) -> BatchChoice:
+        at = SimpleNamespace(peak_bytes=1, breakdown={"parameters": 1})
+        return BatchChoice(max_micro=self.cap, reason=f"memory allows {self.cap}", eval_batch=self.cap,
+                           eval_reason="fixed", budget_bytes=2, eval_peak_bytes=1, predict=lambda b: at)
+
+
+def test_resolve_takes_a_faster_micro_batch_that_does_not_divide_the_target(cache, lenet, monkeypatch):
+    # per micro-batch costs dominate (many ops): fewer micro-batches is faster. With memory for 200 of
+    # 512, 171 x 3 (171 + 171 + 170) beats the largest divisor, 128 x 4.
+    heavy = StepTimeModel(counts=fake_counts(per_sample=Phase(flops=1e3, ops=2000)), device=FAKE_CPU,
+                          precision="fp32")
+    monkeypatch.setattr(steptime, "step_time_model", lambda *a, **k: heavy)
+    plan = resolve(lenet, resolve_hardware(gpu="cpu"), ModelDescription("lenet5"), policy=FixedPolicy(200))
+    assert (plan.micro_batch, plan.grad_accum, plan.effective_batch) == (171, 3, 512)
+    assert "fastest predicted" in plan.reasons["micro_batch"] and "128 x 4" in plan.reasons["micro_batch"]
+    assert "2 x 171 + 170" in plan.reasons["grad_accum"]
+    assert plan.predicted_step_seconds == pytest.approx(heavy.seconds(171, 3, 512))
+    # samples cost the same at any size and nothing else counts: every candidate ties, the largest is kept
+    flat = StepTimeModel(counts=fake_counts(per_sample=Phase(flops=1e6), optimizer=Phase()),
+                         device=dataclasses.replace(FAKE_CPU, step_overhead_s=0.0), precision="fp32")
+    monkeypatch.setattr(steptime, "step_time_model", lambda *a, **k: flat)
+    plan = resolve(lenet, resolve_hardware(gpu="cpu"), ModelDescription("lenet5"), policy=FixedPolicy(512))
+    assert (plan.micro_batch, plan.grad_accum) == (512, 1)
+
+
+def test_the_trainer_records_predicted_against_measured_and_calibrates(cache, lenet, tmp_path):
+    from lib.trainer import train
+    from lib.trainer.timing import SKIP, STEPS
+
+    config = kc.derive(lenet, {"DEVICE_CPU": True, "TARGET_EFFECTIVE_BATCH": 32, "MAX_STEPS": SKIP + STEPS + 1,
+                               "EPOCHS": 1, "OUTPUT_DIR": str(tmp_path / "runs"), "MONITOR": False})
+    cpu = resolve_hardware(gpu="cpu")
+    plan = resolve(config, cpu, ModelDescription.from_config(config))
+    lines: list[str] = []
+    result = train(config, plan, cpu, log=lines.append)
+    assert any(line.startswith("Predicted: ") and "to finish" in line for line in lines)
+    events = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [e for e in events if e.get("event") == "step_time"]
+    assert len(timed) == 1 and timed[0]["steps_timed"] == STEPS and timed[0]["measured_step_seconds"] > 0
+    assert timed[0]["predicted_step_seconds"] == pytest.approx(plan.predicted_step_seconds)
+    after = steptime.predict_step_time(config, cpu, plan)
+    assert after.calibrated and after.seconds == pytest.approx(timed[0]["measured_step_seconds"])
+
+
+def test_real_micro_batches_are_timed_within_the_budget():
+    from lib.steptime.measure import affordable, power_sizes, time_micro_batches
+
+    assert power_sizes(100) == [1, 2, 4, 8, 16, 32, 64] and power_sizes(1) == [1]
+    assert affordable([1, 2, 4, 8], lambda b: 0.01 * b, 0.75) == [8, 4]  # largest first, as the budget allows
+    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
+    mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # noqa: E731
+    task = fake_task(mlp, (16,))
+    measured, optimizer_s = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
+                                               sizes=[1, 4, 16], estimate=lambda b: 1e-5, budget_s=0.5)
+    assert sorted(measured) == [1, 4, 16] and all(0 < t < 0.5 for t in measured.values()) and optimizer_s > 0
+    assert time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False, sizes=[1, 4],
+                              estimate=lambda b: 10.0, budget_s=0.5) == ({}, None)  # nothing affordable
