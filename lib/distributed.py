@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from .env import env_number
 from .errors import KfitError
+from .hardware.host import usable_cores
+from .threads import cores_per_process
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -85,12 +87,17 @@ def torchrun_command(nproc: int, script: Path, env=os.environ) -> list[str]:
             str(script), "train"]
 
 
-def exec_torchrun(nproc: int, script: Path, env: dict[str, str]) -> None:
-    """Replace this process with torchrun: signals reach it directly and its exit status is ours."""
+def exec_torchrun(nproc: int, script: Path, env: dict[str, str], threads: int | None = None) -> None:
+    """Replace this process with torchrun: signals reach it directly and its exit status is ours.
+
+    threads: each rank's intra-op threads, lib.threads.decide_cpu_threads for nproc processes with the
+    load measured here, before any rank starts (a rank would count its siblings as load). It reaches the
+    ranks as OMP_NUM_THREADS, which their own decision then obeys (as it obeys one already set); without
+    it, the usable cores are shared as if idle."""
     command = torchrun_command(nproc, script, env)
-    # Threads per process: cores // processes (setup() sets it again); set here, torchrun's banner about
-    # defaulting OMP_NUM_THREADS to 1 stays away.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if threads is None:
+        threads = cores_per_process(usable_cores(), nproc)
+    env.setdefault("OMP_NUM_THREADS", str(threads))  # set, torchrun's banner about defaulting it to 1 stays away
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, env)
@@ -104,16 +111,16 @@ def current(env=os.environ) -> Rank:
                 world_size=env_number("WORLD_SIZE", int, 1, env), local_world_size=env_number("LOCAL_WORLD_SIZE", int, 1, env))
 
 
-def setup(device_type: str, cpu_cores: int) -> Rank:
-    """Join the process group (NCCL on GPUs, gloo on CPUs). On the CPU each process gets
-    cores // local processes threads: oversubscribed threads made a 0.3 s epoch take 33 s."""
+def setup(device_type: str) -> Rank:
+    """Join the process group (NCCL on GPUs, gloo on CPUs).
+
+    Threads are not set here: each rank runs the plan's (lib.threads, which obeys the OMP_NUM_THREADS
+    the launcher sets), as oversubscribed threads made a 0.3 s epoch take 33 s."""
     rank = current()
     if not rank.active:
         return rank
     if device_type == "cuda":
         torch.cuda.set_device(rank.local_rank)
-    else:
-        torch.set_num_threads(max(1, cpu_cores // rank.local_world_size))
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     return rank

@@ -38,6 +38,7 @@ def seed_everything(seed: int) -> None:
 
 
 def configure_backends(plan: Plan) -> None:
+    torch.set_num_threads(plan.cpu_threads)  # lib.threads: idle cores / processes; more made steps 1.2-12x slower
     if plan.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = plan.tf32
         torch.backends.cudnn.allow_tf32 = plan.tf32

@@ -128,7 +128,7 @@ LAYERS = [
     {"lib.config"},
     {"lib.hardware"},
     {"lib.plan"},
-    {"lib.step", "lib.memory", "lib.planner"},
+    {"lib.step", "lib.threads", "lib.memory", "lib.planner", "lib.steptime", "lib.fastest"},
     {"lib.hyperparams"},
     {"lib.trainer"},
 ]

@@ -69,6 +69,7 @@ class Config:
     gradient_checkpointing: bool
     workers_mode: str  # auto | manual
     dataloader_workers: int | None
+    cpu_threads: int  # intra-op threads per process; 0 = AUTO (lib.threads)
     cpu_fallback: bool  # DEVICE_AUTO: train on the CPU when the GPU fails at start
 
     # runtime adaptation
@@ -296,6 +297,7 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         gradient_checkpointing=_bool(kconf, "GRADIENT_CHECKPOINTING"),
         workers_mode=_choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
         dataloader_workers=_int(kconf, "DATALOADER_WORKERS"),
+        cpu_threads=_int(kconf, "CPU_THREADS"),
         cpu_fallback=_bool(kconf, "CPU_FALLBACK"),
         probe=_choice(kconf, "PROBE_", {"AUTO": "auto", "ALWAYS": "always", "NEVER": "never"}),
         oom_recovery=_bool(kconf, "OOM_RECOVERY"),

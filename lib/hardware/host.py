@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
+from dataclasses import dataclass
 
 from lib.errors import HardwareError
 
@@ -55,6 +57,145 @@ def _cgroup_memory_limit() -> int | None:
     return None
 
 
+def _read_first(*paths: str) -> tuple[str, str] | None:
+    """(path, stripped text) of the first readable file."""
+    for path in paths:
+        try:
+            with open(path, encoding="ascii") as f:
+                return path, f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+    return None
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """A container's CPU quota in cores (cgroup v2 cpu.max, v1 cfs_quota_us / cfs_period_us), None when unlimited."""
+    found = _read_first("/sys/fs/cgroup/cpu.max")
+    if found:
+        quota, _, period = found[1].partition(" ")
+    else:
+        quota, period = (_read_first(*(f"/sys/fs/cgroup/{d}/cpu.cfs_{name}_us" for d in ("cpu", "cpu,cpuacct")))
+                         for name in ("quota", "period"))
+        if not (quota and period):
+            return None
+        quota, period = quota[1], period[1]
+    try:
+        cores = int(quota) / int(period or 100_000)
+    except ValueError:  # "max", or unreadable
+        return None
+    return cores if cores > 0 else None
+
+
+def _cgroup_cpu_seconds() -> float | None:
+    """CPU seconds used so far by every process in this cgroup (v2 cpu.stat, v1 cpuacct.usage)."""
+    found = _read_first("/sys/fs/cgroup/cpu.stat", "/sys/fs/cgroup/cpuacct/cpuacct.usage",
+                        "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage")
+    if not found:
+        return None
+    path, text = found
+    if path.endswith("cpu.stat"):
+        usage = next((line.split()[1] for line in text.splitlines() if line.startswith("usage_usec ")), None)
+        return int(usage) / 1e6 if usage and usage.isdigit() else None
+    return int(text) / 1e9 if text.isdigit() else None
+
+
+def _affinity() -> list[int] | None:
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return sorted(os.sched_getaffinity(0)) or None
+        except OSError:
+            pass
+    return None
+
+
+def usable_cores() -> float:
+    """Cores this process may run on: its CPU affinity, capped by the container's CPU quota."""
+    allowed = _affinity()
+    cores = float(len(allowed)) if allowed else float(os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    return min(cores, quota) if quota is not None else cores
+
+
+@dataclass(frozen=True)
+class CPULoad:
+    """How much of the CPU this process can have now: cores it may use, and cores other processes keep busy."""
+
+    usable_cores: float  # CPU affinity, capped by the container's cgroup quota
+    busy_cores: float  # CPU time other processes used over the sample, in cores (this process's own excluded)
+    sample_s: float
+
+    @property
+    def idle_cores(self) -> float:
+        return max(0.0, self.usable_cores - self.busy_cores)
+
+    def describe(self) -> str:
+        return (f"{self.idle_cores:.1f} of {self.usable_cores:g} usable cores idle "
+                f"(other processes used {self.busy_cores:.1f} over {self.sample_s:.2f}s)")
+
+
+class CPULoadMeter:
+    """Other processes' CPU use between start() and read(), on the cores this process may run on.
+
+    Costs two reads of /proc/stat (and the cgroup's usage under a CPU quota); read()
+    can be called repeatedly, each time over the span since the previous start().
+    """
+
+    def __init__(self) -> None:
+        self.start()
+
+    def _snapshot(self) -> tuple[float, float, float, float | None]:
+        import psutil
+
+        per_cpu = psutil.cpu_times(percpu=True)
+        cores = self.cores if self.cores is not None else range(len(per_cpu))
+        busy = 0.0
+        for i in cores:
+            if i < len(per_cpu):
+                t = per_cpu[i]
+                busy += sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - \
+                    getattr(t, "guest_nice", 0.0)  # guest time is already counted in user time
+        own = psutil.Process().cpu_times()
+        return time.perf_counter(), busy, own.user + own.system, _cgroup_cpu_seconds()
+
+    def start(self) -> None:
+        self.cores = _affinity()
+        self.usable = usable_cores()
+        self.first = self._snapshot()
+
+    def read(self) -> CPULoad:
+        (t0, busy0, own0, group0), (t1, busy1, own1, group1) = self.first, self._snapshot()
+        wall = max(t1 - t0, 1e-6)
+        own = max(0.0, own1 - own0)
+        others = max(0.0, busy1 - busy0 - own) / wall
+        if group0 is not None and group1 is not None and self.usable < len(self.cores or ()):
+            # under a CPU quota, this cgroup's other processes spend the same quota
+            others = max(others, max(0.0, group1 - group0 - own) / wall)
+        return CPULoad(usable_cores=self.usable, busy_cores=min(others, self.usable), sample_s=wall)
+
+
+def cpu_load(interval_s: float = 0.2) -> CPULoad:
+    """The CPU as it is now: usable cores and what other processes use of them, sampled over interval_s."""
+    meter = CPULoadMeter()
+    time.sleep(interval_s)
+    return meter.read()
+
+
+_SINCE_IMPORT: list[CPULoadMeter] = []
+
+
+def cpu_load_since_start(min_sample_s: float = 0.2) -> CPULoad | None:
+    """Other processes' CPU use since this module was imported (kfit imports it before torch, so planning
+    gets a sample of a second or more for free), waiting out the rest of min_sample_s; None without psutil."""
+    try:
+        meter = _SINCE_IMPORT[0] if _SINCE_IMPORT else CPULoadMeter()
+    except Exception:  # noqa: BLE001 - no psutil, no /proc: the load is unknown
+        return None
+    wait = min_sample_s - (time.perf_counter() - meter.first[0])
+    if wait > 0:
+        time.sleep(wait)
+    return meter.read()
+
+
 def detect_cpu() -> CPUInfo:
     """This machine's CPU and RAM.
 
@@ -65,11 +206,9 @@ def detect_cpu() -> CPUInfo:
     import psutil
 
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):
-        try:
-            logical = min(logical, len(os.sched_getaffinity(0))) or logical
-        except OSError:
-            pass
+    allowed = _affinity()
+    if allowed:
+        logical = min(logical, len(allowed))
     physical = psutil.cpu_count(logical=False) or logical
     physical = max(1, min(physical, logical))
     vm = psutil.virtual_memory()
@@ -84,6 +223,7 @@ def detect_cpu() -> CPUInfo:
         logical_cores=int(logical),
         ram_total_bytes=total,
         ram_available_bytes=available,
+        idle_cores=None if (load := cpu_load_since_start()) is None else round(load.idle_cores, 2),
     )
 
 
@@ -116,3 +256,9 @@ def on_battery() -> bool | None:
         return None
     plugged = getattr(battery, "power_plugged", None)
     return None if plugged is None else not plugged
+
+
+try:  # start the free load sample (cpu_load_since_start) as early as possible
+    _SINCE_IMPORT.append(CPULoadMeter())
+except Exception:  # noqa: BLE001
+    pass

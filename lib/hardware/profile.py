@@ -18,7 +18,7 @@ from typing import Any
 
 from lib.errors import HardwareError
 
-from .strict import _bad, _bool, _check_keys, _describe, _int, _list, _str
+from .strict import _bad, _bool, _check_keys, _describe, _int, _list, _number, _str
 
 GiB = 2**30
 VENDORS = ("nvidia", "amd", "apple")
@@ -57,6 +57,9 @@ class CPUInfo:
     logical_cores: int
     ram_total_bytes: int
     ram_available_bytes: int
+    # Usable cores other processes left idle when this was detected (host.cpu_load); None: not measured
+    # (a catalog machine, an older profile). lib.threads sizes the CPU threads from it.
+    idle_cores: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
 
 
 def _cpu_from_dict(origin: str, d: Any) -> CPUInfo:
-    _check_keys(origin, "cpu", d, _CPU_FIELDS)
+    _check_keys(origin, "cpu", d, _CPU_FIELDS, optional=("idle_cores",))
     ram_total = _int(origin, "cpu.ram_total_bytes", d["ram_total_bytes"], minimum=1)
     ram_avail = _int(origin, "cpu.ram_available_bytes", d["ram_available_bytes"])
     if ram_avail > ram_total:
@@ -184,6 +187,7 @@ def _cpu_from_dict(origin: str, d: Any) -> CPUInfo:
         logical_cores=_int(origin, "cpu.logical_cores", d["logical_cores"], minimum=1),
         ram_total_bytes=ram_total,
         ram_available_bytes=ram_avail,
+        idle_cores=_number(origin, "cpu.idle_cores", d.get("idle_cores"), optional=True),
     )
 
 

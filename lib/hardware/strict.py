@@ -22,12 +22,13 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def _check_keys(origin: str, where: str, d: Any, fields: tuple[str, ...]) -> None:
+def _check_keys(origin: str, where: str, d: Any, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    """d is an object with every key of `fields` (those in `optional` may be left out) and no other."""
     if not isinstance(d, dict):
         label = f"'{where}'" if where else "the top level"
         raise HardwareError(f"{origin}: {label} must be a JSON object, got {_describe(d)}; {_FIX}.")
     prefix = f"{where}." if where else ""
-    missing = [k for k in fields if k not in d]
+    missing = [k for k in fields if k not in d and k not in optional]
     if missing:
         raise HardwareError(
             f"{origin}: key '{prefix}{missing[0]}' is missing"
@@ -67,6 +68,15 @@ def _bool(origin: str, key: str, v: Any, *, optional: bool = False) -> bool | No
         want = "true, false or null" if optional else "true or false"
         raise _bad(origin, key, f"must be {want}, got {_describe(v)}")
     return v
+
+
+def _number(origin: str, key: str, v: Any, *, optional: bool = False) -> float | None:
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+        want = "a number >= 0 or null" if optional else "a number >= 0"
+        raise _bad(origin, key, f"must be {want}, got {_describe(v)}")
+    return float(v)
 
 
 def _list(origin: str, key: str, v: Any) -> list:
