@@ -5,9 +5,14 @@ A plan is a prediction. Before training, the probe runs TRIAL_STEPS real steps
 first) of a throwaway copy of the model at the planned micro-batch. Out of
 memory, or a measured peak over the plan's budget, bisects down; a peak that
 leaves clear room (HEADROOM, seed 003's 10%) under the budget may try larger,
-up to the per-process share of the target effective batch. Candidates are the
-divisors of that share, so every answer keeps the effective batch exact. The
-evaluation batch is searched the same way with forward-only passes.
+up to the per-process share of the effective batch. Candidates are the
+resolver's (lib.steptime.balanced_micro_batches): for each accumulation count
+k, the smallest micro-batch that needs only k micro-batches, ceil(share / k),
+the last one short where it does not divide (the trainer weighs it by its
+samples), so every answer keeps the effective batch exact. A probe that
+confirms the planned micro-batch leaves the plan's split as it is; one that
+finds less fits takes the fewest micro-batches that fit, balanced.
+The evaluation batch is searched the same way with forward-only passes.
 
 With torch.compile the batch dimension is marked dynamic, so the sizes tried
 share one compiled graph instead of one compile each (20+ s apiece).
@@ -33,12 +38,13 @@ import torch
 from . import checkpoint, distributed
 from .config import Config
 from .hardware import HardwareProfile, device_memory, reset_peak_memory
-from .hyperparams import calculate_gradient_accumulation
 from .plan import Plan
 from .memory import default_cache_dir
 from .oom import ADVICE, Injector, OutOfMemory, is_oom, release
 from .task import Task
 from .step import autocast_for, make_optimizer
+from .steptime import balanced_micro_batches, window_sizes
+from .steptime.calibrate import samples_per_process
 
 TRIAL_STEPS = 2
 HEADROOM = 0.10
@@ -141,20 +147,15 @@ class _Trials:
         return peak
 
 
-def _divisors(n: int, cap: int) -> list[int]:
-    return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
-
-
 def run(config: Config, plan: Plan, task: Task, device: torch.device) -> dict:
     """Probe now; the result as cached."""
     started = time.perf_counter()
     budget = getattr(plan, "budget_bytes", None)  # from the memory planner, when it planned this
-    per_process = (plan.target_effective_batch or plan.effective_batch) // plan.world_size
-    if plan.mode == "auto":  # any divisor of the per-process share keeps the effective batch exact
-        candidates, grow = _divisors(per_process, per_process) or [1], True
-    else:  # MANUAL: the configured micro-batch is the most the user wants
-        candidates, grow = _divisors(plan.micro_batch * plan.grad_accum, plan.micro_batch), False
-    start = max(i for i, c in enumerate(candidates) if c <= plan.micro_batch)
+    share = samples_per_process(plan)  # as the trainer cuts a window: the largest rank's slice
+    # AUTO may grow up to the share; MANUAL: the configured micro-batch is the most the user wants
+    cap, grow = (share, True) if plan.mode == "auto" else (plan.micro_batch, False)
+    candidates = sorted(set(balanced_micro_batches(share, cap)) | {plan.micro_batch})
+    start = candidates.index(plan.micro_batch)
     trials = _Trials(config, plan, task, device)
     model = trials.model
     model.train()
@@ -182,13 +183,27 @@ def _describe(trials: list) -> str:
 
 
 def apply(plan: Plan, result: dict, how: str) -> Plan:
-    """The plan with the probed micro-batch (accumulation recomputed) and evaluation batch."""
-    target = plan.target_effective_batch or plan.effective_batch
-    micro, accum, why = calculate_gradient_accumulation(target, result["max_micro"], plan.world_size)
-    reasons = {**plan.reasons, "micro_batch": f"probe {how}: {result['max_micro']} fits", "grad_accum": why,
-               "eval_batch": f"probe {how}: largest safe forward-only batch"}
+    """The plan with the probed evaluation batch and, where the planned micro-batch does not fit, the
+    fewest micro-batches that do: accumulation ceil(share / largest that fits), each ceil(share /
+    accumulation) (the resolver's balanced split), the effective batch unchanged. A planned micro-batch
+    that fits stands, with its accumulation, even where a larger one would fit too: the resolver chose it."""
+    fits = result["max_micro"]
+    reasons = {**plan.reasons, "eval_batch": f"probe {how}: largest safe forward-only batch"}
+    planned = plan.reasons.get("micro_batch", f"planned {plan.micro_batch}")
+    if fits >= plan.micro_batch:
+        reasons["micro_batch"] = f"{planned}; probe {how}: confirmed ({fits} fits)"
+        return dataclasses.replace(plan, eval_batch=result["eval_batch"], reasons=reasons)
+    share = samples_per_process(plan)
+    accum = -(-share // fits)
+    micro = -(-share // accum)
+    sizes = window_sizes(share, micro)
+    cut = f"{len(sizes)} x {micro}" if len(set(sizes)) == 1 else f"{len(sizes) - 1} x {micro} + {sizes[-1]}"
+    reasons["micro_batch"] = (f"{planned}; probe {how}: {fits} is the largest that fits, under the planned "
+                              f"{plan.micro_batch}: {micro}, the smallest that needs only {accum} micro-batches")
+    reasons["grad_accum"] = (f"probe {how}: {share} per process as {cut} (a short one weighs its samples); "
+                             f"effective batch {plan.effective_batch} unchanged")
     return dataclasses.replace(plan, micro_batch=micro, grad_accum=accum, eval_batch=result["eval_batch"],
-                               effective_batch=micro * accum * plan.world_size, reasons=reasons)
+                               reasons=reasons)
 
 
 def maybe_probe(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *, log=print,

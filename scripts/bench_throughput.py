@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""Training throughput at the planner's micro-batch against a micro-batch sweep (make bench-throughput).
+
+For each case the plan is resolved on this machine (lib.hyperparams.resolve
+with the detected hardware) in a fresh cache directory, so no step-time
+calibration exists (the memory traces are copied in, so planning stays warm).
+Then real optimizer steps run, as the trainer runs them (lib.task's data,
+model and loss; lib.step's optimizer and autocast; gradient accumulation over
+micro-batches weighted by their share; gradient clipping), at the plan's
+micro-batch and at every micro-batch of SWEEP up to the effective batch, all
+at the same effective batch. Each point's step is a window of the effective
+batch cut as the trainer cuts it (lib.trainer.windows.rank_batches, the
+largest rank's slice): full micro-batches, then a short one where the
+micro-batch does not divide it (the resolver may plan such a one: 171 for 512
+runs 171 + 171 + 170), each weighted by its samples. The points are measured in
+interleaved rounds (other processes' load then falls on every point alike);
+each point's time is the median of its steps, warm-up excluded.
+Step time: the plan's prediction (lib.steptime) with no calibration, against
+the later rounds; then lib.steptime.calibrate with the first round's steps at
+the plan's micro-batch, the plan re-resolved, and its prediction against the
+later rounds (never the steps it was calibrated with).
+Intra-op threads: lib.threads' decision for the machine as each case starts.
+Last line: throughput: cases=N min_ratio_to_best=R max_step_time_err_calibrated=E max_step_time_err_uncalibrated=U
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from lib import config as kconfig  # noqa: E402
+from lib.step import autocast_for, make_optimizer, seed_everything  # noqa: E402
+from lib.trainer.windows import rank_batches  # noqa: E402
+
+SWEEP = (8, 16, 32, 64, 128, 256, 512)
+# defconfig -> settings merged on top. ResNet-18 trains at 16-35 samples/s on this 2-core CPU (one
+# thread, under load): a 512-sample step takes 15-30 s, so it runs at 128 to keep the bench near 4 minutes.
+CASES = {"lenet5": {}, "resnet18": {"TARGET_EFFECTIVE_BATCH": 128}, "gpt2-tiny": {}, "custom-transformer": {}}
+ROUND_S = 0.4  # each point runs at least this long per round (at least one step)
+CALIBRATION_S = 1.5  # the plan's point in the first round: the steps lib.steptime.calibrate gets
+CASE_BUDGET_S = 25.0  # no round starts after a case has measured this long, once it has MIN_ROUNDS
+MIN_ROUNDS = 3  # the first calibrates; the others are compared with the predictions
+MAX_ROUNDS = 10
+
+
+@dataclass
+class Point:
+    micro: int
+    window: int  # samples per optimizer step over all processes: the effective batch
+    world_size: int = 1
+    steps: list[list[float]] = field(default_factory=list)  # seconds of each step, per round
+
+    @property
+    def batches(self) -> list[tuple[int, float]]:
+        """(samples, weight) of each micro-batch of a step: the trainer's own cut of the largest rank's
+        slice of a window (it sets the pace), full micro-batches, then a short one."""
+        window = list(range(self.window))
+        return [(len(b), w) for b, w in rank_batches(window, self.world_size - 1, self.world_size, self.micro)]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [n for n, _ in self.batches]
+
+    @property
+    def samples(self) -> int:
+        """Per optimizer step on this process."""
+        return sum(self.sizes)
+
+    def seconds(self, rounds: slice = slice(None)) -> float:
+        return statistics.median(t for r in self.steps[rounds] for t in r)
+
+    def samples_per_second(self, rounds: slice = slice(None)) -> float:
+        return self.samples / self.seconds(rounds)
+
+
+class Runner:
+    """A case's model and optimizer, taking real optimizer steps."""
+
+    def __init__(self, config, plan, task) -> None:
+        seed_everything(config.seed)
+        self.config, self.plan, self.task = config, plan, task
+        self.model = task.build(plan.gradient_checkpointing)
+        self.model.train()
+        self.optimizer = make_optimizer(config, self.model)
+        self.next = 0
+        self.warm: set[int] = set()
+
+    def _indices(self, n: int) -> list[int]:
+        size = len(self.task.train)
+        start, self.next = self.next, (self.next + n) % size
+        return [(start + i) % size for i in range(n)]
+
+    def _micro_batch(self, n: int, weight: float) -> None:
+        x, y = self.task.train[self._indices(n)]
+        with autocast_for(self.plan):
+            loss = self.task.loss(self.model(x), y)
+        (loss * weight).backward()
+
+    def step(self, batches: list[tuple[int, float]]) -> float:
+        """Seconds of one optimizer step over micro-batches of (samples, weight), weighted as the trainer
+        weighs them (their share of the window) and loaded from the split as the trainer loads them."""
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        for size, weight in batches:
+            self._micro_batch(size, weight)
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        return time.perf_counter() - start
+
+    def measure(self, point: Point, min_seconds: float = ROUND_S) -> list[float]:
+        """One round at `point`: a warm-up micro-batch the first time, then steps for min_seconds (at least one)."""
+        if point.micro not in self.warm:
+            self._micro_batch(point.micro, 1.0)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.warm.add(point.micro)
+        times: list[float] = []
+        batches = point.batches
+        while not times or sum(times) < min_seconds:
+            times.append(self.step(batches))
+        point.steps.append(times)
+        return times
+
+
+def sweep_points(window: int, plan_micro: int, world_size: int = 1) -> list[Point]:
+    """SWEEP's micro-batches up to a process's share of the window, and the plan's (a divisor or not)."""
+    share = -(-window // world_size)
+    return [Point(m, window, world_size) for m in sorted({m for m in SWEEP if m <= share} | {plan_micro})]
+
+
+def measure_case(config, plan, task, *, rounds: int = MIN_ROUNDS, budget_s: float = CASE_BUDGET_S,
+                 round_s: float = ROUND_S, calibration_s: float = CALIBRATION_S, after_first=None) -> dict[int, Point]:
+    """Interleaved rounds over the sweep (and the plan's micro-batch) at the plan's effective batch per process.
+
+    after_first(points) runs after round one (where the plan's point ran for calibration_s) and may return
+    a micro-batch to add (a re-resolved plan's).
+    """
+    window, world_size = plan.effective_batch, plan.world_size
+    points = {p.micro: p for p in sweep_points(window, plan.micro_batch, world_size)}
+    runner = Runner(config, plan, task)
+    started = time.perf_counter()
+    done = 0
+    while done < rounds or (time.perf_counter() - started < budget_s and done < MAX_ROUNDS):
+        order = sorted(points) if done % 2 == 0 else sorted(points, reverse=True)
+        for micro in order:
+            first_at_plan = done == 0 and micro == plan.micro_batch
+            runner.measure(points[micro], max(round_s, calibration_s) if first_at_plan else round_s)
+        done += 1
+        if done == 1 and after_first is not None:
+            extra = after_first(points)
+            if extra and extra not in points:
+                points[extra] = Point(extra, window, world_size)
+                runner.measure(points[extra], round_s)  # a warm-up in place of the calibration round
+                points[extra].steps[0] = []
+    return points
+
+
+# --------------------------------------------------------------------------
+# Plans, threads and predictions
+
+
+def steptime():
+    """lib.steptime, or None before it exists."""
+    try:
+        import lib.steptime as module
+    except ImportError:
+        return None
+    return module
+
+
+def predicted_seconds(config, hardware, plan) -> float | None:
+    seconds = getattr(plan, "predicted_step_seconds", None)
+    if seconds is None and steptime() is not None:
+        seconds = steptime().predict_step_time(config, hardware, plan).seconds
+    return seconds
+
+
+def set_threads(config, hardware) -> tuple[int, str]:
+    from lib.hardware.host import cpu_load
+    from lib.threads import decide_cpu_threads
+
+    threads, why = decide_cpu_threads(config, "cpu", hardware, 1, idle_cores=cpu_load().idle_cores)
+    torch.set_num_threads(threads)
+    return threads, why
+
+
+@contextlib.contextmanager
+def fresh_cache():
+    """KFIT_CACHE_DIR in a temporary directory holding only the memory traces of the usual one."""
+    from lib.memory import default_cache_dir
+
+    usual = default_cache_dir() / "memory"
+    previous = os.environ.get("KFIT_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as tmp:
+        if usual.is_dir():
+            shutil.copytree(usual, Path(tmp) / "memory")
+        os.environ["KFIT_CACHE_DIR"] = tmp
+        try:
+            yield Path(tmp)
+        finally:
+            if previous is None:
+                os.environ.pop("KFIT_CACHE_DIR", None)
+            else:
+                os.environ["KFIT_CACHE_DIR"] = previous
+
+
+@dataclass
+class Row:
+    case: str
+    threads: int
+    plan: tuple[int, int]
+    calibrated_plan: tuple[int, int]
+    points: dict[int, Point]
+    predicted: float | None  # seconds of the plan's step, uncalibrated
+    predicted_calibrated: float | None
+    busy_cores: float | None = None  # other processes' CPU use while the case was measured
+
+    def best(self) -> Point:
+        return max(self.points.values(), key=Point.samples_per_second)
+
+    def ratio(self) -> float:
+        """The worse of the two plans' samples/s over the sweep's best."""
+        best = self.best().samples_per_second()
+        return min(self.points[m].samples_per_second() for m in (self.plan[0], self.calibrated_plan[0])) / best
+
+    def measured(self, micro: int) -> float:
+        return self.points[micro].seconds(slice(1, None))  # rounds after the calibration round
+
+    def errors(self) -> tuple[float | None, float | None]:
+        unc = None if self.predicted is None else abs(self.predicted / self.measured(self.plan[0]) - 1)
+        cal = (None if self.predicted_calibrated is None else
+               abs(self.predicted_calibrated / self.measured(self.calibrated_plan[0]) - 1))
+        return unc, cal
+
+
+def run_case(name: str, settings: dict, hardware, *, rounds: int = MIN_ROUNDS, budget_s: float = CASE_BUDGET_S,
+             round_s: float = ROUND_S, log=print) -> Row:
+    from lib.hardware.host import CPULoadMeter
+    from lib.hyperparams import resolve
+    from lib.plan import ModelDescription
+    from lib.task import load_task
+
+    with fresh_cache(), tempfile.TemporaryDirectory() as tmp:
+        config = kconfig.make_defconfig(name, out=Path(tmp) / "config")
+        if settings:
+            config = kconfig.derive(config, settings)
+        model = ModelDescription.from_config(config)
+        threads, why = set_threads(config, hardware)  # before planning: the predictor times steps too
+        plan = resolve(config, hardware, model)
+        if getattr(plan, "cpu_threads", threads) != threads:
+            threads, why = plan.cpu_threads, plan.reasons["cpu_threads"]
+            torch.set_num_threads(threads)
+        log(f"{name}: {threads} thread(s): {why}")
+        if plan.device_type != "cpu":
+            raise SystemExit(f"{name}: planned for {plan.device_type}; this bench measures the CPU")
+        predicted = predicted_seconds(config, hardware, plan)
+        state = {"plan": plan, "predicted": None}
+
+        def calibrate(points: dict[int, Point]) -> int | None:
+            module = steptime()
+            if module is None:
+                return None
+            module.calibrate(config, hardware, plan, points[plan.micro_batch].steps[0])
+            again = resolve(config, hardware, model)
+            state.update(plan=again, predicted=predicted_seconds(config, hardware, again))
+            return again.micro_batch
+
+        task = load_task(config)
+        meter = CPULoadMeter()
+        points = measure_case(config, plan, task, rounds=rounds, budget_s=budget_s, round_s=round_s,
+                              after_first=calibrate)
+        busy = meter.read().busy_cores
+    again = state["plan"]
+    return Row(case=name, threads=threads, plan=(plan.micro_batch, plan.grad_accum),
+               calibrated_plan=(again.micro_batch, again.grad_accum), points=points,
+               predicted=predicted, predicted_calibrated=state["predicted"], busy_cores=busy)
+
+
+# --------------------------------------------------------------------------
+# Output
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _rate(value: float) -> str:
+    return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.0f}"
+
+
+def table(rows: list[Row]) -> list[str]:
+    lines = [f"{'case':<20} {'busy':>4} {'thr':>3} {'micro':>5} {'samples/s by micro-batch':<44} "
+             f"{'plan/s':>8} {'best':>10} {'ratio':>5} {'step s':>7} {'pred':>7} {'err':>6} "
+             f"{'cal':>5} {'pred':>7} {'err':>6}"]
+    for r in rows:
+        best = r.best()
+        sweep = " ".join(f"{m}:{_rate(p.samples_per_second())}" for m, p in sorted(r.points.items()))
+        unc, cal = r.errors()
+        plan_micro, cal_micro = r.plan[0], r.calibrated_plan[0]
+        lines.append(f"{r.case:<20} {_f(r.busy_cores, '.1f'):>4} {r.threads:>3} {plan_micro:>5} {sweep:<44} "
+                     f"{_rate(r.points[plan_micro].samples_per_second()):>8} "
+                     f"{_rate(best.samples_per_second()) + '@' + str(best.micro):>10} {r.ratio():>5.2f} "
+                     f"{r.measured(plan_micro):>7.3f} {_f(r.predicted, '.3f'):>7} {_f(unc, '.1%'):>6} "
+                     f"{cal_micro:>5} {_f(r.predicted_calibrated, '.3f'):>7} {_f(cal, '.1%'):>6}")
+    return lines
+
+
+def summary(rows: list[Row]) -> str:
+    def worst(values):
+        values = [v for v in values if v is not None]
+        return max(values) if values else math.nan
+
+    return (f"throughput: cases={len(rows)} min_ratio_to_best={min(r.ratio() for r in rows):.3f} "
+            f"max_step_time_err_calibrated={worst(r.errors()[1] for r in rows):.3f} "
+            f"max_step_time_err_uncalibrated={worst(r.errors()[0] for r in rows):.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help="defconfigs to run (comma-separated)")
+    args = parser.parse_args(argv)
+    from lib.hardware import detect
+
+    hardware = detect()
+    from lib.hardware.host import cpu_load
+
+    print(f"CPU: {hardware.cpu.name}, {cpu_load().describe()}")
+    rows = []
+    for name in args.cases.split(","):
+        rows.append(run_case(name, CASES.get(name, {}), hardware))
+    print("samples/s of real optimizer steps at the plan's effective batch; busy: cores other processes used "
+          "meanwhile; 'ratio': the plan's micro-batch "
+          "(the worse of uncalibrated and calibrated) over the best; step s: measured after the first round; "
+          "pred/err: predicted step time and |pred/measured - 1|, uncalibrated then calibrated")
+    for line in table(rows):
+        print(line)
+    print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

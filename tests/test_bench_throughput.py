@@ -1,0 +1,70 @@
+"""make bench-throughput's measuring and output (scripts/bench_throughput.py) on a tiny case."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from lib import config as kc
+from lib.hardware import resolve_hardware
+from lib.hyperparams import resolve
+from lib.plan import ModelDescription
+from lib.task import load_task
+from tests.test_trainer import one_thread  # noqa: F401 (fixture)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import bench_throughput as bench  # noqa: E402
+
+
+
+def test_sweep_points_keep_the_effective_batch():
+    assert [(p.micro, len(p.sizes)) for p in bench.sweep_points(64, 64)] == [(8, 8), (16, 4), (32, 2), (64, 1)]
+    assert [p.micro for p in bench.sweep_points(96, 48)] == [8, 16, 32, 48, 64]  # the plan's own joins the sweep
+    assert bench.Point(64, 96).sizes == [64, 32]  # a short last micro-batch, as the trainer cuts the window
+    # a plan's micro-batch that does not divide the share: the resolver's 171 for 512, as the trainer runs it
+    [plan] = [p for p in bench.sweep_points(512, 171) if p.micro == 171]
+    assert plan.batches == [(171, 171 / 512), (171, 171 / 512), (170, 170 / 512)] and plan.samples == 512
+    two = bench.Point(86, 512, world_size=2)  # one rank's 256 of each 512-sample window
+    assert two.sizes == [86, 86, 84] and two.samples == 256 and sum(w for _, w in two.batches) == 0.5
+    assert [p.micro for p in bench.sweep_points(512, 86, world_size=2)] == [8, 16, 32, 64, 86, 128, 256]
+
+
+def test_measures_real_steps_and_prints_table_and_summary(tmp_path):
+    config = kc.derive(kc.make_defconfig("lenet5", out=tmp_path / ".config"),
+                       {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 8, "GRADIENT_ACCUMULATION": 2})
+    plan = resolve(config, resolve_hardware(gpu="cpu"), ModelDescription.from_config(config))
+    calls = []
+    points = bench.measure_case(config, plan, load_task(config), rounds=2, budget_s=0.0, round_s=0.0, calibration_s=0.0,
+                                after_first=lambda pts: calls.append(sorted(pts)) or 16)
+    assert calls == [[8, 16]] and sorted(points) == [8, 16]
+    assert all(len(p.steps) == 2 and all(len(r) == 1 and r[0] > 0 for r in p.steps) for p in points.values())
+    row = bench.Row(case="lenet5", threads=1, plan=(8, 2), calibrated_plan=(16, 1), points=points,
+                    predicted=points[8].seconds() * 1.5, predicted_calibrated=None)
+    assert row.errors()[0] == pytest.approx(abs(1.5 * points[8].seconds() / row.measured(8) - 1))
+    assert 0 < row.ratio() <= 1
+    header, line = bench.table([row])
+    assert header.split()[:4] == ["case", "busy", "thr", "micro"] and line.split()[:4] == ["lenet5", "-", "1", "8"]
+    assert re.search(r" 8:\S+ 16:\S+ ", line) and line.rstrip().endswith("-")
+    assert re.fullmatch(r"throughput: cases=1 min_ratio_to_best=\d\.\d{3} max_step_time_err_calibrated=nan "
+                        r"max_step_time_err_uncalibrated=\d+\.\d{3}", bench.summary([row]))
+
+
+def test_a_plan_that_does_not_divide_the_share_runs_the_trainers_micro_batches(tmp_path, monkeypatch):
+    config = kc.derive(kc.make_defconfig("lenet5", out=tmp_path / ".config"),
+                       {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 8, "GRADIENT_ACCUMULATION": 2})
+    plan = dataclasses.replace(resolve(config, resolve_hardware(gpu="cpu"), ModelDescription.from_config(config)),
+                               micro_batch=6, grad_accum=3)  # 16 samples: 6 + 6 + 4
+    ran = []
+    original = bench.Runner._micro_batch
+    monkeypatch.setattr(bench.Runner, "_micro_batch",
+                        lambda self, n, weight: ran.append((n, weight)) or original(self, n, weight))
+    points = bench.measure_case(config, plan, load_task(config), rounds=1, budget_s=0.0, round_s=0.0,
+                                calibration_s=0.0)
+    assert sorted(points) == [6, 8, 16] and points[6].samples == points[8].samples == 16
+    # ascending in round one: 6 (a warm-up micro-batch of 6, then one step), 8, 16
+    assert ran[:4] == [(6, 1.0), (6, 0.375), (6, 0.375), (4, 0.25)]
+    assert points[6].samples_per_second() == pytest.approx(16 / points[6].seconds())
