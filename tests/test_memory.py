@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from lib import config as kc
+from lib.hardware import allocator
 from lib.memory import (
-    MemoryPredictor, default_cache_dir, device_overheads, fingerprint, largest_fitting,
+    MemoryPredictor, default_cache_dir, device_overheads, fingerprint, largest_fitting, step_optimizer,
+    trace_step, training_steps,
 )
+from lib.memory import trace
+from lib.memory.predict import HOST_HEAP_BYTES
+from lib.memory.trace import cpu_conv_path
+from lib.step import autocast_for
+from lib.task import load_task
+from scripts.bench_memory import allocator_peak  # the bench's instrument
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +127,10 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert default_cache_dir() == tmp_path / "xdg" / "kfit"
 
 
-def test_device_overheads_are_named_and_zero_on_cpu(predictor, configs):
+def test_device_overheads_are_named_and_only_the_host_heap_on_cpu(predictor, configs):
     trace = peak(predictor, configs["gpt2-tiny"], 8).trace
-    assert device_overheads(trace, "cpu") == {}
+    assert device_overheads(trace, "cpu") == {"host_heap": HOST_HEAP_BYTES}
+    assert device_overheads(trace, "mps") == {}
     cuda = device_overheads(trace, "cuda")
     assert set(cuda) == {"blas_workspace", "attention_workspace", "allocator_fragmentation"}
     assert "cudagraph_pool" in device_overheads(trace, "cuda", "reduce-overhead")
@@ -134,3 +151,167 @@ def test_largest_fitting_finds_the_boundary_in_few_calls():
     convex = lambda b: b * b  # noqa: E731
     assert largest_fitting(convex, 10_000, 65536) == 100
     assert largest_fitting(convex, 10_000 - 1, 65536) == 99
+
+
+# --------------------------------------------------------------------------
+# Kernel workspaces against what the CPU kernels really allocate
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")  # mkldnn.flags() sets TF32 too
+@pytest.mark.parametrize("onednn,batch", [(True, 8), (False, 8), (False, 16)], ids=["onednn", "im2col", "nnpack"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lenet5_peak_matches_the_convolution_kernels_torch_runs(configs, onednn, batch, precision):
+    """oneDNN's blocked reorders, or im2col's column buffers (bf16 on AVX2-only CPUs; here forced by
+    turning oneDNN off; fp32 from batch 16 then takes NNPACK), are inside the prediction: training
+    step and evaluation forward, against the allocations the CPU allocator really made."""
+    config = configs["lenet5"]
+    task = load_task(config)
+    autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))
+
+    def train():
+        model = task.build(False)
+        x, y = task.example_batch(batch)
+        training_steps(model, step_optimizer(config, model, "cpu"), task.loss, x, y, autocast=autocast,
+                       grad_clip=config.grad_clip, foreach=False)
+
+    def evaluate():
+        model = task.build(False).eval()
+        x, y = task.example_batch(batch)
+        with torch.no_grad(), autocast:
+            out = model(x)
+            task.loss(out, y)
+            out.argmax(dim=-1)
+
+    with torch.backends.mkldnn.flags(enabled=onednn):
+        for run, is_train in ((train, True), (evaluate, False)):
+            traced = trace_step(task, config, batch=batch, precision=precision, device_type="cpu",
+                                gradient_checkpointing=False, train=is_train)
+            measured = allocator_peak(run)
+            assert traced.peak_bytes == pytest.approx(measured, rel=0.02), (is_train, traced.breakdown)
+    assert batch > 8 or traced.breakdown["workspace"] > 0
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_cpu_conv_path_decides_as_torch_does(monkeypatch):
+    x, w = torch.empty(8, 6, 14, 14), torch.empty(16, 6, 5, 5)
+    plain = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)  # stride, padding, dilation, transposed, output_padding, groups
+    assert cpu_conv_path(x, w, *plain) == "onednn"
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert cpu_conv_path(x, w, *plain) == "im2col"
+        nnpack = torch.backends.nnpack.is_available()
+        assert cpu_conv_path(torch.empty(16, 6, 14, 14), w, *plain) == ("nnpack" if nnpack else "im2col")
+        assert cpu_conv_path(x, w, [1, 1], [0, 0], [2, 2], False, [0, 0], 1) == "dilated"
+    monkeypatch.setattr(trace, "_onednn", lambda: (False, False, 8))  # an AVX2-only CPU: no bf16 in oneDNN
+    assert cpu_conv_path(x.bfloat16(), w.bfloat16(), *plain) == "im2col"
+    assert cpu_conv_path(x, w, *plain) == "onednn"
+    monkeypatch.setattr(trace, "_onednn", lambda: (True, False, 16))
+    assert cpu_conv_path(x.bfloat16(), w.bfloat16(), *plain) == "onednn"
+    assert cpu_conv_path(x.half(), w.half(), *plain) == "im2col"
+    with torch.backends.mkldnn.flags(enabled=True):  # fp32 1x1 on a single small sample, one thread: native
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert cpu_conv_path(torch.empty(1, 6, 4, 4), torch.empty(16, 6, 1, 1), *plain) == "im2col"
+        finally:
+            torch.set_num_threads(threads)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_im2col_columns_are_the_workspace_when_onednn_is_off(configs):
+    """Without oneDNN, LeNet-5's first convolution unfolds its input: 25 x 28*28 values per sample."""
+    task = load_task(configs["lenet5"])
+    with torch.backends.mkldnn.flags(enabled=False):
+        trace = trace_step(task, configs["lenet5"], batch=64, precision="bf16", device_type="cpu",
+                           gradient_checkpointing=False, train=False)
+    assert trace.breakdown["workspace"] == 64 * 25 * 28 * 28 * 2
+
+
+def test_mixed_dtype_pointwise_ops_copy_their_inputs_on_cpu():
+    """fp32 + bf16 (autocast's residual adds): the CPU kernel first copies the bf16 input to fp32."""
+    a, b = torch.randn(2**16), torch.randn(2**16, dtype=torch.bfloat16)
+    add = torch.ops.aten.add.Tensor
+    expected = trace.promotion_workspace(add, (a, b))
+    assert expected == 2**16 * 4 and trace.promotion_workspace(add, (a, b.float())) == 0
+    assert trace.promotion_workspace(torch.ops.aten.mm.default, (a[None], b[:, None])) == 0  # not pointwise
+    assert allocator_peak(lambda: add(a, b)) == expected + 2**16 * 4  # the copy, then the output
+
+
+OUTPUT_MODEL = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+
+
+class Output(dict):  # like transformers' ModelOutput: a dict whose keys are attributes too
+    __getattr__ = dict.__getitem__
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return Output(logits=self.head(self.embed(x).mean(dim=1)))
+
+
+def make_batch(n, generator):
+    x = torch.randint(0, 16, (n, 6), generator=generator)
+    return x, x[:, 0] % 4
+
+
+def build():
+    return Model(), make_batch, lambda out, y: F.cross_entropy(out.logits, y)
+'''
+
+
+def test_a_model_returning_a_model_output_is_traced_for_training_and_evaluation(tmp_path, monkeypatch):
+    (tmp_path / "kfit_output_model.py").write_text(OUTPUT_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = kc.make_defconfig("custom-transformer", out=tmp_path / "c.config")
+    config = kc.derive(base, {"CUSTOM_MODEL_FACTORY": "kfit_output_model:build"})
+    task = load_task(config)
+    kw = {"batch": 8, "precision": "fp32", "device_type": "cpu", "gradient_checkpointing": False}
+    train, evaluate = trace_step(task, config, **kw), trace_step(task, config, train=False, **kw)
+    assert 0 < evaluate.peak_bytes < train.peak_bytes
+    assert train.breakdown["gradients"] > 0 == evaluate.breakdown["gradients"]
+
+
+# --------------------------------------------------------------------------
+# The C allocator: freed tensors leave the process (lib/hardware/allocator.py)
+
+RETENTION = '''
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("allocator", sys.argv[1])
+allocator = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(allocator)
+applied = allocator.return_freed_memory() if sys.argv[2] == "set" else None
+rss = lambda: next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")) / 1024
+base = rss()
+blocks = [b"x" * (96 * 1024) for _ in range(400)]  # 37.5 MiB in blocks under glibc's default 128 KiB threshold
+del blocks[:-1]  # the last one stays, on top of the heap
+print(applied, rss() - base)
+'''
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_return_freed_memory_gives_freed_blocks_back_on_glibc():
+    path = Path(allocator.__file__)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "KFIT_KEEP"))}
+
+    def retained(mode):
+        out = subprocess.run([sys.executable, "-c", RETENTION, str(path), mode], capture_output=True, text=True,
+                             env=env, check=True).stdout.split()
+        return out[0], float(out[1])
+
+    (applied, kept), (_, default) = retained("set"), retained("default")
+    assert applied == "True"
+    assert kept < 4 < 20 < default
+
+
+def test_return_freed_memory_is_harmless_off_glibc(monkeypatch):
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setattr(allocator, "_glibc", lambda: None)
+    assert allocator.return_freed_memory() is False
+    assert allocator.trim() is False
+    monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setenv("KFIT_KEEP_MALLOC", "1")
+    assert allocator.return_freed_memory() is False

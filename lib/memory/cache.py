@@ -76,6 +76,10 @@ def fingerprint(config: Config, *, device_type: str, precision: str, gradient_ch
     """(hash, contents) of everything but the batch size that changes a trace."""
     key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(), "model": model_fingerprint(config),
            "device_type": device_type, "precision": precision, "train": train}
+    if device_type == "cpu":  # the convolution kernels torch picks (and their scratch) depend on this CPU
+        from .trace import cpu_kernels_key
+
+        key["cpu_kernels"] = cpu_kernels_key()
     if train:  # evaluation runs no backward and no optimizer
         key.update(gradient_checkpointing=gradient_checkpointing, optimizer=config.optimizer,
                    momentum=bool(config.sgd_momentum), weight_decay=config.weight_decay > 0,

@@ -1,7 +1,20 @@
 """The predictor: a traced step (trace.py, cached: cache.py) plus what the device adds.
 
-Device overheads (CUDA and ROCm; all zero on CPU and MPS, where glibc/Metal
-hand memory straight back and the bench measures no gap):
+The trace already holds what kernels allocate inside an op (trace.kernel_workspace):
+oneDNN's reorders and im2col's column buffers of CPU convolutions, CPU type
+promotion copies, cuDNN's workspace. Device overheads beyond it:
+  CPU (RSS, what runs out on a CPU, measured by make bench-memory):
+  host_heap              256 KiB: the step's autograd graph, tensor metadata and
+                          Python objects live in the C heap and pymalloc, outside
+                          the tensor allocator: RSS grew 0-0.4 MiB more than the
+                          allocator's peak over the bench's 42 cases.
+  RSS follows this only in a process whose C heap hands freed tensors back
+  (lib.hardware.allocator.return_freed_memory): with glibc's defaults the heap
+  keeps them, and RSS grew 12-102% above the prediction (no fixed share: glibc's
+  fragmentation depends on the order of a step's allocations). What a process
+  pays once, at its first step (20-100 MiB here: kernel code, thread pools, lazy
+  imports), is left to the memory profile's headroom.
+  CUDA and ROCm (MPS: none, not measured):
   cuda_context           0: free memory is measured after our context exists
                           (lib.hardware uses mem_get_info; the catalog subtracts
                           catalog.CONTEXT_RESERVE_BYTES), so it is already
@@ -35,6 +48,7 @@ from ..config import Config
 from .cache import default_cache_dir, fingerprint
 from .trace import CATEGORIES, MiB, Trace, trace_step
 
+HOST_HEAP_BYTES = 256 * 1024
 BLAS_WORKSPACE_BYTES = 32 * MiB
 ATTENTION_WORKSPACE_SHARE = 0.02
 FRAGMENTATION_SHARE = 0.10
@@ -45,7 +59,9 @@ FRAGMENTATION_SHARE = 0.10
 
 
 def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = None) -> dict[str, int]:
-    """The named terms a trace cannot see (module docstring); empty off CUDA/ROCm."""
+    """The named terms a trace cannot see (module docstring); none on MPS."""
+    if device_type == "cpu":
+        return {"host_heap": HOST_HEAP_BYTES}
     if device_type != "cuda":
         return {}
     act, tmp = trace.breakdown["activations"], trace.breakdown["temporaries"]
