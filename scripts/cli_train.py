@@ -57,6 +57,7 @@ def cmd_train(args) -> int:
 
     from lib import distributed
     from lib.hyperparams import compile_line, summary_line
+    from lib.hardware.allocator import RETENTION_FACTOR, needs_returning, return_freed_memory
     from lib.oom import ADVICE, is_oom
     from lib.task import load_task
     from lib.trainer import TrainingInterrupted, train
@@ -101,6 +102,11 @@ def cmd_train(args) -> int:
 
             probed = with_predictions(config, hardware, probed)
         plan = probed
+        if plan.device_type == "cpu" and needs_returning(plan.predicted_peak_bytes, plan.budget_bytes):
+            returned = return_freed_memory()
+            say(f"Memory: the predicted peak x {RETENTION_FACTOR} (glibc keeps freed memory) exceeds the budget: "
+                + ("freed tensors go back to the system (slower steps, RAM within budget)" if returned
+                   else "this C library cannot be told to return freed memory; RAM may exceed the budget"))
         resume = distributed.broadcast(resume_from(config, plan) if rank.is_main else None)
         result = train(config, plan, hardware, task=task, resume=resume, log=say)
     except TrainingInterrupted as stop:

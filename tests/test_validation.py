@@ -419,7 +419,7 @@ def test_make_validate_gpu_on_the_cpu(tmp_path):
     seconds = time.monotonic() - start
     assert run.returncode == 0, run.stdout + run.stderr
     last = run.stdout.strip().splitlines()[-1]
-    assert last.startswith("validate-gpu: device=cpu checks=8 passed=4 failed=0 skipped=4"), run.stdout
+    assert last.startswith("validate-gpu: device=cpu checks=8 passed=5 failed=0 skipped=3"), run.stdout
     assert seconds < 120  # about 30 s on 2 busy cores; the bound only catches a runaway
     [path] = tmp_path.glob("cpu-*.json")
     assert f"json={path}" in last
@@ -427,8 +427,9 @@ def test_make_validate_gpu_on_the_cpu(tmp_path):
     checks = doc["checks"]
     assert {k: v["status"] for k, v in checks.items()} == {
         "detection": "skip", "telemetry": "skip", "memory": "pass", "compile": "skip", "squeezed-budget": "pass",
-        "oom-recovery": "pass", "step-time": "skip", "torchrun": "pass"}
-    assert checks["step-time"]["reason"] == "skipped: no step-time predictor yet"
+        "oom-recovery": "pass", "step-time": "pass", "torchrun": "pass"}
+    lenet = checks["step-time"]["figures"]["cases"]["lenet5"]
+    assert lenet["measured_ms"] > 0 and lenet["calibrated_error"] is not None
     assert checks["memory"]["figures"]["max_rel_err"] <= memory_check.OVER_TOLERANCE
     assert checks["squeezed-budget"]["figures"]["steps"] == 20
     squeezed = checks["squeezed-budget"]["figures"]
@@ -437,3 +438,22 @@ def test_make_validate_gpu_on_the_cpu(tmp_path):
     assert checks["torchrun"]["figures"]["backend"] == "gloo"
     assert doc["environment"]["device"] == "cpu" and doc["environment"]["torch"] == torch.__version__
     assert not (ROOT / "docs" / "validation" / path.name).exists()
+
+
+def test_step_time_is_judged_on_the_calibrated_error(tmp_path):
+    from lib.validation import steptime_check
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "progress"}) + "\n" + json.dumps(
+        {"event": "step_time", "measured_step_seconds": 0.1, "predicted_step_seconds": 0.05}) + "\n")
+    assert steptime_check.step_time_event(tmp_path)["predicted_step_seconds"] == 0.05
+    assert steptime_check.step_time_event(tmp_path / "none") is None
+    assert steptime_check.error(0.05, 0.1) == -0.5 and steptime_check.error(None, 0.1) is None
+    good = {"a": {"measured_ms": 100.0, "uncalibrated_error": -0.5, "calibrated_error": 0.1}}
+    result = steptime_check.judge("cuda", good)
+    assert result.status == "pass" and result.figures["max_uncalibrated_error"] == 0.5
+    assert "-50% uncalibrated, +10% calibrated" in result.reason
+    bad = {"a": {"measured_ms": 100.0, "uncalibrated_error": -0.5, "calibrated_error": 0.2}}
+    assert steptime_check.judge("cuda", bad).status == "fail"
+    assert steptime_check.judge("cpu", bad).status == "pass"  # a shared CPU's tolerance
+    assert steptime_check.judge("cuda", {"a": {"not_run": "time budget"}}).status == "fail"
+

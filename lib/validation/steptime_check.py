@@ -1,0 +1,97 @@
+"""Step time: lib.steptime's prediction against the trainer's measured steps, before and after calibration.
+
+For each case the plan is resolved with a fresh step-time cache (nothing calibrated on this machine yet:
+the roofline from the catalog's datasheet peaks on a GPU, the CPU micro-benchmark on a CPU), then the
+trainer runs a short real run. Its `step_time` event in metrics.jsonl holds the median of its timed steps
+and the plan's prediction; the trainer calibrates with them. A second run, planned again (now
+calibrated) and measured the same way, shows the calibrated error. The check passes when every
+calibrated error is within CALIBRATED_TOLERANCE; the uncalibrated errors are reported as found, so the
+datasheet efficiencies in lib/steptime/device.py can be corrected from them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .budget import environ, make_config, run_training
+from .report import Context, Result, failed, passed, skipped
+
+CASES = {"cuda": (("gpt2-tiny", {}), ("resnet18", {}), ("gpt2", {"MAX_STEPS": 12})),
+         "cpu": (("lenet5", {}), ("gpt2-tiny", {"GPT2_BLOCK_SIZE": 64}))}
+QUICK = 1  # cases in quick mode
+STEPS = 10  # the trainer times steps 2-6 (3-7 compiled); a few more so it has them all
+CALIBRATED_TOLERANCE = {"cuda": 0.15, "cpu": 0.5}  # a shared 2-core CPU moves 30% between runs
+
+
+def step_time_event(run_dir: Path) -> dict | None:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return next((e for e in events if e.get("event") == "step_time"), None)
+
+
+def error(predicted: float | None, measured: float | None) -> float | None:
+    if not predicted or not measured:
+        return None
+    return round((predicted - measured) / measured, 4)
+
+
+def run_case(ctx: Context, name: str, assignments: dict, attempt: str):
+    """(plan, the trainer's step_time event) of one short real run."""
+    from lib.hardware import resolve_hardware
+    from lib.hyperparams import ModelDescription, resolve
+
+    config = make_config(ctx, name, f"steptime-{name}-{attempt}", {"MAX_STEPS": STEPS, **assignments})
+    hardware = resolve_hardware()
+    plan = resolve(config, hardware, ModelDescription.from_config(config))
+    result = run_training(config, plan, hardware)
+    return plan, step_time_event(result.run_dir)
+
+
+def judge(device: str, cases: dict[str, dict]) -> Result:
+    measured = {n: c for n, c in cases.items() if c.get("calibrated_error") is not None}
+    if not measured:
+        return failed("no case reported a step time", cases=cases)
+    worst = max(abs(c["calibrated_error"]) for c in measured.values())
+    raw = [abs(c["uncalibrated_error"]) for c in measured.values() if c.get("uncalibrated_error") is not None]
+    text = ", ".join(f"{n} {c['measured_ms']:.1f} ms: {c['uncalibrated_error']:+.0%} uncalibrated, "
+                     f"{c['calibrated_error']:+.0%} calibrated" for n, c in measured.items())
+    figures = {"cases": cases, "max_calibrated_error": worst, "max_uncalibrated_error": max(raw, default=None),
+               "tolerance": CALIBRATED_TOLERANCE[device]}
+    if worst <= CALIBRATED_TOLERANCE[device]:
+        return passed(text, **figures)
+    return failed(f"{text}: calibrated error above {CALIBRATED_TOLERANCE[device]:.0%}", **figures)
+
+
+def check_step_time(ctx: Context) -> Result:
+    cases: dict[str, dict] = {}
+    chosen = CASES[ctx.device][:QUICK] if ctx.quick else CASES[ctx.device]
+    with environ(KFIT_CACHE_DIR=str(ctx.workdir / "steptime-cache")):  # nothing calibrated here yet
+        for name, assignments in chosen:
+            if ctx.out_of_time():
+                cases[name] = {"not_run": "time budget"}
+                continue
+            plan, first = run_case(ctx, name, assignments, "uncalibrated")
+            if first is None:
+                cases[name] = {"not_run": "the run timed no steps", "micro_batch": plan.micro_batch}
+                continue
+            again, second = run_case(ctx, name, assignments, "calibrated")
+            case = {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
+                    "measured_ms": round(first["measured_step_seconds"] * 1e3, 2),
+                    "predicted_ms": first["predicted_step_seconds"] and round(first["predicted_step_seconds"] * 1e3, 2),
+                    "uncalibrated_error": error(first["predicted_step_seconds"], first["measured_step_seconds"]),
+                    "source": plan.reasons.get("step_time")}
+            if second is not None and again.micro_batch == second.get("micro_batch"):
+                case.update(calibrated_ms=round(second["predicted_step_seconds"] * 1e3, 2),
+                            measured_again_ms=round(second["measured_step_seconds"] * 1e3, 2),
+                            calibrated_error=error(second["predicted_step_seconds"],
+                                                   second["measured_step_seconds"]))
+            cases[name] = case
+            ctx.log(f"  step-time {name:<10} {json.dumps(case)}")
+            if ctx.cuda is not None:
+                ctx.cuda.release()
+    if not any("measured_ms" in c for c in cases.values()):
+        return skipped("no case run: " + "; ".join(f"{n}: {c.get('not_run')}" for n, c in cases.items()))
+    return judge(ctx.device, cases)
