@@ -31,7 +31,6 @@ Last line: memory-accuracy: device=<cpu|cuda> cases=N max_rel_err=X mean_rel_err
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib.util
 import multiprocessing
@@ -52,6 +51,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lib import config as kconfig  # noqa: E402
+from lib.validation.measure import quiet_stderr  # noqa: E402
 
 # model -> micro-batches; "outside" and "hf-*" are custom-model factories (below)
 CASES = {"lenet5": (512, 1024, 2048), "resnet18": (8, 16, 32), "gpt2-tiny": (8, 16, 32),
@@ -139,19 +139,6 @@ def config_for(name: str, workdir: Path):
 
 # --------------------------------------------------------------------------
 # The measuring process (--measure): one case, a fresh interpreter
-
-
-@contextlib.contextmanager
-def quiet_stderr():
-    """Kineto writes profiler start/stop lines straight to fd 2; they would drown the table."""
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _status_bytes(field: str) -> int | None:
