@@ -16,7 +16,8 @@ from lib.hardware import catalog, resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
 from lib.plan import BatchChoice
 from lib.steptime import (
-    Counts, Device, Phase, StepTimeModel, balanced_micro_batches, count_step, device, gpu_device, window_sizes,
+    Candidate, Counts, Device, Phase, StepTimeModel, balanced_micro_batches, count_step, device, fastest, gpu_device,
+    window_sizes,
 )
 
 CPU_FIGURES = {"threads": 2, "fp32_flops": 50e9, "bf16_flops": 100e9, "bandwidth": 20e9, "op_overhead_s": 5e-6}
@@ -272,3 +273,15 @@ def test_real_micro_batches_are_timed_within_the_budget():
     assert sorted(measured) == [1, 4, 16] and all(0 < t < 0.5 for t in measured.values()) and optimizer_s > 0
     assert time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False, sizes=[1, 4],
                               estimate=lambda b: 10.0, budget_s=0.5) == ({}, None)  # nothing affordable
+
+
+def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_measured_sizes():
+    base = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
+    measured = dataclasses.replace(base, measured={16: 0.16, 32: 0.30})
+    assert measured.micro_seconds(64) == pytest.approx(0.60) and measured.micro_seconds(128) == pytest.approx(1.2)
+    assert measured.measured_covers(32) and not measured.measured_covers(33) and base.measured_covers(4096)
+    inside = Candidate(32, 4, False, 1.0, 128.0, measured=True)
+    past = Candidate(128, 1, False, 0.99, 129.3, measured=False)  # 1% faster by the held figure: a tie
+    assert fastest([past, inside], False)[0] is inside
+    clear = Candidate(128, 1, False, 0.9, 142.2, measured=False)  # 11% faster: no tie
+    assert fastest([clear, inside], False)[0] is clear

@@ -7,8 +7,10 @@ short when it does not divide S; the trainer weighs it by its samples).
 Every divisor of S up to C is among them, and any other micro-batch with the
 same k runs the same number of micro-batches, less evenly. Predicted
 throughputs within `TIE` of the best count as a tie, broken towards the
-configured checkpointing setting, then the larger micro-batch (fewer
-launches, and the roofline's optimism about small batches stays unused).
+configured checkpointing setting, then a micro-batch within the sizes timed
+on this device (past them the time per sample is only held, not known), then
+the larger micro-batch (fewer launches, and the roofline's optimism about
+small batches stays unused).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Candidate:
     gradient_checkpointing: bool
     seconds: float  # one optimizer step
     samples_per_second: float  # over all processes
+    measured: bool = True  # within the micro-batch sizes timed on this device (or none were)
 
     def describe(self) -> str:
         text = f"{self.micro_batch} x {self.grad_accum}"
@@ -57,7 +60,8 @@ def candidates(model: StepTimeModel, *, share: int, cap: int, world_size: int,
     for micro in balanced_micro_batches(share, cap):
         accum = -(-share // micro)
         seconds = model.seconds(micro, accum, share)
-        out.append(Candidate(micro, accum, gradient_checkpointing, seconds, share * world_size / seconds))
+        out.append(Candidate(micro, accum, gradient_checkpointing, seconds, share * world_size / seconds,
+                             model.measured_covers(micro)))
     return out
 
 
@@ -66,5 +70,6 @@ def fastest(options: list[Candidate], configured_checkpointing: bool) -> tuple[C
     ranked = sorted(options, key=lambda c: -c.samples_per_second)
     best = ranked[0].samples_per_second
     near = [c for c in ranked if c.samples_per_second >= best * (1 - TIE)]
-    choice = max(near, key=lambda c: (c.gradient_checkpointing == configured_checkpointing, c.micro_batch))
+    choice = max(near, key=lambda c: (c.gradient_checkpointing == configured_checkpointing, c.measured,
+                                      c.micro_batch))
     return choice, ranked

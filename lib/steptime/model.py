@@ -84,8 +84,16 @@ class StepTimeModel:
         return points[-1][1]
 
     def micro_seconds(self, batch: float) -> float:
-        """Forward and backward of one micro-batch, before calibration."""
+        """Forward and backward of one micro-batch, before calibration. Past the largest measured size the
+        time per sample is held at that size's: a roofline's gain from a larger batch is what a CPU's
+        caches take back, and nothing measured says otherwise."""
+        if self.measured and batch > (largest := max(self.measured)):
+            return self.measured[largest] * batch / largest
         return self.roofline_micro_seconds(batch) * self.efficiency(batch)
+
+    def measured_covers(self, batch: int) -> bool:
+        """Whether `batch` is within the measured sizes (or nothing was measured: all is roofline alike)."""
+        return not self.measured or batch <= max(self.measured)
 
     def forward_seconds(self, batch: float) -> float:
         """One evaluation forward (no backward), scaled as the micro-batch is."""
