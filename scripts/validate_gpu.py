@@ -28,6 +28,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or None)
     args = parser.parse_args()
 
+    import lib.hardware  # noqa: F401 - sets the CUDA allocator as kfit's runs have it, before CUDA starts
     import torch
 
     from lib.validation.suite import run_suite

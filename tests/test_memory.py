@@ -136,6 +136,34 @@ def test_device_overheads_are_named_and_only_the_host_heap_on_cpu(predictor, con
     assert "cudagraph_pool" in device_overheads(trace, "cuda", "reduce-overhead")
 
 
+def test_cuda_terms_follow_the_allocator_setting_and_checkpointing(predictor, configs):
+    """Measured on an H100 (lib/memory/predict.py): two cuBLAS workspaces and cuBLASLt's, and a fragmentation
+    share that depends on expandable segments and on checkpointing's recomputation."""
+    from lib.memory import predict
+
+    trace = peak(predictor, configs["gpt2-tiny"], 8).trace
+    act = trace.breakdown["activations"] + trace.breakdown["temporaries"]
+    terms = {(c, e): device_overheads(trace, "cuda", checkpointed=c, expandable=e)
+             for c in (False, True) for e in (False, True)}
+    assert all(t["blas_workspace"] == 65 * 2**20 for t in terms.values())
+    frag = {k: t["allocator_fragmentation"] - predict.FRAGMENTATION_BASE_BYTES for k, t in terms.items()}
+    assert frag[False, True] == int(0.06 * act) and frag[True, True] == int(0.35 * act)
+    assert frag[False, False] == frag[True, False] == int(0.65 * act)
+
+
+def test_kfit_turns_on_expandable_segments_unless_the_user_set_the_allocator(monkeypatch):
+    monkeypatch.setattr(allocator.sys, "platform", "linux")
+    env: dict = {}
+    assert allocator.use_expandable_segments(env) and env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}
+    assert not allocator.use_expandable_segments(mine) and mine == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}
+    assert allocator.expandable_segments({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64, expandable_segments:True"})
+    assert not allocator.expandable_segments({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+    monkeypatch.setattr(allocator.sys, "platform", "win32")
+    env = {}
+    assert not allocator.use_expandable_segments(env) and env == {}  # torch has them on Linux only
+
+
 def test_largest_fitting_finds_the_boundary_in_few_calls():
     calls = []
 

@@ -19,6 +19,7 @@ from lib.steptime import (
     Candidate, Counts, Device, Phase, StepTimeModel, balanced_micro_batches, count_step, device, fastest, gpu_device,
     window_sizes,
 )
+from lib.steptime.count import FIELDS
 
 CPU_FIGURES = {"threads": 2, "fp32_flops": 50e9, "bf16_flops": 100e9, "bandwidth": 20e9, "op_overhead_s": 5e-6}
 
@@ -70,6 +71,28 @@ def test_flops_of_a_convolution_match_the_hand_count():
     linear = 2 * b * 8 * 6 * 6 * 4
     assert phases["forward"].flops == conv + linear
     assert phases["backward"].flops == conv + 2 * linear  # conv weight grad; linear weight and input grads
+    assert phases["forward"].conv_flops == conv and phases["backward"].conv_flops == conv
+
+
+def test_ops_are_kernels_and_the_optimizer_is_counted_in_its_steady_state():
+    """prim.device queries are no kernels (they were 80% of GPT-2-tiny's count, each 'moving' its tensor), and
+    the first optimizer step's state creation is not what every later step costs."""
+    mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # noqa: E731
+    phases, _ = counted(mlp, (16,), 8)
+    # forward: addmm, relu, addmm, then the loss (log_softmax, nll_loss); a few more at most, never dozens
+    assert 4 <= phases["forward"].ops <= 8
+    # 4 parameters, AdamW on the CPU (one tensor at a time): no zeros_like of a first step among them
+    assert phases["optimizer"].ops < 4 * 16
+
+
+def test_gpu_time_has_a_kernel_floor_and_slower_convolutions():
+    gpu = dataclasses.replace(FAKE_CPU, kind="gpu", conv_efficiency=0.25, kernel_floor_s=1e-3, op_overhead_s=0.0)
+    counts = fake_counts(per_sample=Phase(flops=4e9, ops=10), optimizer=Phase())
+    plain = StepTimeModel(counts=counts, device=gpu, precision="fp32").roofline_micro_seconds(1)
+    conv = fake_counts(per_sample=Phase(flops=4e9, ops=10, conv_flops=4e9), optimizer=Phase())
+    slow = StepTimeModel(counts=conv, device=gpu, precision="fp32").roofline_micro_seconds(1)
+    # 3 x 4 GFLOP (forward and a backward of twice) at 1 GFLOP/s, and 30 kernels of 1 ms
+    assert plain == pytest.approx(12 + 0.03) and slow == pytest.approx(12 / 0.25 + 0.03)
 
 
 def test_cpu_attention_kernels_are_counted():
@@ -91,10 +114,11 @@ def test_cpu_attention_kernels_are_counted():
 
 def fake_counts(per_sample=Phase(flops=1e6, compute_bytes=1e4, memory_bytes=5e4, ops=10),
                 optimizer=Phase(memory_bytes=1e5, ops=4), train=1000, eval_samples=100):
-    backward = Phase(*(2 * getattr(per_sample, f) for f in ("flops", "compute_bytes", "memory_bytes", "ops")))
+    backward = Phase(*(2 * getattr(per_sample, f) for f in FIELDS))
 
     def at(b):
-        scale = lambda p: Phase(p.flops * b, p.compute_bytes * b, p.memory_bytes * b, p.ops)  # noqa: E731
+        scale = lambda p: Phase(p.flops * b, p.compute_bytes * b, p.memory_bytes * b, p.ops,  # noqa: E731
+                                p.conv_flops * b)
         return {"forward": scale(per_sample), "backward": scale(backward), "optimizer": optimizer}
     return Counts(phases={1: at(1), 2: at(2)}, parameters=1000, train_samples=train, eval_samples=eval_samples)
 

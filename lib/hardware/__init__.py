@@ -20,6 +20,10 @@ Who owns what:
 from __future__ import annotations
 
 from . import catalog
+from .allocator import use_expandable_segments
+
+use_expandable_segments()  # before anything here starts CUDA (allocator.py says why)
+
 from .detection import detect
 from .host import detect_cpu, on_battery
 from .profile import BACKENDS, VENDORS, GiB, CPUInfo, GPUInfo, HardwareProfile, format_size, gib, load_profile

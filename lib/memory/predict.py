@@ -14,20 +14,33 @@ promotion copies, cuDNN's workspace. Device overheads beyond it:
   fragmentation depends on the order of a step's allocations). What a process
   pays once, at its first step (20-100 MiB here: kernel code, thread pools, lazy
   imports), is left to the memory profile's headroom.
-  CUDA and ROCm (MPS: none, not measured):
+  CUDA and ROCm (MPS: none, not measured). Measured by make validate-gpu on an
+  H100 (docs/validation/, 2026-11-23, torch 2.11, 34 eager steps of 5 models
+  and 5 checkpointed ones), reserved peak against the trace:
   cuda_context           0: free memory is measured after our context exists
                           (lib.hardware uses mem_get_info; the catalog subtracts
                           catalog.CONTEXT_RESERVE_BYTES), so it is already
                           outside the budget.
-  blas_workspace         32 MiB: the cuBLAS/cuBLASLt workspace torch allocates per
-                          handle at the first matmul (CUBLAS_WORKSPACE_CONFIG default
-                          on Hopper is 32 MiB; older GPUs use less).
+  blas_workspace         65 MiB in training: the cuBLAS workspace torch allocates
+                          per handle and stream at the first matmul (32 MiB on
+                          Hopper), one for the forward's thread and one for the
+                          autograd engine's device thread, plus cuBLASLt's 1 MiB:
+                          every step measured allocated 65.0 MiB or more beyond
+                          its traced peak. Evaluation runs in a process that has
+                          trained, with both workspaces alive.
   attention_workspace    models with attention: 2% of activations, the fp32
                           accumulators of the fused attention backward.
-  allocator_fragmentation 10% of activations + temporaries: the caching allocator
-                          rounds blocks (512 B, 2 MiB and 20 MiB segments) and split
-                          blocks leave gaps, so reserved > allocated for the
-                          short-lived tensors of a step.
+  allocator_fragmentation what the caching allocator reserves beyond what it
+                          hands out. With expandable segments (kfit's setting,
+                          lib.hardware.allocator): 32 MiB (the small-block pool's
+                          2 MiB segments, page rounding) + 6% of activations +
+                          temporaries, 35% when activations are checkpointed
+                          (the recomputation interleaves allocations: measured
+                          4-34%); this held every step to -4.8%..+22% of its
+                          reserved peak. With fixed segments (a user's own
+                          PYTORCH_CUDA_ALLOC_CONF without them): 32 MiB + 65%,
+                          the largest gap measured on a step of 50 MiB or more
+                          (ResNet-18 fp32 batch 256; GPT-2 8-15%).
   cudagraph_pool         torch.compile mode reduce-overhead only: CUDA graphs keep
                           a private pool holding the step's transient memory.
 Compile in the default and max-autotune modes adds no term: inductor fuses
@@ -45,30 +58,46 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..config import Config
+from ..hardware.allocator import expandable_segments
 from .cache import default_cache_dir, fingerprint
 from .trace import CATEGORIES, MiB, Trace, trace_step
 
 HOST_HEAP_BYTES = 256 * 1024
-BLAS_WORKSPACE_BYTES = 32 * MiB
+BLAS_WORKSPACE_BYTES = 32 * MiB  # per cuBLAS handle
+BLAS_HANDLES = 2  # the forward's thread and the autograd engine's device thread
+BLAS_LT_WORKSPACE_BYTES = 1 * MiB
 ATTENTION_WORKSPACE_SHARE = 0.02
-FRAGMENTATION_SHARE = 0.10
+FRAGMENTATION_BASE_BYTES = 32 * MiB
+FRAGMENTATION_SHARE = 0.06  # of activations + temporaries, expandable segments
+FRAGMENTATION_SHARE_CHECKPOINTED = 0.35
+FRAGMENTATION_SHARE_FIXED_SEGMENTS = 0.65
 
 
 # --------------------------------------------------------------------------
 # What the device adds
 
 
-def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = None) -> dict[str, int]:
-    """The named terms a trace cannot see (module docstring); none on MPS."""
+def fragmentation_share(*, checkpointed: bool, expandable: bool | None = None) -> float:
+    """The share of activations + temporaries the caching allocator reserves beyond them (docstring)."""
+    if not (expandable_segments() if expandable is None else expandable):
+        return FRAGMENTATION_SHARE_FIXED_SEGMENTS
+    return FRAGMENTATION_SHARE_CHECKPOINTED if checkpointed else FRAGMENTATION_SHARE
+
+
+def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = None, *,
+                     checkpointed: bool = False, expandable: bool | None = None) -> dict[str, int]:
+    """The named terms a trace cannot see (module docstring); none on MPS. `expandable`: whether the
+    CUDA allocator uses expandable segments (default: lib.hardware.allocator's answer for this process)."""
     if device_type == "cpu":
         return {"host_heap": HOST_HEAP_BYTES}
     if device_type != "cuda":
         return {}
     act, tmp = trace.breakdown["activations"], trace.breakdown["temporaries"]
-    terms = {"blas_workspace": BLAS_WORKSPACE_BYTES}
+    terms = {"blas_workspace": BLAS_HANDLES * BLAS_WORKSPACE_BYTES + BLAS_LT_WORKSPACE_BYTES}
     if "attention" in trace.features:
         terms["attention_workspace"] = int(ATTENTION_WORKSPACE_SHARE * act)
-    terms["allocator_fragmentation"] = int(FRAGMENTATION_SHARE * (act + tmp))
+    share = fragmentation_share(checkpointed=checkpointed, expandable=expandable)
+    terms["allocator_fragmentation"] = FRAGMENTATION_BASE_BYTES + int(share * (act + tmp))
     if compile_mode == "reduce-overhead":
         terms["cudagraph_pool"] = act + tmp
     return terms
@@ -189,8 +218,10 @@ class MemoryPredictor:
                 compile_mode: str | None = None) -> Prediction:
         trace = self.trace(config, batch=batch, device_type=device_type, precision=precision,
                            gradient_checkpointing=gradient_checkpointing, train=train)
+        ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
         return Prediction(batch, device_type, trace,
-                          device_overheads(trace, device_type, compile_mode if train else None))
+                          device_overheads(trace, device_type, compile_mode if train else None,
+                                           checkpointed=ckpt and train))
 
     def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
               compile_mode: str | None = None, plus: int = 0) -> "StepCurve":
@@ -199,7 +230,8 @@ class MemoryPredictor:
         key, step = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
                                train=train)
         return StepCurve(step, [int(b) for b in list(self._entries(key))], device_type=device_type,
-                         compile_mode=compile_mode if train else None, plus=plus)
+                         compile_mode=compile_mode if train else None, plus=plus,
+                         checkpointed=config.gradient_checkpointing and train)
 
 
 # --------------------------------------------------------------------------
@@ -317,9 +349,10 @@ class StepCurve(PeakCurve):
     a proven line is that trace interpolated, so the plan's figures at any batch there cost no trace."""
 
     def __init__(self, step: Callable[[int], Trace], batches: list[int], *, device_type: str,
-                 compile_mode: str | None, plus: int = 0) -> None:
+                 compile_mode: str | None, plus: int = 0, checkpointed: bool = False) -> None:
         self._traces: dict[int, Trace] = {}
         self._device_type, self._compile_mode, self._plus = device_type, compile_mode, plus
+        self._overheads = {"checkpointed": checkpointed}
         self._keys: list[str] = []  # the breakdown's categories, in CATEGORIES order
 
         def measure(batch: int) -> Vector:
@@ -339,7 +372,7 @@ class StepCurve(PeakCurve):
     def prediction(self, batch: int) -> Prediction:
         trace = self.trace(batch)
         return Prediction(batch, self._device_type, trace, device_overheads(trace, self._device_type,
-                                                                            self._compile_mode))
+                                                                            self._compile_mode, **self._overheads))
 
     def at(self, batch: int) -> int:
         return self.prediction(batch).peak_bytes + self._plus

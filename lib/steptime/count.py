@@ -8,7 +8,9 @@ does (lib/memory/trace.py), with one dispatch mode that counts, per phase:
                     plus the CPU flash-attention kernels it does not list)
     compute_bytes   bytes read and written by those FLOP-counted ops (inputs + outputs)
     memory_bytes    bytes read and written by every other op (elementwise, reductions, copies, the optimizer)
-    ops             kernels dispatched (views excluded): what per-op launch or dispatch overhead multiplies
+    ops             kernels dispatched (views and non-aten queries such as prim.device excluded): what
+                    per-op launch or dispatch overhead multiplies
+    conv_flops      the part of flops in convolutions, which reach a smaller share of a GPU's peak
 
 Counts are linear in the batch (a constant part from the weights, a part per
 sample), so a step is counted at two batch sizes only (`COUNT_BATCHES`) and
@@ -35,10 +37,10 @@ import torch
 from ..config import Config
 from ..memory import default_cache_dir, fingerprint
 
-FORMAT = 1
+FORMAT = 2  # 2: conv_flops; prim.device no longer counted as an op moving its tensor
 COUNT_BATCHES = (1, 2)
 PHASES = ("forward", "backward", "optimizer")
-FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops")
+FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Phase:
     compute_bytes: float = 0.0
     memory_bytes: float = 0.0
     ops: float = 0.0
+    conv_flops: float = 0.0
 
     def __add__(self, other: "Phase") -> "Phase":
         return Phase(*(getattr(self, f) + getattr(other, f) for f in FIELDS))
@@ -105,6 +108,9 @@ def _cpu_attention_flops(name: str, args) -> int | None:
     return sdpa_flop_count(q.shape, k.shape, v.shape)
 
 
+CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
+
+
 class _Counter:
     """Accumulates Phase counts; `mode()` is the TorchDispatchMode that feeds it."""
 
@@ -126,8 +132,8 @@ class _Counter:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                if getattr(func, "is_view", False):
-                    return out
+                if getattr(func, "is_view", False) or func.namespace != "aten":
+                    return out  # views launch nothing; prim.device, profiler marks are queries, not kernels
                 seen, moved = set(), 0
                 for t in tree_flatten((args, kwargs, out))[0]:
                     if isinstance(t, torch.Tensor) and id(t) not in seen:
@@ -141,6 +147,8 @@ class _Counter:
                 if flops:
                     totals["flops"] += flops
                     totals["compute_bytes"] += moved
+                    if packet in CONVOLUTIONS:
+                        totals["conv_flops"] += flops
                 else:
                     totals["memory_bytes"] += moved
                 return out
@@ -176,6 +184,8 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
             phases["forward"] = counter.take()
             loss.backward()
             phases["backward"] = counter.take()
+        optimizer.step()  # the first step creates the optimizer's state: count a steady-state one
+        with counter.mode():
             if config.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=device_type == "cuda")
             optimizer.step()

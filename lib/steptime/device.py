@@ -28,9 +28,16 @@ from .count import read_json, write_json
 # What a training step reaches of a GPU's datasheet peak: matmuls at large sizes run at 60-80%
 # of the dense tensor-core peak, elementwise kernels at 70-85% of the bandwidth; calibration
 # (lib.steptime.calibrate) replaces these guesses with the machine's own ratio after a run.
+# Measured by make validate-gpu's diagnostics on an H100 (2026-11-23, torch 2.11, eager, bf16; kernel
+# times from torch.profiler): GPT-2 124M's kernels matched 60% / 75% once each kernel's floor is added;
+# ResNet-18 and -50's convolutions (32x32 images) ran at 9-10% of the peak; the host spent 26-48 us
+# per counted op (a VM's CPU; the median of 20 steps), which made GPT-2-tiny, LeNet-5, ResNet-50 and
+# GPT-2 at micro-batch 8 host-bound there.
 GPU_COMPUTE_EFFICIENCY = 0.6
+GPU_CONV_EFFICIENCY = 0.1  # convolutions' share of the datasheet peak
 GPU_BANDWIDTH_EFFICIENCY = 0.75
-GPU_OP_OVERHEAD_S = 8e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
+GPU_KERNEL_FLOOR_S = 6e-6  # device time every kernel takes however small (launch, ramp, tail)
+GPU_OP_OVERHEAD_S = 30e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
 GPU_STEP_OVERHEAD_S = 1e-3  # the loss's .item(), the learning rate, the data loader hand-off
 CPU_STEP_OVERHEAD_S = 2e-4
 # torch.compile fuses elementwise chains into few kernels: an estimate of the bytes and kernels that remain
@@ -51,12 +58,14 @@ class Device:
     tf32_flops: float | None
     half_flops: float  # bf16/fp16 (autocast) matmuls
     bandwidth: float  # bytes/s reachable by memory-bound ops
-    op_overhead_s: float  # per dispatched op
+    op_overhead_s: float  # per dispatched op, on the host
     step_overhead_s: float  # per optimizer step
     power_watts: float | None
     source: str  # where the figures come from, for the plan's reasons
     key: str = ""  # the machine (and its thread count), for the caches of measurements and calibrations
     here: bool = False  # a CPU whose figures were measured on it: real steps can be timed here
+    conv_efficiency: float = 1.0  # convolutions' FLOP/s over the matmuls' (a CPU's measured ratio covers both)
+    kernel_floor_s: float = 0.0  # device time per kernel (a GPU's; on a CPU the op overhead is all of it)
 
     def flops(self, precision: str, tf32: bool) -> float:
         if precision in ("bf16", "fp16"):
@@ -76,6 +85,7 @@ def gpu_device(name: str) -> Device | None:
                   tf32_flops=peak.tf32_tflops * 1e12 * eff if peak.tf32_tflops else None,
                   half_flops=peak.half_tflops * 1e12 * eff, bandwidth=peak.bandwidth_gbs * 1e9 * bw,
                   op_overhead_s=GPU_OP_OVERHEAD_S, step_overhead_s=GPU_STEP_OVERHEAD_S,
+                  conv_efficiency=GPU_CONV_EFFICIENCY / eff, kernel_floor_s=GPU_KERNEL_FLOOR_S,
                   power_watts=float(entry.tdp_watts), key=entry.name,
                   source=f"{entry.key} datasheet peaks x {eff:.0%} compute / {bw:.0%} bandwidth")
 

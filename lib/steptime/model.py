@@ -2,7 +2,8 @@
 
 One micro-batch (forward + backward) takes
 
-    device = max(flops / peak FLOP/s, compute bytes / bandwidth) + other bytes / bandwidth
+    device = max(matmul flops / peak FLOP/s + conv flops / conv FLOP/s, compute bytes / bandwidth)
+             + other bytes / bandwidth + ops x kernel floor
     host   = ops x per-op overhead
     time   = device + host          on a CPU (one set of cores does both)
              max(device, host)      on a GPU (the host queues kernels ahead of the device)
@@ -60,8 +61,10 @@ class StepTimeModel:
         dev = self.device
         memory_bytes = work.memory_bytes * (COMPILE_MEMORY_FACTOR if self.compile else 1.0)
         ops = work.ops * (COMPILE_OPS_FACTOR if self.compile else 1.0)
-        device = max(work.flops / dev.flops(self.precision, self.tf32), work.compute_bytes / dev.bandwidth)
-        device += memory_bytes / dev.bandwidth
+        peak = dev.flops(self.precision, self.tf32)
+        compute = (work.flops - work.conv_flops) / peak + work.conv_flops / (peak * dev.conv_efficiency)
+        device = max(compute, work.compute_bytes / dev.bandwidth) + memory_bytes / dev.bandwidth
+        device += ops * dev.kernel_floor_s
         host = ops * dev.op_overhead_s
         return device + host if dev.kind == "cpu" else max(device, host)
 

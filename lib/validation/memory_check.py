@@ -2,12 +2,15 @@
 
 On CUDA the measured peak is max_memory_reserved (what the planner's budget
 must hold); the terms lib.memory adds to the traced peak are compared with:
-  allocator_fragmentation  reserved - allocated, and that as a share of the
-                           traced activations + temporaries (FRAGMENTATION_SHARE)
-  blas_workspace           the cuBLAS/cuBLASLt workspace, measured from cleared
-                           workspaces (BLAS_WORKSPACE_BYTES)
-  attention_workspace      allocated - traced peak - the BLAS workspace, as a share
-                           of activations, for models with attention (ATTENTION_WORKSPACE_SHARE)
+  allocator_fragmentation  reserved - allocated, and that less FRAGMENTATION_BASE_BYTES
+                           as a share of the traced activations + temporaries
+                           (FRAGMENTATION_SHARE; _CHECKPOINTED with checkpointing)
+  blas_workspace           one handle's cuBLAS workspace, measured from cleared
+                           workspaces (BLAS_WORKSPACE_BYTES; a step holds BLAS_HANDLES)
+  unseen_by_trace          allocated - traced peak: the workspaces of every handle,
+                           the attention workspace, cuDNN's beyond the traced one
+  attention_workspace      unseen_by_trace less the BLAS workspaces, as a share of
+                           activations, for models with attention (ATTENTION_WORKSPACE_SHARE)
 The `suggested` figures are the measured constants to put in lib.memory's place.
 On a CPU the peak is the profiler's and there are no device terms.
 """
@@ -18,7 +21,8 @@ import statistics
 from dataclasses import dataclass
 
 from lib import config as kconfig
-from lib.memory import ATTENTION_WORKSPACE_SHARE, BLAS_WORKSPACE_BYTES, FRAGMENTATION_SHARE, MemoryPredictor
+from lib.memory import (ATTENTION_WORKSPACE_SHARE, BLAS_HANDLES, BLAS_LT_WORKSPACE_BYTES, BLAS_WORKSPACE_BYTES,
+                        FRAGMENTATION_BASE_BYTES, MemoryPredictor, fragmentation_share)
 from lib.step import seed_everything
 
 from .measure import measure_cpu, measure_cuda
@@ -36,11 +40,12 @@ class Case:
     precision: str
     batch: int
     compile: bool = False
+    checkpointing: bool = False
 
     @property
     def label(self) -> str:
         name = f"{LABELS.get(self.model, self.model)} {self.precision} {self.batch}"
-        return name + (" compiled" if self.compile else "")
+        return name + (" compiled" if self.compile else "") + (" checkpointed" if self.checkpointing else "")
 
 
 FULL = {"lenet5": (256, 1024, 4096), "resnet18": (64, 256, 1024), "resnet50": (32, 128, 256),
@@ -54,6 +59,8 @@ def cases(device: str, quick: bool) -> list[Case]:
         return [Case("lenet5", "bf16", 1024), Case("resnet18", "bf16", 256), Case("gpt2-tiny", "bf16", 128)]
     out = [Case(m, p, b) for m, batches in FULL.items() for p in ("fp32", "bf16") for b in batches]
     out += [Case("resnet18", "fp16", b) for b in FULL["resnet18"]]  # fp16 with the GradScaler
+    out += [Case("gpt2", "bf16", b, checkpointing=True) for b in (8, 16)]  # what a squeezed GPT-2 plan picks
+    out += [Case("gpt2", "fp32", 8, checkpointing=True), Case("resnet18", "bf16", 256, checkpointing=True)]
     return out + [Case("resnet18", "bf16", 256, compile=True)]
 
 
@@ -62,11 +69,14 @@ def overhead_terms(prediction, reserved: int, allocated: int, blas_measured: int
     trace, o = prediction.trace, prediction.overheads
     act, tmp = trace.breakdown["activations"], trace.breakdown["temporaries"]
     unseen = allocated - trace.peak_bytes  # allocated beyond every traced tensor: kernel workspaces
-    blas = blas_measured if blas_measured is not None else BLAS_WORKSPACE_BYTES
+    blas = BLAS_HANDLES * (blas_measured if blas_measured is not None else BLAS_WORKSPACE_BYTES) \
+        + BLAS_LT_WORKSPACE_BYTES
+    gap = reserved - allocated
     terms = {
-        "allocator_fragmentation": {"predicted": o.get("allocator_fragmentation", 0), "measured": reserved - allocated,
-                                    "share": round((reserved - allocated) / max(1, act + tmp), 4)},
-        "blas_workspace": {"predicted": o.get("blas_workspace", 0), "measured": blas_measured},
+        "allocator_fragmentation": {"predicted": o.get("allocator_fragmentation", 0), "measured": gap,
+                                    "share": round((gap - FRAGMENTATION_BASE_BYTES) / max(1, act + tmp), 4)},
+        "blas_workspace": {"predicted": o.get("blas_workspace", 0),  # every handle's (measured: one handle's)
+                           "measured": blas if blas_measured is not None else None},
         "unseen_by_trace": {"predicted": o.get("blas_workspace", 0) + o.get("attention_workspace", 0),
                             "measured": unseen, "traced_conv_workspace": trace.breakdown.get("workspace", 0)},
     }
@@ -80,10 +90,12 @@ def suggested(rows: list[dict], blas_measured: int | None) -> dict:
     """The constants the measured terms suggest (worst case, so plans stay safe), beside the current ones."""
     eager = [r for r in rows if "terms" in r and not r["compile"]]
     out = {}
-    frag = [r["terms"]["allocator_fragmentation"]["share"] for r in eager]
-    if frag:
-        out["FRAGMENTATION_SHARE"] = {"current": FRAGMENTATION_SHARE, "measured_max": max(frag),
-                                      "measured_median": round(statistics.median(frag), 4), "cases": len(frag)}
+    for name, checkpointed in (("FRAGMENTATION_SHARE", False), ("FRAGMENTATION_SHARE_CHECKPOINTED", True)):
+        frag = [r["terms"]["allocator_fragmentation"]["share"] for r in eager
+                if bool(r.get("checkpointing")) == checkpointed]
+        if frag:
+            out[name] = {"current": fragmentation_share(checkpointed=checkpointed), "measured_max": max(frag),
+                         "measured_median": round(statistics.median(frag), 4), "cases": len(frag)}
     attention = [r["terms"]["attention_workspace"]["share"] for r in eager if "attention_workspace" in r["terms"]]
     if attention:
         out["ATTENTION_WORKSPACE_SHARE"] = {"current": ATTENTION_WORKSPACE_SHARE,
@@ -133,10 +145,12 @@ def check_memory(ctx: Context, predictor: MemoryPredictor | None = None) -> Resu
             config = kconfig.make_defconfig(case.model, out=ctx.workdir / f"{case.model}.config")
             loaded[case.model] = config, load_task(config)
         config, task = loaded[case.model]
+        if case.checkpointing:
+            config = kconfig.derive(config, {"GRADIENT_CHECKPOINTING": True})
         prediction = predictor.predict(config, batch=case.batch, device_type=ctx.device, precision=case.precision,
                                        compile_mode="default" if case.compile else None)
         row = {"case": case.label, "model": case.model, "precision": case.precision, "batch": case.batch,
-               "compile": case.compile, "predicted_bytes": prediction.peak_bytes,
+               "compile": case.compile, "checkpointing": case.checkpointing, "predicted_bytes": prediction.peak_bytes,
                "traced_bytes": prediction.trace.peak_bytes, "breakdown": prediction.breakdown}
         if ctx.device == "cuda" and prediction.peak_bytes > 0.9 * ctx.cuda.free_and_total()[0]:
             not_run.append(f"{case.label}: predicted {prediction.peak_bytes / MiB:.0f} MiB > 90% of free memory")

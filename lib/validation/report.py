@@ -146,12 +146,19 @@ def output_path(out: str | None, *, device: str, device_name: str, day: date, ro
 
 
 def _git_commit(root: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+    """HEAD's short hash, with "-dirty" when tracked files differ from it (the figures are of that code)."""
+    def git(*args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    dirty = status is not None and status.returncode == 0 and bool(status.stdout.strip())
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def environment(device: str, device_name: str, *, quick: bool, root: Path, driver: str | None = None) -> dict:

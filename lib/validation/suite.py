@@ -27,10 +27,10 @@ CHECKS = [
     Check("detection", check_detection, 15),
     Check("telemetry", check_telemetry, 20),
     Check("memory", check_memory, 120),
-    Check("compile", check_compile, 110),
+    Check("compile", check_compile, 70),  # 35 s measured on an H100
     Check("squeezed-budget", check_squeezed, 45),
     Check("oom-recovery", check_oom_recovery, 60),
-    Check("step-time", check_step_time, 50),
+    Check("step-time", check_step_time, 90),  # two short runs of each of 3 models
     Check("torchrun", check_torchrun, 30),
 ]
 BUDGET_S = sum(c.budget_s for c in CHECKS)
