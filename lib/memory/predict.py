@@ -36,8 +36,9 @@ promotion copies, cuDNN's workspace. Device overheads beyond it:
                           2 MiB segments, page rounding) + 6% of activations +
                           temporaries, 35% when activations are checkpointed
                           (the recomputation interleaves allocations: measured
-                          4-34%); this held every step to -4.8%..+22% of its
-                          reserved peak. With fixed segments (a user's own
+                          4-34%). Validated with these terms (the second H100 run):
+                          -9.4%..+11.7% of the reserved peak over 38 steps,
+                          the two under 5% both LeNet-5's (cuDNN's benchmark). With fixed segments (a user's own
                           PYTORCH_CUDA_ALLOC_CONF without them): 32 MiB + 65%,
                           the largest gap measured on a step of 50 MiB or more
                           (ResNet-18 fp32 batch 256; GPT-2 8-15%).
