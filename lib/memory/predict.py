@@ -38,7 +38,8 @@ promotion copies, cuDNN's workspace. Device overheads beyond it:
                           (the recomputation interleaves allocations: measured
                           4-34%). Validated with these terms (the second H100 run):
                           -9.4%..+11.7% of the reserved peak over 38 steps,
-                          the two more than 5% under both LeNet-5's (cuDNN's benchmark). With fixed segments (a user's own
+                          the two more than 5% under both LeNet-5's (cuDNN's
+                          benchmark). With fixed segments (a user's own
                           PYTORCH_CUDA_ALLOC_CONF without them): 32 MiB + 65%,
                           the largest gap measured on a step of 50 MiB or more
                           (ResNet-18 fp32 batch 256; GPT-2 8-15%).
