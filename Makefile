@@ -21,7 +21,7 @@ DEFAULT_DEFCONFIG := lenet5
 
 .DEFAULT_GOAL := help
 .PHONY: FORCE help env menuconfig olddefconfig savedefconfig listnewconfig defconfig \
-        plan check-hardware train test clean mrproper distclean
+        plan check-hardware train export test clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change.
 $(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh)
@@ -63,6 +63,9 @@ check-hardware: $(ENV_STAMP) ## Report this machine (or HW=/GPU=) and the plan f
 
 train: $(ENV_STAMP) ## Train as configured (applies the default defconfig if there is no config)
 	@$(KFIT) train
+
+export: $(ENV_STAMP) ## One model.pt from a run, sharded or not (RUN=<run dir or checkpoint> OUT=dir)
+	@$(KFIT) export
 
 test: $(ENV_STAMP) ## Run the test suite
 	@cd $(ROOT) && $(PY) -m pytest -q $(PYTEST_ARGS)

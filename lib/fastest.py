@@ -56,7 +56,7 @@ def _speed_reason(choice, ranked, share: int, cap: int, source: str) -> str:
 
 def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolicy, choice: BatchChoice, *,
                    device_type: str, precision: str, tf32: bool, compile_on: bool, world_size: int, target: int,
-                   choose: dict):
+                   choose: dict, strategy: str = "none", local_world_size: int | None = None):
     """(candidate, its option, its step-time model, reason) with the highest predicted samples/s among the
     micro-batches (and checkpointing settings) that fit; None where the device's speed is unknown."""
     from .steptime import candidates, fastest, step_time_model
@@ -67,7 +67,8 @@ def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolic
     def model_for(checkpointing: bool):
         return step_time_model(config, hardware, device_type=device_type, precision=precision, tf32=tf32,
                                compile=compile_on, gradient_checkpointing=checkpointing, world_size=world_size,
-                               measure_up_to=min(choice.max_micro, share))
+                               measure_up_to=min(choice.max_micro, share), strategy=strategy,
+                               local_world_size=local_world_size)
 
     def add(option: _Option, model) -> None:
         models[option.checkpointing] = (model, option)

@@ -29,7 +29,9 @@ from .config import Config
 from .errors import PlanError
 from .hardware import GPUInfo, HardwareProfile, gib
 from .fastest import choose_fastest, with_predictions
+from .parallel import is_sharded
 from .plan import BatchChoice, BatchPolicy, ModelDescription, Plan  # noqa: F401  (the resolver's API)
+from .strategy import candidates as strategy_candidates, pick as pick_strategy
 from .threads import decide_cpu_threads, decide_loader_workers, using_threads
 
 # GPUs where torch.compile is known to misbehave (the primary seed's list).
@@ -193,8 +195,9 @@ def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool
 
 
 def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
-            policy: BatchPolicy | None = None) -> Plan:
-    """The plan for training `model` under `config` on `hardware` with `world_size` processes.
+            policy: BatchPolicy | None = None, nodes: int = 1) -> Plan:
+    """The plan for training `model` under `config` on `hardware` with `world_size` processes over
+    `nodes` machines, sharing the model as lib.strategy decides.
 
     `policy` defaults to the one the config selects (`policy_for`). The planner
     reads and writes its trace cache, and lib.steptime its counts, CPU figures
@@ -203,6 +206,8 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
     """
     if world_size < 1:
         raise PlanError(f"world size must be at least 1, got {world_size}")
+    if nodes < 1 or world_size % nodes:
+        raise PlanError(f"{world_size} processes cannot be spread evenly over {nodes} machines")
     notes: list[str] = []
     reasons: dict[str, str] = {}
 
@@ -225,7 +230,12 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
     memory: dict = {}
     checkpointing = config.gradient_checkpointing
     speed_model = None
+    offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
     if config.hyperparam_mode == "manual":
+        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes)
+        strategy = options[0]
+        if len(options) > 1:
+            reasons["strategy"] = "AUTO without the memory planner (MANUAL batch): DDP"
         micro, accum = config.batch_size, config.gradient_accumulation
         target = None
         policy_name = "manual"
@@ -242,19 +252,31 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
         policy = policy or policy_for(config)
         policy_name = policy.name
         choose = dict(hardware=hardware, model=model, device_type=device_type, compile=compile_on,
-                      compile_mode=compile_mode, precision=precision, world_size=world_size, target=target)
-        choice = policy.choose(config=config, **choose)
-        cap, reasons["micro_batch"] = choice.max_micro, choice.reason
-        fast = None
-        if choice.predict is not None and target % world_size == 0:  # the memory planner: the fastest that fits
+                      compile_mode=compile_mode, precision=precision, world_size=world_size, target=target,
+                      local_world_size=world_size // nodes, cpu_offload=offload)
+
+        def speed(strategy: str, choice: BatchChoice):
+            """The memory planner: the fastest micro-batch that fits under `strategy`, with its samples/s."""
+            if choice.predict is None or target % world_size:
+                return None
             try:
                 with using_threads(timing_threads):
                     fast = choose_fastest(config, hardware, policy, choice, device_type=device_type,
                                           precision=precision, tf32=tf32, compile_on=compile_on,
-                                          world_size=world_size, target=target, choose=choose)
+                                          world_size=world_size, target=target, strategy=strategy,
+                                          local_world_size=world_size // nodes,
+                                          choose={**choose, "strategy": strategy})
             except Exception as err:  # noqa: BLE001 - a step-time failure must not stop planning
-                notes.append(f"step time not predicted ({type(err).__name__}: {err}); the micro-batch is the "
-                             "largest that divides the target")
+                note = (f"step time not predicted ({type(err).__name__}: {err}); the micro-batch is the "
+                        "largest that divides the target")
+                if note not in notes:
+                    notes.append(note)
+                return None
+            return (fast[0].samples_per_second, fast) if fast is not None else None
+
+        strategy, choice, fast, reasons["strategy"] = pick_strategy(
+            config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed)
+        cap, reasons["micro_batch"] = choice.max_micro, choice.reason
         if fast is not None:
             best, option, speed_model, why = fast
             micro, accum, checkpointing, choice = best.micro_batch, best.grad_accum, option.checkpointing, option.choice
@@ -301,7 +323,8 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
         eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
         gradient_checkpointing=checkpointing, num_workers=workers, cpu_threads=cpu_threads,
-        pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), **memory)
+        pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), strategy=strategy, nodes=nodes,
+        cpu_offload=offload and is_sharded(strategy), **memory)
     with using_threads(timing_threads):
         return with_predictions(config, hardware, plan, speed_model)
 

@@ -55,6 +55,10 @@ class Plan:
     model: str
     reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # How the processes share the model (lib/parallel.py): none | ddp | fsdp | fsdp_grad_op | hsdp
+    strategy: str = "none"
+    nodes: int = 1  # machines the processes span (HSDP shards within one)
+    cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy (CUDA only)
     # The memory planner's prediction (None under the tier policy and in MANUAL mode).
     max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
     predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included
@@ -94,5 +98,7 @@ class BatchPolicy(Protocol):
 
     def choose(self, *, config: Config, hardware: HardwareProfile, model: ModelDescription, device_type: str,
                compile: bool, compile_mode: str | None, precision: str, world_size: int,
-               target: int) -> BatchChoice:
-        """The largest micro-batch the device should run and the evaluation batch, with reasons."""
+               target: int, strategy: str = "none", local_world_size: int | None = None,
+               cpu_offload: bool = False) -> BatchChoice:
+        """The largest micro-batch the device should run and the evaluation batch, with reasons; the
+        memory is one process's under `strategy` (lib/parallel.py) over `world_size` processes."""

@@ -68,18 +68,23 @@ class PlannerPolicy:
         return self._predictor[0]
 
     def choose(self, *, config: Config, hardware: HardwareProfile, model, device_type: str, compile: bool,
-               compile_mode: str | None, precision: str, world_size: int, target: int) -> BatchChoice:
+               compile_mode: str | None, precision: str, world_size: int, target: int, strategy: str = "none",
+               local_world_size: int | None = None, cpu_offload: bool = False) -> BatchChoice:
         budget, budget_why = memory_budget(config, hardware, device_type)
+        # one process's memory: a replica (none, ddp), or its shards (lib/parallel.py), traced at this world size
+        sharding = dict(strategy=strategy, world_size=world_size, local_world_size=local_world_size,
+                        cpu_offload=cpu_offload) if strategy not in ("none", "ddp") else {}
         # A process never needs more than its share of the target, so the search stops there: when the share
         # fits (usual on a CPU) its one trace is cached for good and a budget that moves never traces again.
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
         share = math.ceil(target / world_size)
         limit = min(share, MAX_MICRO_BATCH)
         train = self.predictor.curve(config, device_type=device_type, precision=precision,
-                                     compile_mode=compile_mode)
+                                     compile_mode=compile_mode, **sharding)
         cap = train.largest_fitting(budget, limit)
         if cap == 0:
-            raise PlanError(self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision))
+            raise PlanError(self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision,
+                                         sharding))
         reason = f"predicted peak {_fmt(train.at(cap))} at {cap} fits the budget {_fmt(budget)} ({budget_why})"
         if cap == share:
             reason += f"; {cap} is the whole per-process share of the target (the search stops there)"
@@ -93,7 +98,7 @@ class PlannerPolicy:
         state = at.breakdown["gradients"] + at.breakdown["optimizer_state"]
         samples = at.eval_samples
         evaluate = self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
-                                        plus=state)
+                                        plus=state, **sharding)
         # >= cap: no backward, no saved activations; at most the split (or cap when the split is smaller)
         eval_batch = cap if samples <= cap else max(cap, evaluate.largest_fitting(budget, samples))
         eval_peak = evaluate.at(eval_batch)
@@ -105,16 +110,16 @@ class PlannerPolicy:
                            budget_bytes=budget, eval_peak_bytes=eval_peak, predict=train.prediction)
 
     def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
-                precision: str) -> str:
+                precision: str, sharding: dict) -> str:
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in one.breakdown.items() if v >= 2**20)
         label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
         helps = []
         if precision == "fp32":
-            bf16 = self.predictor.predict(config, batch=1, device_type=device_type, precision="bf16")
+            bf16 = self.predictor.predict(config, batch=1, device_type=device_type, precision="bf16", **sharding)
             helps.append(f"bf16 autocast (CONFIG_PRECISION_BF16 or _AUTO on a bf16 GPU): {_fmt(bf16.peak_bytes)}")
         if not config.gradient_checkpointing and config.model in ("gpt2", "resnet18", "resnet50"):
             ckpt = self.predictor.predict(config, batch=1, device_type=device_type, precision=precision,
-                                          gradient_checkpointing=True)
+                                          gradient_checkpointing=True, **sharding)
             helps.append(f"gradient checkpointing (CONFIG_GRADIENT_CHECKPOINTING=y): {_fmt(ckpt.peak_bytes)}")
         if config.optimizer != "sgd":
             helps.append(f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor "
@@ -124,6 +129,8 @@ class PlannerPolicy:
         if (config.memory_profile or DEFAULT_PROFILE) < 0.95:
             helps.append("a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)")
         helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
+        if sharding:
+            label += f" ({sharding['strategy']} over {sharding['world_size']} processes)"
         return (f"{label} does not fit even at micro-batch 1: the predicted peak is {_fmt(one.peak_bytes)} "
                 f"({parts}) but the budget is {_fmt(budget)} ({budget_why}). What would help, with the "
                 "predicted peak at micro-batch 1 where known: " + "; ".join(helps))

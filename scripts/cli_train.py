@@ -132,6 +132,23 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from lib.export import export
+
+    run = args.run or os.environ.get("RUN")
+    if not run:
+        raise KfitError("RUN= is missing: name a run directory (under CONFIG_OUTPUT_DIR) or a checkpoint, "
+                        "e.g. 'make export RUN=runs/gpt2-tiny-20261123-101500'")
+    path = export(Path(run), Path(args.out or os.environ["OUT"]) if (args.out or os.environ.get("OUT")) else None)
+    print(f"Exported {path} (the model's state_dict: torch.load(path, weights_only=True)), with config and "
+          f"plan.json beside it")
+    return 0
+
+
 def register(sub) -> None:
     sub.add_parser("train", help="train as configured (GPUS=N: N processes under torchrun; RESUME=0: start "
                    "fresh)").set_defaults(func=cmd_train)
+    p = sub.add_parser("export", help="write one model.pt from a run's checkpoint, sharded or not")
+    p.add_argument("--run", help="a run directory or checkpoint (env RUN)")
+    p.add_argument("--out", help="the directory to write (env OUT; default <run>/export)")
+    p.set_defaults(func=cmd_export)

@@ -34,9 +34,28 @@ def ensure_config() -> "kconfig.Config":
 
 
 
+def processes(config, hardware, world_size: int | None = None) -> tuple[int, int]:
+    """(training processes, machines) as 'make train' would run them: WORLD_SIZE under torchrun (or given),
+    else GPUS=N, CONFIG_NPROC or one per identical GPU (lib.distributed.process_count) on each of NNODES
+    machines. So a plan previewed with the arguments of a run is the plan that runs."""
+    from lib import distributed
+    from lib.hyperparams import decide_device, world_size_from_env
+
+    nodes = env_number("NNODES", int, 1)
+    if nodes < 1:
+        raise KfitError(f"NNODES={nodes}: give the number of machines, at least 1")
+    if world_size is None and os.environ.get("WORLD_SIZE"):
+        world_size = world_size_from_env()
+    if world_size is None:
+        device_type, _ = decide_device(config, hardware)
+        world_size = distributed.process_count(config, hardware, device_type)[0] * nodes
+    return world_size, nodes if world_size % nodes == 0 else 1
+
+
 def plan_for(config, hardware, world_size: int | None = None):
     """(model description, plan) for a config on a machine, as training would resolve it."""
-    from lib.hyperparams import ModelDescription, resolve, world_size_from_env
+    from lib.hyperparams import ModelDescription, resolve
 
     model = ModelDescription.from_config(config)
-    return model, resolve(config, hardware, model, world_size or world_size_from_env())
+    world_size, nodes = processes(config, hardware, world_size)
+    return model, resolve(config, hardware, model, world_size, nodes=nodes)

@@ -311,7 +311,8 @@ def test_hardware_error_is_a_kfit_error():
 # Catalog
 # --------------------------------------------------------------------------
 
-REQUIRED_KEYS = {"h100", "a100-40gb", "a100-80gb", "a10g", "l4", "rtx4090", "rtx3090", "w7900", "mi210", "b200", "t4", "v100"}
+REQUIRED_KEYS = {"h100", "a100-40gb", "a100-80gb", "a10g", "l4", "rtx4090", "rtx3090", "w7900", "mi210", "b200", "t4", "v100",
+                 "h200", "l40s", "mi300x", "gh200"}
 
 
 def test_catalog_has_the_required_entries():
@@ -357,6 +358,10 @@ def test_every_catalog_entry_resolves(key):
         ("v100", (7, 0), 16, False),
         ("w7900", None, 48, True),
         ("mi210", None, 64, True),
+        ("h200", (9, 0), 141, True),
+        ("gh200", (9, 0), 96, True),
+        ("l40s", (8, 9), 48, True),
+        ("mi300x", None, 192, True),
     ],
 )
 def test_catalog_facts(key, cc, gb, bf16):
@@ -371,6 +376,9 @@ def test_catalog_arches():
     assert catalog.CATALOG["w7900"].arch == "gfx1100"
     assert catalog.CATALOG["mi210"].arch == "gfx90a"
     assert catalog.CATALOG["b200"].arch == "sm_100"
+    assert catalog.CATALOG["mi300x"].arch == "gfx942"
+    assert catalog.CATALOG["h200"].arch == catalog.CATALOG["gh200"].arch == "sm_90"
+    assert catalog.CATALOG["l40s"].arch == "sm_89"
 
 
 @pytest.mark.parametrize(
@@ -403,6 +411,110 @@ def test_unknown_catalog_key_lists_valid_keys():
         assert key in msg
     assert "'cpu'" in msg and "HW=" in msg
     assert "Did you mean 'h100'" in msg
+
+
+# --------------------------------------------------------------------------
+# Catalog: the four later entries, and interconnect bandwidth
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "alias, key, name",
+    [
+        ("H200", "h200", "NVIDIA H200"),
+        ("h200-141gb", "h200", "NVIDIA H200"),
+        ("H200_SXM", "h200", "NVIDIA H200"),
+        ("L40S", "l40s", "NVIDIA L40S"),
+        ("l40s-48gb", "l40s", "NVIDIA L40S"),
+        ("MI300X", "mi300x", "AMD Instinct MI300X"),
+        ("instinct-mi300x", "mi300x", "AMD Instinct MI300X"),
+        ("mi300x-192gb", "mi300x", "AMD Instinct MI300X"),
+        ("GH200", "gh200", "NVIDIA GH200 480GB"),
+        ("gh200-96gb", "gh200", "NVIDIA GH200 480GB"),
+        ("Grace Hopper", "gh200", "NVIDIA GH200 480GB"),
+    ],
+)
+def test_later_entries_resolve_by_alias_and_torch_name(alias, key, name):
+    e = catalog.lookup(alias)
+    assert e.key == key and e.name == name
+    assert catalog.lookup(name).key == key  # what torch reports finds the same entry
+    assert hardware.resolve_hardware(gpu=alias).source == f"catalog:{key}"
+    assert 40 * GiB <= e.total_bytes <= 200 * GiB
+
+
+def test_later_entries_specifics():
+    h200, h100 = catalog.CATALOG["h200"], catalog.CATALOG["h100"]
+    assert h200.total_bytes > h100.total_bytes and h200.memory_type == "HBM3e"
+    assert h200.peak.bandwidth_gbs > h100.peak.bandwidth_gbs  # same compute, faster memory
+    assert h200.peak.half_tflops == h100.peak.half_tflops
+    mi300x = catalog.CATALOG["mi300x"]
+    assert mi300x.vendor == "amd" and mi300x.backend == "rocm" and mi300x.total_bytes == 196592 * MiB
+    assert catalog.CATALOG["gh200"].total_bytes == 102005473280  # deviceQuery's figure
+    assert catalog.CATALOG["l40s"].total_bytes == 45589 * MiB
+    # dense, not sparse: the L40S datasheet's 733 bf16 TFLOPS is with sparsity
+    assert catalog.CATALOG["l40s"].peak.half_tflops < 400
+
+
+def test_detected_mi300x_is_the_catalog_entry():
+    """What ROCm torch reports for an MI300X finds the catalog entry, with the same total."""
+    e = catalog.CATALOG["mi300x"]
+    torch_mod = fake_torch(
+        [(e.name, e.total_bytes, 9, 4, e.total_bytes - GiB, "gfx942:sramecc+:xnack-")],
+        cuda=None, hip="6.2.41133", version="2.13.0+rocm6.2",
+    )
+    g = _detect(torch_mod, fake_pynvml(init_error=FakeLibraryNotFound())).primary_gpu
+    assert (g.name, g.total_bytes, g.arch, g.supports_bf16) == (e.name, e.total_bytes, e.arch, e.bf16)
+    assert catalog.lookup(g.name).key == "mi300x"
+
+
+@pytest.mark.parametrize("key", sorted(catalog.CATALOG))
+def test_every_entry_has_a_link(key):
+    peak = catalog.CATALOG[key].peak
+    assert peak.link_gbs > 0 and isinstance(peak.link, str) and peak.link.strip()
+    assert peak.link_gbs < 2000  # one direction: no part in the catalog reaches 2 TB/s per direction
+    pcie = {"PCIe 3.0 x16": catalog.PCIE3_X16_GBS, "PCIe 4.0 x16": catalog.PCIE4_X16_GBS,
+            "PCIe 5.0 x16": catalog.PCIE5_X16_GBS}
+    if peak.link in pcie:
+        assert peak.link_gbs == pcie[peak.link]
+    else:
+        assert peak.link.startswith(("NVLink", "Infinity Fabric")) and peak.link_gbs > catalog.PCIE5_X16_GBS
+    assert catalog.link_bytes_per_s(key) == peak.link_gbs * 1e9
+
+
+@pytest.mark.parametrize(
+    "key, gbs, link",
+    [
+        # the datasheets' totals count both directions: half of 900, 600, 300, 1800
+        ("h100", 450, "NVLink 4"),
+        ("h200", 450, "NVLink 4"),
+        ("a100-80gb", 300, "NVLink 3"),
+        ("a100-40gb", 300, "NVLink 3"),
+        ("v100", 150, "NVLink 2"),
+        ("b200", 900, "NVLink 5"),
+        ("t4", 15.75, "PCIe 3.0 x16"),
+        ("l40s", 31.5, "PCIe 4.0 x16"),
+        ("rtx4090", 31.5, "PCIe 4.0 x16"),
+    ],
+)
+def test_link_is_one_direction(key, gbs, link):
+    peak = catalog.CATALOG[key].peak
+    assert (peak.link_gbs, peak.link) == (gbs, link)
+
+
+def test_link_bytes_per_s():
+    assert catalog.link_bytes_per_s("h100") == 450e9
+    assert catalog.link_bytes_per_s("NVIDIA H100 80GB HBM3") == 450e9  # torch's name
+    assert catalog.link_bytes_per_s("h100-sxm") == 450e9  # an alias
+    assert catalog.link_bytes_per_s("l40s") == 31.5e9
+    for unknown in ("Some Unknown GPU", "h10", "", "   "):
+        assert catalog.link_bytes_per_s(unknown) is None  # no exception
+        assert catalog.link_bytes_per_s(unknown, across_machines=True) is None
+    network = catalog.NETWORK_GBS * 1e9
+    assert catalog.link_bytes_per_s("h100", across_machines=True) == network
+    assert catalog.link_bytes_per_s("NVIDIA H200", across_machines=True) == network
+    # a GPU whose own link is slower than the network is held to its link (a T4's PCIe 3.0 x16)
+    assert catalog.link_bytes_per_s("t4", across_machines=True) == catalog.PCIE3_X16_GBS * 1e9 < network
+    assert 10 <= catalog.NETWORK_GBS <= 50  # 100-400 Gb/s per GPU: a sane default
 
 
 def test_catalog_overrides():

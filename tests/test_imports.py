@@ -128,7 +128,8 @@ LAYERS = [
     {"lib.config"},
     {"lib.hardware"},
     {"lib.plan"},
-    {"lib.step", "lib.threads", "lib.memory", "lib.planner", "lib.steptime", "lib.fastest"},
+    {"lib.step", "lib.parallel", "lib.threads", "lib.memory", "lib.planner", "lib.steptime", "lib.fastest",
+     "lib.strategy"},
     {"lib.hyperparams"},
     {"lib.trainer"},
 ]

@@ -85,6 +85,8 @@ class Config:
     monitor_interval_ms: int | None
     nproc_mode: str  # auto | manual
     nproc: int | None  # MANUAL: processes per machine
+    parallel_strategy: str  # auto | ddp | fsdp | fsdp_grad_op | hsdp (lib/parallel.py)
+    fsdp_cpu_offload: bool
 
     # learning-rate finder
     lr_finder_min_lr: float
@@ -311,6 +313,9 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         monitor_interval_ms=_int(kconf, "MONITOR_INTERVAL_MS"),
         nproc_mode=_choice(kconf, "NPROC_", {"AUTO": "auto", "MANUAL": "manual"}),
         nproc=_int(kconf, "NPROC"),
+        parallel_strategy=_choice(kconf, "PARALLEL_", {"AUTO": "auto", "DDP": "ddp", "FSDP": "fsdp",
+                                                      "FSDP_GRAD_OP": "fsdp_grad_op", "HSDP": "hsdp"}),
+        fsdp_cpu_offload=_bool(kconf, "FSDP_CPU_OFFLOAD"),
         **_tuning(kconf),
         source=source,
         text=_config_text(kconf),

@@ -31,6 +31,7 @@ from ..hardware import HardwareProfile
 from ..memory import default_cache_dir
 from ..plan import Plan
 from ..threads import using_threads
+from .comm import communication_for
 from .count import StepCounter, read_json, step_key, task_for, write_json
 from .device import Device, device_for
 from .measure import BUDGET_S, power_sizes, time_micro_batches
@@ -92,15 +93,20 @@ def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: s
     return dataclasses.replace(model, measured=micro, measured_optimizer_s=optimizer_s)
 
 
-def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, world_size: int) -> str:
-    return _hash(device.kind, device.key, counts, tf32, compile, world_size)
+def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, world_size: int,
+                     strategy: str = "none") -> str:
+    if strategy in ("none", "ddp"):  # the key calibrations had before sharded strategies existed
+        return _hash(device.kind, device.key, counts, tf32, compile, world_size)
+    return _hash(device.kind, device.key, counts, tf32, compile, world_size, strategy)
 
 
 def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: str, precision: str,
                     tf32: bool = False, compile: bool = False, gradient_checkpointing: bool | None = None,
                     world_size: int = 1, measure_up_to: int | None = None,
-                    cache_dir: Path | str | None = None) -> StepTimeModel | None:
+                    cache_dir: Path | str | None = None, strategy: str = "none",
+                    local_world_size: int | None = None) -> StepTimeModel | None:
     """The step-time model of this config on this device; None where the device's speed is unknown.
+    With several processes it includes the strategy's collectives (comm.py) where the links are known.
 
     `measure_up_to`: on this machine's CPU, time real micro-batches (powers of two up to it) that are
     not cached yet, within measure.BUDGET_S. Cached timings and calibrations are always used.
@@ -112,13 +118,17 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
         return None
     counts = _counter(cache_dir).counts(config, device_type=device_type, precision=precision,
                                         gradient_checkpointing=checkpointing)
-    model = StepTimeModel(counts=counts, device=device, precision=precision, tf32=tf32, compile=compile)
+    communication = communication_for(strategy, world_size=world_size, local_world_size=local_world_size or world_size,
+                                      parameters=counts.parameters, precision=precision, device_name=device.name,
+                                      device_kind=device.kind)
+    model = StepTimeModel(counts=counts, device=device, precision=precision, tf32=tf32, compile=compile,
+                          communication=communication)
     key = step_key(config, device_type=device_type, precision=precision, gradient_checkpointing=checkpointing)
     if device.here and not compile:  # eager timings say nothing about a compiled step
         model = _measured(model, config, key, precision=precision, checkpointing=checkpointing,
                           measure_up_to=measure_up_to, directory=directory)
     runs = read_json(directory / CALIBRATION_FILE).get(
-        _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size))
+        _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy))
     runs = [r for r in runs if isinstance(r, dict) and r.get("seconds")] if isinstance(runs, list) else []
     if runs:  # the median run's ratio: one run on a busy machine does not set the next plans
         ratios = sorted((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]),
@@ -133,7 +143,8 @@ def model_for_plan(config: Config, hardware: HardwareProfile, plan: Plan,
     with using_threads(plan.cpu_threads if plan.device_type == "cpu" else None):  # a CPU's speed is per thread count
         return step_time_model(config, hardware, device_type=plan.device_type, precision=plan.precision,
                                tf32=plan.tf32, compile=plan.compile, gradient_checkpointing=plan.gradient_checkpointing,
-                               world_size=plan.world_size, cache_dir=cache_dir)
+                               world_size=plan.world_size, cache_dir=cache_dir, strategy=plan.strategy,
+                               local_world_size=plan.world_size // max(1, plan.nodes))
 
 
 def samples_per_process(plan: Plan) -> int:
@@ -169,7 +180,8 @@ def calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_second
                    gradient_checkpointing=plan.gradient_checkpointing)
     path = steptime_dir(cache_dir) / CALIBRATION_FILE
     entries = read_json(path)
-    name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.world_size)
+    name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.world_size,
+                            strategy=plan.strategy)
     runs = entries.get(name) if isinstance(entries.get(name), list) else []
     runs.append({"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "samples": samples_per_process(plan),
                  "seconds": statistics.median(step_seconds), "steps": len(step_seconds),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .comm import Communication
 from .count import Counts, Phase
 from .device import COMPILE_MEMORY_FACTOR, COMPILE_OPS_FACTOR, Device
 
@@ -54,6 +55,7 @@ class StepTimeModel:
     measured_optimizer_s: float | None = None
     correction: float = 1.0  # a real run's step time over this model's prediction (1.0: not calibrated)
     calibrated_at: int | None = None  # the micro-batch the calibration ran at
+    communication: Communication | None = None  # several processes' collectives (comm.py)
 
     # -- the roofline --------------------------------------------------------
 
@@ -112,10 +114,13 @@ class StepTimeModel:
     def parts(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> dict[str, float]:
         """Seconds of one optimizer step by part, calibration included; they sum to `seconds`."""
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
-        micro = sum(self.micro_seconds(s) for s in sizes)
+        micro = [self.micro_seconds(s) * self.correction for s in sizes]
         f = self.correction
-        return {"micro_batches": micro * f, "optimizer": self.optimizer_seconds() * f,
-                "step_overhead": self.device.step_overhead_s * f}
+        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds() * f,
+                 "step_overhead": self.device.step_overhead_s * f}
+        if self.communication is not None:
+            parts["communication"] = self.communication.exposed_seconds(micro)
+        return parts
 
     def seconds(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> float:
         """One optimizer step: `grad_accum` micro-batches of `micro_batch` (the last one short when

@@ -23,7 +23,7 @@ from ..monitor import Monitor
 from ..plan import Plan
 from ..task import Task
 from .evaluation import Evaluator
-from .resume import TrainingInterrupted, checkpoint_due, write_run_files
+from .resume import TrainingInterrupted, write_run_files
 from .stepper import Log, Stepper
 from .timing import StepTimer, finish_line
 from .windows import epoch_micro_batches
@@ -91,13 +91,14 @@ class Trainer(Stepper):
                 stop_reason = "max_steps"  # resumed from a checkpoint taken at the last step
             self.timer.finish()
             seconds, self.feed = self.elapsed(), None
-            if main:
+            if self.saves:
                 final = self.log_eval(p.step, self.epochs_begun(), final=True)
                 history.append(final)
                 final = {k: v for k, v in final.items() if k not in ("step", "epoch", "final")}
-                path = self.save(self.run_dir / checkpoint.FINAL, final)
-                for _, old in checkpoint.periodic_checkpoints(self.run_dir):
-                    old.unlink(missing_ok=True)  # the finished run's checkpoint supersedes them
+                path = self.save(checkpoint.final_path(self.run_dir, self.sharded), final)
+                if main:
+                    for _, old in checkpoint.periodic_checkpoints(self.run_dir):
+                        checkpoint.remove(old)  # the finished run's checkpoint supersedes them
                 log(f"Saved {path} ({stop_reason}: {p.step} steps, {p.samples:,} samples in {seconds:.1f}s)")
         finally:
             self.feed = None
@@ -136,7 +137,7 @@ class Trainer(Stepper):
                 return "time_limit"
             if signalled:
                 self.interrupt()
-            if self.rank.is_main and checkpoint_due(config, p.step, self.last_checkpoint) and p.step < self.total_steps:
+            if self.checkpoint_now and self.saves and p.step < self.total_steps:
                 path = self.save_periodic()
                 self.monitor.event("checkpoint", f"Checkpoint at step {p.step}: {path.name}", path=str(path))
         if not config.eval_interval and p.epoch + 1 < config.epochs:
@@ -165,10 +166,13 @@ class Trainer(Stepper):
         self.event("oom_recovery", f"Out of memory in evaluation: eval batch {before} -> {after}", eval_batch=after)
 
     def log_eval(self, step: int, epoch: int, final: bool = False) -> dict:
-        """Evaluate (rank 0 only: the others wait at the next step's collective) and report."""
-        if not self.rank.is_main:
+        """Evaluate and report: rank 0 only (the others wait at the next step's collective), or under
+        FSDP every rank (a sharded forward gathers parameters from all), rank 0 reporting."""
+        if not self.saves:
             return {"step": step, "epoch": epoch}
         result = self.evaluate()
+        if not self.rank.is_main:
+            return {"step": step, "epoch": epoch, **result}
         entry = {"step": step, "epoch": epoch, **result, **({"final": True} if final else {})}
         self.monitor.log_entry(entry)
         if self.on_eval is not None:
@@ -176,15 +180,16 @@ class Trainer(Stepper):
         return entry
 
     def save_periodic(self) -> Path:
-        path = self.save(checkpoint.periodic_path(self.run_dir, self.progress.step))
-        checkpoint.prune(self.run_dir, self.config.checkpoint_keep)
+        path = self.save(checkpoint.periodic_path(self.run_dir, self.progress.step, self.sharded))
+        if self.rank.is_main:
+            checkpoint.prune(self.run_dir, self.config.checkpoint_keep)
         self.last_checkpoint = time.perf_counter()
         return path
 
     def interrupt(self) -> None:
         """Stop at this step boundary after saving a checkpoint (all ranks agreed on it)."""
         signum = self.signals.received or signal.SIGTERM
-        path = self.save_periodic() if self.rank.is_main else None
+        path = self.save_periodic() if self.saves else None
         self.monitor.event("interrupted", f"{signal.Signals(signum).name} received: checkpoint saved at step "
                            f"{self.progress.step} ({path.name if path else ''}); 'make train' resumes from it",
                            signal=signal.Signals(signum).name, path=str(path))

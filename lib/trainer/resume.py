@@ -59,21 +59,59 @@ def write_run_files(run_dir: Path, config: Config, plan: Plan, hardware: Hardwar
 # Into and out of a checkpoint
 
 
-def checkpoint_state(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                     progress: dict, device: torch.device, epoch: int, final_eval: dict | None,
-                     config: Config, plan: Plan, hardware: HardwareProfile) -> dict:
-    """Everything a checkpoint holds: the tensors and RNG states to continue exactly, and what made the run."""
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+def checkpoint_state(*, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                     scaler: torch.amp.GradScaler, progress: dict, device: torch.device, epoch: int,
+                     final_eval: dict | None, config: Config, plan: Plan, hardware: HardwareProfile) -> dict:
+    """Everything a checkpoint holds: the tensors and RNG states to continue exactly, and what made the run.
+    model and optimizer None: a sharded checkpoint's extra part (`sharded_tensors` holds them)."""
+    tensors = {} if model is None else {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    return {**tensors, "scaler": scaler.state_dict(),
             "progress": progress, "rng": rng_state(device), "step": progress["step"], "epoch": epoch,
             "eval": final_eval, "config": config.text, "plan": plan.to_dict(), "hardware": hardware.to_dict(),
             "versions": versions()}
 
 
+def sharded_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The model's and optimizer's state keyed by parameter name, as torch.distributed.checkpoint saves
+    and loads it (sharded DTensors under FSDP, whole tensors otherwise)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _named_optimizer_state(raw: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """optimizer.state_dict() of an unsharded run (parameters numbered in group order) keyed by parameter
+    name instead, the form set_state_dict takes: the live optimizer's groups list the same parameters
+    in the same order (lib.step.make_optimizer), so number i is the name of its i-th parameter."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    state = {order[int(i)]: v for i, v in raw["state"].items()}
+    groups = [{**g, "params": [order[int(i)] for i in g["params"]]} for g in raw["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
 def load_state(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               scaler: torch.amp.GradScaler, device: torch.device) -> Progress:
-    """Put a checkpoint's tensors and RNG states back in place; returns where the run stood."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+               scaler: torch.amp.GradScaler, device: torch.device, path=None, sharded: bool = False) -> Progress:
+    """Put a checkpoint's tensors and RNG states back in place; returns where the run stood.
+
+    A checkpoint of either kind fits a model of either kind: a sharded checkpoint (state["sharded"],
+    at `path`) is resharded to this run's processes by torch.distributed.checkpoint (into a whole
+    model in a single process); a single file is loaded whole and, for a sharded model (`sharded`),
+    cut into this process's shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    if state.get("sharded"):
+        tensors = sharded_tensors(model, optimizer)
+        checkpoint.load_sharded_tensors(path, tensors)
+        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optimizer"])
+    elif sharded:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=_named_optimizer_state(state["optimizer"], model, optimizer),
+                       options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"], device)
     return Progress(**state["progress"])

@@ -5,6 +5,11 @@ windows.py), agrees with the other ranks in one collective whether any ran out
 of memory, and if one did, redoes the step at half the micro-batch with the same
 samples. Under DDP with out-of-memory recovery on, gradients are summed only
 after that agreement; without it DDP syncs during the last backward.
+Under FSDP (plan.strategy, lib/parallel.py) the model is sharded before the
+optimizer is made; gradients are reduce-scattered in the last micro-batch's
+backward only (set_requires_gradient_sync), every rank runs the same number of
+micro-batches (FSDP's collectives run in every forward and backward), and
+out-of-memory stops the run: one rank cannot leave those collectives alone.
 `Stepper` is the Trainer's base (loop.py adds the epochs around the steps);
 its state (model, optimizer, scaler, Progress) is what a checkpoint saves.
 """
@@ -22,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from .. import checkpoint, distributed
+from .. import checkpoint, distributed, parallel
 from ..config import Config
 from ..hardware import HardwareProfile
 from ..models import count_parameters
@@ -31,7 +36,7 @@ from ..oom import Injector, halve, is_oom, release
 from ..plan import Plan
 from ..step import autocast_for, configure_backends, make_optimizer, seed_everything
 from ..task import Task, load_task
-from .resume import StopSignals, checkpoint_state, load_state, run_directory
+from .resume import StopSignals, checkpoint_due, checkpoint_state, load_state, run_directory, sharded_tensors
 from .schedule import lr_at
 from .windows import Progress, epoch_micro_batches, loader, rank_batches
 
@@ -55,16 +60,23 @@ class Stepper:
         self.loss_fn = self.task.loss
         self.model = self.task.build(plan.gradient_checkpointing).to(self.device)
         self.parameters = count_parameters(self.model)
+        self.sharded = parallel.is_sharded(plan.strategy) and self.rank.active
+        if self.sharded:  # before the optimizer: fully_shard replaces the parameters
+            mesh = parallel.make_mesh(self.device.type, plan.strategy, self.rank.world_size,
+                                      self.rank.local_world_size)
+            parallel.shard_model(self.model, plan.strategy, mesh, precision=plan.precision,
+                                 cpu_offload=plan.cpu_offload)
         self.optimizer = make_optimizer(config, self.model)
         self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
         self.progress = Progress(window_size=plan.effective_batch, micro_batch=plan.micro_batch)
         self.resumed_from: Path | None = None
-        self.run_dir = run_dir or run_directory(config)
+        # rank 0 names a new run (a timestamp): every rank must write into that one
+        self.run_dir = run_dir or distributed.broadcast(run_directory(config) if self.rank.is_main else None)
         if resume is not None:
             self.restore(resume)
         self.ddp = None
         module = self.model
-        if self.rank.active:
+        if self.rank.active and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel
 
             # No buffer broadcast: it is a collective in every forward, and ranks may run different
@@ -77,6 +89,7 @@ class Stepper:
         # With recovery on, every micro-batch runs under no_sync and gradients are summed after all ranks
         # agreed that none ran out of memory; otherwise DDP syncs during the last backward (overlapped).
         self.ddp_sync_last = self.ddp is not None and not config.oom_recovery
+        self.recover_oom = config.oom_recovery and not self.sharded
         self.inject = Injector()
         self.windows_per_epoch = len(epoch_micro_batches(len(self.train_split), self.progress.window_size, 0, 0))
         total = config.epochs * self.windows_per_epoch
@@ -84,11 +97,14 @@ class Stepper:
         self.feed = None
         self.signals = StopSignals()
         self.monitor: Monitor | None = None
+        self.last_checkpoint = time.perf_counter()
+        self.checkpoint_now = False
 
     # -- one optimizer step --------------------------------------------------
 
     def window_batches(self, window: list[int]) -> list[tuple[list[int], float]]:
-        return rank_batches(window, self.rank.rank, self.rank.world_size, self.progress.micro_batch)
+        return rank_batches(window, self.rank.rank, self.rank.world_size, self.progress.micro_batch,
+                            equal_counts=self.sharded)
 
     def start_feed(self, windows: list[list[int]], first: int) -> None:
         """Load this rank's micro-batches from window `first` on, at the current micro-batch size."""
@@ -98,13 +114,16 @@ class Stepper:
     def accumulate(self, window: list[int], step: int) -> torch.Tensor:
         """Forward and backward over this rank's micro-batches; returns its sample-weighted loss sum."""
         batches = self.window_batches(window)
-        # Under DDP with sync on the last micro-batch, DDP averages over ranks: undo that mean.
-        grad_factor = self.rank.world_size if self.ddp_sync_last else 1
+        # DDP syncing on the last micro-batch and FSDP average over ranks: undo that mean.
+        grad_factor = self.rank.world_size if self.ddp_sync_last or self.sharded else 1
         total = torch.zeros((), device=self.device)
         for i, (indices, weight) in enumerate(batches):
             x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
             self.inject.check(len(indices), step + 1 if i == 0 else None)
-            sync = self.ddp is None or (self.ddp_sync_last and i == len(batches) - 1)
+            last = i == len(batches) - 1
+            if self.sharded:  # reduce-scatter in the last backward only
+                self.model.set_requires_gradient_sync(last)
+            sync = self.ddp is None or (self.ddp_sync_last and last)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with autocast_for(self.plan):
                     loss = self.loss_fn(self.forward(x), y)
@@ -115,7 +134,8 @@ class Stepper:
 
     def optimizer_step(self, windows: list[list[int]], position: int, step: int) -> tuple[float, bool, bool]:
         """One optimizer step over windows[position], redone at half the micro-batch after out-of-memory.
-        Returns (mean loss, time limit reached, stop signal) as all ranks agree on them."""
+        Returns (mean loss, time limit reached, stop signal) as all ranks agree on them; `checkpoint_now`
+        says whether rank 0 found a periodic checkpoint due (every rank writes its shard under FSDP)."""
         window = windows[position]
         while True:
             self.optimizer.zero_grad(set_to_none=True)
@@ -125,13 +145,16 @@ class Stepper:
             try:
                 loss_sum = self.accumulate(window, step).item()
             except Exception as err:  # noqa: BLE001 - only out-of-memory is recovered; the rest re-raises
-                if not (self.config.oom_recovery and is_oom(err)):
+                if not (self.recover_oom and is_oom(err)):
                     raise
                 failed, reason = True, " ".join(str(err).split())[:200]
             timed_out = bool(self.config.time_limit_s and self.elapsed() >= self.config.time_limit_s)
+            due = self.rank.is_main and checkpoint_due(self.config, step + 1, self.last_checkpoint)
             # One collective per step: every rank learns whether any ran out of memory or must stop.
-            oom, loss_sum, time_flag, signal_flag = distributed.all_sum(
-                [float(failed), loss_sum, float(timed_out), float(self.signals.received is not None)], self.device)
+            oom, loss_sum, time_flag, signal_flag, due_flag = distributed.all_sum(
+                [float(failed), loss_sum, float(timed_out), float(self.signals.received is not None), float(due)],
+                self.device)
+            self.checkpoint_now = due_flag > 0
             if not oom:
                 break
             self.recover(step, reason if failed else "another rank ran out of memory")
@@ -176,11 +199,23 @@ class Stepper:
     # -- the state a checkpoint holds ----------------------------------------
 
     def save(self, path: Path, final_eval: dict | None = None) -> Path:
-        checkpoint.save_checkpoint(path, checkpoint_state(
-            model=self.model, optimizer=self.optimizer, scaler=self.scaler, device=self.device,
-            progress={**asdict(self.progress), "elapsed_s": self.elapsed()}, epoch=self.epochs_begun(),
-            final_eval=final_eval, config=self.config, plan=self.plan, hardware=self.hardware))
+        """Rank 0 writes the checkpoint file; under FSDP every rank calls this and writes its shards."""
+        state = checkpoint_state(
+            model=None if self.sharded else self.model, optimizer=None if self.sharded else self.optimizer,
+            scaler=self.scaler, device=self.device, progress={**asdict(self.progress), "elapsed_s": self.elapsed()},
+            epoch=self.epochs_begun(), final_eval=final_eval, config=self.config, plan=self.plan,
+            hardware=self.hardware)
+        if self.sharded:
+            checkpoint.save_sharded(path, sharded_tensors(self.model, self.optimizer), state,
+                                    is_main=self.rank.is_main, barrier=torch.distributed.barrier)
+        else:
+            checkpoint.save_checkpoint(path, state)
         return path
+
+    @property
+    def saves(self) -> bool:
+        """Whether this rank takes part in saving: rank 0, or every rank of a sharded run."""
+        return self.rank.is_main or self.sharded
 
     def restore(self, run_dir: Path) -> None:
         """Continue the run in run_dir from its newest readable checkpoint."""
@@ -189,7 +224,8 @@ class Stepper:
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return
         path, state = found
-        self.progress = load_state(state, self.model, self.optimizer, self.scaler, self.device)
+        self.progress = load_state(state, self.model, self.optimizer, self.scaler, self.device, path=path,
+                                   sharded=self.sharded)
         self.plan = dataclasses.replace(self.plan, micro_batch=self.progress.micro_batch)
         self.run_dir, self.resumed_from = Path(run_dir), path
 

@@ -47,13 +47,23 @@ def split_batches(indices: list[int], size: int) -> list[list[int]]:
     return batches
 
 
-def rank_batches(window: list[int], rank: int, world_size: int, micro_batch: int) -> list[tuple[list[int], float]]:
-    """This rank's micro-batches of a window, each with its share of the window's samples."""
+def rank_batches(window: list[int], rank: int, world_size: int, micro_batch: int,
+                 equal_counts: bool = False) -> list[tuple[list[int], float]]:
+    """This rank's micro-batches of a window, each with its share of the window's samples.
+
+    equal_counts: every rank runs as many micro-batches as the rank with the most (zero-weight passes
+    fill the rest). FSDP needs it: its collectives run inside every forward and backward, so a rank
+    that ran one micro-batch fewer (an uneven last window) would leave the others waiting."""
     n = len(window)
     mine = window[rank * n // world_size:(rank + 1) * n // world_size]
-    if not mine:  # fewer samples than ranks: a zero-weight pass keeps DDP's bookkeeping in step
-        return [(window[:2], 0.0)]
-    return [(b, len(b) / n) for b in split_batches(mine, micro_batch)]
+    batches = [(b, len(b) / n) for b in split_batches(mine, micro_batch)]
+    if not batches:  # fewer samples than ranks: a zero-weight pass keeps DDP's bookkeeping in step
+        batches = [(window[:2], 0.0)]
+    if equal_counts:
+        most = max(len(split_batches(window[r * n // world_size:(r + 1) * n // world_size], micro_batch)) or 1
+                   for r in range(world_size))
+        batches += [(window[:2], 0.0)] * (most - len(batches))
+    return batches
 
 
 def loader(split: BatchSplit, batches: list[list[int]], plan: Plan) -> DataLoader:

@@ -1,0 +1,100 @@
+"""How several processes share a model: the data-parallel strategies and the one way kfit applies FSDP2.
+
+    ddp            DistributedDataParallel: a full replica per process (lib/trainer/stepper.py)
+    fsdp           fully_shard: parameters, gradients, optimizer state sharded (ZeRO-3-like)
+    fsdp_grad_op   fully_shard(reshard_after_forward=False): parameters stay gathered from
+                   forward to the end of backward (ZeRO-2-like: one all-gather per micro-batch)
+    hsdp           a 2-D mesh (machines x processes per machine): sharded within a machine,
+                   replicated across machines
+
+`shard_model` is used by both the trainer and the memory tracer
+(lib/memory/sharded.py), so what is predicted is what runs: fully_shard on
+every unit `shard_units` finds (transformer blocks, residual stages), then on
+the root, which holds what is left (embeddings, the head).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+STRATEGIES = ("none", "ddp", "fsdp", "fsdp_grad_op", "hsdp")
+SHARDED = ("fsdp", "fsdp_grad_op", "hsdp")
+
+LABELS = {"none": "one process", "ddp": "DDP (a full replica per process)",
+          "fsdp": "FSDP full shard (parameters, gradients and optimizer state sharded)",
+          "fsdp_grad_op": "FSDP with parameters kept after forward (gradients and optimizer state sharded)",
+          "hsdp": "HSDP (sharded within a machine, replicated across machines)"}
+
+SYMBOLS = {"ddp": "CONFIG_PARALLEL_DDP", "fsdp": "CONFIG_PARALLEL_FSDP",
+           "fsdp_grad_op": "CONFIG_PARALLEL_FSDP_GRAD_OP", "hsdp": "CONFIG_PARALLEL_HSDP"}
+
+
+def is_sharded(strategy: str | None) -> bool:
+    return strategy in SHARDED
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules fully_shard wraps one by one, in forward order: the items of every nn.ModuleList
+    (GPT-2's blocks, the usual transformer layout, Hugging Face's included); without any, the root's
+    nn.Sequential children that hold parameters (a ResNet's stages). Each unit's parameters are
+    gathered together, so a unit is the granularity of the all-gather buffer."""
+    units = [item for module in model.modules() if isinstance(module, nn.ModuleList) for item in module
+             if any(True for _ in item.parameters())]
+    if units:
+        return units
+    return [child for child in model.children()
+            if isinstance(child, nn.Sequential) and any(True for _ in child.parameters())]
+
+
+def mesh_shape(strategy: str, world_size: int, local_world_size: int) -> tuple[int, ...]:
+    """The device mesh: 1-D over every process, or (replicas, shard) for HSDP."""
+    if strategy == "hsdp" and 1 < local_world_size < world_size and world_size % local_world_size == 0:
+        return (world_size // local_world_size, local_world_size)
+    if strategy == "hsdp":
+        return (1, world_size)  # one machine: nothing to replicate across
+    return (world_size,)
+
+
+def make_mesh(device_type: str, strategy: str, world_size: int, local_world_size: int) -> "DeviceMesh":
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = mesh_shape(strategy, world_size, local_world_size)
+    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def mixed_precision(precision: str):
+    """FSDP2's policy for the plan's precision: parameters gathered in bf16/fp16, gradients reduced in
+    fp32 (a sum of many low-precision gradients loses bits); None for fp32."""
+    if precision == "fp32":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def shard_model(model: nn.Module, strategy: str, mesh: "DeviceMesh", *, precision: str = "fp32",
+                cpu_offload: bool = False) -> nn.Module:
+    """Apply fully_shard to each unit, then to the root (in place; returns the model). Must run before
+    the optimizer is made: fully_shard replaces the parameters with sharded DTensors."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    kwargs = {"mesh": mesh, "reshard_after_forward": strategy != "fsdp_grad_op"}
+    policy = mixed_precision(precision)
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for unit in shard_units(model):
+        fully_shard(unit, **kwargs)
+    # The root's own parameters are used first (embeddings) and last (the head): keeping them gathered
+    # after forward saves one all-gather, as torchtitan does.
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+    return model

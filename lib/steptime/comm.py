@@ -1,0 +1,104 @@
+"""What several processes add to a step: the collectives of each data-parallel strategy, over the links.
+
+Ring collectives move (n - 1) / n of the data through each process's link per
+all-gather or reduce-scatter, twice that per all-reduce. Per optimizer step:
+
+    ddp            all-reduce of the gradients (fp32) once, after the last micro-batch:
+                   kfit's out-of-memory-safe step sums them in one flat buffer after all
+                   ranks agreed (lib/distributed.py), so nothing overlaps it
+    fsdp           per micro-batch an all-gather of the parameters for forward and again
+                   for backward (reshard after forward), the gradients reduce-scattered
+                   in the last backward
+    fsdp_grad_op   one all-gather per micro-batch (parameters kept until backward ends)
+    hsdp           fsdp within a machine, then an all-reduce of each shard's gradients
+                   across the machines over the network
+
+FSDP prefetches the next unit's parameters while the current one computes, so
+a micro-batch takes max(compute, its collectives): only what the compute
+cannot hide is added. Achieved bus bandwidth is BUS_EFFICIENCY of the link's
+one-direction figure (lib/hardware/catalog.py): NCCL's own tests reach about
+80% on NVLink and PCIe. Not measured by kfit yet (no multi-GPU machine here);
+on a CPU (gloo) the links are unknown and nothing is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUS_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True)
+class Communication:
+    strategy: str  # ddp | fsdp | fsdp_grad_op | hsdp
+    world_size: int
+    shard_size: int  # processes a parameter is sharded over (hsdp: those of one machine)
+    parameter_bytes: int  # all parameters in the dtype they are gathered in
+    gradient_bytes: int  # all gradients in the dtype they are reduced in
+    link_bytes_per_s: float  # within a machine, one direction
+    network_bytes_per_s: float | None = None  # between machines; None on one machine
+
+    def _seconds(self, volume: float, over: int, bandwidth: float) -> float:
+        return (over - 1) / over * volume / (bandwidth * BUS_EFFICIENCY) if over > 1 else 0.0
+
+    @property
+    def _bandwidth(self) -> float:
+        """The slowest link a ring over all processes crosses: the network once it spans machines."""
+        if self.network_bytes_per_s and self.strategy != "hsdp":
+            return min(self.link_bytes_per_s, self.network_bytes_per_s)
+        return self.link_bytes_per_s
+
+    def gather_seconds(self) -> float:
+        """All-gathers of one micro-batch (forward, and backward after resharding)."""
+        if self.strategy == "ddp":
+            return 0.0
+        times = 1 if self.strategy == "fsdp_grad_op" else 2
+        return times * self._seconds(self.parameter_bytes, self.shard_size, self._bandwidth)
+
+    def reduce_seconds(self) -> float:
+        """The gradients' reduction, once per optimizer step."""
+        if self.strategy == "ddp":
+            return 2 * self._seconds(self.gradient_bytes, self.world_size, self._bandwidth)
+        seconds = self._seconds(self.gradient_bytes, self.shard_size, self._bandwidth)
+        replicas = self.world_size // self.shard_size
+        if self.strategy == "hsdp" and replicas > 1:
+            across = self.network_bytes_per_s or self.link_bytes_per_s
+            seconds += 2 * self._seconds(self.gradient_bytes / self.shard_size, replicas, across)
+        return seconds
+
+    def exposed_seconds(self, micro_seconds: list[float]) -> float:
+        """What a step's collectives add to its micro-batches' compute (`micro_seconds`, in order)."""
+        if self.strategy == "ddp":
+            return self.reduce_seconds()
+        gather, exposed = self.gather_seconds(), 0.0
+        for i, compute in enumerate(micro_seconds):
+            collectives = gather + (self.reduce_seconds() if i == len(micro_seconds) - 1 else 0.0)
+            exposed += max(0.0, collectives - compute)
+        return exposed
+
+    def describe(self) -> str:
+        link = self.link_bytes_per_s / 1e9
+        return (f"{self.strategy} over {self.world_size} processes: {self.gather_seconds() * 1e3:.1f} ms of "
+                f"all-gathers per micro-batch, {self.reduce_seconds() * 1e3:.1f} ms of gradient reduction per "
+                f"step, at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
+                + (f" ({self.network_bytes_per_s / 1e9:.0f} GB/s between machines)" if self.network_bytes_per_s else ""))
+
+
+def communication_for(strategy: str, *, world_size: int, local_world_size: int, parameters: int,
+                      precision: str, device_name: str, device_kind: str) -> Communication | None:
+    """The strategy's collectives on this device's links; None for one process, or where the links are
+    unknown (a CPU, a GPU the catalog does not know)."""
+    if world_size <= 1 or strategy == "none" or device_kind != "gpu":
+        return None
+    from ..hardware import catalog
+
+    link = catalog.link_bytes_per_s(device_name)
+    if link is None:
+        return None
+    nodes = max(1, world_size // max(1, local_world_size))
+    network = catalog.link_bytes_per_s(device_name, across_machines=True) if nodes > 1 else None
+    shard = local_world_size if strategy == "hsdp" and nodes > 1 else world_size
+    gathered = 2 if precision in ("bf16", "fp16") else 4  # lib.parallel.mixed_precision
+    return Communication(strategy=strategy, world_size=world_size, shard_size=shard,
+                         parameter_bytes=parameters * gathered, gradient_bytes=parameters * 4,
+                         link_bytes_per_s=link, network_bytes_per_s=network)

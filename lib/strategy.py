@@ -1,0 +1,107 @@
+"""Which data-parallel strategy a plan uses (CONFIG_PARALLEL_*; the strategies are lib/parallel.py's).
+
+One process shares nothing ("none"). A configured strategy is used as it is,
+and when it does not fit the error says what would (FSDP, for DDP). AUTO keeps
+DDP while a full replica fits with a micro-batch that is not starved (at least
+MIN_MICRO_BATCH, or the whole per-process share): it communicates least.
+Otherwise every sharded strategy the batch policy can fit is a candidate, and
+the one with the most predicted samples/s wins (lib.steptime, collectives
+included); without a step-time prediction, the first that fits in the order
+below (the less communication, the earlier). The memory of each candidate is
+the batch policy's per-process prediction for that strategy (lib.memory traces
+the sharded step).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .config import Config
+from .errors import PlanError
+from .parallel import LABELS, SHARDED, SYMBOLS
+from .plan import BatchChoice, BatchPolicy
+
+MIN_MICRO_BATCH = 8
+AUTO_ORDER = ("ddp", "fsdp_grad_op", "fsdp", "hsdp")
+
+# (strategy, choice) -> the fastest candidate's samples/s and the choose_fastest result, or None
+Speed = Callable[[str, BatchChoice], "tuple[float, object] | None"]
+
+
+def candidates(config: Config, world_size: int, nodes: int) -> tuple[tuple[str, ...], str]:
+    """The strategies to consider, in order, and why."""
+    configured = config.parallel_strategy or "auto"
+    if world_size == 1:
+        why = "one process: nothing to share"
+        if configured in SHARDED:
+            why += (f" ({SYMBOLS[configured]} applies with several; this run's checkpoints resume under it, "
+                    "and it resumes theirs)")
+        return ("none",), why
+    if configured != "auto":
+        why = f"{SYMBOLS[configured]} as configured"
+        if configured == "hsdp" and nodes == 1:
+            why += ": on one machine HSDP shards over every process, as FSDP full shard does"
+        return (configured,), why
+    return tuple(s for s in AUTO_ORDER if s != "hsdp" or nodes > 1), "AUTO"
+
+
+def _first_clause(err: PlanError) -> str:
+    return str(err).split(". What would help")[0]
+
+
+def pick(config: Config, policy: BatchPolicy, choose: dict, *, world_size: int, nodes: int, target: int,
+         speed: Speed) -> tuple[str, BatchChoice, object, str]:
+    """(strategy, its batch choice, its choose_fastest result or None, why). `choose` holds the keyword
+    arguments of policy.choose but the strategy. Raises PlanError when no candidate fits."""
+    options, why = candidates(config, world_size, nodes)
+    share = math.ceil(target / world_size)
+    if len(options) == 1:
+        strategy = options[0]
+        try:
+            choice = policy.choose(config=config, **choose, strategy=strategy)
+        except PlanError as err:
+            if strategy != "ddp":
+                raise
+            raise PlanError(f"{err}{_sharded_hint(config, policy, choose)}") from None
+        found = speed(strategy, choice)
+        return strategy, choice, found[1] if found else None, why
+
+    failures: list[str] = []
+    fitted: list[tuple[str, BatchChoice, tuple | None]] = []
+    for strategy in options:
+        try:
+            choice = policy.choose(config=config, **choose, strategy=strategy)
+        except PlanError as err:
+            failures.append(f"{strategy}: {_first_clause(err)}")
+            continue
+        if strategy == "ddp" and choice.max_micro >= min(share, MIN_MICRO_BATCH):
+            found = speed(strategy, choice)
+            return "ddp", choice, found[1] if found else None, (
+                f"AUTO: {LABELS['ddp']}: a replica fits with micro-batch up to {choice.max_micro}")
+        if strategy == "ddp":
+            failures.append(f"ddp: fits only micro-batch {choice.max_micro} (< {min(share, MIN_MICRO_BATCH)})")
+        fitted.append((strategy, choice, speed(strategy, choice)))
+    if not fitted:
+        raise PlanError("no data-parallel strategy fits: " + "; ".join(failures))
+    timed = [f for f in fitted if f[2] is not None]
+    if timed:
+        strategy, choice, found = max(timed, key=lambda f: f[2][0])
+        rates = ", ".join(f"{s} {f[0]:,.1f} samples/s" for s, _, f in timed)
+        how = f"the fastest predicted that fits ({rates})"
+    else:
+        strategy, choice, found = fitted[0]
+        how = "the first that fits (step time not predicted)"
+    return strategy, choice, found[1] if found else None, f"AUTO: {LABELS[strategy]}: {how}; " + "; ".join(failures)
+
+
+def _sharded_hint(config: Config, policy: BatchPolicy, choose: dict) -> str:
+    """For a DDP plan that does not fit: whether FSDP full shard would, with its micro-batch."""
+    try:
+        choice = policy.choose(config=config, **choose, strategy="fsdp")
+    except PlanError:
+        return (f". Sharding with FSDP ({SYMBOLS['fsdp']}) does not fit at {choose['world_size']} processes "
+                "either")
+    return (f". FSDP would fit: with {SYMBOLS['fsdp']} (or CONFIG_PARALLEL_AUTO) each of the "
+            f"{choose['world_size']} processes holds 1/{choose['world_size']} of the parameters, gradients and "
+            f"optimizer state, and micro-batches up to {choice.max_micro} fit ({choice.reason})")

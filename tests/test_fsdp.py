@@ -1,0 +1,268 @@
+"""Sharded training (FSDP2): strategies, the even micro-batch count, sharded checkpoints, and real
+2-process gloo runs on the CPU: equal to one process, resumed exactly, resumed onto 1 and from 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib import checkpoint, parallel
+from lib import config as kc
+from lib.errors import PlanError
+from lib.export import export
+from lib.hyperparams import ModelDescription, resolve
+from lib.models import build_model
+from lib.steptime.comm import BUS_EFFICIENCY, Communication
+from lib.strategy import candidates, pick
+from lib.trainer import Trainer
+from lib.trainer.windows import rank_batches
+from tests.test_trainer import CPU
+
+ROOT = Path(__file__).resolve().parent.parent
+KFIT = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
+
+# gpt2-tiny, 16 samples per optimizer step however many processes share them (AUTO plans the split).
+COMMON = ("CONFIG_DEVICE_CPU=y\nCONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_OPTIMIZER_ADAMW=y\n"
+          "CONFIG_LEARNING_RATE=\"1e-3\"\nCONFIG_LOG_INTERVAL=1\nCONFIG_CHECKPOINT_INTERVAL_STEPS=y\n"
+          "CONFIG_CHECKPOINT_EVERY_STEPS=2\nCONFIG_CHECKPOINT_KEEP=2\nCONFIG_EVAL_INTERVAL=1000\n"
+          "CONFIG_OUTPUT_DIR=\"runs\"\nCONFIG_GRAD_CLIP=\"1.0\"\n")
+STEPS = 8
+
+
+def write_config(directory: Path, extra: str = "") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "fragment").write_text(COMMON + f"CONFIG_MAX_STEPS={STEPS}\n" + extra)
+    kc.make_defconfig("gpt2-tiny", ["fsdp", str(directory / "fragment")], out=directory / ".config")
+    return directory / ".config"
+
+
+def env_for(config: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUS", "WORLD_SIZE", "RANK", "LOCAL_RANK", "RESUME",
+                                                             "KFIT_INJECT_OOM", "NNODES")}
+    return {**env, "KCONFIG_CONFIG": str(config), "OMP_NUM_THREADS": "1", **extra}
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line["loss"] for line in lines if "loss" in line}
+
+
+def train(directory: Path, config: Path, gpus: int, stop_after: int | None = None) -> subprocess.CompletedProcess:
+    """`kfit train` with GPUS=gpus in `directory`; with stop_after, SIGTERM once that many steps are logged."""
+    env = env_for(config, GPUS=str(gpus))
+    if stop_after is None:
+        return subprocess.run(KFIT + ["train"], cwd=directory, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.Popen(KFIT + ["train"], cwd=directory, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = list((directory / "runs").glob("*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().count('"loss"') >= stop_after:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def single_process_reference(directory: Path) -> tuple[dict, dict]:
+    """(final weights, losses by step) of one process taking the same 16 samples per step."""
+    config = kc.read_config(write_config(directory))
+    plan = resolve(config, CPU, ModelDescription.from_config(config))
+    trainer = Trainer(config, plan, CPU, run_dir=directory / "runs" / "one", log=lambda line: None)
+    trainer.fit()
+    return trainer.model.state_dict(), losses(directory / "runs" / "one")
+
+
+def assert_close_weights(state: dict, reference: dict) -> None:
+    for name, value in reference.items():
+        torch.testing.assert_close(state[name], value, atol=2e-5, rtol=1e-4, msg=name)
+
+
+# --------------------------------------------------------------------------
+# Pieces
+
+
+def test_every_rank_runs_as_many_micro_batches_under_fsdp():
+    window = list(range(7))  # an epoch's short last window: 3 and 4 samples
+    plain = [rank_batches(window, r, 2, 2) for r in range(2)]
+    assert [len(b) for b in plain] == [1, 2]  # 3 samples: 2 + a lone one, joined
+    even = [rank_batches(window, r, 2, 2, equal_counts=True) for r in range(2)]
+    assert [len(b) for b in even] == [2, 2]
+    assert even[0][-1][1] == 0.0  # the filler weighs nothing
+    assert sum(w for b in even for _, w in b) == pytest.approx(1.0)
+
+
+def test_shard_units_are_blocks_or_stages():
+    gpt2 = build_model("gpt2", gpt2_preset="tiny", block_size=32, vocab_size=64)
+    assert parallel.shard_units(gpt2) == list(gpt2.transformer.h)
+    resnet = build_model("resnet18", num_classes=10, in_channels=3, image_size=32)
+    assert [type(u).__name__ for u in parallel.shard_units(resnet)] == ["Sequential"] * 4
+    assert parallel.mesh_shape("hsdp", 8, 4) == (2, 4) and parallel.mesh_shape("fsdp", 8, 4) == (8,)
+
+
+def test_strategy_candidates(tmp_path):
+    auto = kc.make_defconfig("gpt2-tiny", out=tmp_path / "a")
+    assert candidates(auto, 1, 1)[0] == ("none",)
+    assert candidates(auto, 4, 1)[0] == ("ddp", "fsdp_grad_op", "fsdp")
+    assert candidates(auto, 8, 2)[0][-1] == "hsdp"
+    forced = kc.read_config(write_config(tmp_path / "f"))
+    assert candidates(forced, 2, 1) == (("fsdp",), "CONFIG_PARALLEL_FSDP as configured")
+    assert "resume" in candidates(forced, 1, 1)[1]
+
+
+class _Policy:
+    """A batch policy whose DDP cap is given and whose sharded strategies fit larger micro-batches."""
+
+    name = "fake"
+
+    def __init__(self, caps):
+        self.caps = caps
+
+    def choose(self, *, strategy="none", **_):
+        from lib.plan import BatchChoice
+
+        cap = self.caps[strategy]
+        if cap == 0:
+            raise PlanError(f"{strategy} does not fit even at micro-batch 1: the predicted peak is 9GB. "
+                            "What would help: ...")
+        return BatchChoice(max_micro=cap, reason=f"{strategy} cap {cap}", eval_batch=cap, eval_reason="")
+
+
+def test_auto_keeps_ddp_while_a_replica_fits_and_shards_when_it_does_not(tmp_path):
+    config = kc.make_defconfig("gpt2-tiny", out=tmp_path / "a")
+    choose = dict(world_size=4)
+    no_speed = lambda strategy, choice: None  # noqa: E731
+    policy = _Policy({"ddp": 16, "fsdp_grad_op": 24, "fsdp": 32})
+    assert pick(config, policy, choose, world_size=4, nodes=1, target=256, speed=no_speed)[0] == "ddp"
+    policy = _Policy({"ddp": 0, "fsdp_grad_op": 0, "fsdp": 4})
+    strategy, choice, _, why = pick(config, policy, choose, world_size=4, nodes=1, target=256, speed=no_speed)
+    assert (strategy, choice.max_micro) == ("fsdp", 4) and "ddp: " in why and "does not fit" in why
+    speeds = {"ddp": 300.0, "fsdp_grad_op": 900.0, "fsdp": 1000.0}  # a starved DDP stays a candidate
+    policy = _Policy({"ddp": 2, "fsdp_grad_op": 8, "fsdp": 16})
+    strategy, _, _, why = pick(config, policy, choose, world_size=4, nodes=1, target=256,
+                               speed=lambda s, c: (speeds[s], None))
+    assert strategy == "fsdp" and "fastest predicted" in why and "micro-batch 2 (< 8)" in why
+    with pytest.raises(PlanError, match="no data-parallel strategy fits"):
+        pick(config, _Policy({"ddp": 0, "fsdp_grad_op": 0, "fsdp": 0}), choose, world_size=4, nodes=1,
+             target=256, speed=no_speed)
+
+
+def test_forced_ddp_that_does_not_fit_names_fsdp(tmp_path):
+    (tmp_path / "ddp").write_text("CONFIG_PARALLEL_DDP=y\n")
+    config = kc.make_defconfig("gpt2-tiny", [str(tmp_path / "ddp")], out=tmp_path / "c")
+    with pytest.raises(PlanError, match="FSDP would fit.*CONFIG_PARALLEL_FSDP"):
+        pick(config, _Policy({"ddp": 0, "fsdp": 4}), dict(world_size=4), world_size=4, nodes=1, target=64,
+             speed=lambda s, c: None)
+
+
+def test_communication_by_strategy():
+    comm = dict(world_size=4, shard_size=4, parameter_bytes=2_000_000_000, gradient_bytes=4_000_000_000,
+                link_bytes_per_s=100e9)
+    rate = 100e9 * BUS_EFFICIENCY
+    full, grad_op = Communication("fsdp", **comm), Communication("fsdp_grad_op", **comm)
+    ddp = Communication("ddp", **comm)
+    assert full.gather_seconds() == pytest.approx(2 * 0.75 * 2e9 / rate)
+    assert grad_op.gather_seconds() == pytest.approx(full.gather_seconds() / 2)
+    assert ddp.reduce_seconds() == pytest.approx(2 * 0.75 * 4e9 / rate)
+    assert full.reduce_seconds() == pytest.approx(0.75 * 4e9 / rate)
+    # compute hides what it outlasts: long micro-batches expose nothing, short ones the rest
+    assert full.exposed_seconds([10.0, 10.0]) == 0.0
+    assert full.exposed_seconds([0.0, 0.0]) == pytest.approx(2 * full.gather_seconds() + full.reduce_seconds())
+    assert ddp.exposed_seconds([10.0]) == pytest.approx(ddp.reduce_seconds())  # after the step: not hidden
+    hsdp = Communication("hsdp", world_size=8, shard_size=4, parameter_bytes=2_000_000_000,
+                         gradient_bytes=4_000_000_000, link_bytes_per_s=100e9, network_bytes_per_s=25e9)
+    across = 2 * 0.5 * (4e9 / 4) / (25e9 * BUS_EFFICIENCY)
+    assert hsdp.reduce_seconds() == pytest.approx(0.75 * 4e9 / rate + across)
+
+
+def test_sharded_checkpoints_are_listed_pruned_and_resume_candidates(tmp_path):
+    run = tmp_path / "run"
+    for step in (2, 4):
+        (run / f"checkpoint-{step}.dcp").mkdir(parents=True)
+    (run / ".checkpoint-6.dcp.tmp").mkdir()  # an interrupted save: not a checkpoint
+    checkpoint.save_checkpoint(run / "checkpoint-3.pt", {"x": 1})
+    assert [s for s, _ in checkpoint.periodic_checkpoints(run)] == [4, 3, 2]
+    checkpoint.prune(run, 1)
+    assert [s for s, _ in checkpoint.periodic_checkpoints(run)] == [4]
+    with pytest.raises(FileNotFoundError, match="metadata"):  # no .metadata: the save never finished
+        checkpoint.load_checkpoint(run / "checkpoint-4.dcp")
+    assert checkpoint.finished_checkpoint(run) is None
+    (run / checkpoint.FINAL_SHARDED).mkdir()
+    assert checkpoint.finished_checkpoint(run) == run / checkpoint.FINAL_SHARDED
+
+
+# --------------------------------------------------------------------------
+# Real runs: torchrun, gloo, 2 processes on this CPU
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return single_process_reference(tmp_path_factory.mktemp("one"))
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_equal_one_and_export_consolidates(tmp_path, reference):
+    weights, reference_losses = reference
+    config = write_config(tmp_path)
+    result = train(tmp_path, config, gpus=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "over 2 processes" in result.stdout and result.stdout.count("Done:") == 1
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert (run_dir / checkpoint.FINAL_SHARDED / "__1_0.distcp").is_file()  # each rank wrote its shard
+    assert json.loads((run_dir / "plan.json").read_text())["strategy"] == "fsdp"
+    got = losses(run_dir)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step, loss in reference_losses.items():
+        assert got[step] == pytest.approx(loss, abs=1e-4), step
+    model_file = export(run_dir, tmp_path / "export")
+    assert_close_weights(torch.load(model_file, weights_only=True), weights)
+
+
+@pytest.mark.slow
+def test_fsdp_resumes_exactly_then_onto_one_process_and_from_one(tmp_path, reference):
+    weights, reference_losses = reference
+    config = write_config(tmp_path)
+    # 2 processes, SIGTERM: every rank writes its shard of the checkpoint, exit 143
+    stopped = train(tmp_path, config, gpus=2, stop_after=3)
+    assert stopped.returncode == 143, stopped.stdout
+    [run_dir] = (tmp_path / "runs").iterdir()
+    at = int(stopped.stdout.split("checkpoint saved at step ")[1].split()[0])
+    assert checkpoint.periodic_path(run_dir, at, sharded=True).is_dir() and at < STEPS
+    # ... resumed on 2 processes: the uninterrupted losses (the 2-process run is the 1-process run to 1e-4)
+    again = train(tmp_path, config, gpus=2, stop_after=at + 2)
+    assert again.returncode in (0, 143), again.stdout
+    assert f"from step {at}" in again.stdout
+    # ... and finished on 1 process: DCP loads the shards into a whole model
+    finished = train(tmp_path, config, gpus=1)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "Resuming" in finished.stdout or again.returncode == 0
+    got = losses(run_dir)
+    for step, loss in reference_losses.items():
+        assert got[step] == pytest.approx(loss, abs=1e-4), step
+    final = checkpoint.finished_checkpoint(run_dir)
+    assert final is not None
+    assert_close_weights(torch.load(export(run_dir, tmp_path / "e"), weights_only=True), weights)
+
+
+@pytest.mark.slow
+def test_one_process_run_resumes_onto_two_fsdp_processes(tmp_path, reference):
+    weights, _ = reference
+    config = write_config(tmp_path)
+    stopped = train(tmp_path, config, gpus=1, stop_after=3)
+    assert stopped.returncode == 143, stopped.stdout
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert any(p.suffix == ".pt" for _, p in checkpoint.periodic_checkpoints(run_dir))
+    resumed = train(tmp_path, config, gpus=2)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "Resuming" in resumed.stdout and "over 2 processes" in resumed.stdout
+    assert (run_dir / checkpoint.FINAL_SHARDED).is_dir()
+    assert_close_weights(torch.load(export(run_dir, tmp_path / "e"), weights_only=True), weights)
