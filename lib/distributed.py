@@ -7,7 +7,10 @@ rank then calls `setup()`: gloo on CPUs, NCCL on GPUs, device cuda:LOCAL_RANK.
 
 Several machines: NNODES, NODE_RANK, MASTER_ADDR (and MASTER_PORT, default
 29500) in the environment of every machine's `make train`; one machine uses
-torchrun's --standalone rendezvous.
+torchrun's --standalone rendezvous. NNODES=MIN:MAX is an elastic run: torchrun's
+c10d rendezvous at MASTER_ADDR:MASTER_PORT (RDZV_ID names the job, default
+"kfit"), machines joining and leaving between MIN and MAX; each restart plans
+for the world size it gets, keeping the effective batch.
 """
 
 from __future__ import annotations
@@ -69,10 +72,31 @@ def process_count(config, hardware, device_type: str, env=os.environ) -> tuple[i
     return 1, "AUTO: one process"
 
 
+def nodes_range(env=os.environ) -> tuple[int, int]:
+    """NNODES as (min, max) machines: N is (N, N), MIN:MAX an elastic range."""
+    text = (env.get("NNODES") or "1").strip()
+    low, _, high = text.partition(":")
+    try:
+        first, last = int(low), int(high or low)
+    except ValueError:
+        raise KfitError(f"NNODES={text!r}: give a number of machines, or MIN:MAX for an elastic run") from None
+    if not 1 <= first <= last:
+        raise KfitError(f"NNODES={text!r}: machines must be at least 1 (and MIN <= MAX)")
+    return first, last
+
+
 def torchrun_command(nproc: int, script: Path, env=os.environ) -> list[str]:
     """The torchrun command line that runs `script train` in nproc processes on this machine."""
-    nnodes = env_number("NNODES", int, 1, env)
-    if nnodes > 1:
+    low, high = nodes_range(env)
+    nnodes = high
+    if low != high:
+        if not env.get("MASTER_ADDR"):
+            raise KfitError(f"NNODES={low}:{high} (elastic) needs MASTER_ADDR= (the rendezvous host, any machine "
+                            "of the job) on every machine")
+        endpoint = f"{env['MASTER_ADDR']}:{env_number('MASTER_PORT', int, DEFAULT_MASTER_PORT, env)}"
+        rendezvous = ["--nnodes", f"{low}:{high}", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                      "--rdzv-id", env.get("RDZV_ID") or "kfit", "--max-restarts", "3"]
+    elif nnodes > 1:
         if not env.get("MASTER_ADDR"):
             raise KfitError(f"NNODES={nnodes} needs MASTER_ADDR= (the address of the NODE_RANK=0 machine) and "
                             "NODE_RANK= (0..NNODES-1) on every machine")

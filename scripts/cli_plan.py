@@ -26,6 +26,8 @@ def format_plan(plan, config, hardware, model) -> str:
          f"{plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es)"
          + (", the last micro-batch short" if plan.micro_batch * plan.grad_accum * plan.world_size
             != plan.effective_batch else "")),
+        ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
+         plan.reasons.get("strategy", "")),
         ("eval batch", str(plan.eval_batch), plan.reasons["eval_batch"]),
         ("tf32", "on" if plan.tf32 else "off", plan.reasons["tf32"]),
         ("cudnn benchmark", "on" if plan.cudnn_benchmark else "off", plan.reasons["cudnn_benchmark"]),

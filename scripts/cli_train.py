@@ -73,7 +73,7 @@ def cmd_train(args) -> int:
         _, plan = plan_for(config, hardware, world_size=1)  # the config is validated before any launch
         nproc, why = distributed.process_count(config, hardware, plan.device_type)
         if nproc > 1:
-            nnodes = int(os.environ.get("NNODES") or 1)
+            nnodes = distributed.nodes_range()[1]
             _, launch = plan_for(config, hardware, world_size=nproc * nnodes)  # refuses a world size it cannot take
             print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why}); "
                   f"{launch.cpu_threads} CPU thread(s) each")

@@ -18,8 +18,10 @@ def hardware_from_env(allow_simulated: bool = True):
     if not allow_simulated and (hw or gpu):
         raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
                         "(use 'make plan HW=... / GPU=...' to see another machine's plan)")
+    # GPUS=N is N training processes everywhere (lib.distributed.process_count); on a simulated machine
+    # (GPU=) it also gives that machine N of its GPU
     return resolve_hardware(hw=hw, gpu=gpu, free_gb=env_number("FREE_GB", float),
-                            gpus=env_number("GPUS", int) if allow_simulated else None)
+                            gpus=env_number("GPUS", int) if allow_simulated and gpu else None)
 
 
 def ensure_config() -> "kconfig.Config":
@@ -41,9 +43,7 @@ def processes(config, hardware, world_size: int | None = None) -> tuple[int, int
     from lib import distributed
     from lib.hyperparams import decide_device, world_size_from_env
 
-    nodes = env_number("NNODES", int, 1)
-    if nodes < 1:
-        raise KfitError(f"NNODES={nodes}: give the number of machines, at least 1")
+    nodes = distributed.nodes_range()[1]  # an elastic range plans for its largest
     if world_size is None and os.environ.get("WORLD_SIZE"):
         world_size = world_size_from_env()
     if world_size is None:
