@@ -173,21 +173,48 @@ def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, Ha
     return rows
 
 
+# Models that outgrow one device, planned for several processes: (defconfig, preset fragment, GPU, processes).
+SCALE_OUT = (("gpt2", "CONFIG_GPT2_PRESET_774M=y", "a10g", 4), ("gpt2", "CONFIG_GPT2_PRESET_1558M=y", "a10g", 4))
+
+
+def scale_out_rows(policy=None) -> list[MatrixRow]:
+    """The SCALE_OUT plans: each process's share of a model a replica would not fit (lib.strategy picks DDP
+    or a sharded strategy), with progress like plan_matrix."""
+    from .hardware import resolve_hardware
+
+    rows = []
+    progress = Progress(len(SCALE_OUT), "plan-matrix (scale-out)", policy)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, assignment, gpu, processes in SCALE_OUT:
+            (Path(tmp) / "fragment").write_text(assignment + "\n")
+            config = kconfig.make_defconfig(name, [str(Path(tmp) / "fragment")], out=Path(tmp) / "config")
+            model = ModelDescription.from_config(config)
+            label, machine = f"{name}-{config.gpt2_preset}", f"{gpu} x{processes}"
+            with progress.item(f"{label} on {machine}"):
+                try:
+                    plan = resolve(config, resolve_hardware(gpu=gpu, gpus=processes), model, processes, policy)
+                    rows.append(MatrixRow(label, machine, plan))
+                except KfitError as err:
+                    rows.append(MatrixRow(label, machine, None, str(err)))
+    progress.close()
+    return rows
+
+
 def format_matrix(rows: list[MatrixRow]) -> str:
     head = ("defconfig", "machine", "micro", "accum", "effective", "eval", "compile", "precision",
-            "predicted peak", "budget", "share")
+            "strategy", "predicted peak", "budget", "share")
     table = [head]
     for r in rows:
         p = r.plan
         if p is None:
-            table.append((r.defconfig, r.machine, "-", "-", "-", "-", "-", "-", "does not fit", "", ""))
+            table.append((r.defconfig, r.machine, "-", "-", "-", "-", "-", "-", "-", "does not fit", "", ""))
             continue
         share = f"{p.predicted_peak_bytes / p.budget_bytes:.0%}" if p.predicted_peak_bytes else "-"
         table.append((r.defconfig, r.machine, str(p.micro_batch), str(p.grad_accum), str(p.effective_batch),
-                      str(p.eval_batch), "on" if p.compile else "off", p.precision, size(p.predicted_peak_bytes),
-                      size(p.budget_bytes), share))
+                      str(p.eval_batch), "on" if p.compile else "off", p.precision, p.strategy,
+                      size(p.predicted_peak_bytes), size(p.budget_bytes), share))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) if i < 2 or i in (6, 7) else cell.rjust(w)
+    lines = ["  ".join(cell.ljust(w) if i < 2 or i in (6, 7, 8) else cell.rjust(w)
                        for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in table]
     return "\n".join(lines)
 

@@ -119,10 +119,10 @@ def cmd_check_hardware(args) -> int:
 
 
 def cmd_plan_matrix(args) -> int:
-    from lib.report import format_matrix, plan_matrix
+    from lib.report import format_matrix, plan_matrix, scale_out_rows
 
     start = time.perf_counter()
-    rows = plan_matrix()
+    rows = plan_matrix() + scale_out_rows()
     if args.format == "json":
         print(json.dumps([{"defconfig": r.defconfig, "machine": r.machine, "error": r.error,
                            "plan": r.plan.to_dict() if r.plan else None} for r in rows], indent=2))
