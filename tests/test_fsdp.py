@@ -37,9 +37,9 @@ COMMON = ("CONFIG_DEVICE_CPU=y\nCONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_OPTIMIZ
 STEPS = 8
 
 
-def write_config(directory: Path, extra: str = "") -> Path:
+def write_config(directory: Path, extra: str = "", steps: int = STEPS) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "fragment").write_text(COMMON + f"CONFIG_MAX_STEPS={STEPS}\n" + extra)
+    (directory / "fragment").write_text(COMMON + f"CONFIG_MAX_STEPS={steps}\n" + extra)
     kc.make_defconfig("gpt2-tiny", ["fsdp", str(directory / "fragment")], out=directory / ".config")
     return directory / ".config"
 
@@ -284,3 +284,36 @@ def test_elastic_nnodes_uses_the_c10d_rendezvous():
             distributed.nodes_range({"NNODES": bad})
     with pytest.raises(KfitError, match="MASTER_ADDR"):
         distributed.torchrun_command(8, script, {"NNODES": "1:2"})
+
+
+@pytest.mark.slow
+def test_a_dead_fsdp_rank_stops_the_other_within_seconds(tmp_path):
+    """SIGKILL one rank mid-run: torchrun stops the survivor (blocked in a collective with the dead one)
+    and the run ends with an error instead of hanging; the last checkpoint stays resumable."""
+    import psutil
+
+    config = write_config(tmp_path, steps=400)
+    proc = subprocess.Popen(KFIT + ["train"], cwd=tmp_path, env=env_for(config, GPUS="2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().count('"loss"') >= 3:
+            break
+        time.sleep(0.05)
+    def command(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:  # a finished child (the planner's trace) not reaped yet
+            return ""
+
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True) if command(p).endswith("kfit.py train")]
+    assert len(ranks) == 2, [p.cmdline() for p in ranks]
+    killed = time.monotonic()
+    ranks[1].kill()
+    out, _ = proc.communicate(timeout=120)
+    print(f"the run ended {time.monotonic() - killed:.1f}s after the kill, exit {proc.returncode}")
+    assert time.monotonic() - killed < 60 and proc.returncode not in (0, None), out
+    assert "exitcode" in out or "Signals.SIGKILL" in out or "SIGKILL" in out, out[-2000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert checkpoint.periodic_checkpoints(run_dir), "the checkpoints written before the kill are kept"
