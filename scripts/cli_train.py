@@ -117,7 +117,12 @@ def cmd_train(args) -> int:
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not is_oom(err):
             raise
-        what = "CONFIG_OOM_RECOVERY is off" if not config.oom_recovery else "it could not be recovered"
+        from lib.parallel import is_sharded
+
+        what = ("CONFIG_OOM_RECOVERY is off" if not config.oom_recovery else
+                "under FSDP a step cannot be redone by one rank alone (its collectives involve all); 'make train' "
+                "resumes from the last checkpoint" if is_sharded(plan.strategy) and rank.active else
+                "it could not be recovered")
         print(f"error: out of memory ({' '.join(str(err).split())[:200]}); {what}: {ADVICE}", file=sys.stderr)
         return 2
     finally:
