@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import socket
 import time
 import warnings
@@ -232,8 +233,10 @@ def run_study(config: Config, hardware, *, trials: int, timeout: float | None = 
 
     study = open_study(config, storage)
     task = task or load_task(config)  # loaded once; every trial reuses the data
+    # a line per finished trial always; on a terminal Optuna's own bar (stderr) shows the one running too
     study.optimize(objective(config, hardware, task, log=log), n_trials=trials, timeout=timeout or None,
-                   catch=TRIAL_FAILURES, callbacks=[lambda study, trial: log(trial_line(trial))])
+                   catch=TRIAL_FAILURES, callbacks=[lambda study, trial: log(trial_line(trial))],
+                   show_progress_bar=bool(trials) and sys.stderr.isatty())
     return study
 
 

@@ -50,6 +50,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from .progress import Bar
+
 EDGE_FACTOR = 3.0
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -97,7 +99,8 @@ def range_test(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Optimi
                batches: Iterator[Batch], loss_fn: LossFn, *, min_lr: float = 1e-7, max_lr: float = 10.0,
                steps: int = 100, smoothing: float = 0.05, diverge: float = 4.0,
                autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-               scaler: torch.amp.GradScaler | None = None) -> RangeTest:
+               scaler: torch.amp.GradScaler | None = None,
+               on_step: Callable[[float, float], None] | None = None) -> RangeTest:
     """Run the sweep and restore the model and the optimizer exactly as they were.
 
     `optimizer` is an optimizer over the model's parameters (its state, momentum
@@ -143,6 +146,8 @@ def range_test(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Optimi
             losses.append(value)
             smoothed.append(average / (1 - (1 - smoothing) ** (step + 1)))
             best = min(best, smoothed[-1])
+            if on_step is not None:
+                on_step(lr, smoothed[-1])
             if smoothed[-1] > diverge * best:
                 stop = "diverged"
                 break
@@ -212,16 +217,19 @@ def find_lr(config, plan, *, batch: int, runs: int = 1, task=None) -> list[Range
     device = torch.device(plan.device_type)
     configure_backends(plan)
     results = []
-    for run in range(runs):
-        seed = config.seed + run
-        seed_everything(seed)
-        model = task.build(plan.gradient_checkpointing).to(device)
-        results.append(range_test(
-            model, lambda m: make_optimizer(config, m), task_batches(task, batch, seed, device), task.loss,
-            min_lr=config.lr_finder_min_lr, max_lr=config.lr_finder_max_lr, steps=config.lr_finder_steps,
-            smoothing=config.lr_finder_smoothing, diverge=config.lr_finder_diverge,
-            autocast=lambda: autocast_for(plan),
-            scaler=torch.amp.GradScaler(plan.device_type) if plan.grad_scaler else None))
+    with Bar(runs * config.lr_finder_steps, "find-lr") as bar:
+        for run in range(runs):
+            seed = config.seed + run
+            seed_everything(seed)
+            model = task.build(plan.gradient_checkpointing).to(device)
+            results.append(range_test(
+                model, lambda m: make_optimizer(config, m), task_batches(task, batch, seed, device), task.loss,
+                min_lr=config.lr_finder_min_lr, max_lr=config.lr_finder_max_lr, steps=config.lr_finder_steps,
+                smoothing=config.lr_finder_smoothing, diverge=config.lr_finder_diverge,
+                autocast=lambda: autocast_for(plan),
+                scaler=torch.amp.GradScaler(plan.device_type) if plan.grad_scaler else None,
+                on_step=lambda lr, loss: bar.update(postfix=f"run {run + 1}/{runs}, lr {lr:.2e}, loss {loss:.4g}")))
+            bar.update((run + 1) * config.lr_finder_steps - bar.done)  # the steps a diverged run skipped
     return results
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import sys
 import tempfile
 import time
@@ -21,7 +22,14 @@ from .hyperparams import ModelDescription, Plan, resolve
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 COLORS = {"parameters": "#4e79a7", "buffers": "#9c755f", "gradients": "#f28e2b", "optimizer_state": "#e15759",
           "activations": "#76b7b2", "temporaries": "#59a14f", "workspace": "#edc948", "batch": "#b07aa1"}
-OVERHEAD_COLOR = "#bab0ac"  # the device terms of lib.memory.device_overheads
+# The device and strategy terms (lib.memory.predict's overheads), each its own muted colour so that
+# several on one bar stay apart; a term added later gets OVERHEAD_COLOR.
+OVERHEAD_COLORS = {"host_heap": "#bab0ac", "sharded_host_heap": "#d7b5a6", "blas_workspace": "#a0cbe8",
+                   "attention_workspace": "#86bcb6", "allocator_fragmentation": "#79706e",
+                   "cudagraph_pool": "#d4a6c8", "ddp_buckets": "#ffbe7d", "ddp_flat_gradients": "#ff9d9a",
+                   "cpu_offload": "#8cd17d"}
+OVERHEAD_COLOR = "#bab0ac"
+CATEGORY_ORDER = (*COLORS, *OVERHEAD_COLORS)  # one order for every bar and legend on the page
 
 
 def size(n: int | None) -> str:
@@ -74,18 +82,26 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
     if plan.device_type == "cuda" and plan.precision == "fp32" and gpu.supports_bf16:
         advice.append(f"{gpu.name} supports bfloat16: CONFIG_PRECISION_AUTO (or _BF16) halves activation memory")
     if plan.policy == "planner":
-        if plan.grad_accum > 1 and not config.gradient_checkpointing and config.model in ("gpt2", "resnet18",
-                                                                                             "resnet50"):
+        share_per_process = -(-plan.effective_batch // plan.world_size)
+        capped = (plan.max_micro_batch or share_per_process) < share_per_process
+        if capped and not plan.gradient_checkpointing and config.model in ("gpt2", "resnet18", "resnet50"):
             advice.append(f"memory caps the micro-batch at {plan.max_micro_batch}: CONFIG_GRADIENT_CHECKPOINTING=y "
                           "trades compute for activation memory and allows a larger one")
         for symbol, share in (("CONSERVATIVE", 0.5), ("BALANCED", 0.75), ("EXTREME", 0.95)):
             if share == config.memory_profile:
                 continue
             other_config = kconfig.derive(config, {f"MEMORY_PROFILE_{symbol}": True})
-            other = resolve(other_config, hardware, ModelDescription.from_config(other_config), world_size)
-            advice.append(f"CONFIG_MEMORY_PROFILE_{symbol} ({share:.0%}): micro-batch {other.micro_batch} x "
-                          f"accumulation {other.grad_accum}, predicted peak {size(other.predicted_peak_bytes)} "
-                          f"of {size(other.budget_bytes)}")
+            try:
+                other = resolve(other_config, hardware, ModelDescription.from_config(other_config), world_size,
+                                nodes=plan.nodes)
+            except KfitError:
+                continue  # a smaller share that does not fit is no advice
+            changed = (other.micro_batch, other.grad_accum, other.gradient_checkpointing, other.strategy) != (
+                plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing, plan.strategy)
+            if changed:  # a profile that leaves the plan as it is changes nothing worth saying
+                advice.append(f"CONFIG_MEMORY_PROFILE_{symbol} ({share:.0%}): micro-batch {other.micro_batch} x "
+                              f"accumulation {other.grad_accum}, predicted peak "
+                              f"{size(other.predicted_peak_bytes)} of {size(other.budget_bytes)}")
     elif plan.mode == "auto":
         advice.append("CONFIG_HYPER_PARAM_POLICY_PLANNER sizes the batch from a traced step of this model "
                       "instead of the tier table")
@@ -218,96 +234,4 @@ def format_matrix(rows: list[MatrixRow]) -> str:
                        for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in table]
     return "\n".join(lines)
 
-
-# --------------------------------------------------------------------------
-# The HTML report
-
-
-def _breakdown_bar(plan: Plan, width: int = 500, height: int = 22) -> dict:
-    """Stacked bar of the breakdown (full width = the predicted peak), and the peak's share of the budget."""
-    x, segments = 0.0, []
-    for name, value in plan.memory_breakdown.items():
-        w = value * width / plan.predicted_peak_bytes
-        segments.append({"x": round(x, 1), "w": round(w, 2), "color": COLORS.get(name, OVERHEAD_COLOR),
-                         "name": name, "size": size(value)})
-        x += w
-    share = plan.predicted_peak_bytes / plan.budget_bytes
-    return {"width": width, "height": height, "segments": segments, "share": f"{share:.1%}",
-            "share_w": round(min(1.0, share) * width, 1)}
-
-
-def _nice_ticks(top: float, count: int = 4) -> list[float]:
-    raw = top / count
-    step = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
-    step = next(m * step for m in (1, 2, 2.5, 5, 10) if m * step >= raw)
-    return [i * step for i in range(int(top / step) + 1)]
-
-
-def _peak_curve(points: list[tuple[int, int]], plan: Plan, width: int = 500, height: int = 230) -> dict:
-    """Peak vs batch: traced points, the straight-line fit through them, the budget, the chosen micro-batch."""
-    pad_l, pad_b, pad_t, pad_r = 62, 34, 12, 14
-    # Around the decision: twice the memory cap when memory binds, else a few times the batch used.
-    binding = plan.max_micro_batch and plan.max_micro_batch < plan.micro_batch * 2 and \
-        "would need" in plan.reasons["micro_batch"]
-    xmax = 2 * plan.max_micro_batch if binding else 4 * plan.micro_batch
-    shown = [(b, p) for b, p in points if b <= xmax]
-    n = len(points)
-    mean_b, mean_p = sum(b for b, _ in points) / n, sum(p for _, p in points) / n
-    var = sum((b - mean_b) ** 2 for b, _ in points) or 1
-    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / var  # least squares: peak ~ a + slope * batch
-    fit = lambda b: mean_p + slope * (b - mean_b)  # noqa: E731
-    ymax = max(max(p for _, p in shown), fit(xmax), plan.budget_bytes) * 1.08
-    sx = lambda b: round(pad_l + b / xmax * (width - pad_l - pad_r), 1)  # noqa: E731
-    sy = lambda y: round(height - pad_b - y / ymax * (height - pad_b - pad_t), 1)  # noqa: E731
-    unit, div = ("GB", 2**30) if ymax >= 2**30 else ("MB", 2**20)
-    return {"width": width, "height": height, "left": pad_l, "bottom": height - pad_b, "right": width - pad_r,
-            "top": pad_t, "line": " ".join(f"{sx(b)},{sy(p)}" for b, p in shown),
-            "fit": {"x1": sx(0), "y1": sy(fit(0)), "x2": sx(xmax), "y2": sy(fit(xmax))},
-            "dots": [{"x": sx(b), "y": sy(p), "title": f"batch {b}: {size(p)}"} for b, p in shown],
-            "budget_y": sy(plan.budget_bytes), "budget": size(plan.budget_bytes),
-            "chosen": {"x": sx(plan.micro_batch), "y": sy(plan.predicted_peak_bytes),
-                       "label": f"{plan.micro_batch}: {size(plan.predicted_peak_bytes)}"},
-            "yticks": [{"y": sy(t * div), "label": f"{t:g}{unit}"} for t in _nice_ticks(ymax / div)],
-            "xticks": [{"x": sx(t), "label": f"{t:g}"} for t in _nice_ticks(xmax)]}
-
-
-def _curve_points(config: kconfig.Config, plan: Plan) -> list[tuple[int, int]]:
-    """Predicted peaks at the batch sizes the planner traced (all cached), plus 1 and the chosen one."""
-    from .planner import PLANNER
-
-    predictor = PLANNER.predictor
-    batches = predictor.cached_batches(config, device_type=plan.device_type, precision=plan.precision)
-    return [(b, predictor.predict(config, batch=b, device_type=plan.device_type, precision=plan.precision,
-                                  compile_mode=plan.compile_mode).peak_bytes)
-            for b in sorted(set(batches) | {1, plan.micro_batch})]
-
-
-def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
-    """Write the self-contained HTML report: the matrix, then per defconfig its plan on `focus`."""
-    import jinja2
-
-    from .planner import PLANNER
-
-    cards = []
-    shown = [r for r in rows if r.machine == focus and r.plan is not None and r.plan.predicted_peak_bytes is not None]
-    progress = Progress(len(shown), "plan-report charts", unit="chart")
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in shown:
-            config = kconfig.make_defconfig(r.defconfig, out=Path(tmp) / f"{r.defconfig}.config")
-            with progress.item(f"{r.defconfig} on {focus}"):
-                points = _curve_points(config, r.plan)
-            cards.append({"defconfig": r.defconfig, "plan": r.plan, "bar": _breakdown_bar(r.plan),
-                          "curve": _peak_curve(points, r.plan),
-                          "breakdown": [(k, size(v), COLORS.get(k, OVERHEAD_COLOR))
-                                        for k, v in r.plan.memory_breakdown.items()]})
-    progress.close()
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                             trim_blocks=True, lstrip_blocks=True)
-    page = env.get_template("plan_report.html.j2").render(
-        rows=rows, focus=focus, cards=cards, size=size, machines=sorted({r.machine for r in rows},
-                                                                         key=lambda m: (m == "cpu", m)),
-        defconfigs=sorted({r.defconfig for r in rows}), generated=datetime.now().strftime("%Y-%m-%d %H:%M"),
-        cache=str(PLANNER.predictor.cache_dir), escape=html.escape)
-    out.write_text(page)
-    return out
 

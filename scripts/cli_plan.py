@@ -12,7 +12,6 @@ from lib import config as kconfig
 
 
 def format_plan(plan, config, hardware, model) -> str:
-    from lib.hyperparams import compile_line, summary_line
     from lib.report import memory_lines
 
     target = f" (target {plan.target_effective_batch})" if plan.target_effective_batch else " (MANUAL)"
@@ -45,8 +44,7 @@ def format_plan(plan, config, hardware, model) -> str:
         lines.append(f"  {name:<{width}}  {value:<18} {why}")
     lines += memory_lines(plan)
     lines += [f"  note: {n}" for n in plan.notes]
-    lines += [summary_line(plan, hardware, model), compile_line(plan)]
-    return "\n".join(lines)
+    return "\n".join(lines)  # the seed's one-line summary is training's start line: the table says it all here
 
 
 def time_rows(plan) -> list[tuple[str, str, str]]:
@@ -107,7 +105,6 @@ def cmd_check_hardware(args) -> int:
         config = kconfig.read_config(path)
         model, plan = plan_for(config, hardware)
         print()
-        print("Plan for the current config:")
         print(format_plan(plan, config, hardware, model))
         advice = recommendations(config, hardware, plan, plan.world_size)
         if advice:

@@ -96,12 +96,15 @@ def test_hardware_warnings_name_the_problems():
     assert hardware_warnings(from_catalog("h100")) == []  # the catalog default leaves only a context
 
 
-def test_recommendations_compare_memory_profiles(lenet):
+def test_recommendations_name_only_memory_profiles_that_change_the_plan(lenet, tmp_path):
     hardware = resolve_hardware(gpu="t4")
     plan = resolve(lenet, hardware, ModelDescription.from_config(lenet))
-    advice = recommendations(lenet, hardware, plan)
-    assert any("CONFIG_MEMORY_PROFILE_CONSERVATIVE" in a for a in advice)
-    assert any("CONFIG_MEMORY_PROFILE_EXTREME" in a for a in advice)
+    assert not any("CONFIG_MEMORY_PROFILE" in a for a in recommendations(lenet, hardware, plan))  # all the same
+    gpt2 = kc.make_defconfig("gpt2-tiny", out=tmp_path / ".config")
+    tight = resolve_hardware(gpu="t4", free_gb=0.4)  # 75% fits the whole share of 64; 50% does not
+    plan = resolve(gpt2, tight, ModelDescription.from_config(gpt2))
+    [advice] = [a for a in recommendations(gpt2, tight, plan) if "CONFIG_MEMORY_PROFILE" in a]
+    assert advice.startswith("CONFIG_MEMORY_PROFILE_CONSERVATIVE (50%): micro-batch") and plan.micro_batch == 64
 
 
 def kfit(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -115,4 +118,5 @@ def test_cli_check_hardware_shows_memory_warnings_and_advice(tmp_path, lenet):
     hw = kfit(tmp_path, "check-hardware", GPU="t4", FREE_GB="8")
     assert hw.returncode == 0, hw.stderr
     assert "policy planner" in hw.stdout and "memory: predicted peak" in hw.stdout
-    assert "warning: GPU 0 (Tesla T4)" in hw.stdout and "Recommendations:" in hw.stdout
+    assert "warning: GPU 0 (Tesla T4)" in hw.stdout
+    assert hw.stdout.count("Plan for ") == 1 and "Hyperparams:" not in hw.stdout  # the plan once

@@ -99,7 +99,11 @@ class Trainer(Stepper):
                 if main:
                     for _, old in checkpoint.periodic_checkpoints(self.run_dir):
                         checkpoint.remove(old)  # the finished run's checkpoint supersedes them
-                log(f"Saved {path} ({stop_reason}: {p.step} steps, {p.samples:,} samples in {seconds:.1f}s)")
+                why = {"epochs": f"{config.epochs} epoch(s) done", "max_steps": "CONFIG_MAX_STEPS reached",
+                       "time_limit": "CONFIG_TIME_LIMIT reached"}.get(stop_reason, stop_reason)
+                # through the monitor: on a terminal it clears the progress bar first instead of joining it
+                self.monitor.event("finished", f"Saved {path} ({why}: {p.step} steps, {p.samples:,} samples in "
+                                   f"{seconds:.1f}s)", path=str(path), stop_reason=stop_reason)
         finally:
             self.feed = None
             self.signals.restore()
