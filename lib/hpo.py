@@ -26,8 +26,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import sys
 import socket
+import sys
 import time
 import warnings
 import zlib
