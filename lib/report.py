@@ -3,7 +3,6 @@ defconfig x machine matrix (`make plan-matrix`) and its HTML report (`make plan-
 
 from __future__ import annotations
 
-import html
 import math
 import re
 import sys
@@ -120,11 +119,11 @@ class MatrixRow:
     error: str | None = None
 
 
-def machines(cpu_profile: HardwareProfile | None = None) -> list[tuple[str, HardwareProfile]]:
-    """Every catalog GPU (attached to this machine's CPU) and this machine's CPU alone."""
+def machines(cpu_profile: HardwareProfile | None = None, gpus: int = 1) -> list[tuple[str, HardwareProfile]]:
+    """Every catalog GPU (`gpus` of it, attached to this machine's CPU) and this machine's CPU alone."""
     cpu_profile = cpu_profile or resolve_hardware(gpu="cpu")
     cpu = cpu_profile.cpu  # one reading of available RAM for the whole matrix
-    return [(key, from_catalog(key, cpu=cpu)) for key in catalog.catalog_keys()] + [("cpu", cpu_profile)]
+    return [(key, from_catalog(key, cpu=cpu, gpus=gpus)) for key in catalog.catalog_keys()] + [("cpu", cpu_profile)]
 
 
 class Progress:
@@ -168,9 +167,9 @@ class Progress:
 
 
 def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, HardwareProfile]] | None = None,
-                policy=None, label: str = "plan-matrix") -> list[MatrixRow]:
-    """The plan of every defconfig on every machine (a PlanError becomes the row's error),
-    with progress on stderr (Progress)."""
+                policy=None, label: str = "plan-matrix", world_size: int = 1) -> list[MatrixRow]:
+    """The plan of every defconfig on every machine for `world_size` processes (a PlanError becomes the
+    row's error), with progress on stderr (Progress)."""
     rows = []
     targets = targets or machines()
     names = defconfigs or kconfig.defconfig_names()
@@ -182,7 +181,7 @@ def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, Ha
             for key, hardware in targets:
                 with progress.item(f"{name} on {key}"):
                     try:
-                        rows.append(MatrixRow(name, key, resolve(config, hardware, model, 1, policy)))
+                        rows.append(MatrixRow(name, key, resolve(config, hardware, model, world_size, policy)))
                     except KfitError as err:
                         rows.append(MatrixRow(name, key, None, str(err)))
     progress.close()
@@ -235,3 +234,165 @@ def format_matrix(rows: list[MatrixRow]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------
+# The HTML report
+#
+# Sizes on the page are binary and written so (GiB, MiB), as the trainer's progress line writes them;
+# the page says once that 1 GiB = 2^30 bytes. Charts are SVGs with a viewBox drawn at width 100%, so
+# they shrink with the window; their labels live in HTML legends under them, where they cannot collide
+# with a curve.
+
+
+def _binary_size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+# lib.hardware.format_size writes GiB as "GB" and MiB as "MB" in the plan's reasons. Its GB always have
+# decimals, so "80GB" in a GPU's name ("NVIDIA H100 80GB HBM3") is left alone.
+_SIZE_IN_TEXT = re.compile(r"(?<![\w.-])(?:(\d+\.\d+)GB|(\d+(?:\.\d+)?)MB)\b")
+
+
+def _binary_units(text: str) -> str:
+    return _SIZE_IN_TEXT.sub(lambda m: f"{m[1]} GiB" if m[1] else f"{m[2]} MiB", text)
+
+
+def _color(name: str) -> str:
+    return COLORS.get(name) or OVERHEAD_COLORS.get(name, OVERHEAD_COLOR)
+
+
+def _ordered(names) -> list[str]:
+    """Breakdown categories in CATEGORY_ORDER (unknown ones after, by name), whatever order a plan has."""
+    rank = {name: i for i, name in enumerate(CATEGORY_ORDER)}
+    return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
+
+
+def _breakdown_bar(plan: Plan, width: int = 500, height: int = 22) -> dict:
+    """Stacked bar of the breakdown (full width = the positive terms, which are the peak unless some
+    state is offloaded) and the peak's share of the budget."""
+    parts = {k: v for k, v in plan.memory_breakdown.items() if v > 0}
+    total = sum(parts.values()) or 1
+    x, segments = 0.0, []
+    for name in _ordered(parts):
+        w = parts[name] * width / total
+        segments.append({"x": round(x, 1), "w": round(w, 2), "color": _color(name), "name": name,
+                         "size": _binary_size(parts[name])})
+        x += w
+    share = plan.predicted_peak_bytes / plan.budget_bytes
+    return {"width": width, "height": height, "segments": segments, "share": f"{share:.1%}",
+            "share_w": round(min(1.0, share) * width, 1)}
+
+
+def _breakdown_legend(plans: list[Plan]) -> list[list[tuple[str, str, str]]]:
+    """Per plan, (category, size, colour) for every category any plan has, in one order: each legend
+    entry then sits in the same place on every card (size None where a plan lacks the category)."""
+    names = _ordered({k for p in plans for k in p.memory_breakdown})
+    return [[(n, _binary_size(p.memory_breakdown[n]) if n in p.memory_breakdown else None, _color(n))
+             for n in names] for p in plans]
+
+
+def _nice_ticks(top: float, count: int = 4) -> list[float]:
+    """Round steps (1, 2, 2.5, 5 x 10^k) from 0 up to `top`, about `count` of them."""
+    raw = top / count
+    step = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * step for m in (1, 2, 2.5, 5, 10) if m * step >= raw)
+    return [i * step for i in range(int(top / step + 1e-9) + 1)]
+
+
+def _fit(points: list[tuple[int, int]]):
+    """Least squares through the traced points: peak ~ a + slope * batch."""
+    n = len(points)
+    mean_b, mean_p = sum(b for b, _ in points) / n, sum(p for _, p in points) / n
+    var = sum((b - mean_b) ** 2 for b, _ in points) or 1
+    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / var
+    return lambda b: mean_p + slope * (b - mean_b)
+
+
+def _zero_crossing(fit, xmax: float) -> float:
+    """Where the fit line enters the chart (y >= 0): 0 unless its intercept is negative."""
+    slope = (fit(xmax) - fit(0)) / xmax
+    return 0.0 if fit(0) >= 0 or slope <= 0 else min(xmax, -fit(0) / slope)
+
+
+BUDGET_IN_VIEW = 1.6  # draw the budget when it is at most this many times the data's top, else note it
+
+
+def _peak_curve(points: list[tuple[int, int]], plan: Plan, width: int = 500, height: int = 230) -> dict:
+    """Peak vs batch: traced points, the straight-line fit through them, the budget, the chosen micro-batch.
+
+    The y axis spans what the chart shows, from 0: a 30 MiB model under a 16 GiB budget would otherwise
+    be a flat line at 0. The budget is drawn only when it is near that range; else the legend says how far
+    above it is."""
+    pad_l, pad_b, pad_t, pad_r = 52, 36, 10, 12
+    # Around the decision: twice the memory cap when memory binds, else a few times the batch used.
+    binding = plan.max_micro_batch and plan.max_micro_batch < plan.micro_batch * 2 and \
+        "would need" in plan.reasons["micro_batch"]
+    xmax = 2 * plan.max_micro_batch if binding else 4 * plan.micro_batch
+    shown = [(b, p) for b, p in points if b <= xmax]
+    fit = _fit(points)
+    data_top = max(max(p for _, p in shown), fit(xmax), plan.predicted_peak_bytes)
+    budget_drawn = plan.budget_bytes <= BUDGET_IN_VIEW * data_top
+    ymax = 1.08 * (max(data_top, plan.budget_bytes) if budget_drawn else data_top)
+    sx = lambda b: round(pad_l + b / xmax * (width - pad_l - pad_r), 1)  # noqa: E731
+    sy = lambda y: round(height - pad_b - y / ymax * (height - pad_b - pad_t), 1)  # noqa: E731
+    unit, div = ("GiB", 2**30) if ymax >= 2 * 2**30 else ("MiB", 2**20)  # ticks of 0.25 GiB read worse
+    x0 = _zero_crossing(fit, xmax)
+    budget = _binary_size(plan.budget_bytes)
+    return {"width": width, "height": height, "left": pad_l, "bottom": height - pad_b, "right": width - pad_r,
+            "top": pad_t, "unit": unit, "line": " ".join(f"{sx(b)},{sy(p)}" for b, p in shown),
+            "fit": {"x1": sx(x0), "y1": sy(max(0.0, fit(x0))), "x2": sx(xmax), "y2": sy(fit(xmax))},
+            "dots": [{"x": sx(b), "y": sy(p), "title": f"batch {b}: {_binary_size(p)}"} for b, p in shown],
+            "budget_y": sy(plan.budget_bytes) if budget_drawn else None,
+            "budget": budget if budget_drawn else
+            f"{budget}, above the chart ({plan.budget_bytes / data_top:.0f}\u00d7 its largest value)",
+            "chosen": {"x": sx(plan.micro_batch), "y": sy(plan.predicted_peak_bytes),
+                       "label": f"micro-batch {plan.micro_batch}: {_binary_size(plan.predicted_peak_bytes)}"},
+            "yticks": [{"y": sy(t * div), "label": f"{t:g}"} for t in _nice_ticks(ymax / div)],
+            "xticks": [{"x": sx(t), "label": f"{t:g}"} for t in _nice_ticks(xmax)]}
+
+
+def _curve_points(config: kconfig.Config, plan: Plan) -> list[tuple[int, int]]:
+    """Predicted peaks at the batch sizes the planner traced (all cached), plus 1 and the chosen one."""
+    from .planner import PLANNER
+
+    predictor = PLANNER.predictor
+    batches = predictor.cached_batches(config, device_type=plan.device_type, precision=plan.precision)
+    return [(b, predictor.predict(config, batch=b, device_type=plan.device_type, precision=plan.precision,
+                                  compile_mode=plan.compile_mode).peak_bytes)
+            for b in sorted(set(batches) | {1, plan.micro_batch})]
+
+
+def _columns(rows: list[MatrixRow], focus: str) -> list[str]:
+    """The matrix's machines: the focus first (it is the one detailed below), the CPU last."""
+    return sorted({r.machine for r in rows}, key=lambda m: (m != focus, m == "cpu", m))
+
+
+def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
+    """Write the self-contained HTML report: the matrix, then per defconfig its plan on `focus`."""
+    import jinja2
+
+    from .planner import PLANNER
+
+    cards = []
+    shown = [r for r in rows if r.machine == focus and r.plan is not None and r.plan.predicted_peak_bytes is not None]
+    progress = Progress(len(shown), "plan-report charts", unit="chart")
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in shown:
+            config = kconfig.make_defconfig(r.defconfig, out=Path(tmp) / f"{r.defconfig}.config")
+            with progress.item(f"{r.defconfig} on {focus}"):
+                points = _curve_points(config, r.plan)
+            cards.append({"defconfig": r.defconfig, "plan": r.plan, "bar": _breakdown_bar(r.plan),
+                          "curve": _peak_curve(points, r.plan)})
+    progress.close()
+    for card, legend in zip(cards, _breakdown_legend([c["plan"] for c in cards])):
+        card["breakdown"] = legend
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["binary_units"] = _binary_units
+    page = env.get_template("plan_report.html.j2").render(
+        rows=rows, focus=focus, cards=cards, size=_binary_size, machines=_columns(rows, focus),
+        defconfigs=sorted({r.defconfig for r in rows}), generated=datetime.now().strftime("%Y-%m-%d %H:%M"),
+        cache=str(PLANNER.predictor.cache_dir))
+    out.write_text(page)
+    return out

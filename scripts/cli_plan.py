@@ -118,8 +118,12 @@ def cmd_check_hardware(args) -> int:
 def cmd_plan_matrix(args) -> int:
     from lib.report import format_matrix, plan_matrix, scale_out_rows
 
+    from kfit_env import env_number
+    from lib.report import machines
+
     start = time.perf_counter()
-    rows = plan_matrix() + scale_out_rows()
+    gpus = env_number("GPUS", int)  # as everywhere: GPUS=N training processes, N GPUs on each catalog machine
+    rows = (plan_matrix(targets=machines(gpus=gpus), world_size=gpus) if gpus else plan_matrix() + scale_out_rows())
     if args.format == "json":
         print(json.dumps([{"defconfig": r.defconfig, "machine": r.machine, "error": r.error,
                            "plan": r.plan.to_dict() if r.plan else None} for r in rows], indent=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -81,3 +82,36 @@ def test_two_processes_equal_one_with_twice_the_accumulation(make_config, tmp_pa
     single, _ = run(make_config(manual(16, 2, common)))
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(state["model"][name], value, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _kfit(cwd: Path, config: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "RESUME", "GPUS",
+                                                             "GPU", "HW", "FREE_GB", "FORMAT", "NNODES")}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**base, "KCONFIG_CONFIG": str(config), "OMP_NUM_THREADS": "1", **env})
+
+
+def test_gpus_means_processes_when_planning_a_simulated_machine(tmp_path):
+    (tmp_path / "target").write_text("CONFIG_TARGET_EFFECTIVE_BATCH=1024\n")
+    from lib import config as kc
+
+    config = kc.make_defconfig("lenet5", [str(tmp_path / "target")], out=tmp_path / ".config")
+    result = _kfit(tmp_path, Path(config.source), "plan", GPU="b200", GPUS="4", FORMAT="json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["world_size"] == 4 and plan["effective_batch"] == 1024
+    assert plan["micro_batch"] * plan["grad_accum"] * 4 == 1024 and len(plan["hardware"]["gpus"]) == 4
+
+
+@pytest.mark.slow
+def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_path):
+    config = make_config("CONFIG_MAX_STEPS=2\nCONFIG_TARGET_EFFECTIVE_BATCH=64\n")
+    previewed = _kfit(tmp_path, Path(config.source), "plan", GPUS="2", FORMAT="json")
+    assert previewed.returncode == 0, previewed.stderr
+    plan = json.loads(previewed.stdout)
+    trained = _kfit(tmp_path, Path(config.source), "train", GPUS="2")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    [line] = [x for x in trained.stdout.splitlines() if x.startswith("Hyperparams:")]
+    assert plan["world_size"] == 2
+    assert (f"batch={plan['micro_batch']}, grad_acc={plan['grad_accum']} (effective={plan['effective_batch']}, "
+            in line), (plan, line)
