@@ -24,8 +24,18 @@ nn.TransformerEncoder, and Hugging Face GPT-2 and BERT built from small configs
 (no download) whose outputs are ModelOutputs, all three through the custom-model
 factory; the Hugging Face ones need `transformers` (requirements-bench.txt, which
 make bench-memory installs).
+
+Sharded cases (SHARDED_CASES, e.g. "gpt2-tiny-fsdp-x2"; CPU only): the
+per-process peak of a data-parallel step. torchrun starts N processes with gloo
+on this CPU; each builds the model, applies lib.parallel.shard_model (what the
+trainer runs), runs the same step pair and measures it as above with its own
+instruments; the table shows the largest rank's figures against the prediction
+for that strategy at world size N (rank 0's trace). The allocator column can
+count one collective's scratch twice there: gloo frees it on its own thread,
+where the profiler records no free (seen on one rank of GPT-2 124M: +27 MiB).
 Last line: memory-accuracy: device=<cpu|cuda> cases=N max_rel_err=X mean_rel_err=Y max_under=Z
-(max_under: the largest under-prediction, 0 when none).
+(max_under: the largest under-prediction, 0 when none). --models picks cases by name
+(a model of CASES, or a SHARDED_CASES name).
 """
 
 from __future__ import annotations
@@ -59,6 +69,12 @@ CASES = {"lenet5": (512, 1024, 2048), "resnet18": (8, 16, 32), "gpt2-tiny": (8, 
          "hf-gpt2": (8, 32, 128), "hf-bert": (8, 32, 128)}
 FACTORIES = {"outside": "outside_model:build", "hf-gpt2": "scripts.bench_memory:hf_gpt2",
              "hf-bert": "scripts.bench_memory:hf_bert"}
+# name -> (defconfig, its changes, strategy, processes, micro-batches, precisions): torchrun, CPU only.
+# GPT-2 124M at 64 tokens: a model whose peak falls inside an all-gather (gloo's scratch copy counts there).
+SHARDED_CASES = {"gpt2-tiny-fsdp-x2": ("gpt2-tiny", {}, "fsdp", 2, (8, 16, 32), ("fp32",)),
+                 "gpt2-tiny-fsdp_grad_op-x2": ("gpt2-tiny", {}, "fsdp_grad_op", 2, (8, 32), ("fp32",)),
+                 "gpt2-124m-fsdp-x2": ("gpt2", {"GPT2_PRESET_124M": True, "GPT2_BLOCK_SIZE": 64}, "fsdp", 2, (1, 4),
+                                       ("fp32",))}
 MiB = 2**20
 
 # A custom model that lives outside the project: a torch.nn.Transformer encoder classifier.
@@ -212,7 +228,8 @@ def allocator_peak(run) -> int:
     return peak
 
 
-def measure(case: dict) -> dict:
+def measure(case: dict, mesh=None) -> dict:
+    """One case's figures in this process; `mesh` (a rank under torchrun): shard the model on it first."""
     from lib.hardware.allocator import trim
     from lib.memory import step_optimizer, training_steps
     from lib.step import autocast_for, seed_everything
@@ -227,6 +244,10 @@ def measure(case: dict) -> dict:
         """Build the model, optimizer and batch on the device and run the traced step pair."""
         seed_everything(0)
         model = task.build(config.gradient_checkpointing).train().to(device)
+        if mesh is not None:
+            from lib.parallel import shard_model
+
+            model = shard_model(model, case["strategy"], mesh, precision=precision)
         optimizer = step_optimizer(config, model, device)
         x, y = (t.to(device) for t in task.example_batch(batch))
         holder.update(model=model, optimizer=optimizer, x=x, y=y)  # freed by release()
@@ -276,6 +297,59 @@ def _measure_child(case: dict, conn) -> None:
         conn.send(("error", traceback.format_exc()))
 
 
+def _measure_rank(path: str) -> None:
+    """A torchrun rank of a sharded case: join gloo, make the mesh, measure, write rank<N>.json beside `path`."""
+    import json
+
+    import torch.distributed as dist
+
+    from lib.hardware.allocator import return_freed_memory
+    from lib.parallel import make_mesh
+
+    return_freed_memory()
+    case = json.loads(Path(path).read_text())
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = make_mesh("cpu", case["strategy"], dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    try:
+        result = {"ok": measure(case, mesh)}
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        result = {"error": traceback.format_exc()}
+    Path(path).with_name(f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_sharded(config, workdir: Path, strategy: str, processes: int, batch: int, precision: str) -> dict:
+    """A sharded case under torchrun (gloo, this CPU): every rank's figures, and the largest rank's."""
+    import json
+    import subprocess
+
+    case_dir = workdir / "sharded"
+    case_dir.mkdir(exist_ok=True)
+    for old in case_dir.glob("rank*.json"):
+        old.unlink()
+    (case_dir / "case.config").write_text(config.text)
+    path = case_dir / "case.json"
+    path.write_text(json.dumps({"config": str(case_dir / "case.config"), "device": "cpu", "batch": batch,
+                                "precision": precision, "strategy": strategy}))
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes)),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(workdir), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                          str(processes), __file__, "--measure-rank", str(path)],
+                         env=env, cwd=str(ROOT), capture_output=True, text=True)
+    ranks = []
+    for r in range(processes):
+        f = case_dir / f"rank{r}.json"
+        result = json.loads(f.read_text()) if f.is_file() else {"error": "no result"}
+        if "ok" not in result:
+            sys.exit(f"measuring {strategy} x{processes} batch {batch} failed on rank {r} (torchrun exit "
+                     f"{run.returncode}):\n{result['error']}\n{run.stderr[-3000:]}")
+        ranks.append(result["ok"])
+    worst = max(ranks, key=lambda m: m["measured"])
+    return {**worst, "ranks": ranks}
+
+
 class FreshProcesses:
     """Each case in a fresh process, forked from a server that has only imported torch and kfit
     (and transformers): the case's heap, threads and RSS start clean, without paying `import torch`."""
@@ -315,12 +389,23 @@ class FreshProcesses:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=os.environ.get("DEVICE", "auto"))
-    parser.add_argument("--models", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
+    parser.add_argument("--models", default=",".join([*CASES, *SHARDED_CASES]),
+                        help="comma-separated subset of " + ", ".join([*CASES, *SHARDED_CASES]))
+    parser.add_argument("--measure-rank", help=argparse.SUPPRESS)  # a torchrun rank of a sharded case
     args = parser.parse_args()
+    if args.measure_rank:
+        _measure_rank(args.measure_rank)
+        return 0
     from lib.memory import MemoryPredictor
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     names = args.models.split(",")
+    unknown = [n for n in names if n not in CASES and n not in SHARDED_CASES]
+    if unknown:
+        parser.error(f"unknown case {', '.join(unknown)}: choose from {', '.join([*CASES, *SHARDED_CASES])}")
+    if device != "cpu" and any(n in SHARDED_CASES for n in names):
+        print(f"note: {', '.join(n for n in names if n in SHARDED_CASES)} skipped: the sharded cases run on a CPU")
+        names = [n for n in names if n not in SHARDED_CASES]
     if importlib.util.find_spec("transformers") is None:
         skipped = [n for n in names if n.startswith("hf-")]
         names = [n for n in names if not n.startswith("hf-")]
@@ -335,17 +420,28 @@ def main() -> int:
         predictor = MemoryPredictor(cache_dir=workdir)  # a fresh cache: every prediction is traced here
         instrument = "reserved MiB" if device == "cuda" else "RSS MiB"
         second = "allocated MiB" if device == "cuda" else "allocator MiB"
-        print(f"{'model':<20} {'batch':>5} {'prec':<5} {'predicted MiB':>13} {instrument:>12} {'rel err':>8} "
+        print(f"{'model':<26} {'batch':>5} {'prec':<5} {'predicted MiB':>13} {instrument:>12} {'rel err':>8} "
               f"{second:>13}" + ("" if device == "cuda" else f" {'RSS 1st':>8}") + f" {'trace s':>7} {'run s':>6}")
         for name in names:
-            config = config_for(name, workdir)
-            for precision in ("fp32", "bf16"):
-                for batch in CASES[name]:
-                    predicted = predictor.predict(config, batch=batch, device_type=device, precision=precision)
-                    m = processes.measure(config, workdir, device, batch, precision)
+            sharded = SHARDED_CASES.get(name)
+            config = config_for(sharded[0] if sharded else name, workdir)
+            if sharded and sharded[1]:
+                config = kconfig.derive(config, sharded[1])
+            for precision in (sharded[5] if sharded else ("fp32", "bf16")):
+                for batch in (sharded[4] if sharded else CASES[name]):
+                    if sharded:
+                        strategy, nproc = sharded[2:4]
+                        predicted = predictor.predict(config, batch=batch, device_type=device, precision=precision,
+                                                      strategy=strategy, world_size=nproc)
+                        m = measure_sharded(config, workdir, strategy, nproc, batch, precision)
+                        label = name.rsplit("-", 2)[0] + f" {strategy} x{nproc}"
+                    else:
+                        predicted = predictor.predict(config, batch=batch, device_type=device, precision=precision)
+                        m = processes.measure(config, workdir, device, batch, precision)
+                        label = name
                     err = (predicted.peak_bytes - m["measured"]) / m["measured"]
                     errors.append(err)
-                    print(f"{name:<20} {batch:>5} {precision:<5} {predicted.peak_bytes / MiB:>13.1f} "
+                    print(f"{label:<26} {batch:>5} {precision:<5} {predicted.peak_bytes / MiB:>13.1f} "
                           f"{m['measured'] / MiB:>12.1f} {err:>+8.2%} {m['allocated'] / MiB:>13.1f}"
                           + ("" if device == "cuda" else f" {m['rss_first'] / MiB:>8.1f}")
                           + f" {predicted.trace.seconds:>7.2f} {m['seconds']:>6.1f}", flush=True)

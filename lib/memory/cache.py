@@ -38,12 +38,14 @@ def _file_hash(path: str | os.PathLike | None) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=1)
-def _code_hash() -> str:
-    """kfit's own code that shapes a trace: this package, the optimizer and loss, the built-in models."""
+@functools.lru_cache(maxsize=2)
+def _code_hash(sharded: bool = False) -> str:
+    """kfit's own code that shapes a trace: this package, the optimizer and loss, the built-in models;
+    for a sharded trace also the strategies' shard_model (lib/parallel.py), else not sharded.py."""
     package = Path(__file__).resolve().parent
     lib = package.parent
-    files = [*sorted(package.glob("*.py")), lib / "step.py", lib / "task.py", *sorted((lib / "models").glob("*.py"))]
+    files = [*sorted(p for p in package.glob("*.py") if sharded or p.name != "sharded.py"), lib / "step.py",
+             lib / "task.py", *sorted((lib / "models").glob("*.py")), *([lib / "parallel.py"] if sharded else [])]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.read_bytes())
@@ -71,11 +73,30 @@ def model_fingerprint(config: Config) -> dict:
     return fp
 
 
+def parallel_key(strategy: str, world_size: int, local_world_size: int | None, cpu_offload: bool,
+                 device_type: str) -> dict | None:
+    """What of the data-parallel setup changes a trace: None for one process and DDP (a replica, traced as
+    one process), else the strategy, world size, mesh and CPU offload (CUDA only: off elsewhere)."""
+    from ..parallel import STRATEGIES, is_sharded, mesh_shape
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+    if world_size < 1 or (local_world_size is not None and local_world_size < 1):
+        raise ValueError(f"world size {world_size} / local world size {local_world_size} must be >= 1")
+    if not is_sharded(strategy):
+        return None
+    local = world_size if local_world_size is None else min(local_world_size, world_size)
+    return {"strategy": strategy, "world_size": world_size, "mesh": list(mesh_shape(strategy, world_size, local)),
+            "cpu_offload": bool(cpu_offload and device_type == "cuda")}
+
+
 def fingerprint(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
-                train: bool) -> tuple[str, dict]:
-    """(hash, contents) of everything but the batch size that changes a trace."""
-    key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(), "model": model_fingerprint(config),
-           "device_type": device_type, "precision": precision, "train": train}
+                train: bool, parallel: dict | None = None) -> tuple[str, dict]:
+    """(hash, contents) of everything but the batch size that changes a trace; `parallel`: parallel_key's."""
+    key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(parallel is not None),
+           "model": model_fingerprint(config), "device_type": device_type, "precision": precision, "train": train}
+    if parallel is not None:
+        key["parallel"] = parallel
     if device_type == "cpu":  # the convolution kernels torch picks (and their scratch) depend on this CPU
         from .trace import cpu_kernels_key
 

@@ -48,6 +48,45 @@ promotion copies, cuDNN's workspace. Device overheads beyond it:
 Compile in the default and max-autotune modes adds no term: inductor fuses
 pointwise ops and its partitioner saves no more than eager does, so the eager
 trace is an upper bound.
+
+Several processes (the `strategy`, `world_size`, `local_world_size` and
+`cpu_offload` arguments; lib/parallel.py): every figure is one process's peak.
+  none, ddp              the one-process trace: a DDP rank runs a replica's step.
+                          DDP adds (`parallel_overheads`, world size > 1; read off
+                          DDP's and the trainer's code, not measured by make
+                          bench-memory, whose step is training_steps):
+  ddp_buckets            the Reducer's flat bucket buffers, one gradient's worth
+                          (gradient_as_bucket_view off, torch's default and the
+                          trainer's), allocated when the model is wrapped and alive
+                          for the whole run, evaluation included. On a CPU they are
+                          counted in full although under no_sync (below) their pages
+                          may never be touched: conservative there.
+  ddp_flat_gradients     with out-of-memory recovery on (the default), every
+                          micro-batch runs under no_sync and the gradients are summed
+                          after the last backward in one flat copy
+                          (lib.distributed.all_reduce_gradients): parameters, buffers,
+                          gradients, the previous step's optimizer state and the copy
+                          are alive at once. The term is what that moment needs beyond
+                          the traced peak, 0 when the traced peak is higher (large
+                          activations); for a small batch it is up to one gradient.
+  fsdp, fsdp_grad_op,    sharded.py's trace of the step at that world size, in a
+  hsdp                   child process (cached like any trace): this rank's shards,
+                          a unit's gathered parameters and full gradients, the
+                          all-gather and reduce-scatter buffers (and, on a CPU, gloo's
+                          copy inside each).
+  sharded_host_heap      CPU, sharded strategies: 512 KiB beyond host_heap, the C heap
+                          and Python objects of a sharded step (a DTensor for every
+                          shard, gradient and state tensor, FSDP's per-unit hooks,
+                          gloo's work objects): RSS grew 0-1.3 MiB (half of them
+                          0.4-0.8) beyond the traced peak + host_heap over 8 FSDP
+                          steps (GPT-2 tiny fp32/bf16 at 2 processes, fp32 at 4;
+                          GPT-2 124M at 2), under torchrun with gloo.
+  cpu_offload            CUDA, sharded strategies: minus the sharded parameters,
+                          gradients and optimizer state at the traced moment with the
+                          most bytes left on the device (sharded.py picks it): they
+                          live in host memory. An estimate: one unit's shards copied
+                          to the device and back are not counted.
+device_overheads applies to every strategy as to one process.
 """
 
 from __future__ import annotations
@@ -61,10 +100,12 @@ from typing import Callable, Mapping
 
 from ..config import Config
 from ..hardware.allocator import expandable_segments
-from .cache import default_cache_dir, fingerprint
+from ..parallel import is_sharded
+from .cache import default_cache_dir, fingerprint, parallel_key
 from .trace import CATEGORIES, MiB, Trace, trace_step
 
 HOST_HEAP_BYTES = 256 * 1024
+SHARDED_HOST_HEAP_BYTES = 512 * 1024  # beyond HOST_HEAP_BYTES, a sharded step on a CPU (module docstring)
 BLAS_WORKSPACE_BYTES = 32 * MiB  # per cuBLAS handle
 BLAS_HANDLES = 2  # the forward's thread and the autograd engine's device thread
 BLAS_LT_WORKSPACE_BYTES = 1 * MiB
@@ -105,12 +146,46 @@ def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = 
     return terms
 
 
+# Optimizer state per parameter byte once the first step made it (lib/step.py's optimizers).
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
+
+
+def optimizer_state_bytes(config: Config, parameter_bytes: int) -> int:
+    kind = config.optimizer if config.optimizer != "sgd" or not config.sgd_momentum else "sgd_momentum"
+    return OPTIMIZER_STATES.get(kind, 2) * parameter_bytes
+
+
+def parallel_overheads(trace: Trace, config: Config, *, strategy: str = "none", world_size: int = 1,
+                       cpu_offload: bool = False, train: bool = True, device_type: str = "cuda") -> dict[str, int]:
+    """The named terms of the data-parallel strategy (module docstring): DDP's buffers, the sharded step's
+    host objects on a CPU, CPU offload's host-resident state (negative). `cpu_offload`: as the trace was
+    made (cache.parallel_key's)."""
+    b = trace.breakdown
+    terms: dict[str, int] = {}
+    if device_type == "cpu" and is_sharded(strategy):
+        terms["sharded_host_heap"] = SHARDED_HOST_HEAP_BYTES
+    if strategy == "ddp" and world_size > 1:
+        gradients = b["parameters"]  # one per parameter, in its dtype
+        terms["ddp_buckets"] = gradients
+        if train and config.oom_recovery:
+            flatten = (b["parameters"] + b.get("buffers", 0) + 2 * gradients
+                       + optimizer_state_bytes(config, b["parameters"]))
+            terms["ddp_flat_gradients"] = max(0, flatten - trace.peak_bytes)
+    if cpu_offload:
+        from .sharded import OFFLOADED_CATEGORIES
+
+        terms["cpu_offload"] = -sum(b.get(k, 0) for k in OFFLOADED_CATEGORIES)
+    return terms
+
+
 @dataclass(frozen=True)
 class Prediction:
     batch: int
     device_type: str
     trace: Trace
-    overheads: dict[str, int] = field(default_factory=dict)
+    overheads: dict[str, int] = field(default_factory=dict)  # the device's terms, then the strategy's
+    strategy: str = "none"
+    world_size: int = 1
 
     @property
     def peak_bytes(self) -> int:
@@ -149,7 +224,14 @@ class MemoryPredictor:
     def __init__(self, cache_dir: Path | str | None = None) -> None:
         self._cache_dir = Path(cache_dir) if cache_dir else None
         self._memo: dict[str, dict[str, dict]] = {}
+        self._sharded = None  # sharded.ShardedTracer: its child process starts at the first sharded trace
         self.traces = 0
+
+    def close(self) -> None:
+        """Stop the sharded tracer's child process, if one runs (it also stops with this object)."""
+        if self._sharded is not None:
+            self._sharded.close()
+            self._sharded = None
 
     @property
     def cache_dir(self) -> Path:
@@ -181,19 +263,32 @@ class MemoryPredictor:
             pass  # a read-only cache only costs time
 
     def _step(self, config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool | None,
-              train: bool) -> tuple[str, Callable[[int], Trace]]:
-        """(cache key, batch -> the cached trace of this step, tracing and caching it on a miss)."""
+              train: bool, parallel: dict | None = None) -> tuple[str, Callable[[int], Trace]]:
+        """(cache key, batch -> the cached trace of this step, tracing and caching it on a miss).
+        `parallel`: cache.parallel_key's (None: one process's step, which a DDP rank runs too)."""
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
         key, contents = fingerprint(config, device_type=device_type, precision=precision,
-                                    gradient_checkpointing=ckpt, train=train)
+                                    gradient_checkpointing=ckpt, train=train, parallel=parallel)
 
         def trace(batch: int) -> Trace:
             if batch < 1:
                 raise ValueError(f"batch must be >= 1, got {batch}")
             if str(batch) not in self._entries(key):
-                task = _task_for(config, json.dumps(contents["model"], sort_keys=True))
-                result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
-                                    gradient_checkpointing=ckpt, train=train)
+                if parallel is None:
+                    task = _task_for(config, json.dumps(contents["model"], sort_keys=True))
+                    result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
+                                        gradient_checkpointing=ckpt, train=train)
+                else:  # in a child process: the fake process group must not replace this process's own
+                    if self._sharded is None:
+                        from .sharded import ShardedTracer
+
+                        self._sharded = ShardedTracer()
+                    local = parallel["mesh"][-1] if parallel["strategy"] == "hsdp" else parallel["world_size"]
+                    result = self._sharded.trace(
+                        config, batch=batch, precision=precision, device_type=device_type,
+                        gradient_checkpointing=ckpt, train=train, strategy=parallel["strategy"],
+                        world_size=parallel["world_size"], local_world_size=local,
+                        cpu_offload=parallel["cpu_offload"])
                 self.traces += 1
                 # re-read: another process may have added entries meanwhile
                 self._memo.pop(key, None)
@@ -203,37 +298,57 @@ class MemoryPredictor:
 
         return key, trace
 
-    def trace(self, config: Config, *, batch: int, device_type: str, precision: str,
-              gradient_checkpointing: bool | None = None, train: bool = True) -> Trace:
-        """The cached trace for this step, tracing (and caching) it on a miss."""
-        return self._step(config, device_type=device_type, precision=precision,
-                          gradient_checkpointing=gradient_checkpointing, train=train)[1](batch)
+    # strategy, world_size, local_world_size (None: = world_size, one machine), cpu_offload: the data-parallel
+    # setup whose per-process peak is wanted (module docstring); the defaults are one process.
 
-    def cached_batches(self, config: Config, *, device_type: str, precision: str, train: bool = True) -> list[int]:
+    def trace(self, config: Config, *, batch: int, device_type: str, precision: str,
+              gradient_checkpointing: bool | None = None, train: bool = True, strategy: str = "none",
+              world_size: int = 1, local_world_size: int | None = None, cpu_offload: bool = False) -> Trace:
+        """The cached trace for this step, tracing (and caching) it on a miss."""
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
+        return self._step(config, device_type=device_type, precision=precision,
+                          gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel)[1](batch)
+
+    def cached_batches(self, config: Config, *, device_type: str, precision: str, train: bool = True,
+                       strategy: str = "none", world_size: int = 1, local_world_size: int | None = None,
+                       cpu_offload: bool = False) -> list[int]:
         """The batch sizes already traced for this step (what the planner's search tried)."""
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
         key, _ = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
-                            train=train)
+                            train=train, parallel=parallel)
         return sorted(int(b) for b in self._entries(key))
 
     def predict(self, config: Config, *, batch: int, device_type: str, precision: str,
                 gradient_checkpointing: bool | None = None, train: bool = True,
-                compile_mode: str | None = None) -> Prediction:
-        trace = self.trace(config, batch=batch, device_type=device_type, precision=precision,
-                           gradient_checkpointing=gradient_checkpointing, train=train)
+                compile_mode: str | None = None, strategy: str = "none", world_size: int = 1,
+                local_world_size: int | None = None, cpu_offload: bool = False) -> Prediction:
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
+        trace = self._step(config, device_type=device_type, precision=precision,
+                           gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel)[1](batch)
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
-        return Prediction(batch, device_type, trace,
-                          device_overheads(trace, device_type, compile_mode if train else None,
-                                           checkpointed=ckpt and train))
+        overheads = {**device_overheads(trace, device_type, compile_mode if train else None,
+                                        checkpointed=ckpt and train),
+                     **parallel_overheads(trace, config, strategy=strategy, world_size=world_size,
+                                          cpu_offload=bool(parallel and parallel["cpu_offload"]), train=train,
+                                          device_type=device_type)}
+        return Prediction(batch, device_type, trace, overheads, strategy=strategy, world_size=world_size)
 
     def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
-              compile_mode: str | None = None, plus: int = 0) -> "StepCurve":
-        """The predicted peak (device terms and `plus` bytes included) against the batch size, starting
-        from every batch size already in the cache: the planner searches on it."""
+              compile_mode: str | None = None, plus: int = 0, strategy: str = "none", world_size: int = 1,
+              local_world_size: int | None = None, cpu_offload: bool = False) -> "StepCurve":
+        """The predicted peak (device and strategy terms and `plus` bytes included) against the batch size,
+        starting from every batch size already in the cache: the planner searches on it."""
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
         key, step = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
-                               train=train)
+                               train=train, parallel=parallel)
+        offload = bool(parallel and parallel["cpu_offload"])
         return StepCurve(step, [int(b) for b in list(self._entries(key))], device_type=device_type,
                          compile_mode=compile_mode if train else None, plus=plus,
-                         checkpointed=config.gradient_checkpointing and train)
+                         checkpointed=config.gradient_checkpointing and train,
+                         strategy_terms=lambda trace: parallel_overheads(
+                             trace, config, strategy=strategy, world_size=world_size, cpu_offload=offload,
+                             train=train, device_type=device_type),
+                         strategy=strategy, world_size=world_size)
 
 
 # --------------------------------------------------------------------------
@@ -351,10 +466,14 @@ class StepCurve(PeakCurve):
     a proven line is that trace interpolated, so the plan's figures at any batch there cost no trace."""
 
     def __init__(self, step: Callable[[int], Trace], batches: list[int], *, device_type: str,
-                 compile_mode: str | None, plus: int = 0, checkpointed: bool = False) -> None:
+                 compile_mode: str | None, plus: int = 0, checkpointed: bool = False,
+                 strategy_terms: Callable[[Trace], dict[str, int]] | None = None, strategy: str = "none",
+                 world_size: int = 1) -> None:
         self._traces: dict[int, Trace] = {}
         self._device_type, self._compile_mode, self._plus = device_type, compile_mode, plus
         self._overheads = {"checkpointed": checkpointed}
+        self._strategy_terms = strategy_terms or (lambda trace: {})
+        self._strategy, self._world_size = strategy, world_size
         self._keys: list[str] = []  # the breakdown's categories, in CATEGORIES order
 
         def measure(batch: int) -> Vector:
@@ -373,8 +492,10 @@ class StepCurve(PeakCurve):
 
     def prediction(self, batch: int) -> Prediction:
         trace = self.trace(batch)
-        return Prediction(batch, self._device_type, trace, device_overheads(trace, self._device_type,
-                                                                            self._compile_mode, **self._overheads))
+        overheads = {**device_overheads(trace, self._device_type, self._compile_mode, **self._overheads),
+                     **self._strategy_terms(trace)}
+        return Prediction(batch, self._device_type, trace, overheads, strategy=self._strategy,
+                          world_size=self._world_size)
 
     def at(self, batch: int) -> int:
         return self.prediction(batch).peak_bytes + self._plus

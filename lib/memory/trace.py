@@ -11,7 +11,9 @@ and goes. What is traced, in order:
     zero_grad(set_to_none=True)
 
 so the peak covers the worst moment of any plan: with accumulation 1 it is
-conservative by at most one copy of the gradients. The breakdown is the one
+conservative by at most one copy of the gradients. This is one process's step,
+and a DDP replica's (predict.py adds DDP's buffers); the sharded strategies'
+per-process step is traced by sharded.py, with the same sequence. The breakdown is the one
 at that peak moment: parameters, buffers, gradients, optimizer_state,
 activations (saved for backward), temporaries (backward and optimizer scratch),
 the batch itself, and workspace: what a kernel allocates and frees inside one
@@ -56,7 +58,11 @@ MiB = 2**20
 _CATEGORIES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients",
                "Optstate": "optimizer_state", "Activation": "activations", "Temp": "temporaries",
                "Workspace": "workspace", "Other": "other"}
-CATEGORIES = (*_CATEGORIES.values(), "batch")
+_ONE_PROCESS = (*_CATEGORIES.values(), "batch")  # a one-process trace's breakdown (kept as cached traces have it)
+# Every category a breakdown may hold, in the order StepCurve lists them: a sharded trace (sharded.py)
+# adds a unit's gathered parameters and full gradients, and the all-gather/reduce-scatter buffers.
+CATEGORIES = ("parameters", "unsharded_parameters", "buffers", "gradients", "unsharded_gradients", "optimizer_state",
+              "activations", "temporaries", "communication", "workspace", "other", "batch")
 
 
 # --------------------------------------------------------------------------
@@ -420,7 +426,7 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
                     out.argmax(dim=-1)
         peak = tracker.get_tracker_snapshot("peak")
     snap = next(iter(peak.values()), {})
-    breakdown = {name: 0 for name in CATEGORIES}
+    breakdown = {name: 0 for name in _ONE_PROCESS}
     total = 0
     for k, v in snap.items():
         name = getattr(k, "value", k)

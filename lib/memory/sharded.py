@@ -1,0 +1,451 @@
+"""The per-process peak of a sharded (FSDP2) training step, traced in one process.
+
+What is traced is trace.py's step (`training_steps`: two steps, the second
+accumulating, then zero_grad; the optimizer of `step_optimizer`, foreach on
+CUDA; CPU autocast) on the model as `lib.parallel.shard_model` shards it for
+the strategy (fsdp, fsdp_grad_op, hsdp) -- the function the trainer applies, so
+what is traced is what runs. Everything is a fake tensor (no memory, no
+arithmetic); the collectives go to torch's "fake" process group of the target
+world size, whose all-gather and reduce-scatter return at once with the shapes
+rank 0 would see. torch's FSDPMemTracker counts every storage, and names it:
+
+    FSDPMemTracker        breakdown (trace.CATEGORIES)
+    Sharded Param         parameters            this rank's shards (padded to equal sizes)
+    Unsharded Param       unsharded_parameters  a unit's gathered parameters while it runs
+    Buffer                buffers
+    Sharded Grad          gradients             reduce-scattered, this rank's shards
+    Unsharded Grad        unsharded_gradients   a unit's full gradients until reduce-scattered
+    Activation, Temp      activations, temporaries
+    All Gather,           communication         the all-gather output and the reduce-scatter
+      Reduce Scatter                            input (a unit's full size each)
+    OptState              optimizer_state       state, and the optimizer's temporaries
+    Inputs                batch
+    (kernel_workspace)    workspace             as in trace.py: convolution scratch, CPU type
+                                                promotion copies, cuDNN's workspace; on a CPU
+                                                also gloo's copy inside an all-gather or a
+                                                reduce-scatter (`collective_scratch`)
+
+Trace.parameters is the whole model's parameter count, not a shard's.
+
+Measured by make bench-memory (torch 2.13, gloo on a 2-core CPU, 2 processes
+under torchrun, each measuring its own RSS growth): GPT-2 tiny fsdp at
+micro-batch 8/16/32 and fsdp_grad_op at 8/32, GPT-2 124M (64 tokens) fsdp at
+1/4, fp32: -0.36% to +0.13% of the largest rank's peak. The 124M steps peak
+inside an all-gather: without gloo's scratch copy they were 3.4% under.
+
+Two corrections to FSDPMemTracker under fake tensors:
+  * DTensor works out an op's output metadata by running the op on fake tensors
+    of the GLOBAL shapes (ShardingPropagator._propagate_tensor_meta_non_cached),
+    in the fake mode it finds active. In a real run that is a throwaway fake mode
+    and costs nothing; here it is the trace's own mode, so the tracker counted
+    those global-shaped tensors as memory. Only the optimizer step, the gradient
+    clipping and the state's creation run DTensor ops (forward and backward run
+    on the gathered plain tensors), so the error is there and grows with foreach:
+    one foreach op holds the global-shaped copies of whole lists of parameters.
+    Measured, GPT-2 124M preset (86M parameters with the byte vocabulary) at 2
+    processes, AdamW foreach (CUDA's): 1475 MiB "OptState" at the peak against
+    328 MiB of real state. With propagation left out the optimizer step peaks at
+    328 MiB + 164 MiB, one list of shard-sized temporaries (exp_avg_sq's square
+    root), which is what CUDA's foreach AdamW holds; per-tensor (the CPU's) at
+    328 + 13.5 MiB, the largest shard's. The tracker ignores what runs inside
+    that propagation.
+  * Its per-module statistics (walked after every op) are not kept, as in trace.py.
+
+CPU offload (FSDP2's CPUOffloadPolicy, CUDA only) cannot be traced as such on a
+CPU (the policy pins host memory), and need not be: the step is the same, but
+the sharded parameters, sharded gradients and the optimizer's state and scratch
+live in host memory. For cpu_offload the tracker picks the moment with the most
+bytes left on the device (everything but those three) -- Trace.peak_bytes is
+then the total at that moment, not the largest total -- and the predictor
+subtracts the three as the named term "cpu_offload" (predict.py). An estimate:
+the transient device copies of one unit's shards (before its all-gather, after
+its reduce-scatter) are not counted.
+
+Why a child process: tracing needs the fake process group as torch's default
+group, and the planning process may be a torchrun rank whose real group that
+would clobber. `ShardedTracer` starts `python -c "...sharded.serve()"` once per
+predictor (same interpreter, working directory and sys.path, so a custom
+model's factory imports as it does here), sends one JSON line per trace and
+reads the Trace back as JSON; the child's stderr (fake-tensor logs) goes to a
+temporary file that is shown only when it fails, as a PlanError naming the
+child's last error line. `python -m lib.memory.sharded` runs the same loop.
+
+Time (2-core CPU, torch 2.13, AdamW foreach, bf16): 5-9 s a trace for GPT-2
+774M and 1558M at 2, 8 or 64 processes and micro-batch 1 or 8; the first trace
+at a new world size takes 8-14 s (DTensor propagates every optimizer op anew
+for the new shard shapes; at 64 processes each gathered unit is also copied
+out of 64 pieces), plus 2-4 s to start the child. One process's trace of the
+same model takes 4.4-6 s: both are dominated by fake-tensor dispatch, about
+66k ops for 1558M.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ..config import Config
+from ..errors import PlanError
+from .trace import Trace, _fake_copy, _features, kernel_workspace, step_optimizer, training_steps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# FSDPMemTracker's categories (_FSDPRefType values) -> ours.
+FSDP_CATEGORIES = {"Sharded Param": "parameters", "Unsharded Param": "unsharded_parameters", "Buffer": "buffers",
+                   "Sharded Grad": "gradients", "Unsharded Grad": "unsharded_gradients",
+                   "Activation": "activations", "Temp": "temporaries", "All Gather": "communication",
+                   "Reduce Scatter": "communication", "OptState": "optimizer_state", "Inputs": "batch",
+                   "Workspace": "workspace"}
+BREAKDOWN = tuple(dict.fromkeys(FSDP_CATEGORIES.values()))
+OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")  # in host memory under CPUOffloadPolicy
+OFFLOADED_CATEGORIES = tuple(FSDP_CATEGORIES[k] for k in OFFLOADED)  # predict.py's "cpu_offload" term
+
+
+# --------------------------------------------------------------------------
+# The trace (in the process that holds the fake process group)
+
+
+def _fake_group(world_size: int) -> None:
+    """Make the default process group torch's fake one of `world_size` (replacing an earlier fake one)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_backend() != "fake":
+            raise RuntimeError("this process holds a real process group: trace sharded steps in a child process "
+                               "(ShardedTracer)")
+        if dist.get_world_size() == world_size:
+            return
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+
+
+def collective_scratch(func, args, device_type: str) -> int:
+    """What a collective allocates inside itself: on a CPU, gloo's all_gather_into_tensor gathers into a
+    flat copy of its output and its reduce_scatter_tensor reduces a copy of its input (measured with
+    torch.profiler, torch 2.13: the full tensor's bytes, freed when it returns). NCCL works in place."""
+    if device_type != "cpu":
+        return 0
+    c10d = torch.ops.c10d
+    if func is c10d._allgather_base_.default:
+        return args[0].numel() * args[0].element_size()
+    if func is c10d._reduce_scatter_base_.default:
+        return args[1].numel() * args[1].element_size()
+    return 0
+
+
+def _tracker(model, optimizer, device_type: str, offload: bool):
+    """FSDPMemTracker keeping only the step's peak (of device-resident bytes when `offload`), with kernel
+    workspaces counted as in trace._peak_tracker and DTensor's sharding propagation left out (docstring)."""
+    from torch._guards import active_fake_mode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class ShardedPeakTracker(FSDPMemTracker):
+        propagating = 0
+
+        def _resident(self, snap) -> int:
+            if not offload:
+                return snap["Total"]
+            return snap["Total"] - sum(v for k, v in snap.items() if getattr(k, "value", None) in OFFLOADED)
+
+        def _keep(self, dev, snap, extra: int = 0) -> None:
+            if self._peak_mem.get(dev, 0) < self._resident(snap) + extra:
+                self._peak_mem[dev] = self._resident(snap) + extra
+                self._peak_mem_snap[dev] = ({**snap, "Workspace": extra, "Total": snap["Total"] + extra}
+                                            if extra else dict(snap))
+
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                self._keep(dev, snap)
+
+        def __enter__(self):
+            super().__enter__()
+            if self._depth == 1 and offload:  # the starting point, counted as the device holds it
+                self._peak_mem, self._peak_mem_snap = {}, {}
+                self._update_peak_stats(None)
+            return self
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.propagating:  # global-shaped fakes of DTensor's metadata propagation: no memory in a real run
+                return func(*args, **(kwargs or {}))
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if out is NotImplemented or active_fake_mode() is not self._fake_mode_on_entry:
+                return out
+            extra = kernel_workspace(func, args, out, device_type) + collective_scratch(func, args, device_type)
+            if extra:  # inputs and outputs are live while the kernel's scratch is
+                for dev, snap in self._curr_mem_snap.items():
+                    self._keep(dev, snap, extra)
+            return out
+
+    return ShardedPeakTracker(model, optimizer)
+
+
+@contextlib.contextmanager
+def _propagation_untracked(tracker):
+    """Tell the tracker while DTensor propagates an op's metadata on global-shaped fakes (docstring)."""
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        original = ShardingPropagator._propagate_tensor_meta_non_cached
+    except (ImportError, AttributeError):  # another torch: the optimizer's figure is then inflated
+        yield
+        return
+
+    def propagate(self, op_schema):
+        tracker.propagating += 1
+        try:
+            return original(self, op_schema)
+        finally:
+            tracker.propagating -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+def trace_sharded_step(task, config: Config, *, batch: int, precision: str, device_type: str,
+                       gradient_checkpointing: bool, strategy: str, world_size: int, local_world_size: int,
+                       cpu_offload: bool = False, train: bool = True) -> Trace:
+    """Rank 0's peak for one sharded step (or, with train=False, one evaluation forward) at `batch`.
+
+    Needs the default process group to be free or fake: run it through ShardedTracer from a process
+    that may hold a real one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..parallel import is_sharded, make_mesh, shard_model
+    from ..step import autocast_for
+
+    if not is_sharded(strategy):
+        raise ValueError(f"{strategy!r} is not a sharded strategy")
+    start = time.perf_counter()
+    x1, y1 = task.example_batch(1)
+    with torch.device("meta"):  # as trace_step: the built-in models initialise nothing here
+        model = task.build(gradient_checkpointing and train)
+    features = _features(model)
+    parameters = sum(p.numel() for p in model.parameters())  # the whole model's
+    autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))
+    _fake_group(world_size)
+    mesh = make_mesh("cpu", strategy, world_size, local_world_size)  # outside FakeTensorMode: it runs collectives
+    with FakeTensorMode():
+        model = shard_model(_fake_copy(model), strategy, mesh, precision=precision)
+        optimizer = step_optimizer(config, model, device_type) if train else None
+        tracker = _tracker(model, optimizer, device_type, cpu_offload)
+
+        def batch_tensors():  # made inside the tracker: the batch is on the device during the step
+            x, y = (torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype),
+                    torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype))
+            tracker.track_inputs((x, y))
+            return x, y
+
+        with _propagation_untracked(tracker):
+            if train:
+                with tracker:
+                    x, y = batch_tensors()
+                    training_steps(model, optimizer, task.loss, x, y, autocast=autocast,
+                                   grad_clip=config.grad_clip, foreach=device_type == "cuda",
+                                   before_each=tracker.reset_mod_stats)
+            else:
+                model.eval()
+                with tracker, torch.no_grad(), autocast:
+                    x, y = batch_tensors()
+                    out = model(x)
+                    task.loss(out, y)
+                    if task.info.kind == "image":  # the evaluator's accuracy (lib/trainer/evaluation.py)
+                        out.argmax(dim=-1)
+        peak = tracker.get_tracker_snapshot("peak")
+    snap = next(iter(peak.values()), {})
+    breakdown = {name: 0 for name in BREAKDOWN}
+    for k, v in snap.items():
+        name = getattr(k, "value", k)
+        if name in FSDP_CATEGORIES:
+            breakdown[FSDP_CATEGORIES[name]] += int(v)
+    return Trace(batch=batch, peak_bytes=int(snap.get("Total", 0)), breakdown=breakdown, parameters=parameters,
+                 features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------
+# The child process: one JSON request per line in, one JSON reply per line out
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _Child:
+    """What the serving process keeps between requests: configs by text, tasks by model fingerprint."""
+
+    def __init__(self) -> None:
+        self.configs: dict[tuple[str, str], Config] = {}
+        self.tasks: dict[str, object] = {}
+
+    def config(self, text: str, source: str) -> Config:
+        from ..config import read_config
+
+        if (text, source) not in self.configs:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / ".config"
+                path.write_text(text)
+                config = read_config(path)
+            self.configs[(text, source)] = dataclasses.replace(config, source=source)  # its errors name the file
+        return self.configs[(text, source)]
+
+    def task(self, config: Config):
+        from ..task import load_task
+        from .cache import model_fingerprint
+
+        key = json.dumps(model_fingerprint(config), sort_keys=True)
+        if key not in self.tasks:
+            self.tasks.clear()  # data is loaded once per model, as predict._task_for
+            self.tasks[key] = load_task(config)
+        return self.tasks[key]
+
+    def handle(self, request: dict) -> dict:
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        for path in reversed(request.get("sys_path", [])):
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        if request.get("threads"):  # the CPU convolution paths (and their scratch) depend on it
+            torch.set_num_threads(request["threads"])
+        config = self.config(request["config_text"], request.get("config_source", ""))
+        trace = trace_sharded_step(self.task(config), config, **request["step"])
+        return {"trace": trace.to_json()}
+
+
+def serve(requests=None, replies=None) -> None:
+    """Answer trace requests until end of input. stdout is kept for the replies: anything else written to
+    it (a custom model's prints, C libraries) goes to stderr."""
+    if replies is None:
+        replies = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+    import faulthandler
+
+    faulthandler.enable()  # a crash names itself in the log the parent reads
+    requests = requests if requests is not None else sys.stdin
+    child = _Child()
+    for line in requests:
+        if not line.strip():
+            continue
+        try:
+            reply = child.handle(json.loads(line))
+        except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises PlanError
+            import traceback
+
+            traceback.print_exc()  # into the log the parent shows on failure
+            message = str(err) if err.__class__.__module__.startswith("lib.") else f"{type(err).__name__}: {err}"
+            reply = {"error": _one_line(message)}
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                replies.write(json.dumps(reply) + "\n")
+                replies.flush()
+                raise
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+# --------------------------------------------------------------------------
+# The parent's side
+
+
+# torchrun's variables: the child must not mistake itself for a rank
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                   "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE")
+
+
+def _close(process: subprocess.Popen, log, abort: list[bool]) -> None:
+    try:
+        if abort[0]:
+            process.kill()
+        elif process.stdin:
+            process.stdin.close()  # the child's loop ends at end of input
+        process.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        process.kill()
+    finally:
+        log.close()
+
+
+class ShardedTracer:
+    """Traces sharded steps in a child process, started at the first trace and kept until close()
+    (or until this object is collected, or the process exits)."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._log = None
+        self._finalizer = None
+        self._abort = [False]  # kill rather than wait: a reply may still be on its way
+
+    def _start(self) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES and not k.startswith("TORCHELASTIC_")}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        self._log = tempfile.TemporaryFile(prefix="kfit-sharded-trace-")  # binary: shared with the child
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", "from lib.memory.sharded import serve; serve()"], cwd=os.getcwd(), env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1)
+        self._abort = [False]
+        self._finalizer = weakref.finalize(self, _close, self._process, self._log, self._abort)
+        return self._process
+
+    def close(self, abort: bool = False) -> None:
+        if self._finalizer is not None:
+            self._abort[0] = abort
+            self._finalizer()
+        self._process = self._log = self._finalizer = None
+
+    def _last_error_line(self, since: int) -> str:
+        """The child's last error line written to its log after `since`: an exception's last line, or
+        faulthandler's "Fatal Python error: ..." on a crash; else its last line."""
+        try:
+            self._log.seek(since)
+            lines = [line for line in self._log.read().decode(errors="replace").splitlines() if line.strip()]
+        except (OSError, ValueError, AttributeError):
+            lines = []
+        errors = [line for line in lines if not line[:1].isspace() and "error" in line.lower()]
+        return _one_line((errors or lines)[-1]) if lines else "no output"
+
+    def trace(self, config: Config, **step) -> Trace:
+        """The Trace of trace_sharded_step(**step) for `config`, from the child; a failure is a PlanError."""
+        what = f"{step.get('strategy')} at {step.get('world_size')} processes, micro-batch {step.get('batch')}"
+        if not config.text:  # the child reads the config from its text: an empty one would be the defaults
+            raise ValueError("the config has no .config text to hand the tracing process (read it with "
+                             "lib.config.read_config, make_defconfig or derive)")
+        process = self._process if self._process is not None and self._process.poll() is None else self._start()
+        request = {"config_text": config.text, "config_source": config.source, "cwd": os.getcwd(),
+                   "sys_path": [p for p in sys.path if p], "threads": torch.get_num_threads(), "step": step}
+        since = self._log.seek(0, os.SEEK_END)
+        try:
+            process.stdin.write(json.dumps(request) + "\n")
+            process.stdin.flush()
+            line = process.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        except BaseException:  # interrupted while the child works: its reply would answer the next request
+            self.close(abort=True)
+            raise
+        if not line:
+            code = process.wait()
+            reason = f"{f'signal {-code}' if code < 0 else f'exit status {code}'}: {self._last_error_line(since)}"
+            self.close(abort=True)
+            raise PlanError(f"tracing the sharded step ({what}) failed: the tracing process died ({reason})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise PlanError(f"tracing the sharded step ({what}) failed: {reply['error']}")
+        return Trace.from_json(reply["trace"])
+
+
+if __name__ == "__main__":
+    serve()
