@@ -100,9 +100,10 @@ def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, spee
     """The plan with its predicted step time, throughput, run time and energy (lib.steptime), and why;
     as it was, with a note, where the device's speed is unknown."""
     from .steptime import model_for_plan, plan_predictions
+    from .steptime.calibrate import for_gradient_sync
 
     try:
-        speed_model = speed_model or model_for_plan(config, hardware, plan)
+        speed_model = for_gradient_sync(speed_model, plan) or model_for_plan(config, hardware, plan)
     except Exception as err:  # noqa: BLE001 - a step-time failure must not stop planning
         return dataclasses.replace(plan, notes=(*plan.notes, f"step time not predicted ({type(err).__name__}: {err})"))
     if speed_model is None:

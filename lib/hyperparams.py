@@ -194,6 +194,26 @@ def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool
     return config.tf32 == "on", f"CONFIG_TF32_{config.tf32.upper()}"
 
 
+# FSDP2 keeps the gradients a process computes under set_requires_gradient_sync(False) whole (unsharded) until
+# the sync: in the reduce dtype, fp32, for every parameter.
+UNSHARDED_GRADIENT_BYTES = 4
+
+
+def decide_gradient_sync(at, memory: dict) -> tuple[str, str, dict]:
+    """Under FSDP with accumulation: reduce-scatter once per step when the whole gradients the earlier
+    micro-batches keep fit beside the predicted peak, else after every micro-batch. Returns (gradient_sync,
+    why, the memory fields with that term)."""
+    whole = UNSHARDED_GRADIENT_BYTES * at.trace.parameters
+    budget = memory["budget_bytes"]
+    if budget is None or memory["predicted_peak_bytes"] + whole <= budget:
+        breakdown = {**memory["memory_breakdown"], "accumulated_gradients": whole}
+        return "step", (f"once per step: the {whole / 2**20:,.0f} MiB of whole fp32 gradients kept between "
+                        "micro-batches fit the budget"), {
+            **memory, "predicted_peak_bytes": memory["predicted_peak_bytes"] + whole, "memory_breakdown": breakdown}
+    return "micro_batch", (f"after every micro-batch: keeping {whole / 2**20:,.0f} MiB of whole fp32 gradients "
+                           "between micro-batches would not fit the budget"), memory
+
+
 def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
             policy: BatchPolicy | None = None, nodes: int = 1) -> Plan:
     """The plan for training `model` under `config` on `hardware` with `world_size` processes over
@@ -228,6 +248,7 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
                      "processes will share GPUs or use different models")
 
     memory: dict = {}
+    sync = "step"
     checkpointing = config.gradient_checkpointing
     speed_model = None
     offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
@@ -297,6 +318,8 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
             memory = dict(max_micro_batch=choice.max_micro, predicted_peak_bytes=at.peak_bytes,
                           budget_bytes=choice.budget_bytes, memory_breakdown=at.breakdown,
                           eval_predicted_peak_bytes=choice.eval_peak_bytes)
+            if is_sharded(strategy) and accum > 1:
+                sync, reasons["gradient_sync"], memory = decide_gradient_sync(at, memory)
     if checkpointing != config.gradient_checkpointing:
         reasons["gradient_checkpointing"] = (
             f"AUTO: {'on' if checkpointing else 'off'} against CONFIG_GRADIENT_CHECKPOINTING="
@@ -324,7 +347,7 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
         gradient_checkpointing=checkpointing, num_workers=workers, cpu_threads=cpu_threads,
         pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), strategy=strategy, nodes=nodes,
-        cpu_offload=offload and is_sharded(strategy), **memory)
+        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, **memory)
     with using_threads(timing_threads):
         return with_predictions(config, hardware, plan, speed_model)
 

@@ -58,6 +58,9 @@ class Plan:
     # How the processes share the model (lib/parallel.py): none | ddp | fsdp | fsdp_grad_op | hsdp
     strategy: str = "none"
     nodes: int = 1  # machines the processes span (HSDP shards within one)
+    # FSDP: reduce-scatter gradients once per optimizer step ("step": the micro-batches before the last keep
+    # whole unsharded gradients) or after every micro-batch ("micro_batch": less memory, more communication)
+    gradient_sync: str = "step"
     cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy (CUDA only)
     # The memory planner's prediction (None under the tier policy and in MANUAL mode).
     max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility

@@ -73,7 +73,7 @@ class PlannerPolicy:
         budget, budget_why = memory_budget(config, hardware, device_type)
         # one process's memory: a replica (none, ddp), or its shards (lib/parallel.py), traced at this world size
         sharding = dict(strategy=strategy, world_size=world_size, local_world_size=local_world_size,
-                        cpu_offload=cpu_offload) if strategy not in ("none", "ddp") else {}
+                        cpu_offload=cpu_offload) if strategy != "none" else {}
         # A process never needs more than its share of the target, so the search stops there: when the share
         # fits (usual on a CPU) its one trace is cached for good and a budget that moves never traces again.
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
@@ -95,7 +95,8 @@ class PlannerPolicy:
 
         # Evaluation runs while the gradients and optimizer state are alive (they are freed at the next step).
         at = train.trace(cap)
-        state = at.breakdown["gradients"] + at.breakdown["optimizer_state"]
+        offloaded = cpu_offload and strategy not in ("none", "ddp")  # FSDP's CPU offload: the state is in host memory
+        state = 0 if offloaded else at.breakdown["gradients"] + at.breakdown["optimizer_state"]
         samples = at.eval_samples
         evaluate = self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
                                         plus=state, **sharding)

@@ -304,3 +304,21 @@ def test_a_dead_fsdp_rank_stops_the_other_within_seconds(tmp_path):
     assert "exitcode" in out or "Signals.SIGKILL" in out or "SIGKILL" in out, out[-2000:]
     [run_dir] = (tmp_path / "runs").iterdir()
     assert checkpoint.periodic_checkpoints(run_dir), "the checkpoints written before the kill are kept"
+
+
+def test_gradients_sync_once_per_step_only_where_whole_gradients_fit():
+    from types import SimpleNamespace
+
+    from lib.hyperparams import decide_gradient_sync
+
+    at = SimpleNamespace(trace=SimpleNamespace(parameters=1_000_000))  # 4 MB of whole fp32 gradients
+    memory = dict(predicted_peak_bytes=10_000_000, budget_bytes=20_000_000, memory_breakdown={"activations": 1})
+    sync, why, after = decide_gradient_sync(at, memory)
+    assert sync == "step" and after["predicted_peak_bytes"] == 14_000_000
+    assert after["memory_breakdown"]["accumulated_gradients"] == 4_000_000 and "once per step" in why
+    sync, why, after = decide_gradient_sync(at, {**memory, "budget_bytes": 12_000_000})
+    assert sync == "micro_batch" and after["predicted_peak_bytes"] == 10_000_000 and "every micro-batch" in why
+    comm = Communication("fsdp", world_size=2, shard_size=2, parameter_bytes=0, gradient_bytes=8_000_000_000,
+                         link_bytes_per_s=100e9)
+    every = Communication(**{**comm.__dict__, "reduce_every_micro_batch": True})
+    assert every.exposed_seconds([0.0] * 4) == pytest.approx(4 * comm.exposed_seconds([0.0] * 4))

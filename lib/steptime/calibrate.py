@@ -141,10 +141,19 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
 def model_for_plan(config: Config, hardware: HardwareProfile, plan: Plan,
                    cache_dir: Path | str | None = None) -> StepTimeModel | None:
     with using_threads(plan.cpu_threads if plan.device_type == "cpu" else None):  # a CPU's speed is per thread count
-        return step_time_model(config, hardware, device_type=plan.device_type, precision=plan.precision,
-                               tf32=plan.tf32, compile=plan.compile, gradient_checkpointing=plan.gradient_checkpointing,
-                               world_size=plan.world_size, cache_dir=cache_dir, strategy=plan.strategy,
-                               local_world_size=plan.world_size // max(1, plan.nodes))
+        model = step_time_model(config, hardware, device_type=plan.device_type, precision=plan.precision,
+                                tf32=plan.tf32, compile=plan.compile, gradient_checkpointing=plan.gradient_checkpointing,
+                                world_size=plan.world_size, cache_dir=cache_dir, strategy=plan.strategy,
+                                local_world_size=plan.world_size // max(1, plan.nodes))
+    return for_gradient_sync(model, plan)
+
+
+def for_gradient_sync(model: StepTimeModel | None, plan: Plan) -> StepTimeModel | None:
+    """The model with FSDP's reduce-scatter after every micro-batch where the plan syncs so (Plan.gradient_sync)."""
+    if model is None or model.communication is None or plan.gradient_sync != "micro_batch":
+        return model
+    return dataclasses.replace(model, communication=dataclasses.replace(model.communication,
+                                                                        reduce_every_micro_batch=True))
 
 
 def samples_per_process(plan: Plan) -> int:

@@ -37,6 +37,7 @@ class Communication:
     gradient_bytes: int  # all gradients in the dtype they are reduced in
     link_bytes_per_s: float  # within a machine, one direction
     network_bytes_per_s: float | None = None  # between machines; None on one machine
+    reduce_every_micro_batch: bool = False  # FSDP with plan.gradient_sync "micro_batch"
 
     def _seconds(self, volume: float, over: int, bandwidth: float) -> float:
         return (over - 1) / over * volume / (bandwidth * BUS_EFFICIENCY) if over > 1 else 0.0
@@ -72,7 +73,8 @@ class Communication:
             return self.reduce_seconds()
         gather, exposed = self.gather_seconds(), 0.0
         for i, compute in enumerate(micro_seconds):
-            collectives = gather + (self.reduce_seconds() if i == len(micro_seconds) - 1 else 0.0)
+            reduces = self.reduce_every_micro_batch or i == len(micro_seconds) - 1
+            collectives = gather + (self.reduce_seconds() if reduces else 0.0)
             exposed += max(0.0, collectives - compute)
         return exposed
 

@@ -121,8 +121,8 @@ class Stepper:
             x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
             self.inject.check(len(indices), step + 1 if i == 0 else None)
             last = i == len(batches) - 1
-            if self.sharded:  # reduce-scatter in the last backward only
-                self.model.set_requires_gradient_sync(last)
+            if self.sharded:  # reduce-scatter in the last backward only, where memory allows (plan.gradient_sync)
+                self.model.set_requires_gradient_sync(last or self.plan.gradient_sync == "micro_batch")
             sync = self.ddp is None or (self.ddp_sync_last and last)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with autocast_for(self.plan):
