@@ -91,8 +91,10 @@ device_overheads applies to every strategy as to one process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -213,6 +215,26 @@ def _task_for(config: Config, key: str):
     return _TASK[key]
 
 
+@contextlib.contextmanager
+def _tracing(config: Config, batch: int, parallel: dict | None, train: bool):
+    """On a terminal, say on stderr which step is being traced (a cold trace of a large model takes seconds
+    to minutes) and clear it when done; elsewhere stay quiet: the callers that loop over plans report per
+    item (lib.report.Progress)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+    how = f", {parallel['strategy']} x{parallel['world_size']}" if parallel else ""
+    sys.stderr.write(f"\rtracing {label} ({'training step' if train else 'evaluation'}{how}) at "
+                     f"micro-batch {batch} ...\x1b[K")
+    sys.stderr.flush()
+    try:
+        yield
+    finally:
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+
+
 class MemoryPredictor:
     """Predicts peaks through a trace cache; `traces` counts the traces actually run.
 
@@ -274,21 +296,22 @@ class MemoryPredictor:
             if batch < 1:
                 raise ValueError(f"batch must be >= 1, got {batch}")
             if str(batch) not in self._entries(key):
-                if parallel is None:
-                    task = _task_for(config, json.dumps(contents["model"], sort_keys=True))
-                    result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
-                                        gradient_checkpointing=ckpt, train=train)
-                else:  # in a child process: the fake process group must not replace this process's own
-                    if self._sharded is None:
-                        from .sharded import ShardedTracer
+                with _tracing(config, batch, parallel, train):
+                    if parallel is None:
+                        task = _task_for(config, json.dumps(contents["model"], sort_keys=True))
+                        result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
+                                            gradient_checkpointing=ckpt, train=train)
+                    else:  # in a child process: the fake process group must not replace this process's own
+                        if self._sharded is None:
+                            from .sharded import ShardedTracer
 
-                        self._sharded = ShardedTracer()
-                    local = parallel["mesh"][-1] if parallel["strategy"] == "hsdp" else parallel["world_size"]
-                    result = self._sharded.trace(
-                        config, batch=batch, precision=precision, device_type=device_type,
-                        gradient_checkpointing=ckpt, train=train, strategy=parallel["strategy"],
-                        world_size=parallel["world_size"], local_world_size=local,
-                        cpu_offload=parallel["cpu_offload"])
+                            self._sharded = ShardedTracer()
+                        local = parallel["mesh"][-1] if parallel["strategy"] == "hsdp" else parallel["world_size"]
+                        result = self._sharded.trace(
+                            config, batch=batch, precision=precision, device_type=device_type,
+                            gradient_checkpointing=ckpt, train=train, strategy=parallel["strategy"],
+                            world_size=parallel["world_size"], local_world_size=local,
+                            cpu_offload=parallel["cpu_offload"])
                 self.traces += 1
                 # re-read: another process may have added entries meanwhile
                 self._memo.pop(key, None)

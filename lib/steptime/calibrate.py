@@ -142,8 +142,9 @@ def model_for_plan(config: Config, hardware: HardwareProfile, plan: Plan,
                    cache_dir: Path | str | None = None) -> StepTimeModel | None:
     with using_threads(plan.cpu_threads if plan.device_type == "cpu" else None):  # a CPU's speed is per thread count
         model = step_time_model(config, hardware, device_type=plan.device_type, precision=plan.precision,
-                                tf32=plan.tf32, compile=plan.compile, gradient_checkpointing=plan.gradient_checkpointing,
-                                world_size=plan.world_size, cache_dir=cache_dir, strategy=plan.strategy,
+                                tf32=plan.tf32, compile=plan.compile,
+                                gradient_checkpointing=plan.gradient_checkpointing, world_size=plan.world_size,
+                                cache_dir=cache_dir, strategy=plan.strategy,
                                 local_world_size=plan.world_size // max(1, plan.nodes))
     return for_gradient_sync(model, plan)
 

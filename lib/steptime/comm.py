@@ -83,7 +83,8 @@ class Communication:
         return (f"{self.strategy} over {self.world_size} processes: {self.gather_seconds() * 1e3:.1f} ms of "
                 f"all-gathers per micro-batch, {self.reduce_seconds() * 1e3:.1f} ms of gradient reduction per "
                 f"step, at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
-                + (f" ({self.network_bytes_per_s / 1e9:.0f} GB/s between machines)" if self.network_bytes_per_s else ""))
+                + (f" ({self.network_bytes_per_s / 1e9:.0f} GB/s between machines)"
+                   if self.network_bytes_per_s else ""))
 
 
 def communication_for(strategy: str, *, world_size: int, local_world_size: int, parameters: int,
