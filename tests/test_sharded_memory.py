@@ -159,3 +159,15 @@ def test_a_failure_in_the_child_is_a_plan_error(tmp_path, gpt2_tiny, monkeypatch
         assert predictor.traces == 1
     finally:
         predictor.close()
+
+
+@pytest.mark.slow
+def test_predicted_per_process_peak_matches_two_real_fsdp_processes(shared, gpt2_tiny, tmp_path):
+    """The bench's instrument (each rank's RSS growth under torchrun, gloo) against the prediction: within the
+    bench's bound of 5%, and never under by more than 2% (the direction that runs out of memory)."""
+    from scripts.bench_memory import measure_sharded
+
+    predicted = shared.predict(gpt2_tiny, batch=16, **CPU, strategy="fsdp", world_size=2).peak_bytes
+    measured = measure_sharded(gpt2_tiny, tmp_path, "fsdp", 2, 16, "fp32")
+    error = (predicted - measured["measured"]) / measured["measured"]
+    assert len(measured["ranks"]) == 2 and -0.02 <= error <= 0.05, (predicted, measured)
