@@ -1,8 +1,10 @@
 # kfit: Kconfig-driven training. 'make help' lists everything.
 #
-# Conventions follow the Linux kernel's Kconfig targets: menuconfig,
-# olddefconfig, savedefconfig, listnewconfig, <name>-defconfig, and
-# KCONFIG_CONFIG to use a config file other than .config.
+# Conventions follow the Linux kernel's Kconfig targets: menuconfig, oldconfig,
+# olddefconfig, savedefconfig, listnewconfig, alldefconfig, allnoconfig,
+# allyesconfig, randconfig (KCONFIG_SEED=), <name>-defconfig, <fragment>.config,
+# KCONFIG_CONFIG to use a config file other than .config, and V=1 to show the
+# commands make runs.
 
 # Paths are anchored at this file, so 'make -f path/to/Makefile' works from any
 # directory (the config, runs and defconfig then live in that directory).
@@ -15,60 +17,92 @@ ENV_STAMP := $(VENV)/.installed
 KCONFIG_CONFIG ?= .config
 export KCONFIG_CONFIG
 
+# Recipe lines start with $(Q): quiet unless V=1 on the command line, as in the kernel. help and the
+# benchmark's install note keep '@': they only print text, which V=1 would show twice.
+ifeq ("$(origin V)", "command line")
+  KFIT_VERBOSE := $(V)
+endif
+ifeq ($(KFIT_VERBOSE),1)
+  Q :=
+else
+  Q := @
+endif
+
 DEFCONFIGS := $(sort $(notdir $(filter-out $(ROOT)/defconfigs/fragments,$(wildcard $(ROOT)/defconfigs/*))))
 FRAGMENT_NAMES := $(sort $(notdir $(wildcard $(ROOT)/defconfigs/fragments/*)))
 DEFAULT_DEFCONFIG := lenet5
 
 .DEFAULT_GOAL := help
-.PHONY: FORCE help env menuconfig olddefconfig savedefconfig listnewconfig defconfig \
+.PHONY: FORCE help env menuconfig oldconfig olddefconfig savedefconfig listnewconfig defconfig \
+        alldefconfig allnoconfig allyesconfig randconfig \
         plan check-hardware train export test clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change.
 $(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh)
-	@cd $(ROOT) && scripts/install-deps.sh $(VENV) $(PYTHON)
+	$(Q)cd $(ROOT) && scripts/install-deps.sh $(VENV) $(PYTHON)
 
 env: $(ENV_STAMP) ## Create .venv and install the dependencies (done automatically)
 
 # --- configuration -------------------------------------------------------
 
-menuconfig: $(ENV_STAMP) ## Edit the configuration in a terminal menu
-	@$(KFIT) menuconfig
+menuconfig: $(ENV_STAMP) ## Edit a copy of the config in a terminal menu; kept only if valid
+	$(Q)$(KFIT) menuconfig
+
+oldconfig: $(ENV_STAMP) ## Ask only for symbols the config does not set (defaults without a terminal)
+	$(Q)$(KFIT) oldconfig
 
 olddefconfig: $(ENV_STAMP) ## Validate the config and fill new symbols with defaults
-	@$(KFIT) olddefconfig
+	$(Q)$(KFIT) olddefconfig
 
 savedefconfig: $(ENV_STAMP) ## Write the minimal config to ./defconfig
-	@$(KFIT) savedefconfig
+	$(Q)$(KFIT) savedefconfig
 
 listnewconfig: $(ENV_STAMP) ## List symbols the config does not set yet
-	@$(KFIT) listnewconfig
+	$(Q)$(KFIT) listnewconfig
+
+alldefconfig: $(ENV_STAMP) ## Write the config with every symbol at its default
+	$(Q)$(KFIT) alldefconfig
+
+allnoconfig: $(ENV_STAMP) ## Write the config with as many options n as allowed
+	$(Q)$(KFIT) allnoconfig
+
+allyesconfig: $(ENV_STAMP) ## Write the config with as many options y as allowed
+	$(Q)$(KFIT) allyesconfig
+
+randconfig: $(ENV_STAMP) ## Write a random valid config (KCONFIG_SEED=n to repeat one; the seed is printed)
+	$(Q)$(KFIT) randconfig
 
 defconfig: $(DEFAULT_DEFCONFIG)-defconfig ## Apply the default defconfig (lenet5)
 
 # FRAGMENTS="a b" merges defconfigs/fragments/a and b on top; every value must take.
 # FORCE: pattern rules cannot be .PHONY, and a file named like the target must not stop them.
 %-defconfig: FORCE $(ENV_STAMP)
-	@$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
+	$(Q)$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
 
 defconfig-%: FORCE $(ENV_STAMP)
-	@$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
+	$(Q)$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
+
+# make fp32.config: merge defconfigs/fragments/fp32 onto the current config, as the kernel's
+# 'make kvm_guest.config' (the stem is never empty, so the config file .config itself never matches).
+%.config: FORCE $(ENV_STAMP)
+	$(Q)$(KFIT) mergeconfig $*
 
 # --- planning and training -----------------------------------------------
 
 plan: $(ENV_STAMP) ## Show the resolved plan (FORMAT=json, HW=, GPU=, FREE_GB=, GPUS=, WORLD_SIZE=)
-	@$(KFIT) plan
+	$(Q)$(KFIT) plan
 
 check-hardware: $(ENV_STAMP) ## Report this machine (or HW=/GPU=) and the plan for the config
-	@$(KFIT) check-hardware
+	$(Q)$(KFIT) check-hardware
 
 train: $(ENV_STAMP) ## Train as configured (applies the default defconfig if there is no config)
-	@$(KFIT) train
+	$(Q)$(KFIT) train
 
 export: $(ENV_STAMP) ## One model.pt from a run, sharded or not (RUN=<run dir or checkpoint> OUT=dir)
-	@$(KFIT) export
+	$(Q)$(KFIT) export
 
 test: $(ENV_STAMP) ## Run the test suite
-	@cd $(ROOT) && $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(Q)cd $(ROOT) && $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Each area adds its targets (and their '## ' help lines) in scripts/make/<area>.mk.
 include $(sort $(wildcard $(ROOT)/scripts/make/*.mk))
@@ -79,8 +113,8 @@ clean: ## Remove runs and caches (keeps the config and the environment)
 	rm -rf runs $(ROOT)/.pytest_cache
 	find $(ROOT) -path $(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
-mrproper: clean ## Also remove the config files (KCONFIG_CONFIG, its .old, ./defconfig)
-	rm -f $(KCONFIG_CONFIG) $(KCONFIG_CONFIG).old defconfig
+mrproper: clean ## Also remove the config files (KCONFIG_CONFIG, its .old, menuconfig's copy, ./defconfig)
+	rm -f $(KCONFIG_CONFIG) $(KCONFIG_CONFIG).old $(KCONFIG_CONFIG).menuconfig defconfig
 
 distclean: mrproper ## Also remove the virtual environment
 	rm -rf $(VENV)
@@ -93,14 +127,15 @@ help: ## List targets, defconfigs and fragments
 	@echo "Targets:"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 20
 	@echo "  <name>-defconfig  Write the config from defconfigs/<name> (also defconfig-<name>)"
+	@echo "  <fragment>.config Merge defconfigs/fragments/<fragment> onto the current config"
 	@echo
 	@echo "Defconfigs (make <name>-defconfig):"
 	@$(foreach d,$(DEFCONFIGS),echo "  $(d)";)
 	@echo
-	@echo "Fragments (make <name>-defconfig FRAGMENTS=\"a b\"):"
+	@echo "Fragments (make <name>-defconfig FRAGMENTS=\"a b\", or make <fragment>.config):"
 	@$(foreach f,$(FRAGMENT_NAMES),echo "  $(f)";)
 	@echo
-	@echo "Variables: KCONFIG_CONFIG=file  FRAGMENTS=\"a b\"  FORMAT=json  TORCH_SPEC=\"torch==... --index-url ...\""
+	@echo "Variables: KCONFIG_CONFIG=file  FRAGMENTS=\"a b\"  KCONFIG_SEED=n  V=1  FORMAT=json  TORCH_SPEC=\"torch==... --index-url ...\""
 	@echo "  plan:    HW=profile.json  GPU=<catalog key> FREE_GB=n GPUS=n  WORLD_SIZE=n  OUT=report.html"
 	@echo "  train:   GPUS=n (processes)  NNODES=n NODE_RANK=i MASTER_ADDR=host MASTER_PORT=p  RESUME=0"
 	@echo "  tuning:  RUNS=n BATCH=n APPLY=1 (find-lr)  TRIALS=n HPO_STORAGE=url DEFCONFIG=name (hpo)"

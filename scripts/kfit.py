@@ -4,7 +4,7 @@
 Machine selection for plan/check-hardware comes from the environment, as make
 passes it: HW=profile.json, or GPU=<catalog key> with FREE_GB=, GPUS=; and
 WORLD_SIZE= for the number of training processes. KCONFIG_CONFIG selects the
-config file, as in the kernel.
+config file and KCONFIG_SEED the randconfig seed, as in the kernel.
 """
 
 from __future__ import annotations
@@ -60,18 +60,75 @@ def cmd_listnewconfig(args) -> int:
     return 0
 
 
-def cmd_menuconfig(args) -> int:
-    import menuconfig  # kconfiglib's curses interface
-
-    path = kconfig.config_path()
-    if path.exists():
-        kconfig.read_config(path)  # refuse to silently "fix" a config whose values do not take
-    os.environ["KCONFIG_CONFIG"] = str(path)  # menuconfig loads and saves the file this names
+def _menu(copy: Path) -> None:
+    """kconfiglib's curses menu on `copy`: it loads and saves the file KCONFIG_CONFIG names."""
     import kconfiglib
+    import menuconfig
 
-    menuconfig.menuconfig(kconfiglib.Kconfig(str(kconfig.KCONFIG)))
-    if path.exists():
-        kconfig.read_config(path)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # curses would fail with a traceback
+        raise KfitError("menuconfig needs a terminal: run it in one, or use 'make oldconfig', a fragment "
+                        "('make <fragment>.config') or an editor on the config file")
+    previous = os.environ.get("KCONFIG_CONFIG")
+    os.environ["KCONFIG_CONFIG"] = str(copy)
+    try:
+        menuconfig.menuconfig(kconfiglib.Kconfig(str(kconfig.KCONFIG)))
+    finally:
+        if previous is None:
+            del os.environ["KCONFIG_CONFIG"]
+        else:
+            os.environ["KCONFIG_CONFIG"] = previous
+
+
+def cmd_menuconfig(args) -> int:
+    # The menu edits a copy (it may hold invalid values: the menu is how to fix them); the config is
+    # replaced only by a result the strict reader accepts.
+    path = kconfig.config_path()
+    notes: list[str] = []
+    config = kconfig.edit_config(path, _menu, notes)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"# configuration written to {path}" if config else f"# {path} unchanged")
+    return 0
+
+
+def cmd_oldconfig(args) -> int:
+    path = kconfig.config_path()
+    if sys.stdin.isatty():
+        import oldconfig as prompts  # kconfiglib's oldconfig questions
+
+        kconfig.oldconfig(path, ask=prompts.oldconfig)
+    else:
+        print("note: stdin is not a terminal, so nothing is asked: new symbols take their defaults "
+              "(as 'make olddefconfig')")
+        kconfig.olddefconfig(path)
+    print(f"# configuration written to {path}")
+    return 0
+
+
+def cmd_allconfig(args) -> int:
+    """alldefconfig, allnoconfig, allyesconfig."""
+    path = kconfig.config_path()
+    getattr(kconfig, args.command)(path)
+    print(f"# configuration written to {path} ({args.command})")
+    return 0
+
+
+def cmd_randconfig(args) -> int:
+    seed = kconfig.randconfig_seed(os.environ.get("KCONFIG_SEED"))
+    print(f"KCONFIG_SEED=0x{seed:X}", file=sys.stderr)  # as the kernel prints it: rerun with it to reproduce
+    path = kconfig.config_path()
+    kconfig.randconfig(seed, path)
+    print(f"# configuration written to {path} (randconfig)")
+    return 0
+
+
+def cmd_mergeconfig(args) -> int:
+    path = kconfig.config_path()
+    notes: list[str] = []
+    kconfig.merge_fragment(args.fragment, path, notes)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"# configuration written to {path} (merged fragment {args.fragment})")
     return 0
 
 
@@ -101,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_savedefconfig)
     sub.add_parser("listnewconfig", help="list symbols .config does not set").set_defaults(func=cmd_listnewconfig)
     sub.add_parser("menuconfig", help="edit .config in a terminal UI").set_defaults(func=cmd_menuconfig)
+    sub.add_parser("oldconfig", help="ask for the symbols .config does not set").set_defaults(func=cmd_oldconfig)
+    for name, what in (("alldefconfig", "every symbol at its default"), ("allnoconfig", "as many n as allowed"),
+                       ("allyesconfig", "as many y as allowed")):
+        sub.add_parser(name, help=f"write .config: {what}").set_defaults(func=cmd_allconfig)
+    sub.add_parser("randconfig", help="write a random .config (KCONFIG_SEED=)").set_defaults(func=cmd_randconfig)
+    p = sub.add_parser("mergeconfig", help="merge a fragment onto .config (make <fragment>.config)")
+    p.add_argument("fragment", help="a name from defconfigs/fragments/, or a path")
+    p.set_defaults(func=cmd_mergeconfig)
     p = sub.add_parser("list", help="list defconfig (or fragment) names")
     p.add_argument("--fragments", action="store_true")
     p.set_defaults(func=cmd_defconfigs)

@@ -183,8 +183,9 @@ def test_smoke_train(smoke, name):
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
-    final = records[-1]
-    assert final.get("final") is True and metric in final, final
+    finals = [r for r in records if r.get("final")]  # events (the run's end) may follow it
+    assert len(finals) == 1 and metric in finals[0], records
+    final = finals[0]
     if metric == "accuracy":
         assert 0.0 <= final["accuracy"] <= 1.0
     else:
@@ -260,10 +261,10 @@ def test_plan_resnet18_on_h100_json_tiers(tmp_path):
 def test_plan_gpt2_on_h100_text(tmp_path):
     ok(make(tmp_path, "gpt2-defconfig"))
     out = ok(make(tmp_path, "plan", "GPU=h100", "FREE_GB=70")).stdout
-    assert line_starting(out, "Plan for .config (gpt2")
-    hyper = line_starting(out, "Hyperparams: AUTO mode - GPU:")
-    assert "H100" in hyper and "model=gpt2-124m" in hyper and "compile=ON" in hyper, hyper
-    assert line_starting(out, "Compile: Enabled")
+    assert "catalog:h100" in line_starting(out, "Plan for .config (gpt2-124m)")
+    assert "cuda (NVIDIA H100" in line_starting(out, "  device ")
+    assert "Enabled" in line_starting(out, "  compile  ")
+    assert "Hyperparams:" not in out and out.count("Plan for ") == 1  # the plan once
 
 
 # --------------------------------------------------------------------------
@@ -361,7 +362,7 @@ def test_plan_with_saved_hardware_profile(lenet5_dir):
     out = ok(make(lenet5_dir, "plan", f"HW={profile}")).stdout
     assert line_starting(out, "Plan for .config (lenet5)")
     assert f"file:{profile}" in out
-    assert line_starting(out, "Hyperparams: AUTO mode - CPU:")
+    assert line_starting(out, "  device ").split()[1] == "cpu"
 
     corrupt = lenet5_dir / "corrupt.json"
     corrupt.write_text(profile.read_text()[: len(profile.read_text()) // 2])

@@ -9,20 +9,26 @@ and nothing is written to disk unless the whole configuration is valid.
 
     kconfig.py      the Kconfig tree, strict loading and validation, atomic writes
     typed.py        the typed Config and the parsing of a loaded kconfig into it
-    operations.py   what the make targets call (defconfig, olddefconfig, ...) and
-                    programmatic changes (derive, apply_assignments)
+    operations.py   what the make targets call (defconfig, olddefconfig, ...),
+                    programmatic changes (derive, apply_assignments) and menuconfig's edited copy
+    generate.py     the kernel's other targets: all*config, randconfig, oldconfig, <fragment>.config
 """
 
 from .kconfig import KCONFIG, ROOT
+from .generate import (
+    alldefconfig, allnoconfig, allyesconfig, merge_fragment, oldconfig, randconfig, randconfig_seed,
+)
 from .operations import (
     DEFAULT_DEFCONFIG, DEFCONFIG_DIR, FRAGMENT_DIR, apply_assignments, config_path, defconfig_file,
-    defconfig_names, derive, fragment_file, fragment_names, listnewconfig, make_defconfig,
-    minimal_config_text, olddefconfig, read_config, savedefconfig,
+    defconfig_names, derive, edit_config, edit_copy_path, fragment_file, fragment_names, listnewconfig,
+    make_defconfig, minimal_config_text, olddefconfig, read_config, savedefconfig,
 )
 from .typed import Config
 
 __all__ = [
-    "Config", "DEFAULT_DEFCONFIG", "DEFCONFIG_DIR", "FRAGMENT_DIR", "KCONFIG", "ROOT", "apply_assignments",
-    "config_path", "defconfig_file", "defconfig_names", "derive", "fragment_file", "fragment_names",
-    "listnewconfig", "make_defconfig", "minimal_config_text", "olddefconfig", "read_config", "savedefconfig",
+    "Config", "DEFAULT_DEFCONFIG", "DEFCONFIG_DIR", "FRAGMENT_DIR", "KCONFIG", "ROOT", "alldefconfig",
+    "allnoconfig", "allyesconfig", "apply_assignments", "config_path", "defconfig_file", "defconfig_names",
+    "derive", "edit_config", "edit_copy_path", "fragment_file", "fragment_names", "listnewconfig",
+    "make_defconfig", "merge_fragment", "minimal_config_text", "oldconfig", "olddefconfig", "randconfig",
+    "randconfig_seed", "read_config", "savedefconfig",
 ]

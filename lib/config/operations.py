@@ -7,9 +7,10 @@ it writes anything, so nothing reaches disk unless the whole result is valid.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import kconfiglib
 
@@ -175,4 +176,54 @@ def apply_assignments(path: Path, assignments: Mapping[str, object], notes: list
         raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' first")
     kconf, config = _merged(path.read_text(), assignments, str(path), notes)
     _write_atomic(kconf, path)
+    return config
+
+
+# --------------------------------------------------------------------------
+# Editing a copy (make menuconfig)
+
+
+def edit_copy_path(path: Path) -> Path:
+    """Where menuconfig edits: beside the config, so that a refused edit is kept for the user to fix."""
+    return path.with_name(path.name + ".menuconfig")
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+
+
+def edit_config(path: Path, edit: Callable[[Path], None], notes: list[str] | None = None) -> Config | None:
+    """Run `edit` (the menu) on a copy of the config, which may hold invalid values (the menu is how to fix
+    them), and replace the config only if the edited copy passes the strict reader.
+
+    Returns the new Config, or None when nothing was saved or nothing changed. An invalid result is a
+    ConfigError naming the copy, which is kept; the config is untouched. A copy left by a refused edit
+    and newer than the config is edited again (said in `notes`) rather than started afresh.
+    """
+    copy = edit_copy_path(path)
+    if copy.is_file() and not _same_bytes(copy, path) and (
+            not path.is_file() or copy.stat().st_mtime_ns >= path.stat().st_mtime_ns):
+        if notes is not None:
+            notes.append(f"editing {copy} again, kept from an edit that was refused (delete it to start "
+                         f"from {path})")
+    elif path.is_file():
+        shutil.copyfile(path, copy)
+    else:
+        copy.unlink(missing_ok=True)
+    try:
+        edit(copy)
+    finally:
+        copy.with_name(copy.name + ".old").unlink(missing_ok=True)  # kconfiglib's backup of the copy
+        if not copy.is_file() or _same_bytes(copy, path):
+            copy.unlink(missing_ok=True)
+    if not copy.is_file():
+        return None
+    try:
+        kconf = _load_existing(copy)
+        config = _typed(kconf, str(path))
+    except ConfigError as err:
+        raise ConfigError(f"{err}\n{path} is unchanged; the edited copy is kept in {copy}: run "
+                          f"'make menuconfig' again to fix it there, or delete it to start from {path}") from None
+    _write_atomic(kconf, path)
+    copy.unlink()
     return config

@@ -177,6 +177,9 @@ def _number(kconf, name: str, *, low: float, high: float = math.inf, low_open: b
     return value
 
 
+# Groups of bool symbols the reader needs at least one of (Kconfig cannot say so); allnoconfig keeps one.
+ONE_OF = (("HPO_OPTIMIZER_SGD", "HPO_OPTIMIZER_ADAM", "HPO_OPTIMIZER_ADAMW"),)
+
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 _PROFILES = {"CONSERVATIVE": 0.50, "BALANCED": 0.75, "EXTREME": 0.95}

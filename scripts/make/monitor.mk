@@ -3,4 +3,4 @@
 .PHONY: bench-monitor
 
 bench-monitor: $(ENV_STAMP) ## Measure the live monitor's cost per training step (STEPS=, REPEATS=, BATCH=)
-	@$(PY) $(ROOT)/scripts/bench_monitor.py
+	$(Q)$(PY) $(ROOT)/scripts/bench_monitor.py

@@ -2,21 +2,21 @@
 .PHONY: plan-matrix plan-report bench-memory bench-plan
 
 plan-matrix: $(ENV_STAMP) ## Plan every defconfig on every catalog GPU and the CPU (FORMAT=json)
-	@$(KFIT) plan-matrix
+	$(Q)$(KFIT) plan-matrix
 
 plan-report: $(ENV_STAMP) ## Write the plan matrix and memory charts as HTML (OUT=plan-report.html, GPU=)
-	@$(KFIT) plan-report
+	$(Q)$(KFIT) plan-report
 
 # The benchmark's own packages (requirements-bench.txt: Hugging Face transformers for its outside
 # models), installed on first use and never a runtime dependency.
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(ROOT)/requirements-bench.txt $(ENV_STAMP)
 	@echo "Installing the benchmark's packages (requirements-bench.txt)" >&2
-	@$(VENV)/bin/pip install -q -r $(ROOT)/requirements-bench.txt >&2
-	@touch $@
+	$(Q)$(VENV)/bin/pip install -q -r $(ROOT)/requirements-bench.txt >&2
+	$(Q)touch $@
 
 bench-memory: $(ENV_STAMP) $(BENCH_STAMP) ## Predicted vs measured peak memory of real training steps (DEVICE=cpu|cuda)
-	@$(PY) $(ROOT)/scripts/bench_memory.py
+	$(Q)$(PY) $(ROOT)/scripts/bench_memory.py
 
 bench-plan: $(ENV_STAMP) ## Planner wall time (cold, cached) and tier vs planner batch per GPU
-	@$(PY) $(ROOT)/scripts/bench_plan.py
+	$(Q)$(PY) $(ROOT)/scripts/bench_plan.py

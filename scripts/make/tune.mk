@@ -4,13 +4,13 @@
 .PHONY: find-lr hpo hpo-status hpo-apply
 
 find-lr: $(ENV_STAMP) ## LR range test at the per-device batch (BATCH=n RUNS=3 APPLY=1)
-	@$(KFIT) find-lr
+	$(Q)$(KFIT) find-lr
 
 hpo: $(ENV_STAMP) ## Optuna search; running again continues the study (TRIALS=n HPO_STORAGE=url)
-	@$(KFIT) hpo
+	$(Q)$(KFIT) hpo
 
 hpo-status: $(ENV_STAMP) ## Progress and best trial (with its plan) of the search
-	@$(KFIT) hpo-status
+	$(Q)$(KFIT) hpo-status
 
 hpo-apply: $(ENV_STAMP) ## Write the best trial into the config (DEFCONFIG=name: a new defconfig)
-	@$(KFIT) hpo-apply
+	$(Q)$(KFIT) hpo-apply

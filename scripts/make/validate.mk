@@ -3,4 +3,4 @@
 .PHONY: validate-gpu
 
 validate-gpu: $(ENV_STAMP) ## Check kfit against this GPU, write docs/validation/<gpu>-<date>.json (DEVICE=cpu OUT= QUICK=1)
-	@$(PY) $(ROOT)/scripts/validate_gpu.py
+	$(Q)$(PY) $(ROOT)/scripts/validate_gpu.py
