@@ -101,7 +101,8 @@ train: $(ENV_STAMP) ## Train as configured (applies the default defconfig if the
 export: $(ENV_STAMP) ## One model.pt from a run, sharded or not (RUN=<run dir or checkpoint> OUT=dir)
 	$(Q)$(KFIT) export
 
-test: $(ENV_STAMP) ## Run the test suite
+test: $(ENV_STAMP) ## Run the test suite (installs Debian's chromium for the HTML checks when missing)
+	$(Q)$(ROOT)/scripts/ensure-chromium.sh
 	$(Q)cd $(ROOT) && $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Each area adds its targets (and their '## ' help lines) in scripts/make/<area>.mk.

@@ -268,16 +268,22 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 
 @dataclass
 class _Axes:
-    """Maps (log10 LR, loss) onto an SVG box; losses above `top` are drawn at the top edge."""
+    """Maps (log10 LR, loss) onto an SVG box; losses above `top` are drawn at the top edge.
+
+    width and height are the viewBox's: the page draws the SVG at 100% of its column, so the chart
+    shrinks with the window. The top margin is a strip above the plot: the median suggestion's label
+    on one row, each run's minimum marker under it, so neither covers the other."""
 
     x0: float
     x1: float
     y0: float
     y1: float
     width: int = 760
-    height: int = 380
-    margin: tuple[int, int, int, int] = (20, 20, 50, 70)  # top, right, bottom, left
+    height: int = 400
+    margin: tuple[int, int, int, int] = (40, 20, 50, 70)  # top, right, bottom, left
     ticks: list = field(default_factory=list)
+    label_y: int = 14  # baseline of the suggestion's label, in the strip
+    marker_y: int = 33  # tip of the minimum markers, just above the plot
 
     def x(self, lr: float) -> float:
         top, right, bottom, left = self.margin
@@ -290,6 +296,16 @@ class _Axes:
 
     def points(self, lrs, losses) -> str:
         return " ".join(f"{self.x(lr):.1f},{self.y(v):.1f}" for lr, v in zip(lrs, losses))
+
+    def marker(self, lr: float) -> str:
+        """A small triangle pointing down at `lr` on the plot's top edge."""
+        x, tip = self.x(lr), self.marker_y
+        return f"{x - 5:.1f},{tip - 8} {x + 5:.1f},{tip - 8} {x:.1f},{tip}"
+
+    def label(self, x: float, room: float = 170) -> dict:
+        """Where a label at `x` goes in the strip: right of the line, or left of it near the right edge."""
+        right = self.width - self.margin[1]
+        return {"x": round(x - 5 if x > right - room else x + 5, 1), "anchor": "end" if x > right - room else "start"}
 
 
 def _axes(results: list[RangeTest]) -> _Axes:
@@ -313,9 +329,10 @@ def render_report(results: list[RangeTest], summary: Summary, *, title: str, fac
     curves = [{"color": COLORS[i % len(COLORS)], "seed_offset": i, "raw": axes.points(r.lrs, r.losses),
                "smoothed": axes.points(r.lrs, r.smoothed), "result": r,
                "suggestion_x": axes.x(r.suggestion) if r.suggestion else None,
-               "min_x": axes.x(r.min_lr) if r.min_lr else None} for i, r in enumerate(results)]
+               "min_marker": axes.marker(r.min_lr) if r.min_lr else None} for i, r in enumerate(results)]
+    median_x = axes.x(summary.suggestion) if summary.suggestion else None
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     return env.get_template("lr_finder.html.j2").render(
-        title=title, facts=facts, summary=summary, curves=curves, axes=axes, y_ticks=y_ticks,
-        median_x=axes.x(summary.suggestion) if summary.suggestion else None, edge_factor=EDGE_FACTOR)
+        title=title, facts=facts, summary=summary, curves=curves, axes=axes, y_ticks=y_ticks, median_x=median_x,
+        median_label=axes.label(median_x) if median_x is not None else None, edge_factor=EDGE_FACTOR)

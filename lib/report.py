@@ -249,13 +249,14 @@ def _binary_size(n: int | None) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-# lib.hardware.format_size writes GiB as "GB" and MiB as "MB" in the plan's reasons. Its GB always have
-# decimals, so "80GB" in a GPU's name ("NVIDIA H100 80GB HBM3") is left alone.
-_SIZE_IN_TEXT = re.compile(r"(?<![\w.-])(?:(\d+\.\d+)GB|(\d+(?:\.\d+)?)MB)\b")
+# The plan's reasons write GiB as "GB" and MiB as "MB" (lib.hardware.format_size, the tier policy's
+# "16GB+" and "<4GB"). Their GB have decimals or a tier's + or <, so "80GB" in a GPU's name ("NVIDIA H100
+# 80GB HBM3") is left alone.
+_SIZE_IN_TEXT = re.compile(r"(?<![\w.-])(?:\d+\.\d+GB|\d+GB\+|<\d+GB|\d+(?:\.\d+)?MB)(?!\w)")
 
 
 def _binary_units(text: str) -> str:
-    return _SIZE_IN_TEXT.sub(lambda m: f"{m[1]} GiB" if m[1] else f"{m[2]} MiB", text)
+    return _SIZE_IN_TEXT.sub(lambda m: m[0].replace("GB", " GiB").replace("MB", " MiB"), text)
 
 
 def _color(name: str) -> str:

@@ -137,6 +137,21 @@ def test_memory_warning_reads_the_plans_prediction_when_there_is_one():
     assert "above the plan's micro-batch 64" in lr_finder.memory_warning(plain, hardware, 128)
 
 
+def test_report_chart_follows_the_window_and_keeps_its_label_off_the_markers():
+    lrs = lr_finder.lr_schedule(1e-5, 10.0, 40)
+    smoothed = tuple(2.0 - i / 30 if i < 30 else 1.0 + (i - 29) for i in range(40))
+    low, steep, suggestion = lr_finder.suggest(lrs, smoothed)
+    result = lr_finder.RangeTest(lrs=tuple(lrs), losses=smoothed, smoothed=smoothed, stop_reason="diverged",
+                                 seconds=0.1, min_lr=low, steepest_lr=steep, suggestion=suggestion)
+    page = lr_finder.render_report([result], lr_finder.summarize([result]), title="t", facts=[("model", "m")])
+    [svg] = re.findall(r"<svg\b[^>]*>", page)
+    assert "viewBox=" in svg and not re.search(r'\swidth="', svg)  # drawn at the column's width, not 760 px
+    assert f"suggestion {suggestion:.2g}" in page and "<polygon" in page
+    axes = lr_finder._axes([result])
+    # The label's row (13 px text on baseline label_y) ends above the markers' row, which ends above the plot.
+    assert axes.label_y + 4 < axes.marker_y - 8 and axes.marker_y <= axes.margin[0]
+
+
 # --------------------------------------------------------------------------
 # Through make, as a user runs it
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,11 +16,13 @@ from lib import config as kc
 from lib.hardware import catalog, from_catalog, resolve_hardware
 from lib.hyperparams import ModelDescription, TierPolicy, resolve
 from lib.report import (
-    format_matrix, hardware_warnings, machines, memory_lines, plan_matrix, recommendations, render_report,
+    _binary_units, _breakdown_bar, _breakdown_legend, _peak_curve, format_matrix, hardware_warnings, machines,
+    memory_lines, plan_matrix, recommendations, render_report,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
+MIB = 2**20
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +74,55 @@ def test_matrix_progress_goes_to_stderr_and_names_what_is_traced(tmp_path, capsy
 def test_report_renders_html_with_svg_charts(tmp_path):
     targets = [m for m in machines() if m[0] in ("t4", "cpu")]
     rows = plan_matrix(["lenet5", "gpt2-tiny"], targets)
-    out = render_report(rows, "t4", tmp_path / "report.html")
+    out = render_report(rows, "cpu", tmp_path / "report.html")
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 4  # 2 defconfigs x (bar, curve)
     assert "budget" in page and "chosen" in page and "<polyline" in page
     assert "src=" not in page and "href=" not in page  # self-contained
+    # The focus machine's column comes first, whatever its name sorts as; sizes are binary, said once.
+    assert re.findall(r"<th[^>]*>([\w-]+)", page)[:3] == ["defconfig", "cpu", "t4"]
+    assert "1 GiB = 2<sup>30</sup> bytes" in page and "MiB" in page
+    assert not re.search(r"\d(\.\d+)?[GM]B\b", page)
+
+
+def fake_plan(micro: int, peak: int, budget: int, reason: str = "fits", cap: int = 10**6, breakdown=None):
+    return SimpleNamespace(micro_batch=micro, predicted_peak_bytes=peak, budget_bytes=budget,
+                           max_micro_batch=cap, reasons={"micro_batch": reason}, memory_breakdown=breakdown)
+
+
+def test_peak_curve_spans_its_own_range_and_notes_a_distant_budget():
+    # A 30 MiB model under a 16 GiB budget: against 0..budget it was a flat line at 0.
+    points = [(1, 20 * MIB), (64, 30 * MIB), (256, 60 * MIB)]
+    g = _peak_curve(points, fake_plan(64, 30 * MIB, 16 * GIB))
+    assert g["unit"] == "MiB" and g["budget_y"] is None and "16.00 GiB, above the chart" in g["budget"]
+    height = g["bottom"] - g["top"]
+    assert min(d["y"] for d in g["dots"]) < g["top"] + 0.2 * height  # the curve reaches the top fifth
+    assert g["chosen"]["y"] < g["bottom"] - 0.25 * height  # and the chosen point is clear of the axis
+    assert [t["label"] for t in g["yticks"]] == ["0", "20", "40", "60"]  # MiB, read off a round scale
+
+
+def test_peak_curve_draws_the_budget_when_memory_binds():
+    points = [(1, GIB), (16, 9 * GIB), (24, 13 * GIB)]
+    plan = fake_plan(25, int(15.7 * GIB), 16 * GIB, "26 would need 16.3GB", cap=25)
+    g = _peak_curve(points, plan)
+    assert g["unit"] == "GiB" and g["top"] < g["budget_y"] < g["chosen"]["y"] < g["bottom"]
+    assert g["budget"] == "16.00 GiB"
+
+
+def test_breakdown_legend_has_one_order_on_every_card():
+    a = fake_plan(1, 10, 20, breakdown={"host_heap": 1, "activations": 5, "parameters": 4})
+    b = fake_plan(1, 10, 20, breakdown={"parameters": 4, "workspace": 2, "activations": 4})
+    legends = _breakdown_legend([a, b])
+    assert [[name for name, _, _ in legend] for legend in legends] == \
+        [["parameters", "activations", "workspace", "host_heap"]] * 2
+    assert legends[0][2][1] is None and legends[1][2][1] == "0.0 MiB"  # a lacks the workspace
+    assert [s["name"] for s in _breakdown_bar(a)["segments"]] == ["parameters", "activations", "host_heap"]
+
+
+def test_sizes_in_reasons_become_binary_units_but_gpu_names_stay():
+    text = "peak 29MB fits 15.76GB (21.0GB RAM); tier 16GB+ or <4GB; NVIDIA H100 80GB HBM3; A100-SXM4-80GB"
+    assert _binary_units(text) == ("peak 29 MiB fits 15.76 GiB (21.0 GiB RAM); tier 16 GiB+ or <4 GiB; "
+                                   "NVIDIA H100 80GB HBM3; A100-SXM4-80GB")
 
 
 def test_memory_lines_list_the_breakdown(lenet):
