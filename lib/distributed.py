@@ -215,6 +215,6 @@ def hardware_for_rank(hardware, rank: Rank, nproc: int, warn):
         smallest = min(used, key=lambda g: (g.free_bytes, g.total_bytes))
         if rank.is_main:
             warn(f"warning: the {len(used)} GPUs differ ({', '.join(sorted({g.name for g in used}))}): every "
-                 f"rank plans for the smallest, {smallest.name} ({smallest.free_bytes / 2**30:.1f}GB free)")
+                 f"rank plans for the smallest, {smallest.name} ({smallest.free_bytes / 2**30:.1f}GiB free)")
         own = dataclasses.replace(smallest, index=own.index)
     return dataclasses.replace(hardware, gpus=(own,) + gpus[:mine] + gpus[mine + 1:])

@@ -72,8 +72,8 @@ class TierPolicy:
                 base = with_compile if compile else without
                 break
         batch = max(1, int(base * scale))
-        tier = f"{floor}GB+" if floor else "<4GB"
-        return batch, (f"{gib(gpu.free_bytes):.1f}GB free x {self.safety:.0%} = {usable:.1f}GB usable -> "
+        tier = f"{floor}GiB+" if floor else "<4GiB"
+        return batch, (f"{gib(gpu.free_bytes):.1f}GiB free x {self.safety:.0%} = {usable:.1f}GiB usable -> "
                        f"tier {tier}, base {base} (compile {'on' if compile else 'off'}) x {model.name} "
                        f"scale {scale:g} = {batch}")
 
@@ -367,10 +367,10 @@ def summary_line(plan: Plan, hardware: HardwareProfile, model: ModelDescription)
     """
     if plan.device_type == "cpu":
         where = (f"CPU: {hardware.cpu.name} ({hardware.cpu.physical_cores} cores, "
-                 f"{gib(hardware.cpu.ram_available_bytes):.1f}GB RAM free)")
+                 f"{gib(hardware.cpu.ram_available_bytes):.1f}GiB RAM free)")
     else:
         gpu = hardware.primary_gpu
-        where = (f"GPU: {gpu.name} ({gib(gpu.total_bytes):.1f}GB total, {gib(gpu.free_bytes):.1f}GB free) "
+        where = (f"GPU: {gpu.name} ({gib(gpu.total_bytes):.1f}GiB total, {gib(gpu.free_bytes):.1f}GiB free) "
                  f"x {plan.world_size}")
     head = f"Hyperparams: {plan.mode.upper()} mode - {where}, model={_model_label(model)}, " \
            f"compile={'ON' if plan.compile else 'OFF'} -> batch={plan.micro_batch}, grad_acc={plan.grad_accum} "

@@ -44,7 +44,7 @@ def memory_budget(config: Config, hardware: HardwareProfile, device_type: str) -
     else:
         gpu = hardware.primary_gpu
         free, where = gpu.free_bytes, f"free on {gpu.name}"
-    return int(free * share), f"{gib(free):.1f}GB {where} x {profile_label(config)}"
+    return int(free * share), f"{gib(free):.1f}GiB {where} x {profile_label(config)}"
 
 
 def _fmt(n: int) -> str:

@@ -4,7 +4,6 @@ defconfig x machine matrix (`make plan-matrix`) and its HTML report (`make plan-
 from __future__ import annotations
 
 import math
-import re
 import sys
 import tempfile
 import time
@@ -62,13 +61,13 @@ def hardware_warnings(hardware: HardwareProfile) -> list[str]:
         used = gpu.total_bytes - gpu.free_bytes
         # Our own context accounts for about CONTEXT_RESERVE_BYTES; 1 GiB beyond that is someone else's.
         if used > catalog.CONTEXT_RESERVE_BYTES + 2**30:
-            warnings.append(f"GPU {gpu.index} ({gpu.name}): {gib(used):.1f}GB of {gib(gpu.total_bytes):.1f}GB is in "
+            warnings.append(f"GPU {gpu.index} ({gpu.name}): {gib(used):.1f}GiB of {gib(gpu.total_bytes):.1f}GiB is in "
                             "use, more than a CUDA context takes: other processes hold memory (nvidia-smi); the "
                             "plan only counts what is free")
     if len({(g.name, g.total_bytes) for g in hardware.gpus}) > 1:
         warnings.append("the GPUs differ: training plans for GPU 0; set CUDA_VISIBLE_DEVICES to identical ones")
     if hardware.disk_free_bytes < 5 * 2**30:
-        warnings.append(f"only {gib(hardware.disk_free_bytes):.1f}GB of disk free: checkpoints may not fit")
+        warnings.append(f"only {gib(hardware.disk_free_bytes):.1f}GiB of disk free: checkpoints may not fit")
     if hardware.on_battery:
         warnings.append("running on battery: training drains it and runs slower; plug in for long runs")
     return warnings
@@ -249,16 +248,6 @@ def _binary_size(n: int | None) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-# The plan's reasons write GiB as "GB" and MiB as "MB" (lib.hardware.format_size, the tier policy's
-# "16GB+" and "<4GB"). Their GB have decimals or a tier's + or <, so "80GB" in a GPU's name ("NVIDIA H100
-# 80GB HBM3") is left alone.
-_SIZE_IN_TEXT = re.compile(r"(?<![\w.-])(?:\d+\.\d+GB|\d+GB\+|<\d+GB|\d+(?:\.\d+)?MB)(?!\w)")
-
-
-def _binary_units(text: str) -> str:
-    return _SIZE_IN_TEXT.sub(lambda m: m[0].replace("GB", " GiB").replace("MB", " MiB"), text)
-
-
 def _color(name: str) -> str:
     return COLORS.get(name) or OVERHEAD_COLORS.get(name, OVERHEAD_COLOR)
 
@@ -390,7 +379,6 @@ def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
         card["breakdown"] = legend
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters["binary_units"] = _binary_units
     page = env.get_template("plan_report.html.j2").render(
         rows=rows, focus=focus, cards=cards, size=_binary_size, machines=_columns(rows, focus),
         defconfigs=sorted({r.defconfig for r in rows}), generated=datetime.now().strftime("%Y-%m-%d %H:%M"),

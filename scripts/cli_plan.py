@@ -89,12 +89,12 @@ def cmd_check_hardware(args) -> int:
         print("  GPU: none that torch can use")
     for gpu in hardware.gpus:
         cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else gpu.arch
-        print(f"  GPU {gpu.index}: {gpu.name} [{gpu.backend}, {cc}] {gib(gpu.total_bytes):.1f}GB total, "
-              f"{gib(gpu.free_bytes):.1f}GB free; bf16 {'yes' if gpu.supports_bf16 else 'no'}, "
+        print(f"  GPU {gpu.index}: {gpu.name} [{gpu.backend}, {cc}] {gib(gpu.total_bytes):.1f}GiB total, "
+              f"{gib(gpu.free_bytes):.1f}GiB free; bf16 {'yes' if gpu.supports_bf16 else 'no'}, "
               f"TF32 {'yes' if gpu.supports_tf32 else 'no'}")
     print(f"  CPU: {cpu.name}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores")
-    print(f"  RAM: {gib(cpu.ram_total_bytes):.1f}GB total, {gib(cpu.ram_available_bytes):.1f}GB available")
-    print(f"  disk: {gib(hardware.disk_free_bytes):.1f}GB free")
+    print(f"  RAM: {gib(cpu.ram_total_bytes):.1f}GiB total, {gib(cpu.ram_available_bytes):.1f}GiB available")
+    print(f"  disk: {gib(hardware.disk_free_bytes):.1f}GiB free")
     print(f"  power: {'battery' if hardware.on_battery else 'mains' if hardware.on_battery is False else 'no battery'}")
     for note in hardware.notes:
         print(f"  note: {note}")

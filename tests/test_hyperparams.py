@@ -88,7 +88,7 @@ def test_seed_worked_example_resnet18_on_h100_with_70gb_free(make_config):
     assert (plan.micro_batch, plan.grad_accum, plan.effective_batch) == (64, 8, 512)
     assert plan.compile and plan.precision == "bf16" and plan.tf32 and plan.device_type == "cuda"
     line = summary_line(plan, hardware, model)
-    assert re.fullmatch(r"Hyperparams: AUTO mode - GPU: NVIDIA H100[^(]*\(\d+\.\dGB total, 70\.0GB free\) x 1, "
+    assert re.fullmatch(r"Hyperparams: AUTO mode - GPU: NVIDIA H100[^(]*\(\d+\.\dGiB total, 70\.0GiB free\) x 1, "
                         r"model=resnet18, compile=ON -> batch=64, grad_acc=8 \(effective=512, target=512\)", line)
 
 

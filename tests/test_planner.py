@@ -70,7 +70,7 @@ def test_batch_one_too_big_is_a_plan_error_with_numbers_and_advice(gpt2_tiny):
     with pytest.raises(PlanError) as err:
         plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=0.02))
     text = str(err.value)
-    assert "does not fit even at micro-batch 1" in text and "budget is 15MB" in text
+    assert "does not fit even at micro-batch 1" in text and "budget is 15MiB" in text
     assert "CONFIG_GRADIENT_CHECKPOINTING=y" in text and "CONFIG_GPT2_PRESET" in text
     assert "CONFIG_MEMORY_PROFILE_EXTREME" in text
 

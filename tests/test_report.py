@@ -16,7 +16,7 @@ from lib import config as kc
 from lib.hardware import catalog, from_catalog, resolve_hardware
 from lib.hyperparams import ModelDescription, TierPolicy, resolve
 from lib.report import (
-    _binary_units, _breakdown_bar, _breakdown_legend, _peak_curve, format_matrix, hardware_warnings, machines,
+    _breakdown_bar, _breakdown_legend, _peak_curve, format_matrix, hardware_warnings, machines,
     memory_lines, plan_matrix, recommendations, render_report,
 )
 
@@ -44,7 +44,7 @@ def test_planner_matrix_row_shows_peak_against_budget():
     [row] = plan_matrix(["lenet5"], [m for m in machines() if m[0] == "t4"])
     assert row.plan.policy == "planner" and row.plan.predicted_peak_bytes <= row.plan.budget_bytes
     line = format_matrix([row]).splitlines()[1]
-    assert line.startswith("lenet5") and "t4" in line and "GB" in line and line.endswith("%")
+    assert line.startswith("lenet5") and "t4" in line and "GiB" in line and line.endswith("%")
 
 
 def test_matrix_progress_goes_to_stderr_and_names_what_is_traced(tmp_path, capsys, monkeypatch):
@@ -117,12 +117,6 @@ def test_breakdown_legend_has_one_order_on_every_card():
         [["parameters", "activations", "workspace", "host_heap"]] * 2
     assert legends[0][2][1] is None and legends[1][2][1] == "0.0 MiB"  # a lacks the workspace
     assert [s["name"] for s in _breakdown_bar(a)["segments"]] == ["parameters", "activations", "host_heap"]
-
-
-def test_sizes_in_reasons_become_binary_units_but_gpu_names_stay():
-    text = "peak 29MB fits 15.76GB (21.0GB RAM); tier 16GB+ or <4GB; NVIDIA H100 80GB HBM3; A100-SXM4-80GB"
-    assert _binary_units(text) == ("peak 29 MiB fits 15.76 GiB (21.0 GiB RAM); tier 16 GiB+ or <4 GiB; "
-                                   "NVIDIA H100 80GB HBM3; A100-SXM4-80GB")
 
 
 def test_memory_lines_list_the_breakdown(lenet):

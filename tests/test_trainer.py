@@ -120,7 +120,9 @@ def test_run_directory_holds_config_plan_metrics_and_a_safe_checkpoint(make_conf
     lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "loss" in line] == [1, 2, 3]
     assert all(line["samples_per_s"] > 0 for line in lines if "loss" in line)
-    assert lines[-1]["final"] and 0 <= lines[-1]["accuracy"] <= 1
+    [final] = [line for line in lines if line.get("final")]
+    assert 0 <= final["accuracy"] <= 1
+    assert lines[-1]["event"] == "finished" and lines[-1]["stop_reason"] == "max_steps"  # the Saved line
     state = load_checkpoint(result.run_dir / "checkpoint.pt")  # weights_only=True
     assert state["config"] == config.text and state["step"] == 3
     assert state["plan"]["effective_batch"] == trainer.plan.effective_batch

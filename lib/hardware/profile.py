@@ -33,7 +33,7 @@ def gib(n_bytes: int | float) -> float:
 
 def format_size(n_bytes: int, mb_decimals: int = 1) -> str:
     """Bytes for plans and reports: '1.23GB' from a GiB up, else '37.1MB' (GB and MB are 2**30 and 2**20)."""
-    return f"{gib(n_bytes):.2f}GB" if n_bytes >= GiB else f"{n_bytes / 2**20:.{mb_decimals}f}MB"
+    return f"{gib(n_bytes):.2f}GiB" if n_bytes >= GiB else f"{n_bytes / 2**20:.{mb_decimals}f}MiB"
 
 
 @dataclass(frozen=True)
