@@ -146,6 +146,9 @@ def load_checkpoint(path: Path) -> dict:
 
 FINAL = "checkpoint.pt"
 FINAL_SHARDED = "checkpoint" + SHARDED_SUFFIX
+# A sharded run that ran out of memory: the micro-batch its relaunch takes (lib/trainer/stepper.py). FSDP's
+# collectives run inside every forward and backward, so one rank cannot redo a step alone as DDP's can.
+OOM_MARKER = "oom.json"
 
 # Symbols that do not change what is computed: a run may be resumed with other values of these.
 # (The micro-batch policy and memory share only split the same effective batch differently; the
@@ -222,7 +225,8 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
     candidates = []
     for run_dir in runs:
         newest = periodic_checkpoints(run_dir) if run_dir.is_dir() else []
-        if not newest or finished_checkpoint(run_dir) or not (run_dir / "config").is_file():
+        marker = run_dir / OOM_MARKER  # out of memory before its first checkpoint: restarts in place
+        if (not newest and not marker.is_file()) or finished_checkpoint(run_dir) or not (run_dir / "config").is_file():
             continue
         if training_identity((run_dir / "config").read_text()) != identity:
             continue
@@ -234,5 +238,17 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
             log(f"note: not resuming {run_dir}: its effective batch was {effective}, this run's is "
                 f"{effective_batch}")
             continue
-        candidates.append((newest[0][1].stat().st_mtime, run_dir))
+        candidates.append(((newest[0][1] if newest else marker).stat().st_mtime, run_dir))
     return max(candidates)[1] if candidates else None
+
+
+def oom_marker_since(output_dir: Path, since: float) -> dict | None:
+    """The out-of-memory marker a sharded run wrote in output_dir at or after `since` (a time.time())."""
+    base = Path(output_dir)
+    found = [m for m in base.glob(f"*/{OOM_MARKER}") if m.stat().st_mtime >= since] if base.is_dir() else []
+    if not found:
+        return None
+    try:
+        return json.loads(max(found, key=lambda m: m.stat().st_mtime).read_text())
+    except (OSError, ValueError):
+        return None

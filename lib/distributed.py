@@ -18,9 +18,13 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -125,6 +129,44 @@ def exec_torchrun(nproc: int, script: Path, env: dict[str, str], threads: int | 
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, env)
+
+
+def run_torchrun(nproc: int, script: Path, env: dict[str, str], *, threads: int | None = None,
+                 relaunch: Callable[[float], str | None] | None = None, attempts: int = 0) -> int:
+    """torchrun as a child process, relaunched (at most `attempts` times) when it failed and
+    `relaunch(launched_at)` gives a reason: a sharded run that ran out of memory, which continues from its
+    last checkpoint at half the micro-batch (lib/trainer/stepper.py mark_oom). Used for sharded runs only,
+    where no rank can recover in place; SIGTERM is passed on to torchrun (which passes it to the ranks:
+    they checkpoint and stop), and the exit status is then 143 as for one process. `threads` as
+    exec_torchrun's."""
+    command = torchrun_command(nproc, script, env)
+    env.setdefault("OMP_NUM_THREADS", str(threads or cores_per_process(usable_cores(), nproc)))
+    stopped: list[int] = []
+    code = 1
+    for _ in range(attempts + 1):
+        launched = time.time()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child = subprocess.Popen(command, env=env)
+
+        def forward(signum, frame, child=child):
+            stopped.append(signum)
+            if signum == signal.SIGTERM:  # Ctrl-C reaches torchrun and the ranks from the terminal already
+                child.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            code = child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if stopped:
+            return 128 + stopped[0] if code else 0
+        why = relaunch(launched) if code and relaunch else None
+        if why is None:
+            return code
+        print(why, flush=True)
+    return code
 
 
 def current(env=os.environ) -> Rank:

@@ -52,6 +52,17 @@ def resume_from(config, plan) -> Path | None:
     return find_resumable(Path(config.output_dir), config.text, plan.effective_batch, config.run_name, log=print)
 
 
+def _oom_relaunch(config, since: float) -> str | None:
+    """Why to relaunch a sharded run that failed: it ran out of memory and marked the micro-batch to retry."""
+    from lib.checkpoint import oom_marker_since
+
+    marker = oom_marker_since(Path(config.output_dir), since)
+    if marker is None:
+        return None
+    return (f"Out of memory at step {marker['step']} under FSDP: relaunching from the last checkpoint at "
+            f"micro-batch {marker['micro_batch']} (the same effective batch)")
+
+
 def cmd_train(args) -> int:
     import torch
 
@@ -59,6 +70,7 @@ def cmd_train(args) -> int:
     from lib.hyperparams import compile_line, summary_line
     from lib.hardware.allocator import RETENTION_FACTOR, needs_returning, return_freed_memory
     from lib.oom import ADVICE, is_oom
+    from lib.parallel import is_sharded
     from lib.task import load_task
     from lib.trainer import TrainingInterrupted, train
 
@@ -78,6 +90,10 @@ def cmd_train(args) -> int:
             print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why}); "
                   f"{launch.cpu_threads} CPU thread(s) each")
             # the threads are decided here, before any rank starts: a rank would count its siblings as load
+            if is_sharded(launch.strategy) and config.oom_recovery:
+                return distributed.run_torchrun(
+                    nproc, ROOT / "scripts" / "kfit.py", dict(os.environ), threads=launch.cpu_threads,
+                    relaunch=lambda since: _oom_relaunch(config, since), attempts=config.oom_max_halvings or 0)
             distributed.exec_torchrun(nproc, ROOT / "scripts" / "kfit.py", dict(os.environ), threads=launch.cpu_threads)
     rank = distributed.current()
     say = print if rank.is_main else (lambda *a, **k: None)
@@ -117,11 +133,9 @@ def cmd_train(args) -> int:
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not is_oom(err):
             raise
-        from lib.parallel import is_sharded
-
         what = ("CONFIG_OOM_RECOVERY is off" if not config.oom_recovery else
-                "under FSDP a step cannot be redone by one rank alone (its collectives involve all); 'make train' "
-                "resumes from the last checkpoint" if is_sharded(plan.strategy) and rank.active else
+                "under FSDP no rank can redo a step alone: the launcher relaunches the run at half the micro-batch"
+                if is_sharded(plan.strategy) and rank.active else
                 "it could not be recovered")
         print(f"error: out of memory ({' '.join(str(err).split())[:200]}); {what}: {ADVICE}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import json
 import math
 import time
 from dataclasses import asdict
@@ -145,6 +146,8 @@ class Stepper:
             try:
                 loss_sum = self.accumulate(window, step).item()
             except Exception as err:  # noqa: BLE001 - only out-of-memory is recovered; the rest re-raises
+                if self.sharded and self.config.oom_recovery and is_oom(err):
+                    self.mark_oom(step, err)  # the launcher relaunches the run at half the micro-batch
                 if not (self.recover_oom and is_oom(err)):
                     raise
                 failed, reason = True, " ".join(str(err).split())[:200]
@@ -187,6 +190,33 @@ class Stepper:
                            f"{p.micro_batch}, accumulation {self.plan.grad_accum}; redoing the step with the "
                            f"same {p.window_size} samples", micro_batch=p.micro_batch, halvings=p.halvings)
 
+    def mark_oom(self, step: int, err: BaseException) -> None:
+        """Under FSDP: record in the run directory the halved micro-batch the relaunched run takes (from its
+        last checkpoint, with the same effective batch), for `make train` to relaunch torchrun with it."""
+        p = self.progress
+        half = halve(p.micro_batch, p.halvings, self.config.oom_max_halvings or 0, f"at step {step + 1}")
+        checkpoint.write_json_atomic(self.run_dir / checkpoint.OOM_MARKER, {
+            "micro_batch": half, "halvings": p.halvings + 1, "step": step + 1,
+            "reason": " ".join(str(err).split())[:200]})
+
+    def apply_oom_marker(self) -> None:
+        """A relaunch after out-of-memory under FSDP takes the marker's micro-batch (mark_oom)."""
+        try:
+            marker = json.loads((self.run_dir / checkpoint.OOM_MARKER).read_text())
+        except (OSError, ValueError):
+            return
+        p = self.progress
+        if marker.get("micro_batch", p.micro_batch) >= p.micro_batch:
+            return  # a later checkpoint already runs at it
+        before, p.micro_batch, p.halvings = p.micro_batch, marker["micro_batch"], marker["halvings"]
+        share = math.ceil(p.window_size / self.rank.world_size)
+        self.plan = dataclasses.replace(
+            self.plan, micro_batch=p.micro_batch, grad_accum=math.ceil(share / p.micro_batch),
+            reasons={**self.plan.reasons, "micro_batch": self.plan.reasons.get("micro_batch", "") +
+                     f"; halved to {p.micro_batch} after out of memory at step {marker['step']} (FSDP relaunch)"})
+        self.log(f"Out of memory at step {marker['step']} ({marker['reason']}): micro-batch {before} -> "
+                 f"{p.micro_batch}, accumulation {self.plan.grad_accum}; the same {p.window_size} samples per step")
+
     def event(self, kind: str, message: str, **data) -> None:
         if self.monitor is not None:
             self.monitor.event(kind, message, **data)
@@ -220,14 +250,17 @@ class Stepper:
     def restore(self, run_dir: Path) -> None:
         """Continue the run in run_dir from its newest readable checkpoint."""
         found = checkpoint.latest_valid(run_dir, self.log)
-        if found is None:
+        if found is None and not (Path(run_dir) / checkpoint.OOM_MARKER).is_file():
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return
-        path, state = found
-        self.progress = load_state(state, self.model, self.optimizer, self.scaler, self.device, path=path,
-                                   sharded=self.sharded)
-        self.plan = dataclasses.replace(self.plan, micro_batch=self.progress.micro_batch)
-        self.run_dir, self.resumed_from = Path(run_dir), path
+        if found is not None:
+            path, state = found
+            self.progress = load_state(state, self.model, self.optimizer, self.scaler, self.device, path=path,
+                                       sharded=self.sharded)
+            self.plan = dataclasses.replace(self.plan, micro_batch=self.progress.micro_batch)
+            self.resumed_from = path
+        self.run_dir = Path(run_dir)  # without a checkpoint: out of memory before the first, restarted here
+        self.apply_oom_marker()
 
     def epochs_begun(self) -> int:
         return min(self.progress.epoch + (self.progress.window > 0), self.config.epochs)
