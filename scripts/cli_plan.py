@@ -27,6 +27,8 @@ def format_plan(plan, config, hardware, model) -> str:
             != plan.effective_batch else "")),
         ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
          plan.reasons.get("strategy", "")),
+        *([("gradient sync", f"per {plan.gradient_sync.replace('_', '-')}", plan.reasons["gradient_sync"])]
+          if "gradient_sync" in plan.reasons else []),
         ("eval batch", str(plan.eval_batch), plan.reasons["eval_batch"]),
         ("tf32", "on" if plan.tf32 else "off", plan.reasons["tf32"]),
         ("cudnn benchmark", "on" if plan.cudnn_benchmark else "off", plan.reasons["cudnn_benchmark"]),
