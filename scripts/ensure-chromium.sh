@@ -37,11 +37,11 @@ command -v apt-get >/dev/null 2>&1 || skip "apt-get not found"
 echo "ensure-chromium: installing Debian's chromium package for the browser tests (about 20 s, 340 MB)"
 start=$(date +%s)
 # Bounded: a machine that cannot reach its mirrors skips the browser tests instead of stalling make test.
-apt() { timeout 240 apt-get -o Acquire::http::Timeout=20 -o Acquire::Retries=1 "$@" >/dev/null 2>&1; }
-if ! DEBIAN_FRONTEND=noninteractive apt install -y -q --no-install-recommends chromium; then
+apt() { DEBIAN_FRONTEND=noninteractive timeout 240 apt-get -o Acquire::http::Timeout=20 -o Acquire::Retries=1 "$@" >/dev/null 2>&1; }
+if ! apt install -y -q --no-install-recommends chromium; then
     # The package lists may be missing (fresh container) or stale: refresh them once and retry.
     apt update -q || skip "apt-get update failed or timed out (offline?)"
-    DEBIAN_FRONTEND=noninteractive apt install -y -q --no-install-recommends chromium \
+    apt install -y -q --no-install-recommends chromium \
         || skip "apt-get install chromium failed or timed out"
 fi
 command -v chromium >/dev/null 2>&1 || skip "apt-get installed chromium, but it is not on PATH"
