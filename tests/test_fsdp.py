@@ -73,6 +73,15 @@ def train(directory: Path, config: Path, gpus: int, stop_after: int | None = Non
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
+def interrupted_run(directory: Path, gpus: int) -> tuple[Path, subprocess.CompletedProcess, Path]:
+    """(config, output, run directory) of a run on `gpus` processes stopped by SIGTERM after 3 steps."""
+    config = write_config(directory)
+    stopped = train(directory, config, gpus=gpus, stop_after=3)
+    assert stopped.returncode == 143, stopped.stdout  # 128 + SIGTERM, after a checkpoint
+    [run_dir] = (directory / "runs").iterdir()
+    return config, stopped, run_dir
+
+
 def single_process_reference(directory: Path) -> tuple[dict, dict]:
     """(final weights, losses by step) of one process taking the same 16 samples per step."""
     config = kc.read_config(write_config(directory))
@@ -212,12 +221,9 @@ def reference(tmp_path_factory):
 @pytest.mark.slow
 def test_fsdp_resumes_exactly_then_onto_one_process_and_from_one(tmp_path, reference):
     weights, reference_losses = reference
-    config = write_config(tmp_path)
     # 2 processes, SIGTERM: every rank writes its shard of the checkpoint, exit 143
-    stopped = train(tmp_path, config, gpus=2, stop_after=3)
-    assert stopped.returncode == 143, stopped.stdout
+    config, stopped, run_dir = interrupted_run(tmp_path, gpus=2)
     assert "over 2 processes" in stopped.stdout
-    [run_dir] = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "plan.json").read_text())["strategy"] == "fsdp"
     at = int(stopped.stdout.split("checkpoint saved at step ")[1].split()[0])
     sharded = checkpoint.periodic_path(run_dir, at, sharded=True)
@@ -241,10 +247,7 @@ def test_fsdp_resumes_exactly_then_onto_one_process_and_from_one(tmp_path, refer
 @pytest.mark.slow
 def test_one_process_run_resumes_onto_two_fsdp_processes(tmp_path, reference):
     weights, _ = reference
-    config = write_config(tmp_path)
-    stopped = train(tmp_path, config, gpus=1, stop_after=3)
-    assert stopped.returncode == 143, stopped.stdout
-    [run_dir] = (tmp_path / "runs").iterdir()
+    config, _, run_dir = interrupted_run(tmp_path, gpus=1)
     assert any(p.suffix == ".pt" for _, p in checkpoint.periodic_checkpoints(run_dir))
     resumed = train(tmp_path, config, gpus=2)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

@@ -97,7 +97,7 @@ import torch
 
 from ..config import Config
 from ..errors import PlanError
-from .trace import Trace, _fake_copy, _features, kernel_workspace, step_optimizer, training_steps
+from .trace import Trace, _fake_copy, _features, evaluation_pass, kernel_workspace, step_optimizer, training_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -260,11 +260,7 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
             else:
                 model.eval()
                 with tracker, torch.no_grad(), autocast:
-                    x, y = batch_tensors()
-                    out = model(x)
-                    task.loss(out, y)
-                    if task.info.kind == "image":  # the evaluator's accuracy (lib/trainer/evaluation.py)
-                        out.argmax(dim=-1)
+                    evaluation_pass(model, task, *batch_tensors())
         peak = tracker.get_tracker_snapshot("peak")
     snap = next(iter(peak.values()), {})
     breakdown = {name: 0 for name in BREAKDOWN}

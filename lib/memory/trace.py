@@ -149,6 +149,15 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
     optimizer.zero_grad(set_to_none=True)
 
 
+def evaluation_pass(model, task, x, y) -> None:
+    """The traced evaluation: the forward, the loss and, for images, the evaluator's accuracy
+    (lib/trainer/evaluation.py). The output is whatever the loss reads: a tensor, a ModelOutput, a tuple."""
+    out = model(x)
+    task.loss(out, y)
+    if task.info.kind == "image":
+        out.argmax(dim=-1)
+
+
 # --------------------------------------------------------------------------
 # Kernel workspaces: scratch a kernel allocates and frees inside one op.
 # The trace sees only an op's inputs and outputs; these functions add what the
@@ -419,11 +428,7 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
             model.eval()
             tracker.track_external(model)
             with tracker, torch.no_grad(), autocast:
-                x, y = batch_tensors()
-                out = model(x)  # whatever the loss function reads: a tensor, a ModelOutput, a tuple
-                task.loss(out, y)
-                if task.info.kind == "image":  # the evaluator's accuracy (lib/trainer/evaluation.py)
-                    out.argmax(dim=-1)
+                evaluation_pass(model, task, *batch_tensors())
         peak = tracker.get_tracker_snapshot("peak")
     snap = next(iter(peak.values()), {})
     breakdown = {name: 0 for name in _ONE_PROCESS}

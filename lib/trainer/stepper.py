@@ -7,9 +7,11 @@ samples. Under DDP with out-of-memory recovery on, gradients are summed only
 after that agreement; without it DDP syncs during the last backward.
 Under FSDP (plan.strategy, lib/parallel.py) the model is sharded before the
 optimizer is made; gradients are reduce-scattered in the last micro-batch's
-backward only (set_requires_gradient_sync), every rank runs the same number of
-micro-batches (FSDP's collectives run in every forward and backward), and
-out-of-memory stops the run: one rank cannot leave those collectives alone.
+backward only where memory allows (plan.gradient_sync), every rank runs the same
+number of micro-batches (FSDP's collectives run in every forward and backward),
+and out-of-memory cannot be redone in place (one rank cannot leave those
+collectives alone): the rank marks half the micro-batch in the run directory and
+the launcher relaunches the run from its last checkpoint (mark_oom).
 `Stepper` is the Trainer's base (loop.py adds the epochs around the steps);
 its state (model, optimizer, scaler, Progress) is what a checkpoint saves.
 """
@@ -179,16 +181,21 @@ class Stepper:
         p, before = self.progress, self.progress.micro_batch
         p.micro_batch = halve(before, p.halvings, self.config.oom_max_halvings or 0, f"at step {step + 1}")
         p.halvings += 1
-        share = math.ceil(p.window_size / self.rank.world_size)
-        self.plan = dataclasses.replace(
-            self.plan, micro_batch=p.micro_batch, grad_accum=math.ceil(share / p.micro_batch),
-            reasons={**self.plan.reasons, "micro_batch": self.plan.reasons.get("micro_batch", "") +
-                     f"; halved to {p.micro_batch} after out of memory at step {step + 1}"})
+        self.plan_halved(f"after out of memory at step {step + 1}")
         if self.rank.is_main:
             checkpoint.write_json_atomic(self.run_dir / "plan.json", self.plan.to_dict())
         self.event("oom_recovery", f"Out of memory at step {step + 1} ({reason}): micro-batch {before} -> "
                            f"{p.micro_batch}, accumulation {self.plan.grad_accum}; redoing the step with the "
                            f"same {p.window_size} samples", micro_batch=p.micro_batch, halvings=p.halvings)
+
+    def plan_halved(self, why: str) -> None:
+        """The plan at the progress's smaller micro-batch: the accumulation that keeps the step's samples."""
+        p = self.progress
+        share = math.ceil(p.window_size / self.rank.world_size)
+        self.plan = dataclasses.replace(
+            self.plan, micro_batch=p.micro_batch, grad_accum=math.ceil(share / p.micro_batch),
+            reasons={**self.plan.reasons,
+                     "micro_batch": self.plan.reasons.get("micro_batch", "") + f"; halved to {p.micro_batch} {why}"})
 
     def mark_oom(self, step: int, err: BaseException) -> None:
         """Under FSDP: record in the run directory the halved micro-batch the relaunched run takes (from its
@@ -209,11 +216,7 @@ class Stepper:
         if marker.get("micro_batch", p.micro_batch) >= p.micro_batch:
             return  # a later checkpoint already runs at it
         before, p.micro_batch, p.halvings = p.micro_batch, marker["micro_batch"], marker["halvings"]
-        share = math.ceil(p.window_size / self.rank.world_size)
-        self.plan = dataclasses.replace(
-            self.plan, micro_batch=p.micro_batch, grad_accum=math.ceil(share / p.micro_batch),
-            reasons={**self.plan.reasons, "micro_batch": self.plan.reasons.get("micro_batch", "") +
-                     f"; halved to {p.micro_batch} after out of memory at step {marker['step']} (FSDP relaunch)"})
+        self.plan_halved(f"after out of memory at step {marker['step']} (FSDP relaunch)")
         self.log(f"Out of memory at step {marker['step']} ({marker['reason']}): micro-batch {before} -> "
                  f"{p.micro_batch}, accumulation {self.plan.grad_accum}; the same {p.window_size} samples per step")
 
