@@ -343,3 +343,28 @@ def test_return_freed_memory_is_harmless_off_glibc(monkeypatch):
     monkeypatch.setattr(allocator, "_applied", None)
     monkeypatch.setenv("KFIT_KEEP_MALLOC", "1")
     assert allocator.return_freed_memory() is False
+
+
+def test_a_cuda_target_traces_cudas_float32_casts_on_cpu_tensors():
+    """CUDA's autocast runs layer_norm, softmax, pow, sum... in fp32, CPU's does not: with bf16 parameters
+    (FSDP's MixedPrecisionPolicy) an H100 saved twice the layer-norm bytes the CPU-autocast trace had."""
+    import torch.nn.functional as F
+
+    from lib.memory.autocast import TracedAutocast
+
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.ones(8, dtype=torch.bfloat16)
+
+    def dtypes(context):
+        with context:
+            return (F.layer_norm(x, (8,), w, w).dtype, F.softmax(x, -1).dtype, (x ** 3).dtype, x.sum().dtype,
+                    F.linear(x.float(), torch.ones(8, 8)).dtype, F.gelu(x).dtype)
+
+    cuda = TracedAutocast("bf16", "cuda")
+    fp32, bf16 = torch.float32, torch.bfloat16
+    assert dtypes(cuda) == (fp32, fp32, fp32, fp32, bf16, bf16)
+    assert dtypes(cuda) == (fp32, fp32, fp32, fp32, bf16, bf16)  # entered once per micro-batch
+    assert dtypes(TracedAutocast("bf16", "cpu")) == (bf16, bf16, bf16, bf16, bf16, bf16)
+    assert dtypes(TracedAutocast("fp32", "cuda"))[:4] == (bf16, bf16, bf16, bf16)  # no autocast: no casts
+    with cuda, torch.autocast("cpu", enabled=False):
+        assert F.layer_norm(x, (8,), w, w).dtype == bf16  # autocast switched off inside: CUDA casts nothing

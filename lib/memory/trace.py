@@ -32,8 +32,8 @@ CUDA tensors (it aborts looking for a CUDA device guard). What differs on a
 CUDA target is modelled explicitly:
   * the optimizer runs its foreach (multi-tensor) implementation, as torch
     picks on CUDA; its temporaries are whole lists of parameter-sized tensors;
-  * autocast follows the CPU cast lists, which for matmul/conv/linear/SDPA and
-    the float32 ops these models use agree with CUDA's;
+  * autocast follows the CPU cast lists, which for matmul/conv/linear/SDPA
+    agree with CUDA's, plus the float32 casts only CUDA's makes (autocast.py);
   * `device_overheads` (lib/memory/predict.py) adds the named terms a trace
     cannot see.
 """
@@ -45,7 +45,6 @@ import math
 import platform
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -399,7 +398,7 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
     """Trace one training step (or, with train=False, one evaluation forward) at `batch`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..step import autocast_for
+    from .autocast import TracedAutocast
 
     start = time.perf_counter()
     x1, y1 = task.example_batch(1)  # shapes and dtypes; fake tensors need no values
@@ -407,8 +406,8 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
         model = task.build(gradient_checkpointing and train)
     features = _features(model)
     parameters = sum(p.numel() for p in model.parameters())
-    # The trace runs on the CPU (see the module docstring), so CPU autocast.
-    autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))
+    # The trace runs on the CPU (see the module docstring): CPU autocast, with CUDA's float32 casts for a GPU
+    autocast = TracedAutocast(precision, device_type)
     with FakeTensorMode():
         model = _fake_copy(model)
         tracker = _peak_tracker(device_type)

@@ -30,7 +30,6 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -162,14 +161,14 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..memory import step_optimizer
+    from ..memory.autocast import TracedAutocast
     from ..memory.trace import _fake_copy
-    from ..step import autocast_for
 
     x1, y1 = task.example_batch(1)
     with torch.device("meta"):
         model = task.build(gradient_checkpointing)
     parameters = sum(p.numel() for p in model.parameters())
-    autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))  # fake tensors are CPU ones
+    autocast = TracedAutocast(precision, device_type)  # fake tensors are CPU ones
     counter = _Counter()
     phases: dict[str, Phase] = {}
     with FakeTensorMode():
