@@ -15,7 +15,7 @@ import torch
 from lib import config as kconfig
 from lib.hardware import resolve_hardware
 from lib.memory import FRAGMENTATION_SHARE, Prediction, Trace, device_overheads
-from lib.validation import budget, compile_check, detection, memory_check, report, suite, torchrun
+from lib.validation import budget, compile_check, detection, fsdp_check, memory_check, report, suite, torchrun
 from lib.validation.measure import CudaDevice, measure_cuda
 from lib.validation.suite import run_suite
 
@@ -345,6 +345,28 @@ def test_torchrun_command_and_verdicts():
     assert torchrun.judge({**good, "ddp_equal": False}, 0, "", 4.0).status == "fail"
 
 
+def test_fsdp_cases_command_and_verdicts():
+    assert fsdp_check.cases("cpu", True) == []  # a CPU's FSDP peaks are make bench-memory's
+    full = fsdp_check.cases("cuda", False)
+    assert {c.strategy for c in full} == {"fsdp", "fsdp_grad_op"} and any(c.cpu_offload for c in full)
+    assert {c.precision for c in full} == {"bf16", "fp32"}
+    assert fsdp_check.command(Path("q.json"), Path("r.json"))[-3:] == ["lib.validation.fsdp_check", "q.json",
+                                                                       "r.json"]
+    row = {"case": "gpt2-124m bf16 fsdp 8", "predicted_bytes": 4300 * MiB, "measured_bytes": 4232 * MiB,
+           "rel_err": 0.016}
+    same = {"backend": "nccl", "steps": 5, "max_abs_diff": 0.0}
+    good = fsdp_check.judge([row], same, 0, "", 30.0)
+    assert good.status == "pass" and "nccl sharded = plain after 5 steps" in good.reason
+    under = fsdp_check.judge([{**row, "rel_err": -0.101}], same, 0, "", 30.0)
+    assert under.status == "fail" and "under-predicted by more than 5%: gpt2-124m bf16 fsdp 8" in under.reason
+    over = fsdp_check.judge([{**row, "rel_err": 0.29}], same, 0, "", 30.0)
+    assert over.status == "pass" and "over-predicted by more than 25%" in over.reason
+    assert fsdp_check.judge([row], {**same, "max_abs_diff": 1e-3}, 0, "", 30.0).status == "fail"
+    assert fsdp_check.judge([{"case": "x", "error": "OutOfMemoryError"}], same, 0, "", 1.0).status == "fail"
+    died = fsdp_check.judge([], {}, 124, "timed out after 240s", 240.0)
+    assert died.status == "fail" and "exited 124" in died.reason
+
+
 # --------------------------------------------------------------------------
 # the run: budgets, failures, the JSON and the index
 
@@ -369,10 +391,10 @@ def test_a_failing_check_never_stops_the_others_and_budgets_are_kept(tmp_path):
     assert 0 < seen[0] <= 0.01 and results[1].figures["over_budget_s"] >= 0
 
 
-def test_the_budgets_keep_a_full_gpu_run_under_8_minutes():
-    assert suite.BUDGET_S <= 8 * 60 - 25  # start-up, device queries and writing the JSON
+def test_the_budgets_keep_a_full_gpu_run_under_9_minutes():
+    assert suite.BUDGET_S <= 9 * 60 - 25  # start-up, device queries and writing the JSON
     assert [c.name for c in suite.CHECKS] == ["detection", "telemetry", "memory", "compile", "squeezed-budget",
-                                              "oom-recovery", "step-time", "torchrun"]
+                                              "oom-recovery", "step-time", "torchrun", "fsdp"]
 
 
 def test_output_paths():
@@ -384,6 +406,18 @@ def test_output_paths():
         Path("/here/runs/validation/cpu-2026-11-22.json")
     assert report.output_path("/tmp/x.json", device="cpu", device_name="c", **kw) == Path("/tmp/x.json")
     assert report.output_path("/tmp/d", device="cpu", device_name="c", **kw) == Path("/tmp/d/cpu-2026-11-22.json")
+
+
+def test_an_earlier_run_of_the_day_is_kept(tmp_path):
+    day = __import__("datetime").date(2026, 11, 23)
+    kw = dict(device="cuda", device_name="NVIDIA H100 80GB HBM3", day=day, root=tmp_path, cwd=tmp_path)
+    first = report.output_path(None, **kw)
+    first.parent.mkdir(parents=True)
+    first.write_text("{}")
+    assert report.output_path(None, **kw).name == "nvidia-h100-80gb-hbm3-2026-11-23-2.json"
+    (first.parent / "nvidia-h100-80gb-hbm3-2026-11-23-2.json").write_text("{}")
+    assert report.output_path(None, **kw).name == "nvidia-h100-80gb-hbm3-2026-11-23-3.json"
+    assert report.output_path(str(first), **kw) == first  # a named file is the user's choice
 
 
 def test_a_gpu_run_writes_docs_validation_and_its_index_row(tmp_path):
@@ -422,7 +456,7 @@ def test_make_validate_gpu_on_the_cpu(tmp_path):
     seconds = time.monotonic() - start
     assert run.returncode == 0, run.stdout + run.stderr
     last = run.stdout.strip().splitlines()[-1]
-    assert last.startswith("validate-gpu: device=cpu checks=8 passed=5 failed=0 skipped=3"), run.stdout
+    assert last.startswith("validate-gpu: device=cpu checks=9 passed=6 failed=0 skipped=3"), run.stdout
     assert seconds < 120  # about 30 s on 2 busy cores; the bound only catches a runaway
     [path] = tmp_path.glob("cpu-*.json")
     assert f"json={path}" in last
@@ -430,7 +464,10 @@ def test_make_validate_gpu_on_the_cpu(tmp_path):
     checks = doc["checks"]
     assert {k: v["status"] for k, v in checks.items()} == {
         "detection": "skip", "telemetry": "skip", "memory": "pass", "compile": "skip", "squeezed-budget": "pass",
-        "oom-recovery": "pass", "step-time": "pass", "torchrun": "pass"}
+        "oom-recovery": "pass", "step-time": "pass", "torchrun": "pass", "fsdp": "pass"}
+    # FSDP over gloo at one process trains exactly as the plain model
+    assert checks["fsdp"]["figures"]["equivalence"] == {"backend": "gloo", "steps": fsdp_check.EQUIVALENCE_STEPS,
+                                                        "max_abs_diff": 0.0}
     lenet = checks["step-time"]["figures"]["cases"]["lenet5"]
     assert lenet["measured_ms"] > 0 and lenet["calibrated_error"] is not None
     assert checks["memory"]["figures"]["max_rel_err"] <= memory_check.OVER_TOLERANCE

@@ -137,12 +137,18 @@ def slug(name: str) -> str:
 
 def output_path(out: str | None, *, device: str, device_name: str, day: date, root: Path, cwd: Path) -> Path:
     """OUT= (a .json file, or a directory) when given; else docs/validation/<gpu>-<date>.json on a GPU
-    and runs/validation/cpu-<date>.json on a CPU, so a CPU run never touches the repository's docs."""
-    name = f"{slug(device_name) if device == 'cuda' else 'cpu'}-{day.isoformat()}.json"
-    if out:
-        path = Path(out)
-        return path if path.suffix == ".json" else path / name
-    return (root / "docs" / "validation" if device == "cuda" else cwd / "runs" / "validation") / name
+    and runs/validation/cpu-<date>.json on a CPU, so a CPU run never touches the repository's docs. A file
+    of that name already there is kept: the new one is <name>-2.json, -3, ... (an earlier run of the day is
+    a record the index links to)."""
+    stem = f"{slug(device_name) if device == 'cuda' else 'cpu'}-{day.isoformat()}"
+    if out and Path(out).suffix == ".json":
+        return Path(out)
+    directory = Path(out) if out else (root / "docs" / "validation" if device == "cuda" else cwd / "runs" / "validation")
+    path, n = directory / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = directory / f"{stem}-{n}.json"
+    return path
 
 
 def _git_commit(root: Path) -> str | None:

@@ -1,7 +1,7 @@
 """Which checks run, in which order, with what time budget; the run that writes the JSON.
 
-The budgets (seconds, a GPU in full mode) add up to BUDGET_S (450 s), under
-the 8 minutes one H100-class GPU is allowed, with room for start-up; a check past its budget stops taking new
+The budgets (seconds, a GPU in full mode) add up to BUDGET_S (510 s), under
+the 9 minutes one H100-class GPU is allowed, with room for start-up; a check past its budget stops taking new
 cases and says which it left out. With DEVICE=cpu the checks a CPU can run run
 their short version and finish in well under a minute.
 """
@@ -16,6 +16,7 @@ from typing import Callable
 from .budget import check_oom_recovery, check_squeezed
 from .compile_check import check_compile
 from .detection import check_detection, check_telemetry
+from .fsdp_check import check_fsdp
 from .memory_check import check_memory
 from .report import (FAIL, Check, Context, document, environment, header, output_path, row, run_checks, summary_line,
                      update_index)
@@ -32,6 +33,7 @@ CHECKS = [
     Check("oom-recovery", check_oom_recovery, 60),
     Check("step-time", check_step_time, 90),  # two short runs of each of 3 models
     Check("torchrun", check_torchrun, 30),
+    Check("fsdp", check_fsdp, 60),  # one process: memory of 6 sharded steps, a sharded run equal to a plain one
 ]
 BUDGET_S = sum(c.budget_s for c in CHECKS)
 
