@@ -141,4 +141,4 @@ help: ## List targets, defconfigs and fragments
 	@echo "Variables: KCONFIG_CONFIG=file  FRAGMENTS=\"a b\"  KCONFIG_SEED=n  V=1  FORMAT=json  TORCH_SPEC=\"torch==... --index-url ...\""
 	@echo "  plan:    HW=profile.json  GPU=<catalog key> FREE_GB=n GPUS=n  WORLD_SIZE=n  OUT=report.html"
 	@echo "  train:   GPUS=n (processes)  NNODES=n NODE_RANK=i MASTER_ADDR=host MASTER_PORT=p  RESUME=0"
-	@echo "  tuning:  RUNS=n BATCH=n APPLY=1 (find-lr)  TRIALS=n HPO_STORAGE=url DEFCONFIG=name (hpo)"
+	@echo "  tuning:  RUNS=n BATCH=n APPLY=1 (find-lr)  TRIALS=n HPO_STORAGE=url HPO_STUDY=name DEFCONFIG=name (hpo)"

@@ -18,14 +18,17 @@ trial's bracket.
 
 Storage: an SQLite file in the study directory by default, so running again
 continues the study; any SQLAlchemy URL (HPO_STORAGE=) lets workers on several
-machines share one study.
+machines share one study. Such a URL may hold a password: everything kfit shows
+or writes of it goes through `redact`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -76,11 +79,27 @@ def make_pruner(config: Config) -> optuna.pruners.HyperbandPruner:
 
 
 def study_name(config: Config) -> str:
-    return config.hpo_study_name or (f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model)
+    name = config.hpo_study_name or (f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model)
+    if "/" in name or os.sep in name:  # it names the directory hpo-<name>
+        raise KfitError(f"study name {name!r} (HPO_STUDY= or CONFIG_HPO_STUDY_NAME) has a '/': name it without one")
+    return name
 
 
-def study_dir(config: Config) -> Path:
-    return Path(config.output_dir) / f"hpo-{study_name(config)}"
+def redact(text: str) -> str:
+    """`text` with the password of every URL in it shown as ***: user:***@host.
+
+    Greedy up to the last @ of the word, as a password may hold an unescaped @ (SQLAlchemy then splits
+    at the first one: hiding more is safe, hiding less would show the rest)."""
+    return re.sub(r"([A-Za-z][\w+.-]*://[^\s:/]*):\S*@", r"\1:***@", text)
+
+
+def study_dir(config: Config, storage: str | None = None) -> Path:
+    """The study's trial directories (and default SQLite file): one per (storage, study), so a study of the
+    same name in another HPO_STORAGE never writes into this one's trial-NNNN."""
+    name = f"hpo-{study_name(config)}"
+    if storage:
+        name += "-" + hashlib.sha256(redact(storage).encode()).hexdigest()[:8]
+    return Path(config.output_dir) / name
 
 
 def storage_url(config: Config, url: str | None = None) -> str:
@@ -88,7 +107,35 @@ def storage_url(config: Config, url: str | None = None) -> str:
     return url or f"sqlite:///{(study_dir(config) / 'study.db').resolve()}"
 
 
-def _storage(url: str) -> optuna.storages.RDBStorage:
+def _where(url: str, given: bool) -> str:
+    return f"HPO_STORAGE={redact(url)}" if given else url
+
+
+def _storage_error(url: str, given: bool, reason: object, fix: str) -> KfitError:
+    reason = " ".join(str(reason).split())  # driver messages can span lines
+    return KfitError(redact(f"{_where(url, given)}: {reason}: {fix}"))
+
+
+_URL_FIX = ("give a SQLAlchemy URL such as sqlite:////abs/path/study.db or postgresql+psycopg2://user@host/db, "
+            "or leave HPO_STORAGE unset for the study's own SQLite file")
+
+
+def _sqlite_file(url: str, given: bool) -> Path | None:
+    """The file of an SQLite URL (None for a server or in-memory SQLite); a URL that does not parse is
+    a KfitError saying how to write one."""
+    import sqlalchemy.engine
+    import sqlalchemy.exc
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError as err:
+        raise _storage_error(url, given, f"not a database URL ({err})", _URL_FIX) from None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _storage(url: str, given: bool) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage, with a heartbeat: the trial of a worker that died (killed, machine lost) is
     marked failed after HEARTBEAT_GRACE_S instead of showing as running forever.
 
@@ -97,15 +144,31 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
     """
     import sqlalchemy.exc
 
+    file = _sqlite_file(url, given)
     for attempt in range(5):
         try:
             with _no_experimental_warning():
                 return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
                                                   grace_period=HEARTBEAT_GRACE_S)
-        except sqlalchemy.exc.DBAPIError:
-            if attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))
+        except sqlalchemy.exc.ArgumentError as err:  # an unknown dialect: foo://
+            raise _storage_error(url, given, f"not a database SQLAlchemy knows ({err})", _URL_FIX) from None
+        except ImportError as err:  # Optuna's, from the driver's ModuleNotFoundError
+            module = getattr(err.__cause__, "name", None) or "?"
+            package = {"psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'",
+                       "MySQLdb": "mysqlclient"}.get(module, module)
+            raise _storage_error(
+                url, given, f"its database driver ({module}) is not installed",
+                f"install it into kfit's environment ({sys.executable} -m pip install {package}), or name an "
+                "installed driver in the URL (dialect+driver://...)") from None
+        except sqlalchemy.exc.DBAPIError as err:
+            if attempt < 4:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            fix = (f"create the directory {file.parent}, or give a path in an existing one"
+                   if file and not file.parent.is_dir() else
+                   f"check the file {file} (a writable Optuna database)" if file else
+                   "check the host, port, database name and credentials, and that the server is running")
+            raise _storage_error(url, given, f"cannot open the database ({err.orig})", fix) from None
 
 
 def open_study(config: Config, storage: str | None = None, *, create: bool = True) -> optuna.Study:
@@ -116,16 +179,19 @@ def open_study(config: Config, storage: str | None = None, *, create: bool = Tru
     from scratch repeats exactly. Workers sharing a database also mix in
     their host and process, or they would all draw the same trials.
     """
-    url = storage_url(config, storage)
-    missing = KfitError(f"no study '{study_name(config)}' in {url}: run 'make hpo' first")
-    if not storage:
-        if not create and not (study_dir(config) / "study.db").is_file():
-            raise missing  # and do not leave an empty database behind
+    url, given = storage_url(config, storage), bool(storage)
+    missing = KfitError(redact(f"no study '{study_name(config)}' in {_where(url, given)}: run 'make hpo' first"
+                               + (" with this HPO_STORAGE, or correct it" if given else "")))
+    file = _sqlite_file(url, given)
+    if not create and file and not file.is_file():
+        raise missing  # and do not leave an empty database behind
+    if not given:
         study_dir(config).mkdir(parents=True, exist_ok=True)
     try:
-        study = optuna.create_study(storage=_storage(url), study_name=study_name(config), direction="minimize",
-                                    pruner=make_pruner(config), load_if_exists=True) if create else \
-            optuna.load_study(study_name=study_name(config), storage=_storage(url), pruner=make_pruner(config))
+        study = optuna.create_study(storage=_storage(url, given), study_name=study_name(config),
+                                    direction="minimize", pruner=make_pruner(config), load_if_exists=True) \
+            if create else optuna.load_study(study_name=study_name(config), storage=_storage(url, given),
+                                             pruner=make_pruner(config))
     except KeyError:
         raise missing from None
     seed = config.seed + len(study.trials)
@@ -135,14 +201,54 @@ def open_study(config: Config, storage: str | None = None, *, create: bool = Tru
     return study
 
 
+# Each parameter's Kconfig symbols, for the error when the space changed.
+SPACE_SYMBOLS = {"learning_rate": "CONFIG_HPO_LR_MIN/MAX", "weight_decay": "CONFIG_HPO_WD_MIN/MAX",
+                 "optimizer": "CONFIG_HPO_OPTIMIZER_SGD/ADAM/ADAMW", "effective_batch": "CONFIG_HPO_BATCH_SIZES"}
+
+
+def search_space(config: Config) -> dict[str, optuna.distributions.BaseDistribution]:
+    """The Kconfig search space as Optuna distributions."""
+    return {
+        "learning_rate": optuna.distributions.FloatDistribution(config.hpo_lr_min, config.hpo_lr_max, log=True),
+        "weight_decay": optuna.distributions.FloatDistribution(config.hpo_wd_min, config.hpo_wd_max, log=True),
+        "optimizer": optuna.distributions.CategoricalDistribution(list(config.hpo_optimizers)),
+        "effective_batch": optuna.distributions.CategoricalDistribution(list(config.hpo_batch_sizes)),
+    }
+
+
 def sample(trial: optuna.Trial, config: Config) -> dict:
     """The trial's parameters from the Kconfig search space."""
-    return {
-        "learning_rate": trial.suggest_float("learning_rate", config.hpo_lr_min, config.hpo_lr_max, log=True),
-        "weight_decay": trial.suggest_float("weight_decay", config.hpo_wd_min, config.hpo_wd_max, log=True),
-        "optimizer": trial.suggest_categorical("optimizer", list(config.hpo_optimizers)),
-        "effective_batch": trial.suggest_categorical("effective_batch", list(config.hpo_batch_sizes)),
-    }
+    return {name: trial.suggest_categorical(name, d.choices)
+            if isinstance(d, optuna.distributions.CategoricalDistribution)
+            else trial.suggest_float(name, d.low, d.high, log=d.log)
+            for name, d in search_space(config).items()}
+
+
+def _space_text(d: optuna.distributions.BaseDistribution) -> str:
+    if isinstance(d, optuna.distributions.CategoricalDistribution):
+        return '"' + " ".join(map(str, d.choices)) + '"'
+    return f"{d.low:g}..{d.high:g}" + (" (log)" if getattr(d, "log", False) else "")
+
+
+def check_space(study: optuna.Study, config: Config, where: str) -> None:
+    """Refuse, before any trial, a search space the study cannot continue with: Optuna fixes a categorical
+    parameter's choices in a study, and would fail the next trial with a traceback (ranges may change)."""
+    stored: dict[str, optuna.distributions.BaseDistribution] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, d in trial.distributions.items():
+            stored.setdefault(name, d)
+    for name, new in search_space(config).items():
+        if name not in stored:
+            continue
+        try:
+            optuna.distributions.check_distribution_compatibility(stored[name], new)
+        except ValueError:
+            raise KfitError(
+                f"the search space changed: study '{study.study_name}' in {redact(where)} searched {name} in "
+                f"{_space_text(stored[name])}, the config now gives {_space_text(new)} ({SPACE_SYMBOLS[name]}), "
+                f"and an Optuna study cannot change it: start a new study (make hpo HPO_STUDY=<new name>, or "
+                f"set CONFIG_HPO_STUDY_NAME), or restore {SPACE_SYMBOLS[name]} to {_space_text(stored[name])}"
+            ) from None
 
 
 def assignments(params: dict) -> dict:
@@ -155,10 +261,24 @@ def assignments(params: dict) -> dict:
             "TARGET_EFFECTIVE_BATCH": params["effective_batch"]}
 
 
-def trial_config(config: Config, params: dict, number: int) -> Config:
+def trial_config(config: Config, params: dict, run_name: str) -> Config:
     """The trial's Config: the sampled values, max_resource epochs, an evaluation per epoch, a fresh run."""
     return derive(config, {**assignments(params), "EPOCHS": config.hpo_max_resource, "EVAL_INTERVAL": 0,
-                           "MAX_STEPS": 0, "RESUME": False, "RUN_NAME": f"trial-{number:04d}"})
+                           "MAX_STEPS": 0, "RESUME": False, "RUN_NAME": run_name})
+
+
+def new_trial_dir(directory: Path, number: int) -> Path:
+    """directory/trial-NNNN, created now; never an existing one (left by an earlier study of this name whose
+    database was deleted), which training would overwrite: that one gets trial-NNNN-2, -3..."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name, n = f"trial-{number:04d}", 1
+    while True:
+        path = directory / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
 
 
 def plan_of(config: Config, hardware) -> Plan:
@@ -166,21 +286,25 @@ def plan_of(config: Config, hardware) -> Plan:
     return resolve(config, hardware, ModelDescription.from_config(config), 1)
 
 
-def objective(config: Config, hardware, task, *, log: Log = print) -> Callable[[optuna.Trial], float]:
+def objective(config: Config, hardware, task, *, storage: str | None = None,
+              log: Log = print) -> Callable[[optuna.Trial], float]:
     from .trainer import train
 
-    directory = study_dir(config)
+    directory = study_dir(config, storage)
 
-    def run(trial: optuna.Trial) -> float:
+    def attempt(trial: optuna.Trial) -> float:
         params = sample(trial, config)
-        cfg = trial_config(config, params, trial.number)
+        run_dir = new_trial_dir(directory, trial.number)
+        cfg = trial_config(config, params, run_dir.name)
         plan = plan_of(cfg, hardware)
         for name, value in (("micro_batch", plan.micro_batch), ("grad_accum", plan.grad_accum),
                             ("effective_batch", plan.effective_batch), ("eval_batch", plan.eval_batch),
-                            ("policy", plan.policy), ("run_dir", str(directory / cfg.run_name))):
+                            ("policy", plan.policy), ("run_dir", str(run_dir))):
             trial.set_user_attr(name, value)
         log(f"trial {trial.number}: {describe(params)} -> micro-batch {plan.micro_batch} x {plan.grad_accum} "
-            f"accumulation, eval batch {plan.eval_batch}")
+            f"accumulation, eval batch {plan.eval_batch}"
+            + (f" (in {run_dir.name}: an earlier study of this name left trial-{trial.number:04d})"
+               if run_dir.name != f"trial-{trial.number:04d}" else ""))
 
         def on_eval(step: int, epoch: int, metrics: dict) -> None:
             loss = metrics["eval_loss"]
@@ -194,13 +318,15 @@ def objective(config: Config, hardware, task, *, log: Log = print) -> Callable[[
             if epoch < cfg.epochs and trial.should_prune():
                 raise optuna.TrialPruned(f"pruned at epoch {epoch} (eval loss {loss:.4f})")
 
+        return train(cfg, plan, hardware, run_dir=run_dir, log=lambda line: None, task=task,
+                     on_eval=on_eval).final_eval["eval_loss"]
+
+    def run(trial: optuna.Trial) -> float:
         try:
-            result = train(cfg, plan, hardware, run_dir=directory / cfg.run_name, log=lambda line: None,
-                           task=task, on_eval=on_eval)
-        except TRIAL_FAILURES as err:  # Optuna records the trial as FAIL (catch=) but keeps no reason
-            trial.set_user_attr("error", str(err))
+            return attempt(trial)
+        except (*TRIAL_FAILURES, KeyboardInterrupt) as err:  # Optuna records the trial as FAIL but keeps no reason
+            trial.set_user_attr("error", str(err) or "interrupted (SIGINT)")  # a bare KeyboardInterrupt: Ctrl-C
             raise
-        return result.final_eval["eval_loss"]
 
     return run
 
@@ -226,17 +352,35 @@ def trial_line(trial: optuna.trial.FrozenTrial) -> str:
     return f"trial {trial.number} {state} in {seconds:.1f}s: {extra}"
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, through the trainer) stopped the study; the message says what was kept."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def run_study(config: Config, hardware, *, trials: int, timeout: float | None = None, storage: str | None = None,
               task=None, log: Log = print) -> optuna.Study:
     """Run `trials` more trials (or until `timeout` seconds) of the config's study; returns the study."""
     from .task import load_task
 
     study = open_study(config, storage)
+    url = storage_url(config, storage)
+    check_space(study, config, _where(url, bool(storage)))
     task = task or load_task(config)  # loaded once; every trial reuses the data
     # a line per finished trial always; on a terminal Optuna's own bar (stderr) shows the one running too
-    study.optimize(objective(config, hardware, task, log=log), n_trials=trials, timeout=timeout or None,
-                   catch=TRIAL_FAILURES, callbacks=[lambda study, trial: log(trial_line(trial))],
-                   show_progress_bar=bool(trials) and sys.stderr.isatty())
+    try:
+        study.optimize(objective(config, hardware, task, storage=storage, log=log), n_trials=trials,
+                       timeout=timeout or None, catch=TRIAL_FAILURES,
+                       callbacks=[lambda study, trial: log(trial_line(trial))],
+                       show_progress_bar=bool(trials) and sys.stderr.isatty())
+    except KeyboardInterrupt as stop:  # Optuna has recorded the trial it cut short as failed
+        n = counts(study)
+        raise Interrupted(redact(f"study '{study.study_name}' keeps its {n['complete']} complete and {n['pruned']} "
+                                 f"pruned trial(s) in {url} (a trial cut short is recorded as failed); 'make hpo' "
+                                 "continues it"),
+                          getattr(stop, "exit_code", 130)) from None
     return study
 
 
@@ -250,13 +394,29 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return min(complete, key=lambda t: t.value) if complete else None
 
 
+def fail_stale_trials(study: optuna.Study) -> list[int]:
+    """Mark failed the running trials without a heartbeat for HEARTBEAT_GRACE_S (their worker was killed or
+    lost), as Optuna does only when a worker starts its next trial; returns their numbers."""
+    running = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    if not running:
+        return []
+    with _no_experimental_warning():
+        optuna.storages.fail_stale_trials(study)
+    return sorted(t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                  if t.number in running)
+
+
 def status_lines(study: optuna.Study, storage: str) -> list[str]:
     """What `make hpo-status` prints: progress, pace, and the best trial with its plan."""
+    stale = fail_stale_trials(study)
     n = counts(study)
     trials = study.get_trials(deepcopy=False)
-    lines = [f"Study '{study.study_name}' in {storage}: {len(trials)} trials: {n['complete']} complete, "
+    lines = [f"Study '{study.study_name}' in {redact(storage)}: {len(trials)} trials: {n['complete']} complete, "
              f"{n['pruned']} pruned, {n['fail']} failed, {n['running']} running"
              + (f", {n['waiting']} queued" if n["waiting"] else "")]
+    if stale:
+        lines.append(f"  trial(s) {', '.join(map(str, stale))}: no heartbeat for over {HEARTBEAT_GRACE_S // 60} "
+                     "minutes (the worker was killed or lost): marked failed")
     done = [t for t in trials if t.datetime_complete]
     busy = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in done)
     if busy > 0:

@@ -1,7 +1,8 @@
 """Tuning subcommands: find-lr (LR range test) and hpo, hpo-status, hpo-apply (Optuna search).
 
 Make variables arrive as environment variables: BATCH=, RUNS=, APPLY= for
-find-lr; TRIALS=, HPO_STORAGE= for hpo; DEFCONFIG= for hpo-apply.
+find-lr; TRIALS=, HPO_STORAGE=, HPO_STUDY= for hpo (the last two for
+hpo-status and hpo-apply too); DEFCONFIG= for hpo-apply.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -38,19 +41,20 @@ def _positive(name: str) -> int | None:
     return value
 
 
-def _shown(assignments: dict) -> str:
-    return ", ".join(f"CONFIG_{k}=" + ("y" if v is True else f"{v:.3g}" if isinstance(v, float) else str(v))
-                     for k, v in assignments.items())
+def _shown(assignments: dict, written: "kconfig.Config") -> str:
+    """The assigned symbols' lines as the config that was written holds them: printed is what is written."""
+    lines = dict(line.split("=", 1) for line in written.text.splitlines() if line.startswith("CONFIG_"))
+    return ", ".join(f"CONFIG_{k}={lines.get(f'CONFIG_{k}', 'n')}" for k in assignments)  # n: '# ... is not set'
 
 
 def _apply(assignments: dict) -> None:
     """Write into the .config through the strict validation, and say what changed."""
     path = kconfig.config_path()
     notes: list[str] = []
-    kconfig.apply_assignments(path, assignments, notes)
+    written = kconfig.apply_assignments(path, assignments, notes)
     for note in notes:
         print(f"note: {note}")
-    print(f"# {_shown(assignments)} written to {path} "
+    print(f"# {_shown(assignments, written)} written to {path} "
           f"(previous in {path}.old)")
 
 
@@ -114,7 +118,21 @@ def cmd_find_lr(args) -> int:
 def _quiet_optuna() -> None:
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours to print
+    # One line per trial is ours to print, a failed one's reason included: Optuna's own warning repeats it
+    # with a traceback (and an interrupted trial's too).
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def _study_config(config):
+    """The config with HPO_STUDY= (a study name for this command) over CONFIG_HPO_STUDY_NAME."""
+    name = os.environ.get("HPO_STUDY")
+    return kconfig.derive(config, {"HPO_STUDY_NAME": name}) if name else config
+
+
+def _terminate(signum, frame):
+    from lib import hpo
+
+    raise hpo.Interrupted("SIGTERM", 128 + signum)
 
 
 def cmd_hpo(args) -> int:
@@ -122,26 +140,36 @@ def cmd_hpo(args) -> int:
 
     _quiet_optuna()
     hardware = hardware_from_env(allow_simulated=False)
-    config = ensure_config()
+    config = _study_config(ensure_config())
     storage = os.environ.get("HPO_STORAGE") or None
+    url = hpo.redact(hpo.storage_url(config, storage))
     trials = _positive("TRIALS") or config.hpo_trials
     timeout = config.hpo_timeout_s
-    print(f"HPO: study '{hpo.study_name(config)}' in {hpo.storage_url(config, storage)}; {trials} trial(s)"
+    print(f"HPO: study '{hpo.study_name(config)}' in {url}; {trials} trial(s)"
           + (f", at most {timeout}s" if timeout else "") + f"; Hyperband {config.hpo_min_resource}.."
           f"{config.hpo_max_resource} epochs, reduction {config.hpo_reduction_factor}"
           + (f", patience {config.hpo_patience}" if config.hpo_patience else ""))
-    study = hpo.run_study(config, hardware, trials=trials, timeout=timeout, storage=storage)
-    for line in hpo.status_lines(study, hpo.storage_url(config, storage)):
+    # SIGTERM (a cluster's scheduler) ends the search as Ctrl-C does: the trial it cuts short is recorded as
+    # failed rather than left running; the trainer catches it itself while a trial trains.
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        study = hpo.run_study(config, hardware, trials=trials, timeout=timeout, storage=storage)
+    except hpo.Interrupted as stop:
+        print(f"interrupted: {stop}", file=sys.stderr)
+        return stop.exit_code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    for line in hpo.status_lines(study, url):
         print(line)
     return 0
 
 
 def _existing_study():
-    """(config, storage URL, study) of the config's study, which must exist."""
+    """(config, storage URL, study) of the config's study, which must exist. Reads .config, never writes it."""
     from lib import hpo
 
     _quiet_optuna()
-    config = ensure_config()
+    config = _study_config(kconfig.read_config())
     storage = os.environ.get("HPO_STORAGE") or None
     return config, hpo.storage_url(config, storage), hpo.open_study(config, storage, create=False)
 
@@ -171,15 +199,16 @@ def cmd_hpo_apply(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "config"
         shutil.copyfile(kconfig.config_path(), copy)
-        kconfig.apply_assignments(copy, assignments)
+        written = kconfig.apply_assignments(copy, assignments)
         kconfig.savedefconfig(copy, out)
-    print(f"# defconfig with the best trial's {_shown(assignments)} written to {out}")
+    print(f"# defconfig with the best trial's {_shown(assignments, written)} written to {out}")
     return 0
 
 
 def register(sub) -> None:
     sub.add_parser("find-lr", help="LR range test (BATCH=, RUNS=, APPLY=1)").set_defaults(func=cmd_find_lr)
-    sub.add_parser("hpo", help="Optuna search (TRIALS=, HPO_STORAGE=)").set_defaults(func=cmd_hpo)
-    sub.add_parser("hpo-status", help="progress and best trial of the study").set_defaults(func=cmd_hpo_status)
+    sub.add_parser("hpo", help="Optuna search (TRIALS=, HPO_STORAGE=, HPO_STUDY=)").set_defaults(func=cmd_hpo)
+    sub.add_parser("hpo-status", help="progress and best trial of the study (HPO_STORAGE=, HPO_STUDY=)").set_defaults(
+        func=cmd_hpo_status)
     sub.add_parser("hpo-apply", help="write the best trial into .config (or DEFCONFIG=name)").set_defaults(
         func=cmd_hpo_apply)

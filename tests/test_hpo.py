@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,39 @@ State = optuna.trial.TrialState
 GOOD = {"optimizer": "adamw", "learning_rate": 3e-3, "weight_decay": 1e-4, "effective_batch": 128}
 pytestmark = pytest.mark.filterwarnings("ignore:Fixed parameter learning_rate:UserWarning")  # enqueued on purpose
 HOPELESS = {"optimizer": "sgd", "learning_rate": 1e-4, "weight_decay": 1e-6, "effective_batch": 32}
+PASSWORD = "s3cretPW"
+SERVER_URL = f"postgresql://user:{PASSWORD}@127.0.0.1:1/db"  # nothing listens on port 1; psycopg is not installed
+
+
+def make_env(**extra) -> dict:
+    """The environment make gives kfit: the developer's, less what a command line would carry, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS")) and k not in
+           ("TRIALS", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE", "HPO_STORAGE", "HPO_STUDY", "DEFCONFIG")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def kfit_cli(command: str, cwd: Path, **env) -> subprocess.CompletedProcess:
+    """`python scripts/kfit.py <command>` as make runs it, stdout and stderr together."""
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "kfit.py"), command], cwd=cwd, env=make_env(**env),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+def assert_refused(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """Exit 2 with one `error:` line naming the needles, no traceback."""
+    out = result.stdout
+    assert result.returncode == 2 and "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out
+    for needle in needles:
+        assert needle in errors[0], out
+
+
+@pytest.fixture
+def config_copy(study_config, tmp_path) -> Path:
+    path = tmp_path / ".config"
+    path.write_text(Path(study_config.source).read_text())
+    return path
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -163,10 +198,7 @@ def test_two_make_hpo_workers_share_one_study_through_hpo_storage(study_config, 
     config = tmp_path / "config"
     config.write_text(Path(study_config.source).read_text())
     kc.apply_assignments(config, {"HPO_STUDY_NAME": "shared", "HPO_MAX_RESOURCE": 1})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS")) and k not in
-           ("TRIALS", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE")}
-    env.update(KCONFIG_CONFIG=str(config), HPO_STORAGE=f"sqlite:///{tmp_path}/shared.db", TRIALS="1",
-               OMP_NUM_THREADS="1")
+    env = make_env(KCONFIG_CONFIG=str(config), HPO_STORAGE=f"sqlite:///{tmp_path}/shared.db", TRIALS="1")
     workers = [subprocess.Popen(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "hpo"], cwd=tmp_path,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for _ in range(2)]
@@ -178,3 +210,141 @@ def test_two_make_hpo_workers_share_one_study_through_hpo_storage(study_config, 
     assert trials[0].params != trials[1].params  # the workers drew different trials
     assert all(t.state == State.COMPLETE for t in trials)
     assert not (tmp_path / "runs" / "hpo-shared" / "study.db").exists()  # the URL replaced the default file
+
+
+def test_storage_passwords_are_redacted_everywhere(study_config, config_copy, tmp_path):
+    """The start line, the error and hpo-status show user:***@host; the trial directory's name hides it too."""
+    for command in ("hpo", "hpo-status"):
+        result = kfit_cli(command, tmp_path, KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=SERVER_URL)
+        assert_refused(result, "HPO_STORAGE=postgresql://user:***@127.0.0.1:1/db")
+        assert PASSWORD not in result.stdout
+    assert hpo.redact("a p@ss:w/rd: postgresql+psycopg2://me:p@ss:w/rd@db-host:5432/optuna?x=1") == \
+        "a p@ss:w/rd: postgresql+psycopg2://me:***@db-host:5432/optuna?x=1"
+    assert hpo.redact("sqlite:////abs/study.db") == "sqlite:////abs/study.db"
+    other = SERVER_URL.replace(PASSWORD, "other")
+    assert hpo.study_dir(study_config, SERVER_URL) == hpo.study_dir(study_config, other)  # one database
+    assert PASSWORD not in str(hpo.study_dir(study_config, SERVER_URL))
+    study = optuna.create_study()
+    assert PASSWORD not in "\n".join(hpo.status_lines(study, SERVER_URL))
+
+
+@pytest.mark.parametrize("url, needle", [
+    ("notaurl", "not a database URL"),
+    (SERVER_URL, "HPO_STORAGE=postgresql://user:***@127.0.0.1:1/db"),  # no driver (or, with one, no server)
+    ("sqlite:////nonexistent/x.db", "/nonexistent"),
+])
+def test_a_bad_hpo_storage_is_one_error_line(config_copy, tmp_path, url, needle):
+    before = sorted(tmp_path.rglob("*"))
+    for command in ("hpo", "hpo-status"):
+        assert_refused(kfit_cli(command, tmp_path, KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=url),
+                       "HPO_STORAGE=", needle)
+    assert sorted(tmp_path.rglob("*")) == before  # no database file, no study directory
+
+
+def _stored_trial(study: optuna.Study, config, value: float, **params) -> None:
+    """A finished trial of the config's search space, stored without training."""
+    params = {**GOOD, **params}
+    space = hpo.search_space(config)
+    study.add_trial(optuna.trial.create_trial(params=params, distributions={k: space[k] for k in params},
+                                              value=value))
+
+
+def test_a_changed_search_space_is_refused_before_any_trial(study_config, config_copy, tmp_path):
+    url = f"sqlite:///{tmp_path}/space.db"
+    study = hpo.open_study(study_config, url)
+    _stored_trial(study, study_config, 0.5)
+    db = (tmp_path / "space.db").read_bytes()
+    kc.apply_assignments(config_copy, {"HPO_BATCH_SIZES": "16 64"})
+    result = kfit_cli("hpo", tmp_path, KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=url, TRIALS="1")
+    assert_refused(result, "effective_batch", '"32 64 128"', '"16 64"', "CONFIG_HPO_BATCH_SIZES", "HPO_STUDY=")
+    assert len(optuna.load_study(study_name="test", storage=url).trials) == 1  # no failed trial recorded
+    assert (tmp_path / "space.db").read_bytes() == db
+    hpo.check_space(study, kc.derive(study_config, {"HPO_LR_MAX": "0.5"}), url)  # a range may change
+    with pytest.raises(hpo.KfitError, match="optimizer"):
+        hpo.check_space(study, kc.derive(study_config, {"HPO_OPTIMIZER_SGD": False}), url)
+
+
+def test_a_study_of_the_same_name_in_another_storage_keeps_to_its_own_directories(first_run, study_config,
+                                                                                   config_copy, tmp_path):
+    first = Path(first_run[0].trials[0].user_attrs["run_dir"])
+    files = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    url = f"sqlite:///{tmp_path}/other.db"
+    kc.apply_assignments(config_copy, {"HPO_MAX_RESOURCE": 1})
+    result = kfit_cli("hpo", tmp_path, KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=url, TRIALS="1")
+    assert result.returncode == 0, result.stdout
+    other = Path(optuna.load_study(study_name="test", storage=url).trials[0].user_attrs["run_dir"])
+    assert other.name == first.name == "trial-0000" and other.parent != first.parent
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == files  # the first study's trial 0
+    (tmp_path / "d" / "trial-0003").mkdir(parents=True)
+    (tmp_path / "d" / "trial-0003" / "keep").write_text("an earlier study's")
+    assert hpo.new_trial_dir(tmp_path / "d", 3).name == "trial-0003-2"  # never an existing directory
+    assert (tmp_path / "d" / "trial-0003" / "keep").read_text() == "an earlier study's"
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_status_fails_the_trial_of_a_killed_worker_after_the_grace_period(study_config, config_copy, tmp_path):
+    """README: a killed worker's trial is marked failed after 5 minutes, not shown running forever."""
+    url = f"sqlite:///{tmp_path}/killed.db"
+    study = hpo.open_study(study_config, url)
+    killed, alive = study.ask(), study.ask()
+    for trial in (killed, alive):
+        study._storage.record_heartbeat(trial._trial_id)  # as the worker's heartbeat thread does
+    with sqlite3.connect(tmp_path / "killed.db") as db:  # the killed worker's last heartbeat: 20 minutes ago
+        db.execute("UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, '-20 minutes') WHERE trial_id = ?",
+                   (killed._trial_id,))
+    result = kfit_cli("hpo-status", tmp_path, KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=url)
+    assert result.returncode == 0, result.stdout
+    assert "2 trials: 0 complete, 0 pruned, 1 failed, 1 running" in result.stdout
+    assert f"trial(s) {killed.number}: no heartbeat for over 5 minutes" in result.stdout
+    assert hpo.HEARTBEAT_GRACE_S == 300
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_search_says_what_it_kept(study_config, config_copy, tmp_path, signum, code):
+    url = f"sqlite:///{tmp_path}/stop.db"
+    _stored_trial(hpo.open_study(study_config, url), study_config, 0.5)
+    kc.apply_assignments(config_copy, {"HPO_MAX_RESOURCE": 200})  # a trial far longer than the test waits
+    worker = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "kfit.py"), "hpo"], cwd=tmp_path,
+                              env=make_env(KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=url, TRIALS="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = ""
+    while not out.endswith("accumulation, eval batch 128\n"):  # trial 1 is training
+        line = worker.stdout.readline()
+        assert line, out
+        out += line
+    worker.send_signal(signum)
+    out += worker.communicate(timeout=120)[0]
+    assert worker.returncode == code and "Traceback" not in out, out
+    assert out.splitlines()[-1] == (f"interrupted: study 'test' keeps its 1 complete and 0 pruned trial(s) in {url} "
+                                    "(a trial cut short is recorded as failed); 'make hpo' continues it")
+    kept, stopped = optuna.load_study(study_name="test", storage=url).trials
+    assert kept.state == State.COMPLETE and stopped.state == State.FAIL
+    assert signal.Signals(signum).name in stopped.user_attrs["error"]
+
+
+def test_hpo_apply_prints_exactly_what_it_writes(first_run, config_copy, monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import kfit
+
+    monkeypatch.setattr(kfit.signal, "signal", lambda *args: None)
+    monkeypatch.setenv("KCONFIG_CONFIG", str(config_copy))
+    for name in ("HPO_STORAGE", "HPO_STUDY", "DEFCONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    assert kfit.main(["hpo-apply"]) == 0
+    shown = capsys.readouterr().out.split("# ", 1)[1].split(" written to ")[0].split(", ")
+    written = config_copy.read_text().splitlines()
+    assert all(line in written for line in shown), (shown, written)
+    assert any(line.startswith("CONFIG_LEARNING_RATE=") for line in shown)
+
+
+def test_status_and_apply_never_create_a_config(first_run, tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import kfit
+
+    monkeypatch.setattr(kfit.signal, "signal", lambda *args: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KCONFIG_CONFIG", raising=False)
+    for command in ("hpo-status", "hpo-apply"):
+        assert kfit.main([command]) == 2
+        assert ".config: no such file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
