@@ -1,44 +1,31 @@
 """Atomic writes for run artifacts: a crash mid-write never damages the previous file.
 
-Write to a temporary file in the same directory, fsync it, rename it over the
-target (atomic on POSIX), then fsync the directory so the rename is durable.
-A sharded run (FSDP) saves a directory with torch.distributed.checkpoint, every
-process writing its shard into a temporary directory that rank 0 renames once
-all have finished (`save_sharded`): an interrupted save leaves the previous
-checkpoint as the newest.
+Every file goes through lib.fileio.write_atomic (a temporary file beside the target, fsynced, renamed
+over it, the directory fsynced). A sharded run (FSDP) saves a directory with torch.distributed.checkpoint,
+every process writing its shard into a temporary directory that rank 0 renames once all have finished
+(`save_sharded`): an interrupted save leaves the previous checkpoint as the newest. A full disk while
+writing a run's files is one error line with the fix (`full_disk_is_an_error`), never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+from . import fileio
+from .errors import KfitError
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode())
+    fileio.write_atomic(path, text.encode())
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -47,21 +34,49 @@ def write_json_atomic(path: Path, obj) -> None:
 
 def save_checkpoint(path: Path, state: dict) -> None:
     """torch.save a dict of tensors and plain Python values atomically (loadable with weights_only=True)."""
-    write_bytes_atomic(path, _saved(state))
+    fileio.write_atomic(path, _saved(state))
+
+
+def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[], bool] | None = None) -> None:
+    """save_checkpoint for a training run. Out of room, `make_room()` may delete what would be pruned after
+    this save anyway (True when it did) for one more try; still out of room, a KfitError says so."""
+    data = _saved(state)
+    with full_disk_is_an_error(path, len(data)):
+        try:
+            fileio.write_atomic(path, data)
+        except OSError as err:
+            if err.errno not in fileio.NO_ROOM or make_room is None or not make_room():
+                raise
+            fileio.write_atomic(path, data)
+
+
+@contextlib.contextmanager
+def full_disk_is_an_error(path: Path, needed: int | None = None):
+    """Around writing a run's file: no room to write it (disk, quota or file size limit) becomes one
+    KfitError naming the directory, the bytes, what survived and the fix."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in fileio.NO_ROOM:
+            raise
+        directory = Path(path).parent
+        try:
+            free = f"{fileio.format_bytes(shutil.disk_usage(directory).free)} free"
+        except OSError:
+            free = "free space unknown"
+        need = f"{fileio.format_bytes(needed)} needed, " if needed else ""
+        kept = periodic_checkpoints(directory) or [(0, p) for p in [finished_checkpoint(directory)] if p]
+        intact = f"; the earlier checkpoints are intact (newest: {kept[0][1].name})" if kept else ""
+        fix = ("raise the file size limit ('ulimit -f')" if err.errno == errno.EFBIG else
+               "free space there, lower CONFIG_CHECKPOINT_KEEP, or set CONFIG_OUTPUT_DIR to a disk with room")
+        raise KfitError(f"no room to write {Path(path).name} in {directory} ({need}{free}; {err.strerror}){intact}: "
+                        f"{fix}; 'make train' then resumes") from None
 
 
 def _saved(state: dict) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
-
-
-def _fsync_dir(path: Path) -> None:
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # --------------------------------------------------------------------------
@@ -91,7 +106,7 @@ def save_sharded(path: Path, tensors: dict, extra: dict, *, is_main: bool, barri
     dcp.save(tensors, checkpoint_id=str(tmp))
     barrier()
     if is_main:
-        write_bytes_atomic(tmp / EXTRA, _saved(extra))
+        fileio.write_atomic(tmp / EXTRA, _saved(extra))
         for name in os.listdir(tmp):
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
@@ -100,7 +115,7 @@ def save_sharded(path: Path, tensors: dict, extra: dict, *, is_main: bool, barri
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fileio.fsync_dir(path.parent)
         shutil.rmtree(old, ignore_errors=True)
     barrier()
 
@@ -183,19 +198,30 @@ def periodic_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def prune(run_dir: Path, keep: int) -> None:
-    for _, path in periodic_checkpoints(run_dir)[keep:]:
+def prune(run_dir: Path, keep: int, writing: Path | None = None) -> list[Path]:
+    """Delete all but the newest `keep` periodic checkpoints, not counting (nor deleting) `writing`, one being
+    rewritten; returns the deleted ones."""
+    removed = [path for _, path in periodic_checkpoints(run_dir) if path != writing][keep:]
+    for path in removed:
         remove(path)
+    return removed
 
 
-def latest_valid(run_dir: Path, log=print) -> tuple[Path, dict] | None:
-    """The newest periodic checkpoint that loads; a truncated or corrupt one is reported and skipped."""
+def latest_valid(run_dir: Path, log=print, check: Callable[[dict], str | None] | None = None
+                 ) -> tuple[Path, dict] | None:
+    """The newest periodic checkpoint that loads and that `check` (what is wrong with a state, or None)
+    accepts; a truncated, corrupt or wrong one is reported and skipped."""
     for _, path in periodic_checkpoints(run_dir):
         try:
-            return path, load_checkpoint(path)
+            state = load_checkpoint(path)
         except Exception as err:  # noqa: BLE001 - any unreadable file means "use the previous one"
             log(f"warning: {path} is unreadable ({type(err).__name__}: {' '.join(str(err).split())[:160]}); "
                 "it was probably cut short by a crash or a full disk: using the previous checkpoint")
+            continue
+        problem = check(state) if check is not None else None
+        if problem is None:
+            return path, state
+        log(f"warning: {path} is not a usable checkpoint ({problem}): using the previous checkpoint")
     return None
 
 
@@ -219,7 +245,7 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
                    log=print) -> Path | None:
     """The run directory of the latest unfinished run in output_dir (only RUN_NAME when that is set)
     whose config matches and whose effective batch is the same (as plan.json records it)."""
-    base = Path(output_dir)
+    base = Path(output_dir).expanduser()
     runs = [base / run_name] if run_name else (sorted(base.iterdir()) if base.is_dir() else [])
     identity = training_identity(config_text)
     candidates = []
@@ -238,13 +264,30 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
             log(f"note: not resuming {run_dir}: its effective batch was {effective}, this run's is "
                 f"{effective_batch}")
             continue
+        holder = None if run_name else fileio.lock_holder(run_dir)  # a named run in use is refused later
+        if holder is not None:
+            log(f"note: not resuming {run_dir}: {holder_name(holder)} is still training it ('kill {holder or '<pid>'}' "
+                "stops it after a checkpoint; 'make train' then resumes it); this run is a separate one")
+            continue
         candidates.append(((newest[0][1] if newest else marker).stat().st_mtime, run_dir))
     return max(candidates)[1] if candidates else None
 
 
+def holder_name(pid: int) -> str:
+    """A lock holder for messages (fileio.lock_holder's 0: it has not written its PID yet)."""
+    return f"process {pid}" if pid else "another process"
+
+
+def in_use_error(run_dir: Path, pid: int) -> KfitError:
+    """A run directory another live `make train` holds (fileio.lock_holder): refused, never shared."""
+    return KfitError(f"{run_dir} is in use by {holder_name(pid)}, a training run still going: wait for it to finish, "
+                     f"stop it with 'kill {pid or '<pid>'}' (it saves a checkpoint; 'make train' then resumes it), "
+                     "or set CONFIG_RUN_NAME to another name for a separate run")
+
+
 def oom_marker_since(output_dir: Path, since: float) -> dict | None:
     """The out-of-memory marker a sharded run wrote in output_dir at or after `since` (a time.time())."""
-    base = Path(output_dir)
+    base = Path(output_dir).expanduser()
     found = [m for m in base.glob(f"*/{OOM_MARKER}") if m.stat().st_mtime >= since] if base.is_dir() else []
     if not found:
         return None

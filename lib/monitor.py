@@ -16,8 +16,10 @@ evaluation, event and warning lines are printed above it.
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import math
+import os
 import shutil
 import sys
 import threading
@@ -27,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from .checkpoint import full_disk_is_an_error
+from .fileio import format_bytes
 from .hardware import THROTTLE_KIND, GpuTelemetry, HardwareProfile, device_memory, on_battery
 
 REDRAW_S = 0.1  # progress-bar refresh period
@@ -42,10 +46,6 @@ _THROTTLE_FIX = {
     "thermal": "check cooling, airflow and fan speed (nvidia-smi -q -d TEMPERATURE,PERFORMANCE)",
     "power": "check the power limit and supply (nvidia-smi -q -d POWER,PERFORMANCE)",
 }
-
-
-def format_bytes(n: int) -> str:
-    return f"{n / 2**30:.2f}GiB" if n >= 2**30 else f"{n / 2**20:.0f}MiB"
 
 
 def format_duration(seconds: float) -> str:
@@ -100,12 +100,16 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._gpu: GpuTelemetry | None = None
         self._next_battery = 0.0
-        self._file = None
+        self._fd: int | None = None
         if not self.active:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(run_dir / "metrics.jsonl", "a" if append else "w", encoding="utf-8")
+        self._path = run_dir / "metrics.jsonl"
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC), 0o666)
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            self._write_line(b"\n")  # a line a full disk cut short: the next ones start whole
         nvidia = hardware.primary_gpu is not None and hardware.primary_gpu.vendor == "nvidia"
         if self.enabled and telemetry and nvidia and self.device.type == "cuda":
             self._gpu = GpuTelemetry.open(self.device.index or 0)
@@ -199,14 +203,14 @@ class Monitor:
         if self._gpu is not None:
             self._gpu.close()
             self._gpu = None
-        if self._file is not None:
+        if self._fd is not None:
             self._flush_pending()
             if self._bar_shown:
                 self.stream.write("\n")
                 self.stream.flush()
                 self._bar_shown = False
-            self._file.close()
-            self._file = None
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> Monitor:
         return self.start()
@@ -251,8 +255,14 @@ class Monitor:
     # -- output ----------------------------------------------------------------
 
     def _write(self, record: dict) -> None:
-        self._file.write(json.dumps(record, default=str) + "\n")
-        self._file.flush()  # a crash or kill -9 must not lose the lines before it
+        self._write_line((json.dumps(record, default=str) + "\n").encode())
+
+    def _write_line(self, line: bytes) -> None:
+        """One write(2) of the whole line on an O_APPEND descriptor, unbuffered: a kill -9 loses no line before
+        it and cuts none, and lines of two writers could never interleave."""
+        with full_disk_is_an_error(self._path):
+            if os.write(self._fd, line) < len(line):
+                raise OSError(errno.ENOSPC, "the line was cut short (disk full?)")
 
     def _print(self, line: str) -> None:
         if self._bar_shown:  # clear the bar, print above it, redraw it below

@@ -93,17 +93,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
 from ..config import Config
+from ..fileio import write_atomic
 from ..hardware.allocator import expandable_segments
 from ..parallel import is_sharded
-from .cache import default_cache_dir, fingerprint, parallel_key
+from .cache import default_cache_dir, fingerprint, parallel_key, read_traces
 from .trace import CATEGORIES, MiB, Trace, trace_step
 
 HOST_HEAP_BYTES = 256 * 1024
@@ -261,10 +260,7 @@ class MemoryPredictor:
 
     def _entries(self, key: str) -> dict[str, dict]:
         if key not in self._memo:
-            try:
-                self._memo[key] = json.loads((self.cache_dir / f"{key}.json").read_text())["traces"]
-            except (OSError, ValueError, KeyError, TypeError):
-                self._memo[key] = {}  # no cache yet, or a damaged file: trace again
+            self._memo[key] = read_traces(self.cache_dir / f"{key}.json")  # {}: missing or damaged, trace again
         return self._memo[key]
 
     def _store(self, key: str, contents: dict) -> None:
@@ -276,11 +272,8 @@ class MemoryPredictor:
                    "bytes_per_sample": (points[last][0] - points[first][0]) / (last - first)}
                   for first, last in affine_runs(points)]
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp", dir=directory)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": contents, "traces": traces, "affine": affine}, f, sort_keys=True)
-            os.replace(tmp, directory / f"{key}.json")
+            write_atomic(directory / f"{key}.json",
+                         json.dumps({"key": contents, "traces": traces, "affine": affine}, sort_keys=True).encode())
         except OSError:
             pass  # a read-only cache only costs time
 

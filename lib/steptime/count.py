@@ -26,14 +26,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..config import Config
+from ..fileio import write_atomic
 from ..memory import default_cache_dir, fingerprint
 
 FORMAT = 2  # 2: conv_flops; prim.device no longer counted as an op moving its tensor
@@ -280,11 +279,7 @@ class StepCounter:
 def write_json(path: Path, data) -> None:
     """Write atomically; a read-only cache only costs time."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, sort_keys=True).encode())
     except OSError:
         pass
 

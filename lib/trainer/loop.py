@@ -108,6 +108,7 @@ class Trainer(Stepper):
             self.feed = None
             self.signals.restore()
             self.monitor.close()
+            self.release_run_directory()
         return TrainResult(run_dir=self.run_dir, steps=p.step, epochs=p.samples / len(self.train_split),
                            samples=p.samples, seconds=seconds, stop_reason=stop_reason, final_eval=final,
                            history=history)
@@ -184,7 +185,8 @@ class Trainer(Stepper):
         return entry
 
     def save_periodic(self) -> Path:
-        path = self.save(checkpoint.periodic_path(self.run_dir, self.progress.step, self.sharded))
+        path = self.save(checkpoint.periodic_path(self.run_dir, self.progress.step, self.sharded),
+                         keep=self.config.checkpoint_keep)
         if self.rank.is_main:
             checkpoint.prune(self.run_dir, self.config.checkpoint_keep)
         self.last_checkpoint = time.perf_counter()

@@ -6,11 +6,14 @@ by SIGTERM or SIGINT and resumed computes exactly the losses of an
 uninterrupted one. `StopSignals` turns the first such signal into a request to
 stop at the next step boundary, after a checkpoint (`TrainingInterrupted`).
 The atomic writing and the finding of a run's newest readable checkpoint are
-lib/checkpoint.py's.
+lib/checkpoint.py's. A run directory is locked by the process writing it
+(`claim_run_directory`): a second `make train` never writes into a live run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import platform
 import random
 import signal
@@ -18,28 +21,67 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 import torch
 
-from .. import checkpoint
+from .. import checkpoint, fileio
 from ..config import Config
+from ..errors import KfitError
 from ..hardware import HardwareProfile
 from ..plan import Plan
 from .windows import Progress
 
 
+def output_directory(config: Config) -> Path:
+    """CONFIG_OUTPUT_DIR with ~ expanded (as CONFIG_DATA_DIR is), refused unless runs can be written there."""
+    path = Path(config.output_dir).expanduser()
+    reason = fileio.unwritable_reason(path)
+    if reason is not None:
+        raise KfitError(f'CONFIG_OUTPUT_DIR="{config.output_dir}" cannot hold runs ({reason}): set CONFIG_OUTPUT_DIR '
+                        "to a directory you can write (or create), e.g. \"runs\"")
+    return path
+
+
 def run_directory(config: Config) -> Path:
-    base = Path(config.output_dir)
+    """RUN_NAME's directory, or a new one named after the model and the time, created here so that two runs
+    started in the same second get one each."""
+    base = output_directory(config)
     if config.run_name:
         return base / config.run_name
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
-    path = base / f"{label}-{stamp}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = base / f"{label}-{stamp}-{n}"
-    return path
+    base.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = base / (f"{label}-{stamp}" if n == 1 else f"{label}-{stamp}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | None,
+                        log=print) -> tuple[Path, Path | None, IO]:
+    """(the run directory, the run to resume or None, its lock): the directory locked by this process
+    against a second `make train` (fileio.try_lock). A named directory (RUN_NAME, or `run_dir`) another
+    live process holds is refused; a resume search's pick that one took meanwhile becomes a new run."""
+    lock = fileio.try_lock(resume) if resume is not None else None
+    if resume is not None and lock is None:
+        pid = fileio.lock_holder(resume) or 0
+        if run_dir is not None or config.run_name:
+            raise checkpoint.in_use_error(resume, pid)
+        log(f"note: not resuming {resume}: {checkpoint.holder_name(pid)} has just taken it; this run is a "
+            "separate one")
+        resume = None
+    path = Path(resume or run_dir or run_directory(config))
+    if lock is None:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = fileio.try_lock(path)
+        if lock is None:
+            raise checkpoint.in_use_error(path, fileio.lock_holder(path) or 0)
+    fileio.remove_stale_temporaries(path)  # locked: only writes a kill interrupted leave them
+    return path, resume, lock
 
 
 def versions() -> dict:
@@ -50,9 +92,10 @@ def versions() -> dict:
 def write_run_files(run_dir: Path, config: Config, plan: Plan, hardware: HardwareProfile) -> None:
     """The .config, plan and hardware a run was started with, beside its checkpoints."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_text_atomic(run_dir / "config", config.text)
-    checkpoint.write_json_atomic(run_dir / "plan.json", plan.to_dict())
-    checkpoint.write_json_atomic(run_dir / "hardware.json", hardware.to_dict())
+    with checkpoint.full_disk_is_an_error(run_dir / "config"):
+        checkpoint.write_text_atomic(run_dir / "config", config.text)
+        checkpoint.write_json_atomic(run_dir / "plan.json", plan.to_dict())
+        checkpoint.write_json_atomic(run_dir / "hardware.json", hardware.to_dict())
 
 
 # --------------------------------------------------------------------------
@@ -78,6 +121,23 @@ def sharded_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optimizer": optimizer_state}
+
+
+def checkpoint_problem(state) -> str | None:
+    """What keeps a loaded checkpoint from being resumed (a wrong file saved under its name, say), None
+    when it holds what load_state reads (model and optimizer only when it is not sharded)."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a dict"
+    keys = (() if state.get("sharded") else ("model", "optimizer")) + ("scaler", "progress", "rng")
+    missing = [k for k in keys if not isinstance(state.get(k), dict)]
+    if missing:
+        return f"it lacks {', '.join(missing)} (each a dict)"
+    fields = {f.name for f in dataclasses.fields(Progress)}
+    if not {"window_size", "micro_batch"} <= set(state["progress"]) <= fields:
+        return f"its progress has the keys {sorted(state['progress'])}, not those of kfit's Progress"
+    if not {"torch", "python"} <= set(state["rng"]):
+        return "its RNG state lacks torch or python"
+    return None
 
 
 def _named_optimizer_state(raw: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

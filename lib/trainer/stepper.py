@@ -32,6 +32,7 @@ import torch
 
 from .. import checkpoint, distributed, parallel
 from ..config import Config
+from ..errors import KfitError
 from ..hardware import HardwareProfile
 from ..models import count_parameters
 from ..monitor import Monitor
@@ -39,7 +40,8 @@ from ..oom import Injector, halve, is_oom, release
 from ..plan import Plan
 from ..step import autocast_for, configure_backends, make_optimizer, seed_everything
 from ..task import Task, load_task
-from .resume import StopSignals, checkpoint_due, checkpoint_state, load_state, run_directory, sharded_tensors
+from .resume import (StopSignals, checkpoint_due, checkpoint_problem, checkpoint_state, claim_run_directory,
+                     load_state, output_directory, sharded_tensors)
 from .schedule import lr_at
 from .windows import Progress, epoch_micro_batches, loader, rank_batches
 
@@ -55,10 +57,24 @@ class Stepper:
         self.rank = distributed.current() if torch.distributed.is_initialized() else distributed.SINGLE
         self.config, self.plan, self.hardware = config, plan, hardware
         self.log = log if self.rank.is_main else (lambda line: None)
+        if self.rank.is_main:
+            output_directory(config)  # an unusable CONFIG_OUTPUT_DIR is refused before any work
         seed_everything(config.seed)
         configure_backends(plan)
         self.device = distributed.device_for(self.rank, plan.device_type)
-        self.task = task or load_task(config)
+        self.task = task or load_task(config)  # a data error first: before anything is written
+        # rank 0 claims the run directory (a new one, named by the time, or the one to resume), locked against
+        # a second `make train` there; every rank writes into that one and resumes what rank 0 decided
+        self.lock, claim = None, None
+        if self.rank.is_main:
+            try:
+                claimed, resume, self.lock = claim_run_directory(config, run_dir, resume, self.log)
+                claim = (claimed, resume, None)
+            except KfitError as err:  # refused on every rank, not only here
+                claim = (None, None, str(err))
+        self.run_dir, resume, refused = distributed.broadcast(claim)
+        if refused is not None:
+            raise KfitError(refused)
         self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
         self.loss_fn = self.task.loss
         self.model = self.task.build(plan.gradient_checkpointing).to(self.device)
@@ -73,8 +89,6 @@ class Stepper:
         self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
         self.progress = Progress(window_size=plan.effective_batch, micro_batch=plan.micro_batch)
         self.resumed_from: Path | None = None
-        # rank 0 names a new run (a timestamp): every rank must write into that one
-        self.run_dir = run_dir or distributed.broadcast(run_directory(config) if self.rank.is_main else None)
         if resume is not None:
             self.restore(resume)
         self.ddp = None
@@ -231,8 +245,10 @@ class Stepper:
 
     # -- the state a checkpoint holds ----------------------------------------
 
-    def save(self, path: Path, final_eval: dict | None = None) -> Path:
-        """Rank 0 writes the checkpoint file; under FSDP every rank calls this and writes its shards."""
+    def save(self, path: Path, final_eval: dict | None = None, keep: int = 0) -> Path:
+        """Rank 0 writes the checkpoint file; under FSDP every rank calls this and writes its shards.
+        `keep`: a periodic checkpoint, after which the newest `keep` are kept (loop.py prunes): out of room,
+        the ones that pruning would delete go first, while at least one earlier checkpoint stays."""
         state = checkpoint_state(
             model=None if self.sharded else self.model, optimizer=None if self.sharded else self.optimizer,
             scaler=self.scaler, device=self.device, progress={**asdict(self.progress), "elapsed_s": self.elapsed()},
@@ -242,8 +258,15 @@ class Stepper:
             checkpoint.save_sharded(path, sharded_tensors(self.model, self.optimizer), state,
                                     is_main=self.rank.is_main, barrier=torch.distributed.barrier)
         else:
-            checkpoint.save_checkpoint(path, state)
+            make_room = (lambda: bool(checkpoint.prune(self.run_dir, keep - 1, path))) if keep > 1 else None
+            checkpoint.save_run_checkpoint(path, state, make_room)
         return path
+
+    def release_run_directory(self) -> None:
+        """Let another `make train` take the run directory (the process ending does it too)."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
     @property
     def saves(self) -> bool:
@@ -252,7 +275,7 @@ class Stepper:
 
     def restore(self, run_dir: Path) -> None:
         """Continue the run in run_dir from its newest readable checkpoint."""
-        found = checkpoint.latest_valid(run_dir, self.log)
+        found = checkpoint.latest_valid(run_dir, self.log, checkpoint_problem)
         if found is None and not (Path(run_dir) / checkpoint.OOM_MARKER).is_file():
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return

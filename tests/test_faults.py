@@ -1,0 +1,364 @@
+"""The fault set (issue 16): two trainings in one directory, a full disk, a kill mid-write, a wrong checkpoint,
+an unusable OUTPUT_DIR, atomic writes' permissions. Each test asserts what survives."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib import checkpoint, fileio
+from lib import config as kc
+from lib.errors import KfitError
+from lib.hyperparams import ModelDescription, resolve
+from lib.monitor import Monitor
+from lib.trainer import Trainer
+from lib.trainer.resume import checkpoint_problem
+from tests.test_resume import KFIT, ROOT, kfit_env, write_config
+from tests.test_trainer import CPU, one_thread  # noqa: F401 - the autouse fixture: one CPU thread
+
+# LeNet at effective batch 16, a checkpoint every 4 steps; stopped at step 10 by `interrupted_run`.
+BASE = ("CONFIG_DEVICE_CPU=y\nCONFIG_EPOCHS=10\nCONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_LOG_INTERVAL=1\n"
+        "CONFIG_EVAL_INTERVAL=10\nCONFIG_CHECKPOINT_INTERVAL_STEPS=y\nCONFIG_CHECKPOINT_EVERY_STEPS=4\n"
+        "CONFIG_CHECKPOINT_KEEP=3\n# CONFIG_MONITOR is not set\n")
+
+
+def configured(tmp_path: Path, extra: str = "") -> tuple[kc.Config, Path]:
+    """The Config and its .config file (for a `kfit.py train` subprocess), runs under tmp_path/runs."""
+    path = write_config(tmp_path, BASE + f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\n' + extra)
+    return kc.read_config(path), path
+
+
+def trainer(config, **kwargs) -> Trainer:
+    plan = resolve(config, CPU, ModelDescription.from_config(config))
+    return Trainer(config, plan, CPU, **{"log": lambda line: None, **kwargs})
+
+
+class Stop(Exception):
+    pass
+
+
+def interrupted_run(config) -> Path:
+    """A run that died at step 10 (its evaluation callback raised), as a crash leaves it: checkpoints 4 and 8."""
+    def stop(step, epoch, result):
+        raise Stop
+
+    t = trainer(config, on_eval=stop)
+    with pytest.raises(Stop):
+        t.fit()
+    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [8, 4]
+    return t.run_dir
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """Every line of metrics.jsonl, parsed: a torn line fails here."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def wait_for(condition, timeout: float = 120, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the process ended first:\n{proc.communicate()[0]}")
+        time.sleep(0.05)
+    pytest.fail("timed out")
+
+
+# --------------------------------------------------------------------------
+# Two trainings in one directory
+
+
+@pytest.mark.slow
+def test_a_second_train_beside_a_live_one_starts_its_own_run(tmp_path):
+    config = write_config(tmp_path, BASE + 'CONFIG_OUTPUT_DIR="runs"\nCONFIG_MAX_STEPS=60\n')
+    env, runs = kfit_env(config), tmp_path / "runs"
+    popen = dict(cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(KFIT + ["train"], **popen)
+    second = None
+    try:
+        live = wait_for(lambda: next((d for d in runs.glob("*") if checkpoint.periodic_checkpoints(d)), None),
+                        proc=first)
+        first.send_signal(signal.SIGSTOP)  # alive and resumable-looking, for as long as the second needs
+        second = subprocess.Popen(KFIT + ["train"], **popen)
+        wait_for(lambda: any((d / "metrics.jsonl").is_file() for d in runs.glob("*") if d != live), proc=second)
+        first.send_signal(signal.SIGCONT)  # both train at once now
+        out2, _ = second.communicate(timeout=300)
+        out1, _ = first.communicate(timeout=300)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+    assert first.returncode == 0 and second.returncode == 0, out1 + out2
+    assert f"note: not resuming {live.relative_to(tmp_path)}: process {first.pid} is still training it" in out2
+    [other] = [d for d in runs.iterdir() if d != live]
+    for run_dir in (live, other):  # neither wrote into the other's: every step once, every line whole
+        lines = metrics(run_dir)
+        assert [line["step"] for line in lines if "loss" in line] == list(range(1, 61))
+        assert (run_dir / "checkpoint.pt").is_file()
+
+
+@pytest.mark.slow
+def test_a_named_run_in_use_is_refused_and_left_alone(tmp_path):
+    config = write_config(tmp_path, BASE + 'CONFIG_OUTPUT_DIR="runs"\nCONFIG_RUN_NAME="named"\nCONFIG_MAX_STEPS=4\n')
+    run_dir = tmp_path / "runs" / "named"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    lock = fileio.try_lock(run_dir)  # as a live `make train` of this run holds it
+    before = files(run_dir)
+    try:
+        refused = subprocess.run(KFIT + ["train"], cwd=tmp_path, env=kfit_env(config), capture_output=True,
+                                 text=True, timeout=300)
+    finally:
+        lock.close()
+    [line] = refused.stderr.splitlines()
+    assert refused.returncode == 2 and line.startswith("error: runs/named is in use by process "), refused.stderr
+    assert f"process {os.getpid()}" in line and f"kill {os.getpid()}" in line and "CONFIG_RUN_NAME" in line
+    assert files(run_dir) == before
+
+
+def test_the_resume_search_passes_over_a_live_run(tmp_path):
+    config, _ = configured(tmp_path, "CONFIG_MAX_STEPS=12\n")
+    run_dir = interrupted_run(config)
+    lock = fileio.try_lock(run_dir)  # as a live `make train` holds it
+    before, notes = files(run_dir), []
+    try:
+        assert checkpoint.find_resumable(tmp_path / "runs", config.text, 16, log=notes.append) is None
+        assert f"process {os.getpid()} is still training it" in notes[-1]
+        # picked by a search just before the live process took it: a run of its own, the live one untouched
+        t = trainer(config, resume=run_dir, log=notes.append)
+        result = t.fit()
+        assert result.run_dir != run_dir and t.resumed_from is None and any("has just taken it" in n for n in notes)
+        assert files(run_dir) == before
+    finally:
+        lock.close()
+    assert checkpoint.find_resumable(tmp_path / "runs", config.text, 16) == run_dir
+
+
+def test_metrics_lines_of_two_writers_never_tear(tmp_path):
+    """Two monitors on one metrics.jsonl (what two trainings in one run directory did): every line whole."""
+    fresh = Monitor(tmp_path, 10, "cpu", CPU, enabled=False, log=lambda line: None)
+    appending = Monitor(tmp_path, 10, "cpu", CPU, enabled=False, log=lambda line: None, append=True)
+    for i in range(200):
+        for name, m in (("fresh", fresh), ("appending", appending)):
+            m.event("test", name, i=i, payload="x" * (i * 50))
+    fresh.close()
+    appending.close()
+    lines = metrics(tmp_path)
+    assert sorted((line["message"], line["i"]) for line in lines) == sorted(
+        (name, i) for name in ("fresh", "appending") for i in range(200))
+
+
+# --------------------------------------------------------------------------
+# A full disk, a kill mid-write, a wrong checkpoint
+
+
+@pytest.mark.slow
+def test_no_room_while_checkpointing_is_one_error_line_and_the_earlier_checkpoints_survive(tmp_path):
+    resource = pytest.importorskip("resource", reason="no RLIMIT_FSIZE here to make writes run out of room")
+    config, path = configured(tmp_path, "CONFIG_MAX_STEPS=20\n")
+    run_dir = interrupted_run(config)
+    earlier = {p.name: p.read_bytes() for _, p in checkpoint.periodic_checkpoints(run_dir)}
+    limit = 200_000  # bytes per file: the config, plan and metrics fit, a LeNet checkpoint (~750 kB) does not
+    assert all(len(b) > limit for b in earlier.values())
+
+    def small_files():  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    try:
+        result = subprocess.run(KFIT + ["train"], cwd=tmp_path, env=kfit_env(path), capture_output=True, text=True,
+                                timeout=300, preexec_fn=small_files)
+    except (ValueError, OSError) as err:
+        pytest.skip(f"cannot limit a child's file size here ({err})")
+    assert f"Resuming {run_dir} from step 8" in result.stdout, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()
+    assert result.returncode == 2 and line.startswith(f"error: no room to write checkpoint-12.pt in {run_dir} ("), line
+    assert "MiB needed" in line and "File too large" in line and "raise the file size limit ('ulimit -f')" in line
+    assert "newest: checkpoint-8.pt" in line
+    assert {p.name: p.read_bytes() for _, p in checkpoint.periodic_checkpoints(run_dir)} == earlier
+    assert not list(run_dir.glob("*.tmp"))
+    assert [line["step"] for line in metrics(run_dir) if "loss" in line][-1] == 12
+
+
+def test_out_of_room_the_checkpoints_rotation_would_delete_go_first_never_the_last(tmp_path, monkeypatch):
+    config, _ = configured(tmp_path)
+    t = trainer(config)
+    t.started = time.perf_counter()  # as fit() sets it: a checkpoint records the time trained
+    for step in (4, 8, 12):
+        checkpoint.save_checkpoint(checkpoint.periodic_path(t.run_dir, step), {"step": step})
+    write = fileio.write_atomic
+
+    def room_for_three(path, data):
+        if len(checkpoint.periodic_checkpoints(Path(path).parent)) >= 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(path, data)
+
+    monkeypatch.setattr(fileio, "write_atomic", room_for_three)
+    t.save(checkpoint.periodic_path(t.run_dir, 16), keep=3)  # 4 would be pruned after it anyway: it goes first
+    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16, 12, 8]
+    with pytest.raises(KfitError, match=r"no room to write checkpoint-20.pt .*No space left on device.*newest: "
+                       r"checkpoint-16.pt\): free space there, lower CONFIG_CHECKPOINT_KEEP, or set CONFIG_OUTPUT_DIR"):
+        t.save(checkpoint.periodic_path(t.run_dir, 20), keep=1)  # deleting first would leave none
+    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16, 12, 8]
+    assert not list(t.run_dir.glob("*.tmp"))
+    t.release_run_directory()
+
+
+# A training killed with SIGKILL halfway through writing checkpoint-8.pt's bytes.
+KILLED_MID_WRITE = r"""
+import os, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from lib import config as kc
+from lib.hardware import resolve_hardware
+from lib.hyperparams import ModelDescription, resolve
+from lib.trainer import Trainer
+
+marked, mkstemp, fdopen = set(), tempfile.mkstemp, os.fdopen
+
+def marking_mkstemp(*args, **kwargs):
+    fd, name = mkstemp(*args, **kwargs)
+    if kwargs.get("prefix", "").startswith(".checkpoint-8.pt."):
+        marked.add(fd)
+    return fd, name
+
+class HalfThenHang:
+    def __init__(self, f): self.f = f
+    def __enter__(self): return self
+    def __exit__(self, *exc): return self.f.__exit__(*exc)
+    def __getattr__(self, name): return getattr(self.f, name)
+    def write(self, data):
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        print("half written", flush=True)
+        time.sleep(600)
+
+tempfile.mkstemp = marking_mkstemp
+os.fdopen = lambda fd, *a, **k: HalfThenHang(fdopen(fd, *a, **k)) if fd in marked else fdopen(fd, *a, **k)
+config = kc.read_config(sys.argv[2])
+cpu = resolve_hardware(gpu="cpu")
+Trainer(config, resolve(config, cpu, ModelDescription.from_config(config)), cpu, log=lambda line: None).fit()
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_mid_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path):
+    config, path = configured(tmp_path, "CONFIG_MAX_STEPS=12\n")
+    child = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(ROOT), str(path)], env=kfit_env(path),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert child.stdout.readline() == "half written\n", child.communicate()[0]
+    finally:
+        child.kill()
+        child.wait()
+    [run_dir] = (tmp_path / "runs").iterdir()
+    [partial] = run_dir.glob(".checkpoint-8.pt.*.tmp")
+    assert [s for s, _ in checkpoint.periodic_checkpoints(run_dir)] == [4]
+    assert (run_dir / fileio.LOCK_NAME).read_text() == f"{child.pid}\n"  # a dead process's lock
+    steps = [line["step"] for line in metrics(run_dir) if "loss" in line]
+    assert steps == list(range(1, 9))
+
+    assert checkpoint.find_resumable(tmp_path / "runs", config.text, 16) == run_dir
+    t = trainer(config, resume=run_dir)
+    result = t.fit()
+    assert t.resumed_from == checkpoint.periodic_path(run_dir, 4) and result.steps == 12
+    assert not partial.exists()  # removed under the taken-over lock
+    steps = [line["step"] for line in metrics(run_dir) if "loss" in line]
+    assert steps == list(range(1, 9)) + list(range(5, 13))  # steps 5-8 recomputed after the resume
+
+
+def test_a_checkpoint_with_the_wrong_contents_falls_back_to_the_previous(tmp_path):
+    config, _ = configured(tmp_path, "CONFIG_MAX_STEPS=12\n")
+    run_dir = interrupted_run(config)
+    wrong = checkpoint.periodic_path(run_dir, 8)
+    torch.save({}, wrong)  # readable, but not a checkpoint
+    notes = []
+    t = trainer(config, resume=run_dir, log=notes.append)
+    assert t.resumed_from == checkpoint.periodic_path(run_dir, 4)
+    assert f"warning: {wrong} is not a usable checkpoint (it lacks model, optimizer, scaler, progress, rng" in notes[0]
+    assert t.fit().steps == 12
+
+
+def test_checkpoint_problem_names_what_is_wrong():
+    assert checkpoint_problem([1, 2]) == "it holds a list, not a dict"
+    assert "progress" in checkpoint_problem({"model": {}, "optimizer": {}, "scaler": {}, "progress": {"x": 1},
+                                             "rng": {"torch": 0, "python": 0}})
+    assert checkpoint_problem({"sharded": True, "scaler": {}, "progress": {"window_size": 16, "micro_batch": 16},
+                               "rng": {"torch": 0, "python": 0}}) is None
+
+
+# --------------------------------------------------------------------------
+# CONFIG_OUTPUT_DIR
+
+
+@pytest.mark.parametrize("value", ["/dev/null", "/proc/nope"])
+def test_an_unusable_output_dir_is_refused_before_any_work(tmp_path, monkeypatch, value):
+    if not Path(value).parent.is_dir():
+        pytest.skip(f"{Path(value).parent} does not exist here")
+    config = dataclasses.replace(configured(tmp_path)[0], output_dir=value)
+    monkeypatch.setattr("lib.trainer.stepper.load_task", lambda config: pytest.fail("the data was loaded"))
+    with pytest.raises(KfitError) as refused:
+        trainer(config)
+    message = str(refused.value)
+    assert message.startswith(f'CONFIG_OUTPUT_DIR="{value}" cannot hold runs (') and "\n" not in message
+    assert "set CONFIG_OUTPUT_DIR to a directory you can write" in message
+    assert ("is not a directory" if value == "/dev/null" else "cannot create anything in /proc") in message
+
+
+def test_a_home_relative_output_dir_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    config = dataclasses.replace(configured(tmp_path, "CONFIG_MAX_STEPS=1\n")[0], output_dir="~/x")
+    result = trainer(config).fit()
+    assert result.run_dir.parent == tmp_path / "home" / "x" and not (tmp_path / "~").exists()
+
+
+# --------------------------------------------------------------------------
+# Atomic writes: permissions and symlinks
+
+
+@pytest.fixture
+def umask_022():
+    before = os.umask(0o022)
+    yield
+    os.umask(before)
+
+
+def test_atomic_writes_keep_the_mode_or_follow_the_umask(tmp_path, umask_022):
+    shared = tmp_path / "shared.json"
+    shared.write_text("{}")
+    shared.chmod(0o664)
+    checkpoint.write_json_atomic(shared, {"a": 1})
+    assert shared.stat().st_mode & 0o777 == 0o664 and json.loads(shared.read_text()) == {"a": 1}
+    checkpoint.save_checkpoint(tmp_path / "checkpoint.pt", {"step": 1})  # new: 0666 less the umask, not 0600
+    assert (tmp_path / "checkpoint.pt").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "shared.json"]
+
+
+def test_olddefconfig_writes_through_a_symlinked_config_keeping_its_mode(tmp_path, umask_022):
+    kept = tmp_path / "configs" / "mine"
+    kept.parent.mkdir()
+    kept.write_text("CONFIG_EPOCHS=7\n")
+    kept.chmod(0o664)
+    link = tmp_path / ".config"
+    link.symlink_to(kept)
+    kc.olddefconfig(link)
+    assert link.is_symlink() and link.resolve() == kept and kept.stat().st_mode & 0o777 == 0o664
+    assert "CONFIG_EPOCHS=7" in kept.read_text() and "CONFIG_MODEL_" in kept.read_text()
+    assert (tmp_path / ".config.old").read_text() == "CONFIG_EPOCHS=7\n"
+    assert not list(tmp_path.rglob("*.tmp"))
