@@ -18,9 +18,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,10 +67,8 @@ def under_torchrun(env=os.environ) -> bool:
 
 def process_count(config, hardware, device_type: str, env=os.environ) -> tuple[int, str]:
     """Training processes on this machine, and why: GPUS= wins, then NPROC_MANUAL, then AUTO."""
-    gpus = env_number("GPUS", int, None, env)
+    gpus = env_number("GPUS", int, None, env, minimum=1)
     if gpus is not None:
-        if gpus < 1:
-            raise KfitError(f"GPUS={gpus}: give at least 1 process")
         return gpus, f"GPUS={gpus}"
     if config.nproc_mode == "manual":
         return config.nproc, f"CONFIG_NPROC={config.nproc}"
@@ -80,12 +81,13 @@ def nodes_range(env=os.environ) -> tuple[int, int]:
     """NNODES as (min, max) machines: N is (N, N), MIN:MAX an elastic range."""
     text = (env.get("NNODES") or "1").strip()
     low, _, high = text.partition(":")
+    accepted = "give a whole number of machines >= 1, or MIN:MAX (1 <= MIN <= MAX) for an elastic run"
     try:
         first, last = int(low), int(high or low)
     except ValueError:
-        raise KfitError(f"NNODES={text!r}: give a number of machines, or MIN:MAX for an elastic run") from None
+        raise KfitError(f"NNODES={text!r} is not a number of machines: {accepted}") from None
     if not 1 <= first <= last:
-        raise KfitError(f"NNODES={text!r}: machines must be at least 1 (and MIN <= MAX)")
+        raise KfitError(f"NNODES={text!r} is out of range: {accepted}")
     return first, last
 
 
@@ -115,56 +117,198 @@ def torchrun_command(nproc: int, script: Path, env=os.environ) -> list[str]:
             str(script), "train"]
 
 
-def exec_torchrun(nproc: int, script: Path, env: dict[str, str], threads: int | None = None) -> None:
-    """Replace this process with torchrun: signals reach it directly and its exit status is ours.
-
-    threads: each rank's intra-op threads, lib.threads.decide_cpu_threads for nproc processes with the
+def _with_threads(nproc: int, env: dict[str, str], threads: int | None) -> dict[str, str]:
+    """threads: each rank's intra-op threads, lib.threads.decide_cpu_threads for nproc processes with the
     load measured here, before any rank starts (a rank would count its siblings as load). It reaches the
     ranks as OMP_NUM_THREADS, which their own decision then obeys (as it obeys one already set); without
     it, the usable cores are shared as if idle."""
+    # set, torchrun's banner about defaulting it to 1 stays away; a user's 0 is no count (lib.threads ignores
+    # it too), and would reach every rank's OpenMP as an invalid value
+    if (env_number("OMP_NUM_THREADS", int, None, env) or 0) < 1:
+        env["OMP_NUM_THREADS"] = str(threads or cores_per_process(usable_cores(), nproc))
+    return env
+
+
+def exec_torchrun(nproc: int, script: Path, env: dict[str, str], threads: int | None = None) -> None:
+    """Replace this process with torchrun. `kfit train` uses run_torchrun, which keeps torchrun's own
+    tracebacks off the terminal; this is for callers that want torchrun's exit status and output as is."""
     command = torchrun_command(nproc, script, env)
-    if threads is None:
-        threads = cores_per_process(usable_cores(), nproc)
-    env.setdefault("OMP_NUM_THREADS", str(threads))  # set, torchrun's banner about defaulting it to 1 stays away
+    _with_threads(nproc, env, threads)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, env)
 
 
+_SIGNAL_EXIT = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+class TorchrunOutput:
+    """torchrun's stderr, which its ranks share: the ranks' lines pass through; torchrun's own (its log
+    lines, and the traceback with its failure report, 40-50 lines for one killed rank) are kept in `kept`
+    instead, and what they say is read: the signal that stopped torchrun, the root cause's rank and exit code."""
+
+    def __init__(self, pid: int, out) -> None:
+        self.own_line = re.compile(rf"^[IWEF]\d{{4}} [\d:.]+ +{pid} ")  # torchrun's logging, by its pid
+        self.out = out
+        self.kept: list[str] = []
+        self.block: list[str] | None = None  # a traceback whose owner is not known yet
+        self.suppressing = False
+        self.report = False  # inside ChildFailedError's failure report
+        self.in_root = False
+        self.signal: int | None = None
+        self.root: dict[str, int] = {}
+        self.failure: str | None = None  # torchrun's own exception otherwise
+
+    def feed(self, line: str) -> None:
+        if self.block is not None:  # a traceback's first frame tells whose it is
+            self.block.append(line)
+            if not line.startswith("  File"):
+                return
+            block, self.block = self.block, None
+            if '"<frozen runpy>"' in line or "torch/distributed/run.py" in line:
+                self.suppressing = True
+                self.kept += block
+            else:
+                self.out.writelines(block)
+            return
+        if self.suppressing:
+            self.kept.append(line)
+            self._read_report(line)
+            return
+        if line.startswith("Traceback (most recent call last):"):
+            self.block = [line]
+        elif self.own_line.match(line):
+            self.kept.append(line)
+        else:
+            self.out.write(line)
+        self.out.flush()
+
+    def _read_report(self, line: str) -> None:
+        if self.report:
+            self.in_root = self.in_root or line.startswith("Root Cause")
+            if self.in_root and (match := _ROOT_RANK.match(line)):
+                self.root.update(rank=int(match[1]), local_rank=int(match[2]))
+            elif self.in_root and (match := _ROOT_EXIT.match(line)):
+                self.root["exitcode"] = int(match[1])
+            elif self.in_root and line.startswith("====="):
+                self.suppressing = self.report = self.in_root = False
+            return
+        if line.startswith((" ", "\t")) or not line.strip() or line.startswith("During handling"):
+            return  # a frame of the traceback
+        if line.startswith("Traceback"):
+            return
+        if "ChildFailedError" in line:
+            self.report = True
+            return
+        self.suppressing = False  # the exception's line ends the traceback
+        if match := _SIGNAL_EXIT.search(line):
+            self.signal = int(match[1])
+        else:
+            self.failure = line.strip()
+
+    def close(self, log_path: Path | None) -> None:
+        """Flush; torchrun's own lines are appended to log_path (when there are any)."""
+        if self.block:
+            self.out.writelines(self.block)
+        self.out.flush()
+        if self.kept and log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as log:
+                log.writelines(self.kept)
+
+
+def _die_with_parent() -> None:
+    """In the torchrun child, before exec: SIGTERM when kfit dies, so that no orphaned torchrun keeps training
+    (it runs in its own session, out of reach of signals to kfit's process group)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _explain(output: TorchrunOutput, code: int, log_path: Path | None) -> int:
+    """The exit status of a failed torchrun, with one error line where no rank said why."""
+    where = f"; torchrun's report: {log_path}" if log_path is not None and output.kept else ""
+    exitcode = output.root.get("exitcode")
+    if exitcode is not None and exitcode < 0:
+        number = -exitcode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "unknown signal"
+        hint = (" (the kernel's out-of-memory killer sends it when RAM runs out: see 'dmesg')"
+                if number == signal.SIGKILL else "")
+        print(f"error: training process rank {output.root.get('rank', '?')} (local rank "
+              f"{output.root.get('local_rank', '?')}) was killed by signal {number} ({name}){hint}; torchrun "
+              f"stopped the others{where}; 'make train' resumes from the last checkpoint, if one was saved",
+              file=sys.stderr)
+        return 128 + number
+    if exitcode is not None and exitcode > 0:
+        return exitcode  # the rank printed its own error
+    if output.failure:
+        print(f"error: torchrun failed: {output.failure}{where}", file=sys.stderr)
+    return code
+
+
 def run_torchrun(nproc: int, script: Path, env: dict[str, str], *, threads: int | None = None,
-                 relaunch: Callable[[float], str | None] | None = None, attempts: int = 0) -> int:
-    """torchrun as a child process, relaunched (at most `attempts` times) when it failed and
-    `relaunch(launched_at)` gives a reason: a sharded run that ran out of memory, which continues from its
-    last checkpoint at half the micro-batch (lib/trainer/stepper.py mark_oom). Used for sharded runs only,
-    where no rank can recover in place; SIGTERM is passed on to torchrun (which passes it to the ranks:
-    they checkpoint and stop), and the exit status is then 143 as for one process. `threads` as
-    exec_torchrun's."""
+                 relaunch: Callable[[float], str | None] | None = None, attempts: int = 0,
+                 log_path: Path | None = None) -> int:
+    """torchrun as a child process; its exit status, as one process's would be, is returned.
+
+    torchrun runs in its own session: SIGTERM and SIGINT reach it once, from here (it passes SIGTERM to the
+    ranks: they checkpoint and stop), and the status is then 143 / 130 as for one process. Its own output on
+    stderr (the traceback it prints when stopped or when a rank fails) is appended to `log_path` instead
+    (default: kfit-torchrun-<this pid>.log in the temporary directory, out of the runs' directory), and a
+    rank killed by a signal is one error line naming it and the log.
+
+    It is relaunched (at most `attempts` times) when it failed and `relaunch(launched_at)` gives a reason:
+    a sharded run that ran out of memory, which continues from its last checkpoint at half the micro-batch
+    (lib/trainer/stepper.py mark_oom). `threads` as _with_threads'."""
     command = torchrun_command(nproc, script, env)
-    env.setdefault("OMP_NUM_THREADS", str(threads or cores_per_process(usable_cores(), nproc)))
+    _with_threads(nproc, env, threads)
+    log_path = log_path or Path(tempfile.gettempdir()) / f"kfit-torchrun-{os.getpid()}.log"
     stopped: list[int] = []
     code = 1
     for _ in range(attempts + 1):
         launched = time.time()
         sys.stdout.flush()
         sys.stderr.flush()
-        child = subprocess.Popen(command, env=env)
+        child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                                 bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
 
         def forward(signum, frame, child=child):
             stopped.append(signum)
-            if signum == signal.SIGTERM:  # Ctrl-C reaches torchrun and the ranks from the terminal already
-                child.send_signal(signum)
+            child.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        output = TorchrunOutput(child.pid, sys.stderr)
+
+        def read(stream=child.stderr, output=output):
+            for line in stream:
+                output.feed(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         try:
             code = child.wait()
+            # ranks orphaned by a killed torchrun may hold the pipe open: do not wait for them for ever
+            reader.join(timeout=60)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            output.close(log_path)
+        if output.signal and not stopped:  # torchrun itself was signalled, not through kfit
+            stopped.append(output.signal)
         if stopped:
             return 128 + stopped[0] if code else 0
-        why = relaunch(launched) if code and relaunch else None
+        if code == 0:
+            return 0
+        why = relaunch(launched) if relaunch else None
         if why is None:
-            return code
+            return _explain(output, code, log_path)
         print(why, flush=True)
     return code
 
@@ -245,18 +389,11 @@ def all_reduce_gradients(parameters: list[torch.nn.Parameter]) -> None:
         g.copy_(reduced)
 
 
-def hardware_for_rank(hardware, rank: Rank, nproc: int, warn):
-    """The profile a rank plans against: its own GPU first; mixed models plan for the smallest."""
+def hardware_for_rank(hardware, rank: Rank):
+    """The profile a rank plans against: its own GPU first. Where the GPUs differ, the resolver sizes the
+    plan for the smallest the processes use (HardwareProfile.for_processes), the same plan on every rank."""
     gpus = hardware.gpus
     if not rank.active or len(gpus) <= 1:
         return hardware
-    used = gpus[:max(1, min(nproc, len(gpus)))]
     mine = rank.local_rank % len(gpus)
-    own = gpus[mine]
-    if len({(g.name, g.total_bytes) for g in used}) > 1:
-        smallest = min(used, key=lambda g: (g.free_bytes, g.total_bytes))
-        if rank.is_main:
-            warn(f"warning: the {len(used)} GPUs differ ({', '.join(sorted({g.name for g in used}))}): every "
-                 f"rank plans for the smallest, {smallest.name} ({smallest.free_bytes / 2**30:.1f}GiB free)")
-        own = dataclasses.replace(smallest, index=own.index)
-    return dataclasses.replace(hardware, gpus=(own,) + gpus[:mine] + gpus[mine + 1:])
+    return dataclasses.replace(hardware, gpus=(gpus[mine],) + gpus[:mine] + gpus[mine + 1:])

@@ -1,19 +1,61 @@
-"""Numbers from the environment, as make passes command-line variables (GPUS=, FREE_GB=, NNODES=)."""
+"""Variables from the environment, as make passes command-line variables (GPUS=, FREE_GB=, NNODES=, RESUME=,
+DEVICE=): every one is parsed here, and a bad value is a KfitError naming the variable, the value and what
+is accepted."""
 
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .errors import KfitError
 
+TRUE = ("1", "y", "yes", "true", "on")
+FALSE = ("0", "n", "no", "false", "off")
 
-def env_number(name: str, kind: type[int] | type[float] = int, default=None, env: Mapping[str, str] | None = None):
-    """The variable as a number, or `default` when unset or empty; a clear error when it is not a number."""
+
+def _get(name: str, env: Mapping[str, str] | None) -> str | None:
     value = (os.environ if env is None else env).get(name)
-    if not value:
+    return value.strip() if value and value.strip() else None
+
+
+def env_number(name: str, kind: type[int] | type[float] = int, default=None, env: Mapping[str, str] | None = None,
+               minimum: int | float | None = None):
+    """The variable as a number, or `default` when unset or empty; a clear error when it is not a number
+    (or is below `minimum`)."""
+    value = _get(name, env)
+    if value is None:
         return default
+    whole = "a whole number" if kind is int else "a number"
+    at_least = f" >= {minimum}" if minimum is not None else ""
     try:
-        return kind(value)
+        number = kind(value)
     except ValueError:
-        raise KfitError(f"{name}={value!r} is not a {'whole ' if kind is int else ''}number") from None
+        raise KfitError(f"{name}={value!r} is not a number: give {whole}{at_least}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise KfitError(f"{name}={value!r} is not a finite number: give {whole}{at_least}")
+    if minimum is not None and number < minimum:
+        raise KfitError(f"{name}={value!r} is too small: give {whole}{at_least}")
+    return number
+
+
+def env_choice(name: str, choices: Sequence[str], default: str, env: Mapping[str, str] | None = None) -> str:
+    """The variable as one of `choices` (case-insensitive), or `default` when unset or empty."""
+    value = _get(name, env)
+    if value is None:
+        return default
+    if value.lower() not in choices:
+        raise KfitError(f"{name}={value!r} is not accepted: choose one of {', '.join(choices)}")
+    return value.lower()
+
+
+def env_bool(name: str, default: bool | None = None, env: Mapping[str, str] | None = None) -> bool | None:
+    """The variable as yes/no (1/0, y/n, yes/no, true/false, on/off), or `default` when unset or empty."""
+    value = _get(name, env)
+    if value is None:
+        return default
+    if value.lower() in TRUE:
+        return True
+    if value.lower() in FALSE:
+        return False
+    raise KfitError(f"{name}={value!r} is neither yes nor no: give 1 (or y, yes, true, on) or 0 "
+                    "(or n, no, false, off)")

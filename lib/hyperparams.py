@@ -230,6 +230,9 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
         raise PlanError(f"{world_size} processes cannot be spread evenly over {nodes} machines")
     notes: list[str] = []
     reasons: dict[str, str] = {}
+    hardware, mixed = hardware.for_processes(world_size // nodes)  # mixed GPUs: the smallest, for every process
+    if mixed:
+        notes.append(mixed)
 
     device_type, reasons["device"] = decide_device(config, hardware)
     gpu = hardware.primary_gpu if device_type in ("cuda", "mps") else None

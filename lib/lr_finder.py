@@ -50,6 +50,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from .errors import KfitError
 from .progress import Bar
 
 EDGE_FACTOR = 3.0
@@ -214,6 +215,9 @@ def find_lr(config, plan, *, batch: int, runs: int = 1, task=None) -> list[Range
     from .step import autocast_for, configure_backends, make_optimizer, seed_everything
 
     task = task or load_task(config)
+    if batch > len(task.train):  # every step would train on all the samples, not on `batch` of them
+        raise KfitError(f"batch {batch} is larger than the training set ({len(task.train):,} samples), so each step "
+                        f"could use only {len(task.train):,}: give BATCH={len(task.train)} or less")
     device = torch.device(plan.device_type)
     configure_backends(plan)
     results = []

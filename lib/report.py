@@ -4,6 +4,7 @@ defconfig x machine matrix (`make plan-matrix`) and its HTML report (`make plan-
 from __future__ import annotations
 
 import math
+import os
 import sys
 import tempfile
 import time
@@ -64,8 +65,10 @@ def hardware_warnings(hardware: HardwareProfile) -> list[str]:
             warnings.append(f"GPU {gpu.index} ({gpu.name}): {gib(used):.1f}GiB of {gib(gpu.total_bytes):.1f}GiB is in "
                             "use, more than a CUDA context takes: other processes hold memory (nvidia-smi); the "
                             "plan only counts what is free")
-    if len({(g.name, g.total_bytes) for g in hardware.gpus}) > 1:
-        warnings.append("the GPUs differ: training plans for GPU 0; set CUDA_VISIBLE_DEVICES to identical ones")
+    _, mixed = hardware.for_processes(len(hardware.gpus))
+    if mixed:
+        warnings.append(mixed.replace("the processes use ", "", 1).replace("the plan is sized",
+                                                                        "a run on all of them is planned", 1))
     if hardware.disk_free_bytes < 5 * 2**30:
         warnings.append(f"only {gib(hardware.disk_free_bytes):.1f}GiB of disk free: checkpoints may not fit")
     if hardware.on_battery:
@@ -358,6 +361,27 @@ def _columns(rows: list[MatrixRow], focus: str) -> list[str]:
     return sorted({r.machine for r in rows}, key=lambda m: (m != focus, m == "cpu", m))
 
 
+def check_writable(out: Path, variable: str = "OUT") -> None:
+    """A KfitError unless `out` can be written: checked before a minute of planning, not after it."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise KfitError(f"{variable}={out} is a directory: name a file in it, e.g. {variable}={out / 'report.html'}")
+    if not parent.is_dir():
+        raise KfitError(f"{variable}={out}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}"
+                        ": create that directory, or name a file in an existing one")
+    try:  # by trying: permissions alone do not tell (root, read-only or special file systems)
+        if out.exists():
+            with open(out, "ab"):  # appends nothing: the file is unchanged
+                pass
+        else:
+            fd, probe = tempfile.mkstemp(prefix=".kfit-", dir=parent)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as err:
+        raise KfitError(f"{variable}={out} cannot be written ({err.strerror}): name a file in a directory you "
+                        "can write to") from None
+
+
 def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
     """Write the self-contained HTML report: the matrix, then per defconfig its plan on `focus`."""
     import jinja2
@@ -383,5 +407,9 @@ def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
         rows=rows, focus=focus, cards=cards, size=_binary_size, machines=_columns(rows, focus),
         defconfigs=sorted({r.defconfig for r in rows}), generated=datetime.now().strftime("%Y-%m-%d %H:%M"),
         cache=str(PLANNER.predictor.cache_dir))
-    out.write_text(page)
+    try:
+        out.write_text(page)
+    except OSError as err:  # checked before the work (check_writable), but the disk may have filled since
+        raise KfitError(f"cannot write the report to {out} ({err.strerror}): free space or choose another "
+                        "OUT=") from None
     return out

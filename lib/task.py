@@ -42,13 +42,14 @@ class Task:
 
 
 def _custom_task(config: Config) -> Task:
-    from .models.custom import build_custom, draw
+    from .models.custom import build_custom, check, draw
 
     spec = config.custom_model_factory
     custom = build_custom(spec)
     # Disjoint generator seeds for the two splits; the model itself is rebuilt by the factory each time.
     train = TensorSplit(*draw(custom.make_batch, config.custom_train_samples, config.seed * 2 + 1, spec))
     test = TensorSplit(*draw(custom.make_batch, config.custom_eval_samples, config.seed * 2 + 2, spec))
+    check(custom, train.inputs, train.targets, spec)
     info = DatasetInfo(name=f"custom:{spec}", kind="custom", num_classes=0, channels=0, image_size=0,
                        vocab_size=0, block_size=0, train_samples=len(train), eval_samples=len(test),
                        description=f"{len(train)} train / {len(test)} eval samples from {spec} make_batch")

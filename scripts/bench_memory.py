@@ -56,11 +56,15 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from kfit_env import run_main  # noqa: E402
 from lib import config as kconfig  # noqa: E402
+from lib.env import env_choice  # noqa: E402
+from lib.errors import KfitError  # noqa: E402
 from lib.validation.measure import quiet_stderr  # noqa: E402
 
 # model -> micro-batches; "outside" and "hf-*" are custom-model factories (below)
@@ -76,6 +80,7 @@ SHARDED_CASES = {"gpt2-tiny-fsdp-x2": ("gpt2-tiny", {}, "fsdp", 2, (8, 16, 32), 
                  "gpt2-124m-fsdp-x2": ("gpt2", {"GPT2_PRESET_124M": True, "GPT2_BLOCK_SIZE": 64}, "fsdp", 2, (1, 4),
                                        ("fp32",))}
 MiB = 2**20
+DEVICES = ("auto", "cpu", "cuda")
 
 # A custom model that lives outside the project: a torch.nn.Transformer encoder classifier.
 OUTSIDE_FACTORY = textwrap.dedent('''
@@ -388,7 +393,7 @@ class FreshProcesses:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=os.environ.get("DEVICE", "auto"))
+    parser.add_argument("--device", choices=DEVICES, default=None, help="default: $DEVICE, else auto")
     parser.add_argument("--models", default=",".join([*CASES, *SHARDED_CASES]),
                         help="comma-separated subset of " + ", ".join([*CASES, *SHARDED_CASES]))
     parser.add_argument("--measure-rank", help=argparse.SUPPRESS)  # a torchrun rank of a sharded case
@@ -398,7 +403,13 @@ def main() -> int:
         return 0
     from lib.memory import MemoryPredictor
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or env_choice("DEVICE", DEVICES, "auto")
+    if device == "cuda" and not torch.cuda.is_available():  # refused before any case is traced or run
+        raise KfitError(f"DEVICE=cuda, but torch sees no CUDA GPU (torch {torch.__version__}, CUDA build "
+                        f"{torch.version.cuda or 'none'}): use DEVICE=cpu, or DEVICE=auto to take the GPU when "
+                        "there is one")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     names = args.models.split(",")
     unknown = [n for n in names if n not in CASES and n not in SHARDED_CASES]
     if unknown:
@@ -451,4 +462,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -25,10 +25,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 
+from kfit_env import run_main  # noqa: E402
 from lib.config import make_defconfig  # noqa: E402
+from lib.env import env_number  # noqa: E402
 from lib.hardware import resolve_hardware  # noqa: E402
 from lib.monitor import Monitor  # noqa: E402
 from lib.task import load_task  # noqa: E402
@@ -49,9 +52,9 @@ class TerminalSink(io.TextIOBase):
 
 
 def main() -> None:
-    steps = int(os.environ.get("STEPS") or 400)
-    repeats = int(os.environ.get("REPEATS") or 7)
-    batch = int(os.environ.get("BATCH") or 32)
+    steps = env_number("STEPS", int, 400, minimum=1)
+    repeats = env_number("REPEATS", int, 7, minimum=1)
+    batch = env_number("BATCH", int, 32, minimum=1)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         config = make_defconfig("lenet5", out=tmp_path / "config")
@@ -135,4 +138,4 @@ def per_call_us(fn, calls: int = 2000) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

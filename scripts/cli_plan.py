@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 
-from kfit_env import ensure_config, hardware_from_env, plan_for
+from kfit_env import config_to_plan, hardware_from_env, plan_for
 from lib import config as kconfig
 
 
@@ -65,9 +66,11 @@ def time_rows(plan) -> list[tuple[str, str, str]]:
 
 
 def cmd_plan(args) -> int:
-    hardware = hardware_from_env()  # before ensure_config: a refused request writes nothing
-    config = ensure_config()
+    hardware = hardware_from_env()
+    config, note = config_to_plan()
     model, plan = plan_for(config, hardware)
+    if note:
+        plan = dataclasses.replace(plan, notes=plan.notes + (note,))
     if args.format == "json":
         print(json.dumps({**plan.to_dict(), "hardware": hardware.to_dict()}, indent=2, sort_keys=True))
     else:
@@ -79,6 +82,7 @@ def cmd_check_hardware(args) -> int:
     from lib.hardware import gib
     from lib.report import hardware_warnings, recommendations
 
+    path = kconfig.config_path()  # a bad KCONFIG_CONFIG is refused before the report starts
     hardware = hardware_from_env()
     if args.format == "json":
         print(hardware.to_json())
@@ -102,7 +106,6 @@ def cmd_check_hardware(args) -> int:
         print(f"  note: {note}")
     for warning in hardware_warnings(hardware):
         print(f"  warning: {warning}")
-    path = kconfig.config_path()
     if path.exists():
         config = kconfig.read_config(path)
         model, plan = plan_for(config, hardware)
@@ -124,7 +127,8 @@ def cmd_plan_matrix(args) -> int:
     from lib.report import machines
 
     start = time.perf_counter()
-    gpus = env_number("GPUS", int)  # as everywhere: GPUS=N training processes, N GPUs on each catalog machine
+    # as everywhere: GPUS=N training processes, N GPUs on each catalog machine
+    gpus = env_number("GPUS", int, minimum=1)
     rows = (plan_matrix(targets=machines(gpus=gpus), world_size=gpus) if gpus else plan_matrix() + scale_out_rows())
     if args.format == "json":
         print(json.dumps([{"defconfig": r.defconfig, "machine": r.machine, "error": r.error,
@@ -151,10 +155,11 @@ def _focus_machine() -> str:
 
 
 def cmd_plan_report(args) -> int:
-    from lib.report import plan_matrix, render_report
+    from lib.report import check_writable, plan_matrix, render_report
 
-    focus = _focus_machine()
     out = Path(os.environ.get("OUT") or "plan-report.html")
+    check_writable(out)
+    focus = _focus_machine()
     render_report(plan_matrix(), focus, out)
     print(f"plan report written to {out} (details for {focus}; open it in a browser)")
     return 0

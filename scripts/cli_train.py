@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from kfit_env import ensure_config, hardware_from_env, plan_for
+from lib.env import env_bool, env_number
 from lib.errors import HardwareError, KfitError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +47,7 @@ def resume_from(config, plan) -> Path | None:
     batch, unless CONFIG_RESUME=n or RESUME=0 (RESUME=1 resumes even when CONFIG_RESUME=n)."""
     from lib.checkpoint import find_resumable
 
-    env = os.environ.get("RESUME", "").strip().lower()
-    if env in ("0", "n", "no", "false") or (not config.resume and env not in ("1", "y", "yes", "true")):
+    if not env_bool("RESUME", config.resume):
         return None
     return find_resumable(Path(config.output_dir), config.text, plan.effective_batch, config.run_name, log=print)
 
@@ -75,33 +75,37 @@ def cmd_train(args) -> int:
     from lib.trainer import TrainingInterrupted, train
 
     hardware = hardware_from_env(allow_simulated=False)
+    # every variable is checked before a config is written or a process launched
+    env_bool("RESUME")
+    nnodes = distributed.nodes_range()[1]
+    world_size = env_number("WORLD_SIZE", int, 1, minimum=1)
     config = ensure_config()
     if not distributed.under_torchrun():
-        if int(os.environ.get("WORLD_SIZE") or 1) > 1:
-            raise KfitError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set, but kfit was not started by torchrun: "
-                            f"unset it and use 'make train GPUS={os.environ['WORLD_SIZE']}', which launches "
+        if world_size > 1:
+            raise KfitError(f"WORLD_SIZE={world_size} is set, but kfit was not started by torchrun: "
+                            f"unset it and use 'make train GPUS={world_size}', which launches "
                             "torchrun ('make plan WORLD_SIZE=N' shows what N processes would run)")
         hardware = usable_hardware(config, hardware)
         _, plan = plan_for(config, hardware, world_size=1)  # the config is validated before any launch
         nproc, why = distributed.process_count(config, hardware, plan.device_type)
-        if nproc > 1:
-            nnodes = distributed.nodes_range()[1]
+        if nproc > 1 or nnodes > 1:  # one process on each of several machines is torchrun's too
             _, launch = plan_for(config, hardware, world_size=nproc * nnodes)  # refuses a world size it cannot take
             print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why}); "
                   f"{launch.cpu_threads} CPU thread(s) each")
             # the threads are decided here, before any rank starts: a rank would count its siblings as load
-            if is_sharded(launch.strategy) and config.oom_recovery:
-                return distributed.run_torchrun(
-                    nproc, ROOT / "scripts" / "kfit.py", dict(os.environ), threads=launch.cpu_threads,
-                    relaunch=lambda since: _oom_relaunch(config, since), attempts=config.oom_max_halvings or 0)
-            distributed.exec_torchrun(nproc, ROOT / "scripts" / "kfit.py", dict(os.environ), threads=launch.cpu_threads)
+            # a sharded run that ran out of memory is relaunched at half the micro-batch: no rank can redo a step
+            relaunch = is_sharded(launch.strategy) and config.oom_recovery
+            return distributed.run_torchrun(
+                nproc, ROOT / "scripts" / "kfit.py", dict(os.environ), threads=launch.cpu_threads,
+                relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
+                attempts=(config.oom_max_halvings or 0) if relaunch else 0)
     rank = distributed.current()
     say = print if rank.is_main else (lambda *a, **k: None)
     if rank.active:
         hardware = usable_hardware(config, hardware, _stderr if rank.is_main else (lambda line: None), rank.local_rank)
         _, plan = plan_for(config, hardware, rank.world_size)
         rank = distributed.setup(plan.device_type)
-        hardware = distributed.hardware_for_rank(hardware, rank, rank.local_world_size, say)
+        hardware = distributed.hardware_for_rank(hardware, rank)
     try:
         model, plan = plan_for(config, hardware, rank.world_size)
         say(summary_line(plan, hardware, model))
@@ -110,6 +114,10 @@ def cmd_train(args) -> int:
         for note in plan.notes:
             say(f"Note: {note}")
         task = load_task(config)
+        if plan.effective_batch > len(task.train):
+            say(f"warning: the effective batch {plan.effective_batch} is larger than the training set "
+                f"({len(task.train):,} samples): each step uses all of them, one step per epoch; lower "
+                f"CONFIG_TARGET_EFFECTIVE_BATCH to {len(task.train)} or less")
         from lib.probe import maybe_probe
 
         probed = maybe_probe(config, plan, hardware, task, log=say, rank=rank)

@@ -64,7 +64,9 @@ def _apply(assignments: dict) -> None:
 
 def cmd_find_lr(args) -> int:
     from lib import lr_finder
+    from lib.env import env_bool
 
+    apply = env_bool("APPLY", False)  # checked before the sweep, not after it
     hardware = hardware_from_env(allow_simulated=False)
     config = ensure_config()
     model, plan = plan_for(config, hardware)
@@ -106,7 +108,7 @@ def cmd_find_lr(args) -> int:
               f"spread x{summary.spread:.2f})" if runs > 1 else "")
     print(f"Suggested learning rate: {lr:.2g}{spread}; configured: {config.learning_rate:g}")
     print(f"Report: {directory / 'report.html'}")
-    if env_number("APPLY", int):
+    if apply:
         _apply({"LEARNING_RATE": lr})
     return 0
 

@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from lib import config as kconfig  # noqa: E402
-from kfit_env import ensure_config  # noqa: E402,F401  (re-exported for tests)
+from kfit_env import ensure_config, run_main  # noqa: E402,F401  (ensure_config: re-exported for tests)
+from lib.env import env_choice  # noqa: E402
 from lib.errors import KfitError  # noqa: E402
 
 
@@ -173,18 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     for path in sorted(Path(__file__).parent.glob("cli_*.py")):
         importlib.import_module(path.stem).register(sub)
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> int:
         if getattr(args, "format", "") is None:
-            args.format = (os.environ.get("FORMAT") or "text").lower()
-            if args.format not in ("text", "json"):
-                raise KfitError(f"FORMAT={os.environ['FORMAT']!r}: choose text or json")
+            args.format = env_choice("FORMAT", ("text", "json"), "text")
         return args.func(args)
-    except KfitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+
+    return run_main(run)
 
 
 if __name__ == "__main__":

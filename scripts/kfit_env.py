@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import os
+import sys
+from typing import Callable
 
 from lib import config as kconfig
-from lib.env import env_number  # noqa: F401  (re-exported for the cli_* modules)
+from lib.env import env_number
 from lib.errors import KfitError
+
+
+def run_main(main: Callable[[], int | None]) -> int:
+    """A command's main() under kfit's convention: a user error is one 'error:' line on stderr and exit status
+    2, never a traceback; Ctrl-C is 'interrupted' and 130."""
+    try:
+        return main() or 0
+    except KfitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def hardware_from_env(allow_simulated: bool = True):
@@ -34,6 +49,16 @@ def ensure_config() -> "kconfig.Config":
     return kconfig.read_config(path)
 
 
+def config_to_plan() -> tuple["kconfig.Config", str | None]:
+    """The .config, or without one the default defconfig built in memory and a note saying so:
+    showing a plan must not create the config."""
+    path = kconfig.config_path()
+    if path.exists():
+        return kconfig.read_config(path), None
+    name = kconfig.DEFAULT_DEFCONFIG
+    return kconfig.defconfig_config(name), (f"no {path}: this plans the default defconfig '{name}' in memory and "
+                                            f"writes nothing ('make {name}-defconfig' writes it)")
+
 
 
 def processes(config, hardware, world_size: int | None = None) -> tuple[int, int]:
@@ -41,11 +66,11 @@ def processes(config, hardware, world_size: int | None = None) -> tuple[int, int
     else GPUS=N, CONFIG_NPROC or one per identical GPU (lib.distributed.process_count) on each of NNODES
     machines. So a plan previewed with the arguments of a run is the plan that runs."""
     from lib import distributed
-    from lib.hyperparams import decide_device, world_size_from_env
+    from lib.hyperparams import decide_device
 
     nodes = distributed.nodes_range()[1]  # an elastic range plans for its largest
-    if world_size is None and os.environ.get("WORLD_SIZE"):
-        world_size = world_size_from_env()
+    if world_size is None:
+        world_size = env_number("WORLD_SIZE", int, minimum=1)
     if world_size is None:
         device_type, _ = decide_device(config, hardware)
         world_size = distributed.process_count(config, hardware, device_type)[0] * nodes

@@ -273,3 +273,59 @@ def test_apply_assignments_writes_only_valid_changes(tmp_path):
     config = kc.read_config(path)
     assert config.learning_rate == 0.2 and config.hpo_study_name == 'a "quoted" name'
     assert (tmp_path / ".config.old").read_text() == before
+
+
+# --------------------------------------------------------------------------
+# Files that are not UTF-8 text, or not files (issue 16, defects 3 and 16)
+
+
+def _bytes_everywhere(path: Path) -> dict:
+    return {p.name: p.read_bytes() for p in path.parent.iterdir() if p.is_file()}
+
+
+def test_a_non_utf8_byte_is_refused_with_file_line_and_offset_everywhere(tmp_path):
+    config = tmp_path / ".config"
+    kc.make_defconfig("lenet5", out=config)
+    good = config.read_bytes()
+    lines = good.count(b"\n")
+    config.write_bytes(good + b"# caf\xe9\n")
+    before = _bytes_everywhere(config)
+    offset = len(good) + len(b"# caf")
+    expected = (f"{config}: line {lines + 1}, byte 6 of the line (offset {offset} in the file): byte 0xe9 is not "
+                "UTF-8")
+    for call in (lambda: kc.read_config(config), lambda: kc.olddefconfig(config), lambda: kc.listnewconfig(config),
+                 lambda: kc.savedefconfig(config, tmp_path / "defconfig"),
+                 lambda: kc.apply_assignments(config, {"EPOCHS": 3}), lambda: kc.edit_config(config, print)):
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert str(err.value).startswith(expected) and "the file must be UTF-8 text" in str(err.value)
+        assert _bytes_everywhere(config) == before  # nothing written, not even a .old
+    fragment = tmp_path / "frag"
+    fragment.write_bytes(b"CONFIG_EPOCHS=3\n\xff\n")
+    config.write_bytes(good)
+    for call in (lambda: kc.merge_fragment(str(fragment), config), lambda: kc.make_defconfig("lenet5", [str(fragment)],
+                                                                                              out=config)):
+        with pytest.raises(ConfigError, match=rf"^{fragment}: line 2, byte 1 of the line \(offset 16 in the file\): "
+                                              r"byte 0xff is not UTF-8 \(invalid start byte\)"):
+            call()
+        assert config.read_bytes() == good
+
+
+def test_kconfig_config_naming_a_directory_says_so_and_moves_nothing(tmp_path, monkeypatch):
+    directory = tmp_path / "adir"
+    directory.mkdir()
+    monkeypatch.setenv("KCONFIG_CONFIG", str(directory))
+    with pytest.raises(ConfigError, match=rf"KCONFIG_CONFIG={directory} is a directory, not a config file.*"
+                                          rf"KCONFIG_CONFIG={directory}/\.config"):
+        kc.config_path()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # writing used to move it to adir.old
+    with pytest.raises(ConfigError, match="is a directory"):
+        kc.read_config(directory)  # given directly, not through KCONFIG_CONFIG
+
+
+def test_defconfig_config_is_built_in_memory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = kc.defconfig_config("lenet5")
+    assert config.source == "defconfigs/lenet5" and config.model == "lenet5" and config.text
+    assert config.text == kc.make_defconfig("lenet5", out=tmp_path / "written").text
+    assert [p.name for p in tmp_path.iterdir()] == ["written"]

@@ -295,3 +295,19 @@ def test_dataloader(tmp_path: Path, workers: int) -> None:
         first_x, first_y = batches[0]
         expect_x, expect_y = split[list(range(32))]
         assert torch.equal(first_x, expect_x) and torch.equal(first_y, expect_y)
+
+
+def test_mnist_images_without_pixels_are_refused(tmp_path: Path) -> None:
+    make_mnist(tmp_path)
+    bad = write(tmp_path / "train-images-idx3-ubyte", idx_bytes(np.zeros((50, 0, 0)), 0x803))
+    message = assert_data_error(bad, load_image_data, "mnist", str(tmp_path), 28)
+    assert "0x0-pixel samples, which have no pixels" in message
+
+
+@pytest.mark.parametrize("value", [True, False, 1.0, "256", None])
+def test_meta_vocab_size_must_be_an_integer_not_a_bool(tmp_path: Path, value) -> None:
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": value}))
+    message = assert_data_error(tmp_path / "meta.json", load_text_data, str(tmp_path), 16)
+    assert f"vocab_size {json.dumps(value)}" in message and "integer in 1..65536" in message

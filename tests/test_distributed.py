@@ -7,15 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from lib import distributed
+from lib import config as kc, distributed
 from lib.checkpoint import FINAL, load_checkpoint
 from lib.errors import KfitError
 from lib.hardware import resolve_hardware
+from lib.hyperparams import ModelDescription, resolve
 from tests.test_trainer import CPU, make_config, manual, one_thread, run  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,21 +43,29 @@ def test_process_count(make_config):
     assert distributed.process_count(config, CPU, "cpu", {"GPUS": "2"}) == (2, "GPUS=2")
     manual_config = make_config("CONFIG_NPROC_MANUAL=y\nCONFIG_NPROC=3\n")
     assert distributed.process_count(manual_config, four, "cuda", {})[0] == 3
-    with pytest.raises(KfitError, match="GPUS=0"):
+    with pytest.raises(KfitError, match="GPUS='0' is too small: give a whole number >= 1"):
         distributed.process_count(config, CPU, "cpu", {"GPUS": "0"})
 
 
-def test_each_rank_plans_for_its_own_gpu_and_mixed_models_for_the_smallest():
+def test_each_rank_plans_for_its_own_gpu_and_mixed_models_for_the_smallest(make_config):
     h100s = resolve_hardware(gpu="h100", gpus=2)
     rank1 = distributed.Rank(rank=1, local_rank=1, world_size=2, local_world_size=2)
-    assert distributed.hardware_for_rank(h100s, rank1, 2, print).primary_gpu.index == 1
+    assert distributed.hardware_for_rank(h100s, rank1).primary_gpu.index == 1
     small = dataclasses.replace(resolve_hardware(gpu="a10g").primary_gpu, index=1)
     mixed = dataclasses.replace(h100s, gpus=(h100s.gpus[0], small))
-    warnings = []
     rank0 = dataclasses.replace(rank1, rank=0, local_rank=0)
-    planned = distributed.hardware_for_rank(mixed, rank0, 2, warnings.append)
-    assert planned.primary_gpu.name == small.name and planned.primary_gpu.index == 0
-    assert "differ" in warnings[0] and "smallest" in warnings[0]
+    config = kc.derive(make_config("CONFIG_TARGET_EFFECTIVE_BATCH=64\n"), {"DEVICE_AUTO": True})
+    model = ModelDescription.from_config(config)
+    # every rank, whichever GPU is its own, runs the plan sized for the smallest GPU, and says so
+    plans = [resolve(config, distributed.hardware_for_rank(mixed, rank), model, 2) for rank in (rank0, rank1)]
+    for plan in plans:
+        assert plan.device_name == small.name and plan.budget_bytes == plans[0].budget_bytes
+        [note] = [n for n in plan.notes if "differ" in n]
+        assert "sized for the smallest, GPU 1 NVIDIA A10G" in note
+    assert plans[0].budget_bytes < resolve(config, h100s, model, 2).budget_bytes
+    # one process uses GPU 0 only: its plan is GPU 0's, without the note
+    single = resolve(config, mixed, model, 1)
+    assert single.device_name == h100s.gpus[0].name and not any("differ" in n for n in single.notes)
 
 
 @pytest.mark.slow
@@ -115,3 +125,142 @@ def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_p
     assert plan["world_size"] == 2
     assert (f"batch={plan['micro_batch']}, grad_acc={plan['grad_accum']} (effective={plan['effective_batch']}, "
             in line), (plan, line)
+
+
+# --------------------------------------------------------------------------
+# torchrun's own output (issue 16, defect 13b): a stopped run is 143 with the ranks' one line, a killed rank
+# one error line naming it; torchrun's 40-50 lines of traceback go to its log
+
+TORCHRUN_PID = 24462
+_FRAMES = '''Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "<frozen runpy>", line 88, in _run_code
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>
+    main()
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+'''
+KILLED_RANK = f'''W1123 03:22:24.396000 {TORCHRUN_PID} torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 24490 closing signal SIGTERM
+E1123 03:22:24.436000 {TORCHRUN_PID} torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 24491) of binary: /venv/bin/python
+{_FRAMES}torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+=======================================================
+/work/main/scripts/kfit.py FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_03:22:24
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 24490)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 24490
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_03:22:24
+  host      : localhost
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 24491)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 24491
+=======================================================
+'''
+STOPPED = f'''W1123 03:20:53.440000 {TORCHRUN_PID} torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, shutting down workers
+W1123 03:20:53.441000 24890 torch/some/rank.py:1] a rank's own warning
+{_FRAMES}torch.distributed.elastic.multiprocessing.api.SignalException: Process {TORCHRUN_PID} got signal: 15
+'''
+RANK_TRACEBACK = '''Traceback (most recent call last):
+  File "/work/main/scripts/kfit.py", line 191, in <module>
+    sys.exit(main())
+ZeroDivisionError: division by zero
+'''
+
+
+def _read(text: str) -> tuple[distributed.TorchrunOutput, str]:
+    import io
+
+    out = io.StringIO()
+    output = distributed.TorchrunOutput(TORCHRUN_PID, out)
+    for line in text.splitlines(True):
+        output.feed(line)
+    output.close(None)
+    return output, out.getvalue()
+
+
+def test_torchrun_output_keeps_its_own_lines_and_reads_the_root_cause(tmp_path, capsys):
+    output, shown = _read(KILLED_RANK + "error: a rank's own error line\n")
+    assert shown == "error: a rank's own error line\n"
+    assert "".join(output.kept) == KILLED_RANK and output.root == {"rank": 3, "local_rank": 1, "exitcode": -9}
+    log = tmp_path / "runs" / "torchrun.log"
+    assert distributed._explain(output, 1, log) == 137
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: training process rank 3 (local rank 1) was killed by signal 9 (SIGKILL)")
+    assert f"torchrun's report: {log}" in line
+    output.close(log)
+    assert log.read_text() == KILLED_RANK
+
+    output, shown = _read(STOPPED)
+    assert output.signal == 15 and output.root == {} and output.failure is None
+    assert shown == "W1123 03:20:53.441000 24890 torch/some/rank.py:1] a rank's own warning\n"
+
+    output, shown = _read(RANK_TRACEBACK)  # a rank's traceback is a bug to show, not torchrun's noise
+    assert shown == RANK_TRACEBACK and output.kept == []
+
+
+def _train_and_stop(tmp_path, make_config, stop) -> tuple[subprocess.CompletedProcess, int]:
+    """`kfit train` with GPUS=2 (gloo) until step 3, then `stop(launcher, ranks)`; the result and the launcher's
+    pid."""
+    import psutil
+
+    config = make_config("CONFIG_EPOCHS=1000\nCONFIG_LOG_INTERVAL=1\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "RESUME", "NNODES")}
+    env.update(KCONFIG_CONFIG=str(config.source), GPUS="2")
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "train"], cwd=tmp_path, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    for line in process.stdout:
+        if line.startswith("step ") and " 3/" in line:
+            break
+    launcher = psutil.Process(process.pid)
+    ranks = [p for p in launcher.children(recursive=True) if str(SCRIPT) in p.cmdline() and "-u" in p.cmdline()]
+    assert len(ranks) == 2, [p.cmdline() for p in launcher.children(recursive=True)]
+    stop(process, ranks)
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), process.pid
+
+
+@pytest.mark.slow
+def test_a_group_sigterm_under_torchrun_exits_143_in_one_line(tmp_path, make_config):
+    import signal
+
+    result, launcher = _train_and_stop(tmp_path, make_config, lambda p, ranks: os.killpg(p.pid, signal.SIGTERM))
+    err = result.stderr
+    assert result.returncode == 143, err
+    assert "Traceback" not in err and "SignalException" not in err and "death signal" not in err, err
+    assert [line for line in result.stdout.splitlines() if "SIGTERM" in line] == [
+        next(line for line in result.stdout.splitlines() if line.startswith("SIGTERM received: checkpoint saved"))]
+    log = Path(tempfile.gettempdir()) / f"kfit-torchrun-{launcher}.log"
+    assert "Received 15 death signal" in log.read_text()
+    log.unlink()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_is_one_error_line_naming_it(tmp_path, make_config):
+    import signal
+
+    result, _ = _train_and_stop(tmp_path, make_config, lambda p, ranks: ranks[1].send_signal(signal.SIGKILL))
+    err = result.stderr
+    assert result.returncode == 137, err
+    assert "Traceback" not in err and "ChildFailedError" not in err, err
+    [line] = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("error: training process rank ") and "was killed by signal 9 (SIGKILL)" in line
+    log = Path(line.split("torchrun's report: ")[1].split(";")[0])
+    assert log.name.startswith("kfit-torchrun-") and "Root Cause" in log.read_text()
+    assert list((tmp_path / "runs").iterdir()) == [next((tmp_path / "runs").iterdir())]  # the run directory only
+    log.unlink()
+
+
+def test_the_launcher_never_hands_the_ranks_zero_threads():
+    """OMP_NUM_THREADS=0 is no count (lib.threads ignores it): the ranks get the launcher's decision instead."""
+    for given in ("0", "-2", ""):
+        assert distributed._with_threads(2, {"OMP_NUM_THREADS": given}, 3)["OMP_NUM_THREADS"] == "3"
+    assert distributed._with_threads(2, {"OMP_NUM_THREADS": "5"}, 3)["OMP_NUM_THREADS"] == "5"  # the user's stays

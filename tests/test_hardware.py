@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 import types
 
@@ -299,8 +300,36 @@ def test_load_profile_errors_name_the_path(tmp_path):
     wrong.write_text(json.dumps(d))
     with pytest.raises(HardwareError, match=r"wrong\.json.*'source'"):
         hardware.load_profile(str(wrong))
-    with pytest.raises(HardwareError, match="cannot be read"):
+    with pytest.raises(HardwareError, match="is not a regular file"):
         hardware.load_profile(str(tmp_path))
+
+
+def test_load_profile_refuses_devices_pipes_and_huge_files_without_reading_them(tmp_path):
+    """HW=/dev/zero read 6.5 GB in 13 s; a FIFO would block the open."""
+    with pytest.raises(HardwareError, match="'/dev/zero' is not a regular file"):
+        hardware.load_profile("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(HardwareError, match="fifo' is not a regular file"):
+        hardware.load_profile(str(fifo))
+    huge = tmp_path / "huge.json"
+    huge.write_bytes(b" " * (2**20 + 1))
+    with pytest.raises(HardwareError, match=r"huge\.json' is larger than 1 MiB"):
+        hardware.load_profile(str(huge))
+
+
+@pytest.mark.parametrize("value, shown, most", [
+    (79.65, "79.65", "79.64"),  # was "more than the 79.65 GiB total ... at most 79.64"
+    (79.64747, "79.64747", "79.64746"),  # as precise as the value given
+    (80, "80", "79.64"),
+])
+def test_free_gb_above_the_total_prints_a_total_below_the_value(value, shown, most):
+    with pytest.raises(HardwareError) as err:
+        hardware.resolve_hardware(gpu="h100", free_gb=value)
+    assert f"FREE_GB={shown} is more than the {most} GiB total" in str(err.value)
+    assert str(err.value).endswith(f"give at most {most}.")
+    assert float(most) < value
+    hardware.resolve_hardware(gpu="h100", free_gb=float(most))  # the value suggested is accepted
 
 
 def test_hardware_error_is_a_kfit_error():
@@ -542,7 +571,7 @@ def test_catalog_cpu_is_this_machines_by_default():
         (dict(free_gb=-3), "FREE_GB=-3"),
         (dict(free_gb=float("nan")), "FREE_GB"),
         (dict(free_gb="40"), "FREE_GB='40'"),
-        (dict(free_gb=81), r"more than the 79\.65 GiB total.*at most 79\.64"),
+        (dict(free_gb=81), r"FREE_GB=81 is more than the 79\.64 GiB total.*at most 79\.64\."),
         (dict(gpus=0), "GPUS=0"),
         (dict(gpus=1.5), "GPUS=1.5"),
         (dict(gpus=True), "GPUS=True"),

@@ -180,3 +180,23 @@ def test_make_find_lr_uses_the_per_device_batch_and_applies_the_median(tmp_path)
     assert (tmp_path / report).parent.parent == tmp_path / "runs"
     assert kc.read_config(config).learning_rate == suggested  # APPLY=1 went through the strict writer
     assert (tmp_path / "config.old").is_file()
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_before_the_sweep(tmp_path, monkeypatch):
+    """BATCH=100000 trained on all 1,437 samples while the report said 100000."""
+    from lib.errors import KfitError
+    from lib.hardware import resolve_hardware
+    from lib.hyperparams import ModelDescription, TierPolicy, resolve
+    from lib.task import load_task
+
+    config = kc.make_defconfig("lenet5", out=tmp_path / "config")
+    plan = resolve(config, resolve_hardware(gpu="cpu"), ModelDescription.from_config(config), 1, TierPolicy())
+    task = load_task(config)
+    swept = []
+    monkeypatch.setattr(lr_finder, "range_test", lambda *a, **k: swept.append(1))
+    with pytest.raises(KfitError, match=rf"batch 100000 is larger than the training set \({len(task.train):,} "
+                                        rf"samples\).*give BATCH={len(task.train)} or less"):
+        lr_finder.find_lr(config, plan, batch=100000, task=task)
+    assert swept == []
+    lr_finder.find_lr(config, plan, batch=len(task.train), task=task)  # all of them is a batch
+    assert swept == [1]

@@ -400,3 +400,129 @@ def test_mrproper_removes_the_selected_config(tmp_path):
     assert (tmp_path / "mine.config.old").exists()
     ok(make(tmp_path, "mrproper", env=env))
     assert not (tmp_path / "mine.config").exists() and not (tmp_path / "mine.config.old").exists()
+
+
+# --------------------------------------------------------------------------
+# 11. user errors through the command line make runs (issue 16): one 'error:' line naming the problem and
+# the fix, exit status 2, no traceback, nothing written
+
+
+def kfit(cwd: Path, *args: str, env: dict | None = None, script: str = "kfit.py",
+         timeout: int = 300) -> subprocess.CompletedProcess:
+    """scripts/<script> as make's recipes run it, with make's variables in the environment."""
+    full_env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    full_env.update(env or {})
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "scripts" / script), *args], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def refused(result: subprocess.CompletedProcess, *needles: str) -> str:
+    failed(result, *needles)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def files(directory: Path) -> dict:
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None for p in directory.rglob("*")}
+
+
+def test_non_utf8_config_or_fragment_is_one_error_everywhere(lenet5_dir):
+    config = lenet5_dir / ".config"
+    lines = config.read_text().count("\n")
+    config.write_bytes(config.read_bytes() + b"# caf\xe9\n")
+    (lenet5_dir / "frag").write_bytes(b"CONFIG_EPOCHS=3 # \xff\n")
+    before = files(lenet5_dir)
+    for args in (("plan",), ("olddefconfig",), ("listnewconfig",), ("savedefconfig",), ("train",),
+                 ("check-hardware",)):
+        line = refused(kfit(lenet5_dir, *args), f".config: line {lines + 1}, byte 6", "0xe9 is not UTF-8",
+                       "must be UTF-8 text")
+        assert "kconfiglib" not in line
+    (lenet5_dir / ".config").write_bytes(before[".config"].replace(b"# caf\xe9\n", b""))
+    refused(kfit(lenet5_dir, "mergeconfig", "frag"), "frag: line 1, byte 19", "0xff is not UTF-8")
+    assert files(lenet5_dir) == {**before, ".config": before[".config"].replace(b"# caf\xe9\n", b"")}
+
+
+def test_kconfig_config_naming_a_directory_is_one_error_and_moves_nothing(tmp_path):
+    (tmp_path / "adir").mkdir()
+    for args in (("plan",), ("defconfig", "lenet5"), ("olddefconfig",), ("train",), ("check-hardware",)):
+        result = kfit(tmp_path, *args, env={"KCONFIG_CONFIG": "adir"})
+        refused(result, "KCONFIG_CONFIG=adir is a directory", "KCONFIG_CONFIG=adir/.config")
+        assert "no such file" not in result.stderr and result.stdout == "", args
+        assert files(tmp_path) == {"adir": None}, args  # defconfig used to move it aside to adir.old
+
+
+def test_plan_without_a_config_plans_the_default_in_memory_and_writes_nothing(tmp_path):
+    out = ok(kfit(tmp_path, "plan")).stdout
+    assert line_starting(out, "Plan for defconfigs/lenet5 (lenet5)")
+    assert "note: no .config: this plans the default defconfig 'lenet5' in memory and writes nothing" in out
+    plan = json.loads(ok(kfit(tmp_path, "plan", env={"FORMAT": "json"})).stdout)  # JSON, nothing before it
+    assert any("in memory" in note for note in plan["notes"])
+    assert not any(tmp_path.iterdir())
+
+
+BENCH_MEMORY_CUDA = pytest.param(
+    "bench_memory.py", (), {"DEVICE": "cuda"}, ("DEVICE=cuda", "no CUDA GPU", "DEVICE=cpu"),
+    marks=pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU"), id="bench-memory-cuda")
+
+BAD_VARIABLES = [
+    ("kfit.py", ("plan",), {"WORLD_SIZE": "abc"}, ("WORLD_SIZE='abc'", "whole number >= 1")),
+    ("kfit.py", ("train",), {"WORLD_SIZE": "abc"}, ("WORLD_SIZE='abc'", "whole number >= 1")),
+    ("kfit.py", ("plan",), {"WORLD_SIZE": "0"}, ("WORLD_SIZE='0'", ">= 1")),
+    ("kfit.py", ("plan",), {"NNODES": "abc"}, ("NNODES='abc'", "number of machines")),
+    ("kfit.py", ("train",), {"NNODES": "abc"}, ("NNODES='abc'", "MIN:MAX")),
+    ("kfit.py", ("train",), {"NNODES": "0"}, ("NNODES='0'", ">= 1")),  # was accepted by a one-process run
+    ("kfit.py", ("plan",), {"NNODES": "-1"}, ("NNODES='-1'", ">= 1")),
+    ("kfit.py", ("train",), {"NNODES": "-1"}, ("NNODES='-1'", ">= 1")),
+    ("kfit.py", ("train",), {"RESUME": "maybe"}, ("RESUME='maybe'", "1 (or y, yes, true, on) or 0")),
+    ("kfit.py", ("plan",), {"GPU": "h100", "FREE_GB": "79.65"}, ("FREE_GB=79.65 is more than the 79.64 GiB",)),
+    ("kfit.py", ("plan-matrix",), {"GPUS": "0"}, ("GPUS='0'", ">= 1")),
+    ("kfit.py", ("plan",), {"HW": "/dev/zero"}, ("'/dev/zero' is not a regular file",)),
+    ("kfit.py", ("plan",), {"FORMAT": "xml"}, ("FORMAT='xml'", "text, json")),
+    ("bench_monitor.py", (), {"STEPS": "abc"}, ("STEPS='abc'", "whole number >= 1")),
+    ("bench_monitor.py", (), {"STEPS": "0"}, ("STEPS='0'", "whole number >= 1")),
+    ("bench_memory.py", (), {"DEVICE": "tpu"}, ("DEVICE='tpu'", "auto, cpu, cuda")),
+    BENCH_MEMORY_CUDA,
+]
+
+
+@pytest.mark.parametrize("script, args, env, needles", BAD_VARIABLES,
+                         ids=[p.id if hasattr(p, "id") else f"{'-'.join(p[1]) or p[0]}-{'-'.join(p[2])}"
+                              for p in BAD_VARIABLES])
+def test_a_bad_variable_is_one_error_naming_it_and_what_is_accepted(lenet5_dir, script, args, env, needles):
+    before = files(lenet5_dir)
+    refused(kfit(lenet5_dir, *args, env=env, script=script), *needles)
+    assert files(lenet5_dir) == before
+
+
+def test_plan_report_checks_its_output_before_planning(lenet5_dir):
+    for out, needle in (("/nonexistent/d/r.html", "/nonexistent/d does not exist"),
+                        ("/dev/null/r.html", "/dev/null is not a directory"), (str(lenet5_dir), "is a directory")):
+        result = kfit(lenet5_dir, "plan-report", env={"OUT": out})
+        refused(result, f"OUT={out}", needle)
+        assert "plan-matrix" not in result.stderr  # no progress: refused before a minute of planning
+
+
+def test_mixed_gpus_plan_for_the_smallest_everywhere(lenet5_dir):
+    profiles = {gpu: json.loads(ok(kfit(lenet5_dir, "check-hardware", env={"GPU": gpu, "FORMAT": "json"})).stdout)
+                for gpu in ("h100", "a10g")}
+    mixed = {**profiles["h100"], "gpus": [profiles["h100"]["gpus"][0], {**profiles["a10g"]["gpus"][0], "index": 1}]}
+    (lenet5_dir / "mixed.json").write_text(json.dumps(mixed))
+    planned = json.loads(ok(kfit(lenet5_dir, "plan", env={"HW": "mixed.json", "WORLD_SIZE": "2",
+                                                          "FORMAT": "json"})).stdout)
+    smallest = json.loads(ok(kfit(lenet5_dir, "plan", env={"GPU": "a10g", "GPUS": "2", "FORMAT": "json"})).stdout)
+    largest = json.loads(ok(kfit(lenet5_dir, "plan", env={"GPU": "h100", "GPUS": "2", "FORMAT": "json"})).stdout)
+    assert planned["device_name"] == "NVIDIA A10G" and planned["budget_bytes"] == smallest["budget_bytes"]
+    assert planned["micro_batch"] == smallest["micro_batch"] and planned["budget_bytes"] < largest["budget_bytes"]
+    assert any("sized for the smallest, GPU 1 NVIDIA A10G" in note for note in planned["notes"])
+    report = ok(kfit(lenet5_dir, "check-hardware", env={"HW": "mixed.json", "GPUS": "2"})).stdout
+    assert "plans for GPU 0" not in report and "planned for the smallest, GPU 1 NVIDIA A10G" in report
+    assert "note: the 2 GPUs the processes use differ" in report  # the plan for GPUS=2 says so too
+
+
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "abc"}, {"RESUME": "maybe"}, {"NNODES": "0"}],
+                         ids=lambda env: "-".join(f"{k}={v}" for k, v in env.items()))
+def test_train_refuses_a_bad_variable_before_writing_the_default_config(tmp_path, env):
+    refused(kfit(tmp_path, "train", env=env), next(iter(env)))
+    assert not any(tmp_path.iterdir())

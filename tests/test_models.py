@@ -183,3 +183,42 @@ def test_gpt2_tiny_sgd_reduces_loss() -> None:
     idx = torch.randint(0, 256, (4, 32))
     losses = _sgd_losses(model, idx, torch.roll(idx, -1, dims=1), lr=0.1, steps=15)
     assert losses[-1] < 0.9 * losses[0]
+
+
+# --------------------------------------------------------------------------
+# Custom models through the command line (issue 16, defect 7): one error line, never the planner's
+# fake-tensor logs or a traceback
+
+
+@pytest.mark.parametrize("case, command", [
+    ("raises", "plan"), ("syntax", "plan"), ("builtin", "plan"), ("no-parameters", "plan"), ("vector-loss", "plan"),
+    ("shapes", "plan"), ("shapes", "train"), ("vector-loss", "find-lr")])
+def test_custom_model_mistakes_are_one_error_line_in_every_command(case, command, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lib import config as kc
+    from tests.test_task import MISTAKES
+
+    if case == "builtin":
+        factory, needles = "os:getcwd", ("built into Python",)
+    else:
+        module = f"kfit_mistake_{case.replace('-', '_')}"
+        (tmp_path / f"{module}.py").write_text(MISTAKES[case][0])
+        factory, needles = f"{module}:{MISTAKES[case][1]}", MISTAKES[case][2]
+    (tmp_path / "mine").write_text(f'CONFIG_MODEL_CUSTOM=y\nCONFIG_CUSTOM_MODEL_FACTORY="{factory}"\n'
+                                   "CONFIG_CUSTOM_TRAIN_SAMPLES=96\nCONFIG_CUSTOM_EVAL_SAMPLES=32\n")
+    kc.make_defconfig(str(tmp_path / "mine"), out=tmp_path / ".config")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "GPUS", "HW", "GPU", "NNODES", "RESUME")}
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, str(root / "scripts" / "kfit.py"), command], cwd=tmp_path,
+                            env={**env, "KCONFIG_CONFIG": ".config"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "fake_tensor" not in result.stderr, result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.strip()]
+    assert line.startswith(f'error: CONFIG_CUSTOM_MODEL_FACTORY="{factory}": '), line
+    for needle in needles:
+        assert needle in line, line
+    assert not (tmp_path / "runs").exists()

@@ -179,3 +179,39 @@ def test_custom_model_from_a_file_plans_and_trains(tmp_path, monkeypatch):
     assert result.steps == 2
     on_gpu = plan(config, resolve_hardware(gpu="l4", free_gb=0.05))  # 37.5MB budget: blas workspace + a few
     assert on_gpu.predicted_peak_bytes <= on_gpu.budget_bytes
+
+
+# --------------------------------------------------------------------------
+# A trace-cache file of the wrong structure is a cache miss (issue 16, defect 15)
+
+_TRACE = {"batch": 8, "peak_bytes": 1000, "breakdown": {"parameters": 600, "activations": 400}, "parameters": 10,
+          "features": [], "eval_samples": 32, "seconds": 0.1}
+
+
+@pytest.mark.parametrize("contents", [
+    {"traces": {"8": {"peak_bytes": 1}}},  # was KeyError: 'features'
+    {"traces": {"8": {**_TRACE, "extra": 1}}}, {"traces": {"x": _TRACE}}, {"traces": [1, 2]}, {"traces": {"8": 5}},
+    {"traces": {"8": {**_TRACE, "peak_bytes": "1000"}}}, {"traces": {"9": _TRACE}}, [], {"other": 1}, "not json"])
+def test_a_cache_file_of_another_structure_reads_as_empty(tmp_path, contents):
+    from lib.memory.cache import read_traces
+
+    path = tmp_path / "key.json"
+    path.write_text(contents if isinstance(contents, str) else json.dumps(contents))
+    assert read_traces(path) == {}
+    path.write_text(json.dumps({"traces": {"8": _TRACE}}))
+    assert read_traces(path) == {"8": _TRACE}
+    assert read_traces(tmp_path / "missing.json") == {}
+
+
+def test_the_predictor_retraces_and_replaces_a_cache_file_of_another_structure(tmp_path):
+    from lib.memory.predict import MemoryPredictor
+
+    config = kc.make_defconfig("lenet5", out=tmp_path / "config")
+    step = dict(batch=8, device_type="cpu", precision="fp32")
+    first = MemoryPredictor(cache_dir=tmp_path)
+    good = first.trace(config, **step)
+    [path] = (tmp_path / "memory").glob("*.json")
+    path.write_text(json.dumps({"traces": {"8": {"peak_bytes": 1}}}))
+    second = MemoryPredictor(cache_dir=tmp_path)  # a new process reads the damaged file
+    assert second.trace(config, **step).peak_bytes == good.peak_bytes and second.traces == 1
+    assert json.loads(path.read_text())["traces"]["8"]["features"] == list(good.features)

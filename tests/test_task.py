@@ -98,3 +98,90 @@ def test_custom_model_trains_through_the_one_loop(tmp_path, user_module):
                    on_eval=lambda step, epoch, metrics: losses.append(metrics["eval_loss"]))
     assert result.steps == 15 and set(result.final_eval) == {"eval_loss"}
     assert losses[-1] < losses[0] / 2  # a linear model learns a sum
+
+
+# --------------------------------------------------------------------------
+# A mistake in a custom model is one error naming the factory (issue 16, defect 7)
+
+PARTS = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+
+def make_batch(n, g):
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+def loss_fn(out, y):
+    return F.cross_entropy(out, y)
+'''
+
+MISTAKES = {
+    # module source, factory, what the error must say (beside CONFIG_CUSTOM_MODEL_FACTORY="module:factory")
+    "raises": ("def build():\n    raise ValueError('no weights file')\n", "build",
+               ("calling", "ValueError: no weights file", "kfit_mistake_raises.py:2)", "takes no arguments")),
+    "syntax": ("def build(:\n", "build", ("importing", "SyntaxError: invalid syntax", "kfit_mistake_syntax.py:1)",
+                                          "fix the module")),
+    "import": ("import kfit_no_such_package\n", "build", ("ModuleNotFoundError", "kfit_no_such_package",
+                                                           "kfit_mistake_import.py:1)", "install")),
+    "no-parameters": (PARTS + "def build():\n    return nn.Identity(), make_batch, loss_fn\n", "build",
+                      ("(Identity) has no trainable parameters", "requires_grad")),
+    "vector-loss": (PARTS + "def build():\n    return nn.Linear(8, 4), make_batch, "
+                    "lambda out, y: F.cross_entropy(out, y, reduction='none')\n", "build",
+                    ("loss_fn returned a tensor of shape [2], not a scalar", "mean")),
+    "detached-loss": (PARTS + "def build():\n    return nn.Linear(8, 4), make_batch, "
+                      "lambda out, y: F.cross_entropy(out.detach(), y)\n", "build",
+                      ("does not depend on the model's parameters", ".detach()")),
+    "shapes": (PARTS + "def build():\n    return nn.Linear(5, 4), make_batch, loss_fn\n", "build",
+               ("forward (Linear) on inputs of shape [2, 8] (float32)", "RuntimeError: mat1 and mat2 shapes",
+                "accept make_batch's inputs")),
+    "loss-raises": (PARTS + "def bad_loss(out, y):\n    return out.view(3, -1).sum()\n"
+                    "def build():\n    return nn.Linear(8, 4), make_batch, bad_loss\n", "build",
+                    ("loss_fn(outputs, targets) raised RuntimeError", "kfit_mistake_loss_raises.py:10)")),
+    "batch-raises": (PARTS + "def build():\n    return nn.Linear(8, 4), lambda n, g: 1 / 0, loss_fn\n", "build",
+                     ("make_batch(96, generator) raised ZeroDivisionError", "kfit_mistake_batch_raises.py:10)")),
+}
+
+
+@pytest.fixture
+def mistakes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("kfit_mistake_")]:
+        del sys.modules[name]
+    if str(tmp_path) in sys.path:
+        sys.path.remove(str(tmp_path))
+
+
+@pytest.mark.parametrize("case", list(MISTAKES))
+def test_a_custom_model_mistake_is_one_error_naming_the_factory(case, mistakes):
+    source, factory, needles = MISTAKES[case]
+    module = f"kfit_mistake_{case.replace('-', '_')}"
+    (mistakes / f"{module}.py").write_text(source)
+    config = custom_config(mistakes, f"{module}:{factory}")
+    with pytest.raises(ConfigError) as err:
+        load_task(config)
+    message = str(err.value)
+    assert message.startswith(f'CONFIG_CUSTOM_MODEL_FACTORY="{module}:{factory}": ') and "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_a_builtin_is_not_a_factory():
+    with pytest.raises(ConfigError, match=r'^CONFIG_CUSTOM_MODEL_FACTORY="os:getcwd": os:getcwd is built into '
+                                          r'Python.*a Python function of yours'):
+        build_custom("os:getcwd")
+    from lib.memory.cache import model_fingerprint
+
+    with pytest.raises(ConfigError, match="os:getcwd"):  # the trace cache's key reads the factory first
+        model_fingerprint(type("C", (), {"model": "custom", "custom_model_factory": "os:getcwd"})())
+
+
+def test_the_check_changes_neither_the_model_nor_the_random_state(tmp_path, user_module):
+    from lib.models.custom import check
+
+    custom = build_custom(f"{user_module}:build")
+    model = torch.nn.Sequential(custom.model, torch.nn.BatchNorm1d(1), torch.nn.Dropout(0.5))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(8, 4)
+    state = torch.random.get_rng_state()
+    check(type(custom)(model, custom.make_batch, torch.nn.functional.mse_loss), x, x.sum(1, keepdim=True), "m:f")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # running stats untouched
+    assert torch.equal(torch.random.get_rng_state(), state) and all(p.grad is None for p in model.parameters())

@@ -19,7 +19,8 @@ from .generate import (
     alldefconfig, allnoconfig, allyesconfig, merge_fragment, oldconfig, randconfig, randconfig_seed,
 )
 from .operations import (
-    DEFAULT_DEFCONFIG, DEFCONFIG_DIR, FRAGMENT_DIR, apply_assignments, config_path, defconfig_file,
+    DEFAULT_DEFCONFIG, DEFCONFIG_DIR, FRAGMENT_DIR, apply_assignments, config_path, defconfig_config,
+    defconfig_file,
     defconfig_names, derive, edit_config, edit_copy_path, fragment_file, fragment_names, listnewconfig,
     make_defconfig, minimal_config_text, olddefconfig, read_config, savedefconfig,
 )
@@ -27,8 +28,8 @@ from .typed import Config
 
 __all__ = [
     "Config", "DEFAULT_DEFCONFIG", "DEFCONFIG_DIR", "FRAGMENT_DIR", "KCONFIG", "ROOT", "alldefconfig",
-    "allnoconfig", "allyesconfig", "apply_assignments", "config_path", "defconfig_file", "defconfig_names",
-    "derive", "edit_config", "edit_copy_path", "fragment_file", "fragment_names", "listnewconfig",
+    "allnoconfig", "allyesconfig", "apply_assignments", "config_path", "defconfig_config", "defconfig_file",
+    "defconfig_names", "derive", "edit_config", "edit_copy_path", "fragment_file", "fragment_names", "listnewconfig",
     "make_defconfig", "merge_fragment", "minimal_config_text", "oldconfig", "olddefconfig", "randconfig",
     "randconfig_seed", "read_config", "savedefconfig",
 ]

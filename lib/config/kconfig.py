@@ -7,7 +7,6 @@ every such case into a ConfigError naming the symbol, the file and the reason.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -15,6 +14,7 @@ from typing import Sequence
 import kconfiglib
 
 from ..errors import ConfigError
+from ..fileio import write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]  # lib/config/kconfig.py -> the repository
 KCONFIG = ROOT / "Kconfig"
@@ -28,6 +28,25 @@ def _new_kconfig() -> kconfiglib.Kconfig:
     kconf.warn_assign_override = False  # fragments override on purpose
     kconf.warn_assign_redun = False
     return kconf
+
+
+def require_config_file(path: Path) -> None:
+    """A ConfigError unless `path` is a readable UTF-8 text file (kconfiglib would raise a traceback)."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a config file: name a file")
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file")
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a regular file: name a config file")
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1)
+        raise ConfigError(f"{path}: line {line}, byte {column + 1} of the line (offset {err.start} in the file): "
+                          f"byte 0x{data[err.start]:02x} is not UTF-8 ({err.reason}): the file must be UTF-8 "
+                          "text: delete or retype that character, or re-save the file as UTF-8") from None
 
 
 def _user_str(sym: kconfiglib.Symbol) -> str:
@@ -78,8 +97,7 @@ def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconf
     requested: dict[str, tuple[kconfiglib.Symbol, str, Path]] = {}
     errors: list[str] = []
     for i, path in enumerate(files):
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such file")
+        require_config_file(path)
         errors += _contradictions(path)
         before = {s.name: s.user_value for s in kconf.unique_defined_syms}
         kconf.load_config(str(path), replace=(i == 0))
@@ -135,18 +153,8 @@ def _config_text(kconf: kconfiglib.Kconfig) -> str:
 
 
 def _write_atomic(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False) -> None:
-    """Write via a temporary file and rename, keeping the previous file as <out>.old like the kernel."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        if minimal:
-            kconf.write_min_config(tmp)
-        else:
-            kconf.write_config(tmp, save_old=False)
-        if out.exists() and not minimal:
-            os.replace(out, out.with_name(out.name + ".old"))
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write atomically (lib.fileio.write_atomic: through a symlinked .config, keeping its permissions),
+    keeping the previous file as <out>.old like the kernel."""
+    if out.exists() and not minimal:
+        write_atomic(out.with_name(out.name + ".old"), out.read_bytes())
+    write_atomic(out, kconf.write_min_config if minimal else lambda tmp: kconf.write_config(tmp, save_old=False))

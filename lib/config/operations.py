@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 import kconfiglib
 
 from ..errors import ConfigError
-from .kconfig import ROOT, _display, _load_strict, _new_kconfig, _write_atomic
+from .kconfig import ROOT, _display, _load_strict, _new_kconfig, _write_atomic, require_config_file
 from .typed import Config, _typed
 
 DEFCONFIG_DIR = ROOT / "defconfigs"
@@ -25,11 +25,15 @@ DEFAULT_DEFCONFIG = "lenet5"
 
 def config_path() -> Path:
     """The .config in use: $KCONFIG_CONFIG as in the kernel, else ./.config."""
-    return Path(os.environ.get("KCONFIG_CONFIG") or ".config")
+    path = Path(os.environ.get("KCONFIG_CONFIG") or ".config")
+    if path.is_dir():  # refused before any command reads it, or moves the directory aside to write it
+        raise ConfigError(f"KCONFIG_CONFIG={path} is a directory, not a config file: name a file in it, "
+                          f"e.g. KCONFIG_CONFIG={path / '.config'}")
+    return path
 
 
 def _load_existing(path: Path) -> kconfiglib.Kconfig:
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' or 'make menuconfig' first "
                           "(see 'make help' for the defconfigs)")
     return _load_strict([path])
@@ -79,6 +83,12 @@ def make_defconfig(name: str, fragments: Sequence[str] = (), out: Path | None = 
     config = _typed(kconf, str(out))
     _write_atomic(kconf, out)
     return config
+
+
+def defconfig_config(name: str) -> Config:
+    """The Config a defconfig would write, built in memory (its source is the defconfig file). Writes nothing."""
+    path = defconfig_file(name)
+    return _typed(_load_strict([path]), str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path))
 
 
 def olddefconfig(path: Path | None = None) -> Config:
@@ -172,8 +182,9 @@ def apply_assignments(path: Path, assignments: Mapping[str, object], notes: list
     Nothing is written unless the result is valid; the previous file is kept as <path>.old.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' first")
+    require_config_file(path)
     kconf, config = _merged(path.read_text(), assignments, str(path), notes)
     _write_atomic(kconf, path)
     return config
@@ -201,6 +212,9 @@ def edit_config(path: Path, edit: Callable[[Path], None], notes: list[str] | Non
     and newer than the config is edited again (said in `notes`) rather than started afresh.
     """
     copy = edit_copy_path(path)
+    for existing in (path, copy):  # the menu would fail on them with kconfiglib's traceback
+        if existing.exists():
+            require_config_file(existing)
     if copy.is_file() and not _same_bytes(copy, path) and (
             not path.is_file() or copy.stat().st_mtime_ns >= path.stat().st_mtime_ns):
         if notes is not None:

@@ -6,6 +6,8 @@ numbers held in string symbols, names and cross-field orderings.
 
 from __future__ import annotations
 
+import os
+
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -280,7 +282,7 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         seed=_int(kconf, "SEED"),
         log_interval=_int(kconf, "LOG_INTERVAL"),
         eval_interval=_int(kconf, "EVAL_INTERVAL"),
-        output_dir=_str(kconf, "OUTPUT_DIR") or "runs",
+        output_dir=os.path.expanduser(_str(kconf, "OUTPUT_DIR") or "runs"),  # ~ as for DATA_DIR: never a "./~"
         run_name=run_name,
         hyperparam_mode=_choice(kconf, "HYPER_PARAM_", {"AUTO": "auto", "MANUAL": "manual"}),
         hyperparam_policy=_choice(kconf, "HYPER_PARAM_POLICY_", {"PLANNER": "planner", "TIERS": "tiers"}),

@@ -45,6 +45,9 @@ def parse_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
                         f"{expected}: it is truncated or corrupt; {REFETCH}")
     if dims[0] == 0:
         raise DataError(f"{path} holds no samples; {REFETCH}")
+    if 0 in dims[1:]:  # 0x0 images: no pixel to resize or train on
+        raise DataError(f"{path} holds {'x'.join(map(str, dims[1:]))}-pixel samples, which have no pixels: it is "
+                        f"corrupt; {REFETCH}")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()
 
 

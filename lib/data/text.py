@@ -46,9 +46,10 @@ def read_vocab_size(directory: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path} is not JSON with a vocab_size entry ({e}): write "
                         f'{{"vocab_size": N}} or delete it to use {GPT2_VOCAB}') from e
-    if not isinstance(vocab, int) or not 0 < vocab <= 1 << 16:
-        raise DataError(f"{path} gives vocab_size {vocab!r}: uint16 tokens need an integer "
-                        f"in 1..65536")
+    # bool is an int in Python: true would read as a vocabulary of 1
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab <= 1 << 16:
+        raise DataError(f"{path} gives vocab_size {json.dumps(vocab)}: uint16 tokens need an integer "
+                        f"in 1..65536: write {{\"vocab_size\": N}}")
     return vocab
 
 

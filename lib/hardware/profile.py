@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,7 @@ GiB = 2**30
 VENDORS = ("nvidia", "amd", "apple")
 BACKENDS = ("cuda", "rocm", "mps")
 _BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "apple": "mps"}
+MAX_PROFILE_BYTES = 2**20  # a saved profile is a few KiB: HW= naming anything larger is a mistake
 
 
 def gib(n_bytes: int | float) -> float:
@@ -90,6 +93,21 @@ class HardwareProfile:
             return 0
         first = self.gpus[0]
         return sum(1 for g in self.gpus if g.name == first.name and g.total_bytes == first.total_bytes)
+
+    def for_processes(self, processes: int) -> tuple[HardwareProfile, str | None]:
+        """The profile that `processes` training processes on this machine plan against, and a note when it
+        is not GPU 0's: process i uses GPU i (they share all GPUs when more), and every process runs the
+        same plan, so where those GPUs differ the plan is sized for the smallest, which takes their places."""
+        used = self.gpus[:max(1, min(processes, len(self.gpus)))]
+        if len({(g.name, g.total_bytes) for g in used}) <= 1:
+            return self, None
+        smallest = min(used, key=lambda g: (g.free_bytes, g.total_bytes))
+        names = ", ".join(f"GPU {g.index} {g.name}" for g in sorted(used, key=lambda g: g.index))
+        note = (f"the {len(used)} GPUs the processes use differ ({names}): the plan is sized for the smallest, "
+                f"GPU {smallest.index} {smallest.name} ({gib(smallest.free_bytes):.1f}GiB free), as every process "
+                "runs it; set CUDA_VISIBLE_DEVICES to identical GPUs to use the larger ones fully")
+        sized = tuple(dataclasses.replace(smallest, index=g.index) for g in used)
+        return dataclasses.replace(self, gpus=sized + self.gpus[len(used):]), note
 
     def to_dict(self) -> dict:
         """Plain JSON-ready data (lists, not tuples); from_dict reverses it."""
@@ -218,8 +236,16 @@ def _profile_from_dict(d: Any, *, origin: str) -> HardwareProfile:
 def load_profile(path: str) -> HardwareProfile:
     """HW=profile.json: a profile saved with to_json (or written by hand)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a device or a pipe could be read without end, or block
+            raise HardwareError(f"hardware profile {path!r} is not a regular file: HW= must name a JSON file "
+                                "written by 'make check-hardware FORMAT=json > FILE'.")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROFILE_BYTES + 1)
+        if len(data) > MAX_PROFILE_BYTES:
+            raise HardwareError(f"hardware profile {path!r} is larger than {MAX_PROFILE_BYTES // 2**20} MiB, "
+                                "which no profile is (they are a few KiB): check the HW= path, or regenerate it "
+                                "with 'make check-hardware FORMAT=json > FILE'.")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise HardwareError(
             f"hardware profile {path!r} does not exist: check the HW= path, or save one from a "

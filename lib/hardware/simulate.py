@@ -116,9 +116,16 @@ def _checked_free(free_gb: Any, total_bytes: int, name: str) -> int:
     value = _positive_number("FREE_GB", free_gb)
     free = int(value * GiB)
     if free > total_bytes:
+        # as many decimals as it takes for the printed total (rounded down, so that it is a valid FREE_GB)
+        # to be below the value given: "79.65 is more than the 79.65 GiB total" would contradict itself
+        given = len(f"{value:.15g}".partition(".")[2])  # as precise as the value given, at least 2 decimals
+        for digits in range(max(2, given), 16):
+            most = math.floor(gib(total_bytes) * 10**digits) / 10**digits
+            if most < value and int(most * GiB) <= total_bytes:
+                break
         raise HardwareError(
-            f"FREE_GB={free_gb!r} is more than the {gib(total_bytes):.2f} GiB total of {name}: "
-            f"give at most {math.floor(gib(total_bytes) * 100) / 100:.2f}."
+            f"FREE_GB={value:.15g} is more than the {most:.{digits}f} GiB total of {name}: "
+            f"give at most {most:.{digits}f}."
         )
     return free
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 import os
 from pathlib import Path
@@ -30,6 +29,24 @@ def default_cache_dir() -> Path:
         return Path(os.environ["KFIT_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "kfit"
+
+
+def read_traces(path: Path) -> dict[str, dict]:
+    """A cache file's traces by batch size, each as Trace.to_json wrote it; {} when the file is missing,
+    damaged or of another structure (an older kfit's, edited by hand): a cache miss, so the step is traced
+    again and the file replaced, where a wrong entry would fail later with a KeyError."""
+    from .trace import Trace
+
+    try:
+        traces = json.loads(path.read_text())["traces"]
+        for batch, entry in traces.items():
+            trace = Trace.from_json(entry)
+            if int(batch) != trace.batch or not isinstance(trace.peak_bytes, int) or not all(
+                    isinstance(v, int) for v in trace.breakdown.values()):
+                return {}
+        return traces
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def _file_hash(path: str | os.PathLike | None) -> str | None:
@@ -62,11 +79,10 @@ def model_fingerprint(config: Config) -> dict:
                   corpus=(None if config.dataset != "dir" else
                           _file_hash(Path(config.data_dir or "") / "meta.json") or "gpt2-vocab"))
     elif config.model == "custom":
-        from ..models.custom import load_factory
+        from ..models.custom import load_factory, source_file
 
-        factory = load_factory(config.custom_model_factory)
         fp.update(factory=config.custom_model_factory,
-                  source=_file_hash(inspect.getsourcefile(inspect.getmodule(factory)) or ""))
+                  source=_file_hash(source_file(load_factory(config.custom_model_factory))))
     else:  # image models: channels and classes come from the data set's format
         fp.update(image_size=config.image_size,
                   data=config.dataset_format if config.dataset == "dir" else "digits")

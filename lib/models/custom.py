@@ -15,16 +15,20 @@ example batch of any size.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, KfitError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -39,56 +43,154 @@ class CustomModel:
     loss_fn: LossFn
 
 
+def symbol(spec: str) -> str:
+    """How every error about the factory starts: the config line that names it."""
+    return f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}"'
+
+
+_NOT_THE_USERS = (str(ROOT / "lib") + os.sep,  # kfit's own code, Python's and installed packages'
+                  *{sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_PACKAGES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")  # a user site, a distro's
+
+
+def _user_site(err: BaseException) -> str | None:
+    """file:line of the innermost frame of the user's own code in err's traceback (not kfit's, not Python's
+    or an installed package's), or None."""
+    if isinstance(err, SyntaxError) and err.filename:
+        return f"{err.filename}:{err.lineno}"
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith((*_NOT_THE_USERS, "<"))
+              and not any(part in f.filename for part in _PACKAGES)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def describe(err: BaseException) -> str:
+    """An exception as one short line: its type, message and where in the user's code."""
+    message = err.msg if isinstance(err, SyntaxError) and err.msg else str(err)
+    message = " ".join(message.split())
+    if len(message) > 300:
+        message = message[:297] + "..."
+    site = _user_site(err)
+    return f"{type(err).__name__}: {message}" + (f" (at {site})" if site else "")
+
+
+@contextlib.contextmanager
+def calling(spec: str, what: str, fix: str):
+    """Run the user's code: an exception it raises becomes one ConfigError naming the factory, what ran,
+    the error with its place in the user's code, and the fix (not a traceback from deep in kfit or torch)."""
+    try:
+        yield
+    except KfitError:
+        raise
+    except Exception as err:  # noqa: BLE001 - anything the user's code raises is the user's to fix
+        raise ConfigError(f"{symbol(spec)}: {what} raised {describe(err)}: {fix}") from None
+
+
 def load_factory(spec: str) -> Callable[[], object]:
     """Import `package.module:function`, with the current directory and the kfit checkout importable."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}" must look like package.module:function')
+        raise ConfigError(f"{symbol(spec)} must look like package.module:function")
     for path in (os.getcwd(), str(ROOT)):
         if path not in sys.path:
             sys.path.append(path)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": cannot import {module_name}: {err}. '
-                          "Put the module in the directory you run make from, or on PYTHONPATH") from None
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):  # the module itself (or its package) is not found
+            raise ConfigError(f"{symbol(spec)}: cannot import {module_name}: {err}. "
+                              "Put the module in the directory you run make from, or on PYTHONPATH") from None
+        raise ConfigError(f"{symbol(spec)}: importing {module_name} raised {describe(err)}: install the missing "
+                          "module, or fix the import") from None
+    except Exception as err:  # noqa: BLE001 - a SyntaxError, or whatever the module runs on import
+        raise ConfigError(f"{symbol(spec)}: importing {module_name} raised {describe(err)}: fix the module") from None
     target = module
     for part in attr.split("."):
         target = getattr(target, part, None)
         if target is None:
-            raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": {module_name} has no {attr}')
+            raise ConfigError(f"{symbol(spec)}: {module_name} has no {attr}")
     if not callable(target):
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": {attr} is not callable')
+        raise ConfigError(f"{symbol(spec)}: {attr} is not callable")
+    if source_file(target) is None:
+        raise ConfigError(f"{symbol(spec)}: {spec} is built into Python or a compiled extension, not a model "
+                          "factory: point it at a Python function of yours that takes no arguments and returns "
+                          "(model, make_batch, loss_fn) (see scripts/custom_model_example.py)")
     return target
+
+
+def source_file(factory) -> str | None:
+    """The Python source file that defines the factory (its traces depend on it), or None."""
+    try:
+        return inspect.getsourcefile(inspect.getmodule(factory) or factory)
+    except TypeError:  # built in, or compiled
+        return None
 
 
 def build_custom(spec: str) -> CustomModel:
     """Call the factory and check what it returned."""
-    result = load_factory(spec)()
+    factory = load_factory(spec)
+    with calling(spec, f"calling {spec}()", "fix the factory so that it takes no arguments and returns "
+                 "(model, make_batch, loss_fn)"):
+        result = factory()
     if isinstance(result, CustomModel):
         return result
     if not (isinstance(result, (tuple, list)) and len(result) == 3):
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}" must return (model, make_batch, loss_fn); '
+        raise ConfigError(f"{symbol(spec)} must return (model, make_batch, loss_fn); "
                           f"it returned {type(result).__name__}")
     model, make_batch, loss_fn = result
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": the first value returned must be a '
+        raise ConfigError(f"{symbol(spec)}: the first value returned must be a "
                           f"torch.nn.Module, not {type(model).__name__}")
     for name, fn in (("make_batch", make_batch), ("loss_fn", loss_fn)):
         if not callable(fn):
-            raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": {name} is not callable')
+            raise ConfigError(f"{symbol(spec)}: {name} is not callable")
     return CustomModel(model, make_batch, loss_fn)
+
+
+CHECK_SAMPLES = 2  # a forward pass on two real samples: BatchNorm in training mode needs more than one
+
+
+def check(custom: CustomModel, inputs: torch.Tensor, targets: torch.Tensor, spec: str) -> None:
+    """One forward pass and loss on a few real samples, before anything is planned or trained: a mistake in
+    the user's model or loss is one error line here, not a traceback from the fake-tensor tracer or the
+    training loop. Changes nothing: the random state, the parameters and buffers are as they were."""
+    model = custom.model
+    name = type(model).__name__
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ConfigError(f"{symbol(spec)}: the model ({name}) has no trainable parameters, so there is nothing "
+                          "to train: return a model with parameters (requires_grad=True)")
+    x, y = inputs[:CHECK_SAMPLES].to(trainable[0].device), targets[:CHECK_SAMPLES].to(trainable[0].device)
+    shape = f"inputs of shape {list(x.shape)} ({str(x.dtype).removeprefix('torch.')})"
+    # buffers are copied: a BatchNorm's running statistics must not see the check's samples
+    state = {**dict(model.named_parameters()), **{k: b.clone() for k, b in model.named_buffers()}}
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
+        with calling(spec, f"the model's forward ({name}) on {shape} from make_batch",
+                     "make the model accept make_batch's inputs (sample in dimension 0)"):
+            outputs = torch.func.functional_call(model, state, (x,))
+        with calling(spec, "loss_fn(outputs, targets)", "make loss_fn accept the model's outputs and "
+                     "make_batch's targets"):
+            loss = custom.loss_fn(outputs, y)
+    if not isinstance(loss, torch.Tensor):
+        raise ConfigError(f"{symbol(spec)}: loss_fn returned {type(loss).__name__}, not a tensor: return the "
+                          "loss as a scalar tensor (e.g. F.cross_entropy(outputs, targets))")
+    if loss.dim() != 0:
+        raise ConfigError(f"{symbol(spec)}: loss_fn returned a tensor of shape {list(loss.shape)}, not a scalar: "
+                          "return the mean over the batch (e.g. .mean(), or reduction='mean')")
+    if not loss.requires_grad:
+        raise ConfigError(f"{symbol(spec)}: the loss does not depend on the model's parameters (it has no "
+                          "gradient): compute it from the model's outputs, without .detach() or .item()")
 
 
 def draw(make_batch: MakeBatch, samples: int, seed: int, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
     """`samples` examples from make_batch with a generator seeded by `seed`, checked for shape."""
-    batch = make_batch(samples, torch.Generator().manual_seed(seed))
+    with calling(spec, f"make_batch({samples}, generator)", "fix make_batch so that it returns (inputs, "
+                 "targets) tensors with the sample in dimension 0"):
+        batch = make_batch(samples, torch.Generator().manual_seed(seed))
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2
             and all(isinstance(t, torch.Tensor) for t in batch)):
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": make_batch must return '
-                          "(inputs, targets) tensors")
+        raise ConfigError(f"{symbol(spec)}: make_batch must return (inputs, targets) tensors")
     inputs, targets = batch
     if len(inputs) != samples or len(targets) != samples:
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": make_batch({samples}, generator) returned '
+        raise ConfigError(f"{symbol(spec)}: make_batch({samples}, generator) returned "
                           f"{len(inputs)} inputs and {len(targets)} targets; both need {samples} in dimension 0")
     return inputs.cpu(), targets.cpu()

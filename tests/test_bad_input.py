@@ -1,0 +1,250 @@
+"""The bad-input table: every input a user can get wrong, the command that meets it, and what must happen.
+
+Each row runs one kfit command (scripts/kfit.py's main, as make calls it) in a
+fresh directory holding a valid LeNet-5 .config, after the row's setup has
+spoiled one thing. A refusal must exit with the row's code, print one `error:`
+line naming the row's needles, print no traceback, and leave every file in the
+directory as it was (contents, mode, symlinks). Rows that are not refusals (a
+note, then work) say what they expect instead. New commands add their rows here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from lib import config as kconfig
+
+ROOT = Path(__file__).resolve().parent.parent
+PASSWORD = "s3cretPW"
+# What make would carry in from the developer's shell; each row sets its own.
+CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "FORMAT", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE", "RESUME", "NNODES",
+           "NODE_RANK", "OUT", "TRIALS", "BATCH", "APPLY", "HPO_STORAGE", "HPO_STUDY", "RUN", "DEVICE", "STEPS")
+
+
+def _kfit():
+    spec = importlib.util.spec_from_file_location("kfit_cli", ROOT / "scripts" / "kfit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+KFIT = _kfit()
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    argv: tuple[str, ...]
+    env: dict = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None  # spoils something in the directory
+    code: int = 2
+    needles: tuple[str, ...] = ()  # each must appear in the output
+    absent: tuple[str, ...] = ()  # none may appear (secrets)
+
+
+def config_line(symbol_line: str) -> Callable[[Path], None]:
+    """Put `CONFIG_X=...` in .config in place of X's line (kept once: a second assignment is an error)."""
+    symbol = symbol_line.split("=")[0]
+
+    def setup(d: Path) -> None:
+        lines = [line for line in (d / ".config").read_text().splitlines()
+                 if not (line.startswith(symbol + "=") or line == f"# {symbol} is not set")]
+        (d / ".config").write_text("\n".join([*lines, symbol_line]) + "\n")
+    return setup
+
+
+def write(name: str, data: bytes | str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    return setup
+
+
+def both(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        for s in setups:
+            s(d)
+    return setup
+
+
+def custom_model(module: str, source: str | None, factory: str = "build") -> Callable[[Path], None]:
+    """A custom-model config whose factory is `module:factory`, the module written into the directory
+    (None: an installed module)."""
+    def setup(d: Path) -> None:
+        if source is not None:
+            (d / f"{module}.py").write_text(source)
+        kconfig.make_defconfig("custom-transformer", out=d / ".config")
+        config_line(f'CONFIG_CUSTOM_MODEL_FACTORY="{module}:{factory}"')(d)
+    return setup
+
+
+GOOD_PARTS = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+def make_batch(n, g):
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+def loss_fn(out, y):
+    return F.cross_entropy(out, y)
+'''
+
+HW_TOP = {"gpus": [], "cpu": {}}
+HPO_URL = f"postgresql://user:{PASSWORD}@127.0.0.1:1/db"
+
+ROWS = [
+    # -- the config file -------------------------------------------------------------------------------
+    Row("value that does not take", ("plan",), setup=config_line('CONFIG_LEARNING_RATE="fast"'),
+        needles=("LEARNING_RATE", "fast")),
+    Row("unknown symbol", ("plan",), setup=config_line("CONFIG_NO_SUCH_SYMBOL=y"), needles=("NO_SUCH_SYMBOL",)),
+    Row("bool symbol given a number", ("plan",), setup=config_line("CONFIG_MONITOR=7"), needles=("MONITOR", "'7'")),
+    Row("non-UTF-8 byte in .config", ("plan",), setup=lambda d: open(d / ".config", "ab").write(b"# caf\xe9\n"),
+        needles=(".config", "UTF-8")),
+    Row("non-UTF-8 byte in a fragment", ("mergeconfig", "frag"), setup=write("frag", b"CONFIG_SEED=3 # \xff\n"),
+        needles=("frag", "UTF-8")),
+    Row("KCONFIG_CONFIG is a directory", ("plan",), env={"KCONFIG_CONFIG": "adir"},
+        setup=lambda d: (d / "adir").mkdir(), needles=("adir", "directory")),
+    Row("KCONFIG_CONFIG missing", ("olddefconfig",), env={"KCONFIG_CONFIG": "nope.config"},
+        needles=("nope.config", "defconfig")),
+    Row("unknown defconfig", ("defconfig", "nosuch"), needles=("nosuch",)),
+    Row("unknown fragment", ("mergeconfig", "nosuchfrag"), needles=("nosuchfrag",)),
+    Row("missing data directory", ("train",), setup=both(config_line("CONFIG_DATASET_MNIST=y"),
+                                                          config_line('CONFIG_DATA_DIR="/nonexistent/mnist"')),
+        needles=("/nonexistent/mnist",)),
+    Row("OUTPUT_DIR is /dev/null", ("train",), setup=config_line('CONFIG_OUTPUT_DIR="/dev/null"'),
+        needles=("CONFIG_OUTPUT_DIR", "/dev/null")),
+    Row("OUTPUT_DIR under /proc", ("train",), setup=config_line('CONFIG_OUTPUT_DIR="/proc/nope"'),
+        needles=("CONFIG_OUTPUT_DIR", "/proc/nope")),
+    # -- the machine -----------------------------------------------------------------------------------
+    Row("unknown catalog GPU", ("plan",), env={"GPU": "h1000"}, needles=("h1000",)),
+    Row("unknown catalog GPU, check-hardware", ("check-hardware",), env={"GPU": "h1000"}, needles=("h1000",)),
+    Row("FREE_GB not a number", ("plan",), env={"GPU": "h100", "FREE_GB": "lots"}, needles=("FREE_GB",)),
+    Row("FREE_GB above the total, by a rounding", ("plan",), env={"GPU": "h100", "FREE_GB": "79.65"},
+        needles=("FREE_GB",)),
+    Row("GPUS not a number", ("plan",), env={"GPU": "h100", "GPUS": "two"}, needles=("GPUS",)),
+    Row("WORLD_SIZE not a number", ("plan",), env={"WORLD_SIZE": "abc"}, needles=("WORLD_SIZE", "abc")),
+    Row("NNODES not a number", ("plan",), env={"NNODES": "abc"}, needles=("NNODES", "abc")),
+    Row("NNODES zero", ("plan",), env={"NNODES": "0"}, needles=("NNODES",)),
+    Row("NNODES negative", ("plan",), env={"NNODES": "-1"}, needles=("NNODES",)),
+    Row("RESUME neither on nor off", ("train",), env={"RESUME": "maybe"}, needles=("RESUME", "maybe")),
+    Row("FORMAT unknown", ("plan",), env={"FORMAT": "xml"}, needles=("FORMAT",)),
+    Row("HW file missing", ("plan",), env={"HW": "missing.json"}, needles=("missing.json",)),
+    Row("HW not JSON", ("plan",), env={"HW": "hw.json"}, setup=write("hw.json", "{not json"), needles=("hw.json",)),
+    Row("HW of the wrong shape", ("plan",), env={"HW": "hw.json"}, setup=write("hw.json", json.dumps([1, 2])),
+        needles=("hw.json",)),
+    Row("HW a device file without end", ("plan",), env={"HW": "/dev/zero"}, needles=("/dev/zero",)),
+    # -- custom models ---------------------------------------------------------------------------------
+    Row("custom factory raises", ("plan",), setup=custom_model(
+        "factory_raises", "def build():\n    raise ValueError('no weights file')\n"),
+        needles=("CONFIG_CUSTOM_MODEL_FACTORY", "factory_raises:build", "no weights file")),
+    Row("custom module with a syntax error", ("plan",), setup=custom_model("factory_syntax", "def build(:\n"),
+        needles=("CONFIG_CUSTOM_MODEL_FACTORY", "factory_syntax", "SyntaxError")),
+    Row("custom factory is not one", ("plan",), setup=custom_model("os", None, factory="getcwd"),
+        needles=("CONFIG_CUSTOM_MODEL_FACTORY", "os:getcwd")),
+    Row("custom model without parameters", ("plan",), setup=custom_model(
+        "factory_noparams", GOOD_PARTS + "def build():\n    return nn.Identity(), make_batch, loss_fn\n"),
+        needles=("CONFIG_CUSTOM_MODEL_FACTORY", "parameters")),
+    Row("custom loss not a scalar", ("plan",), setup=custom_model(
+        "factory_vectorloss", GOOD_PARTS + "def build():\n"
+        "    return nn.Linear(8, 4), make_batch, lambda out, y: F.cross_entropy(out, y, reduction='none')\n"),
+        needles=("CONFIG_CUSTOM_MODEL_FACTORY", "scalar")),
+    Row("custom forward shape mismatch", ("plan",), setup=custom_model(
+        "factory_shapes", GOOD_PARTS + "def build():\n    return nn.Linear(5, 4), make_batch, loss_fn\n"),
+        needles=("CONFIG_CUSTOM_MODEL_FACTORY", "factory_shapes")),
+    # -- outputs and tools -----------------------------------------------------------------------------
+    Row("plan-report into a missing directory", ("plan-report",), env={"OUT": "/nonexistent/d/r.html"},
+        needles=("/nonexistent/d",)),
+    Row("find-lr APPLY neither on nor off", ("find-lr",), env={"APPLY": "yes please"}, needles=("APPLY",)),
+    Row("hpo storage not a URL", ("hpo-status",), env={"HPO_STORAGE": "notaurl"}, needles=("HPO_STORAGE",)),
+    Row("hpo storage in a missing directory", ("hpo-status",), env={"HPO_STORAGE": "sqlite:////nonexistent/x.db"},
+        needles=("HPO_STORAGE",)),
+    Row("hpo storage password never shown", ("hpo-status",), env={"HPO_STORAGE": HPO_URL},
+        needles=("HPO_STORAGE", "user:***@"), absent=(PASSWORD,)),
+    Row("recommend writing into a file", ("recommend",), env={"WRITE": "1", "OUT": "afile"},
+        setup=write("afile", "mine"), needles=("OUT=afile", "directory")),
+    Row("export of a run that is not there", ("export",), env={"RUN": "runs/nothing"}, needles=("runs/nothing",)),
+]
+
+
+def snapshot(d: Path) -> dict:
+    """Every path under d: (kind, mode, bytes or link target)."""
+    out = {}
+    for path in sorted(d.rglob("*")):
+        if "__pycache__" in path.parts:
+            continue
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            out[str(path)] = ("link", os.readlink(path))
+        elif stat.S_ISDIR(st.st_mode):
+            out[str(path)] = ("dir", stat.S_IMODE(st.st_mode))
+        else:
+            out[str(path)] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
+    return out
+
+
+@pytest.fixture(scope="module")
+def lenet_config(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("template") / ".config"
+    kconfig.make_defconfig("lenet5", out=path)
+    return path.read_bytes()
+
+
+def run_row(row: Row, d: Path, monkeypatch) -> tuple[int, str]:
+    monkeypatch.chdir(d)
+    monkeypatch.syspath_prepend(str(d))  # custom factories live next to the config, as a user's would
+    for key in CLEARED:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(d.parent / "cache"))
+    for key, value in row.env.items():
+        monkeypatch.setenv(key, value)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = KFIT.main(list(row.argv))
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    return code, out.getvalue() + err.getvalue()
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_bad_input(row: Row, lenet_config: bytes, tmp_path: Path, monkeypatch):
+    d = tmp_path / "work"
+    d.mkdir()
+    (d / ".config").write_bytes(lenet_config)
+    if row.setup:
+        row.setup(d)
+    before = snapshot(d)
+    code, output = run_row(row, d, monkeypatch)
+    assert "Traceback" not in output, output
+    assert code == row.code, f"exit {code}, expected {row.code}:\n{output}"
+    for needle in row.needles:
+        assert needle in output, f"{needle!r} not in:\n{output}"
+    for secret in row.absent:
+        assert secret not in output, output
+    if row.code != 0:
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, output
+        assert snapshot(d) == before, "a refused command changed the directory"
+
+
+def test_every_command_has_a_row():
+    """A new subcommand adds its rows (config-only targets are covered by the config rows)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    for path in sorted((ROOT / "scripts").glob("cli_*.py")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.register(sub)
+    covered = {row.argv[0] for row in ROWS}
+    exempt = {"plan-matrix", "hpo", "hpo-apply"}  # matrix: no user input; hpo, hpo-apply: tests/test_hpo.py
+    assert set(sub.choices) - exempt <= covered, set(sub.choices) - exempt - covered
