@@ -24,7 +24,7 @@ class Config:
     """A validated configuration. Field names follow the Kconfig symbols."""
 
     model: str  # lenet5 | resnet18 | resnet50 | gpt2 | custom
-    gpt2_preset: str | None  # tiny | 124m | 355m | 774m | 1558m
+    gpt2_preset: str | None  # tiny | 30m | 51m | 124m | 355m | 774m | 1558m
     gpt2_block_size: int | None
     gpt2_dropout: float | None
     resnet_image_size: int | None
@@ -257,7 +257,7 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
     return Config(
         model=_choice(kconf, "MODEL_", {"LENET5": "lenet5", "RESNET18": "resnet18",
                                         "RESNET50": "resnet50", "GPT2": "gpt2", "CUSTOM": "custom"}),
-        gpt2_preset=_choice(kconf, "GPT2_PRESET_", {"TINY": "tiny", "124M": "124m", "355M": "355m",
+        gpt2_preset=_choice(kconf, "GPT2_PRESET_", {"TINY": "tiny", "30M": "30m", "51M": "51m", "124M": "124m", "355M": "355m",
                                                     "774M": "774m", "1558M": "1558m"}),
         gpt2_block_size=_int(kconf, "GPT2_BLOCK_SIZE"),
         gpt2_dropout=_number(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),

@@ -17,6 +17,8 @@ MODEL_NAMES = ("lenet5", "resnet18", "resnet50", "gpt2")
 # Shape of each published GPT-2 size; block_size, vocab_size and dropout come from build_model.
 GPT2_PRESETS: dict[str, GPT2Config] = {
     "tiny": GPT2Config(n_layer=4, n_head=4, n_embd=128),  # for CPU smoke runs
+    "30m": GPT2Config(n_layer=6, n_head=6, n_embd=384),
+    "51m": GPT2Config(n_layer=8, n_head=8, n_embd=512),
     "124m": GPT2Config(n_layer=12, n_head=12, n_embd=768),
     "355m": GPT2Config(n_layer=24, n_head=16, n_embd=1024),
     "774m": GPT2Config(n_layer=36, n_head=20, n_embd=1280),

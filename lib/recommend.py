@@ -1,0 +1,228 @@
+"""Three ready-to-train configurations for a machine: conservative, balanced, extreme (seed 002).
+
+Each mode is a memory profile (the share of free memory the planner may use:
+kfit's MEMORY_PROFILE_CONSERVATIVE / BALANCED / EXTREME, 50 / 75 / 95%), a
+Chinchilla ratio of training tokens to parameters (12, 20, 25: Hoffmann et al.
+2022 put the compute-optimal ratio near 20), the seed's parameter range, a
+context length, and the longest run the mode accepts (2 h, 6 h, 72 h: the
+seed's "30 min-2 h", "2-6 h" and "6 h+", the last bounded at three days).
+
+For the GPT-2 family the model is chosen: among the shapes of `GPT2_SHAPES`,
+the largest in the mode's range that the planner fits in the mode's memory and
+that trains its token budget within the mode's time. Where none can, the mode
+is out of reach, and the largest model that can is recommended instead, saying
+so. Other models (LeNet-5, ResNet, a custom model) keep their model; the modes
+then differ in memory share (so micro-batch, checkpointing and strategy) and
+time, for the configured epochs.
+
+Every figure comes from the resolver (lib.hyperparams.resolve, passed in as
+`plan`): the predicted peak against the budget, the step time, the strategy.
+Before a shape is traced, two lower bounds rule out what cannot work: the
+model's state (parameters, gradients and AdamW's two moments, 16 bytes per
+parameter, shared over the processes when sharded) against the budget, and
+6 x parameters x tokens FLOPs (the training compute of Kaplan et al. 2020)
+against the device's reachable FLOP/s for the mode's time.
+
+The performance score (`score`) rates the machine for training on a log
+scale of reachable training FLOP/s, 0 at SCORE_LOW (a 2-core laptop CPU) and
+10 at SCORE_HIGH (8 H100s in bf16 at the step-time model's 60% of the
+datasheet's dense peak).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .config import Config
+from .errors import PlanError
+from .plan import Plan
+
+STATE_BYTES_PER_PARAMETER = 16  # fp32 weights + gradients + AdamW's exp_avg and exp_avg_sq
+TRAINING_FLOPS_PER_PARAMETER_TOKEN = 6  # forward 2, backward 4
+SCORE_LOW = 2e10  # FLOP/s: a 2-core laptop CPU in fp32
+SCORE_HIGH = 8 * 989e12 * 0.6  # FLOP/s: 8 H100 SXM, bf16 dense peak x GPU_COMPUTE_EFFICIENCY
+MAX_EPOCHS = 100000  # CONFIG_EPOCHS' upper bound: the token budget's MAX_STEPS is what stops a run
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    profile: str  # MEMORY_PROFILE_<profile>
+    share: float
+    tokens_per_parameter: int
+    parameters: tuple[float, float | None]  # the seed's range for the mode
+    context: int  # GPT-2's context length in this mode
+    max_hours: float
+
+
+MODES = (
+    Mode("conservative", "CONSERVATIVE", 0.50, 12, (23e6, 70e6), 512, 2.0),
+    Mode("balanced", "BALANCED", 0.75, 20, (70e6, 200e6), 1024, 6.0),
+    Mode("extreme", "EXTREME", 0.95, 25, (200e6, None), 2048, 72.0),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A GPT-2 shape kfit can build: a CONFIG_GPT2_PRESET_<preset> and its parameters with the data's vocabulary."""
+
+    preset: str
+    parameters: int
+
+
+@dataclass
+class Recommendation:
+    mode: Mode
+    config: Config
+    plan: Plan | None
+    assignments: dict  # CONFIG_ symbols (without the prefix) that make this configuration from the base
+    parameters: int | None = None
+    tokens: int | None = None  # the token budget (GPT-2); None: the configured epochs
+    steps: int | None = None
+    seconds: float | None = None
+    energy_kwh: float | None = None
+    watts: float | None = None
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    out_of_reach: str | None = None  # why the seed's range for this mode cannot be met here
+
+    def to_dict(self) -> dict:
+        plan = self.plan
+        return {"mode": self.mode.name, "memory_share": self.mode.share, "parameters": self.parameters,
+                "tokens_per_parameter": self.mode.tokens_per_parameter if self.tokens else None,
+                "tokens": self.tokens, "steps": self.steps, "seconds": self.seconds,
+                "energy_kwh": self.energy_kwh, "watts": self.watts, "assignments": self.assignments,
+                "reasons": self.reasons, "warnings": self.warnings, "out_of_reach": self.out_of_reach,
+                "plan": plan.to_dict() if plan else None}
+
+
+def token_budget(parameters: int, mode: Mode) -> int:
+    """Training tokens for a model: the mode's Chinchilla ratio x parameters."""
+    return mode.tokens_per_parameter * parameters
+
+
+def steps_for(tokens: int, effective_batch: int, context: int) -> int:
+    """Optimizer steps that train `tokens` at `effective_batch` sequences of `context` tokens (at least 1)."""
+    return max(1, math.ceil(tokens / (effective_batch * context)))
+
+
+def score(flops: float) -> float:
+    """The performance score of a machine reaching `flops` training FLOP/s: 0-10, one decimal."""
+    value = 10 * math.log(max(flops, 1.0) / SCORE_LOW) / math.log(SCORE_HIGH / SCORE_LOW)
+    return round(min(10.0, max(0.0, value)), 1)
+
+
+def compute_hours(parameters: int, tokens: int, flops: float) -> float:
+    """A lower bound of the training time: 6 N D FLOPs at the device's reachable FLOP/s."""
+    return TRAINING_FLOPS_PER_PARAMETER_TOKEN * parameters * tokens / flops / 3600
+
+
+def state_fits(parameters: int, budget: int, *, processes: int, sharded: bool) -> bool:
+    """Whether the model's state alone fits one process's budget (a lower bound of the peak)."""
+    per_process = STATE_BYTES_PER_PARAMETER * parameters / (processes if sharded else 1)
+    return per_process <= budget
+
+
+def in_range(parameters: int, mode: Mode) -> bool:
+    low, high = mode.parameters
+    return parameters >= low and (high is None or parameters <= high)
+
+
+def recommend_gpt2(base: Config, shapes: list[Shape], *, plan: Callable[[Config], Plan],
+                   derive: Callable[[Config, dict], Config], flops: float, budget: int, processes: int,
+                   mode: Mode) -> Recommendation:
+    """The largest shape in the mode's range that fits and trains within the mode's time; else the largest
+    that does (out of reach)."""
+    effective = base.target_effective_batch or 1
+    feasible, reasons = [], []
+    for shape in sorted(shapes, key=lambda s: s.parameters):
+        tokens = token_budget(shape.parameters, mode)
+        hours = compute_hours(shape.parameters, tokens, flops)
+        if hours > mode.max_hours:
+            reasons.append(f"{shape.preset}: at least {hours:,.1f} h for {tokens:,} tokens")
+            continue
+        if not state_fits(shape.parameters, int(budget * mode.share), processes=processes, sharded=processes > 1):
+            reasons.append(f"{shape.preset}: its state alone is above {mode.share:.0%} of memory")
+            continue
+        feasible.append(shape)
+    wanted = [s for s in feasible if in_range(s.parameters, mode)]
+    # out of reach: the largest smaller model, never one above the mode's range
+    smaller = [s for s in feasible if s.parameters < mode.parameters[0]]
+    order = sorted(wanted or smaller, key=lambda s: -s.parameters)
+    for shape in order:
+        assignments = {f"GPT2_PRESET_{shape.preset.upper()}": True, "GPT2_BLOCK_SIZE": mode.context,
+                       f"MEMORY_PROFILE_{mode.profile}": True}
+        config = derive(base, assignments)
+        try:
+            chosen = plan(config)
+        except PlanError as err:
+            reasons.append(f"{shape.preset}: {str(err).split('. ')[0]}")
+            continue
+        tokens = token_budget(shape.parameters, mode)
+        steps = steps_for(tokens, chosen.effective_batch, mode.context)
+        rec = Recommendation(mode, config, chosen, {**assignments, "MAX_STEPS": steps, "EPOCHS": MAX_EPOCHS},
+                             parameters=shape.parameters, tokens=tokens, steps=steps)
+        if chosen.predicted_step_seconds and steps * chosen.predicted_step_seconds > mode.max_hours * 3600:
+            reasons.append(f"{shape.preset}: {steps:,} steps x {chosen.predicted_step_seconds:.2f} s is over "
+                           f"{mode.max_hours:g} h")
+            continue
+        timed(rec)
+        larger = [s for s in sorted(shapes, key=lambda s: s.parameters) if s.parameters > shape.parameters]
+        rec.reasons = [f"{shape.parameters / 1e6:.1f}M parameters x {mode.tokens_per_parameter} tokens each "
+                       f"= {tokens:,} tokens = {steps:,} steps of {chosen.effective_batch} x {mode.context} tokens",
+                       # why not the next size up
+                       *[r for r in reasons if larger and r.startswith(larger[0].preset + ":")][:1]]
+        if not wanted:
+            low, high = mode.parameters
+            span = f"{low / 1e6:g}M-{high / 1e6:g}M" if high else f"{low / 1e6:g}M+"
+            rec.out_of_reach = (f"no model in the seed's {span} range trains {mode.tokens_per_parameter} tokens per "
+                                f"parameter within {mode.max_hours:g} h in {mode.share:.0%} of this machine's memory; "
+                                f"the largest that does: {shape.parameters / 1e6:.1f}M ({shape.preset})")
+        return rec
+    raise PlanError(f"{mode.name}: no GPT-2 shape trains here within {mode.max_hours:g} h: " + "; ".join(reasons))
+
+
+def recommend_fixed(base: Config, *, plan: Callable[[Config], Plan], derive: Callable[[Config, dict], Config],
+                    mode: Mode) -> Recommendation:
+    """A model that is not chosen (LeNet-5, ResNet, custom): the mode's memory share, the configured epochs."""
+    assignments = {f"MEMORY_PROFILE_{mode.profile}": True}
+    config = derive(base, assignments)
+    chosen = plan(config)
+    rec = Recommendation(mode, config, chosen, assignments)
+    timed(rec)
+    rec.reasons = [f"{base.model}: the configured model and epochs; {mode.share:.0%} of free memory"]
+    return rec
+
+
+def timed(rec: Recommendation) -> None:
+    """Time and energy from the plan's step time (its power: the plan's energy over its run time)."""
+    plan = rec.plan
+    if not plan or not plan.predicted_step_seconds:
+        return
+    rec.seconds = (rec.steps * plan.predicted_step_seconds if rec.steps else plan.predicted_run_seconds)
+    if plan.predicted_energy_kwh and plan.predicted_run_seconds:
+        rec.watts = plan.predicted_energy_kwh * 3.6e6 / plan.predicted_run_seconds
+        rec.energy_kwh = rec.watts * rec.seconds / 3.6e6 if rec.seconds else None
+
+
+def warnings_for(rec: Recommendation, *, on_battery: bool | None, dataset_tokens: int | None) -> list[str]:
+    """The seed's warnings and suggestions, each tied to a figure of this recommendation."""
+    out = []
+    plan = rec.plan
+    if rec.mode.name == "extreme":
+        out.append(f"{rec.mode.share:.0%} of free memory: another process's allocation can end the run in "
+                   "out-of-memory (kfit then halves the micro-batch, keeping the effective batch)")
+        if rec.seconds and rec.seconds > 6 * 3600:
+            out.append(f"{rec.seconds / 3600:,.0f} h at full power: watch temperatures and throttling "
+                       "(make train's monitor warns when the GPU throttles); cooling decides the speed")
+    if on_battery:
+        out.append("on battery: plug in before a long run (kfit checkpoints on SIGTERM, so a shutdown loses little)")
+    if plan and plan.precision == "fp32" and plan.device_type == "cuda":
+        out.append("fp32 on a GPU: bf16 autocast (CONFIG_PRECISION_AUTO) roughly halves activations and "
+                   "speeds matmuls where the GPU supports it")
+    if dataset_tokens and rec.tokens and rec.tokens > dataset_tokens:
+        out.append(f"the data holds {dataset_tokens:,} training tokens: {rec.tokens:,} tokens repeat it "
+                   f"{rec.tokens / dataset_tokens:,.0f} times; set CONFIG_DATA_DIR to more text for a real run")
+    return out

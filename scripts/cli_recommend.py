@@ -1,0 +1,179 @@
+"""The recommend subcommand: three configurations for this (or a described) machine (lib/recommend.py).
+
+Machine and processes as for plan (HW=, GPU=, FREE_GB=, GPUS=, WORLD_SIZE=);
+FORMAT=json; WRITE=1 writes each as a minimal defconfig, recommended-<mode>, in
+defconfigs/ (or OUT=dir), trainable with 'make recommended-<mode>-defconfig'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from kfit_env import hardware_from_env, plan_for, processes
+from lib import config as kconfig
+from lib.env import env_bool
+from lib.errors import KfitError
+
+
+def _base() -> tuple[kconfig.Config, Path | None, str | None]:
+    """(config, its file or None, note): the .config, or without one the GPT-2 defconfig in memory."""
+    path = kconfig.config_path()
+    if path.exists():
+        return kconfig.read_config(path), path, None
+    return (kconfig.defconfig_config("gpt2"), kconfig.defconfig_file("gpt2"),
+            f"no {path}: recommending for the GPT-2 family (the gpt2 defconfig); writing nothing to {path}")
+
+
+def _shapes(config):
+    """Every GPT-2 preset with its parameter count for this config's data (its vocabulary)."""
+    import torch
+
+    from lib.models import GPT2_PRESETS, build_model, count_parameters
+    from lib.recommend import Shape
+    from lib.task import load_task
+
+    vocab = load_task(config).info.vocab_size
+    out = []
+    for preset in GPT2_PRESETS:
+        with torch.device("meta"):
+            model = build_model("gpt2", gpt2_preset=preset, block_size=1024, vocab_size=vocab)
+        out.append(Shape(preset, count_parameters(model)))
+    return out, vocab
+
+
+def _device_flops(config, hardware, nproc: int) -> float:
+    """The reachable FLOP/s of all processes, in the best precision the device runs (the step-time model's)."""
+    from lib.hyperparams import decide_device
+    from lib.steptime.calibrate import steptime_dir
+    from lib.steptime.device import device_for
+
+    device_type, _ = decide_device(config, hardware)
+    device = device_for(hardware, device_type, steptime_dir())
+    if device is None:
+        raise KfitError(f"no throughput figures for {hardware.primary_gpu.name if hardware.primary_gpu else device_type}"
+                        ": kfit's catalog does not know this device, so it cannot predict times to recommend from")
+    bf16 = device_type == "cpu" or (hardware.primary_gpu is not None and hardware.primary_gpu.supports_bf16)
+    return max(device.fp32_flops, device.half_flops if bf16 else 0.0) * nproc
+
+
+def _free_bytes(hardware, device_type: str) -> int:
+    if device_type == "cuda" and hardware.primary_gpu is not None:
+        return hardware.primary_gpu.free_bytes
+    return hardware.cpu.ram_available_bytes
+
+
+def _write(recs, source: Path | None, base_config, out_dir: Path) -> list[Path]:
+    """Each recommendation as a minimal, strictly valid defconfig: recommended-<mode> in out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory(prefix="kfit-recommend-") as tmp:
+        for rec in recs:
+            full = Path(tmp) / f"{rec.mode.name}.config"
+            if source.parent == kconfig.DEFCONFIG_DIR:  # no .config: the gpt2 defconfig, expanded
+                kconfig.make_defconfig(source.name, out=full)
+            else:
+                shutil.copyfile(source, full)
+            kconfig.apply_assignments(full, rec.assignments)
+            target = out_dir / f"recommended-{rec.mode.name}"
+            kconfig.savedefconfig(full, target)
+            written.append(target)
+    return written
+
+
+def _hours(seconds: float | None) -> str:
+    from lib.monitor import format_duration
+
+    return format_duration(seconds) if seconds else "unknown (no step-time figures for this device)"
+
+
+def _text(rec) -> list[str]:
+    from lib.hardware import format_size
+
+    plan, mode = rec.plan, rec.mode
+    lines = [f"{mode.name}  ({mode.share:.0%} of free memory)"]
+    if rec.parameters:
+        lines.append(f"  model     gpt2 {rec.config.gpt2_preset}: {rec.parameters / 1e6:.1f}M parameters, "
+                     f"context {rec.config.gpt2_block_size}")
+    else:
+        lines.append(f"  model     {rec.config.model}")
+    lines.append(f"  batch     micro-batch {plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es) "
+                 f"= {plan.effective_batch}; {plan.precision}, checkpointing "
+                 f"{'on' if plan.gradient_checkpointing else 'off'}, strategy {plan.strategy}")
+    if plan.predicted_peak_bytes and plan.budget_bytes:
+        lines.append(f"  memory    predicted peak {format_size(plan.predicted_peak_bytes)} of a "
+                     f"{format_size(plan.budget_bytes)} budget ({plan.predicted_peak_bytes / plan.budget_bytes:.0%})")
+    if rec.tokens:
+        lines.append(f"  tokens    {rec.tokens:,} ({mode.tokens_per_parameter} per parameter) = {rec.steps:,} steps")
+    energy = f", {rec.energy_kwh:.3g} kWh at {rec.watts:.0f} W (the power limit)" if rec.energy_kwh else ""
+    lines.append(f"  time      {_hours(rec.seconds)}{energy}")
+    lines += [f"  why       {r}" for r in rec.reasons]
+    if rec.out_of_reach:
+        lines.append(f"  out of reach: {rec.out_of_reach}")
+    lines += [f"  warning   {w}" for w in rec.warnings]
+    return lines
+
+
+def cmd_recommend(args) -> int:
+    from lib.hyperparams import decide_device
+    from lib.recommend import MODES, SCORE_HIGH, SCORE_LOW, recommend_fixed, recommend_gpt2, score, warnings_for
+
+    write = env_bool("WRITE", False)
+    out = os.environ.get("OUT") or None
+    out_dir = Path(out) if out else kconfig.DEFCONFIG_DIR
+    if write and out_dir.exists() and not out_dir.is_dir():
+        raise KfitError(f"OUT={out}: not a directory: WRITE=1 writes recommended-<mode> files into a directory")
+    hardware = hardware_from_env()
+    base, source, note = _base()
+    nproc, _ = processes(base, hardware)
+    device_type, _ = decide_device(base, hardware)
+    flops = _device_flops(base, hardware, nproc)
+
+    def plan(config):
+        return plan_for(config, hardware)[1]
+
+    recs, dataset_tokens = [], None
+    if base.model == "gpt2":
+        shapes, _ = _shapes(base)
+        for mode in MODES:
+            recs.append(recommend_gpt2(base, shapes, plan=plan, derive=kconfig.derive, flops=flops,
+                                       budget=_free_bytes(hardware, device_type), processes=nproc, mode=mode))
+        from lib.task import load_task
+
+        info = load_task(base).info
+        dataset_tokens = info.train_samples * info.block_size
+    else:
+        recs = [recommend_fixed(base, plan=plan, derive=kconfig.derive, mode=mode) for mode in MODES]
+    for rec in recs:
+        rec.warnings = warnings_for(rec, on_battery=hardware.on_battery, dataset_tokens=dataset_tokens)
+    value = score(flops)
+    definition = (f"reachable training FLOP/s ({flops:.3g}, {nproc} process(es)) on a log scale from "
+                  f"{SCORE_LOW:.0e} (0: a 2-core laptop CPU) to {SCORE_HIGH:.2g} (10: 8 H100s in bf16)")
+    written = _write(recs, source, base, out_dir) if write else []
+    if args.format == "json":
+        print(json.dumps({"score": value, "score_definition": definition, "note": note,
+                          "recommendations": [r.to_dict() for r in recs],
+                          "written": [str(p) for p in written]}, indent=2, sort_keys=True))
+        return 0
+    if note:
+        print(f"note: {note}")
+    print(f"Recommended configurations for {hardware.primary_gpu.name if device_type == 'cuda' else hardware.cpu.name}"
+          f" ({nproc} process(es)), model {base.model}")
+    print(f"Performance score: {value}/10: {definition}")
+    for rec in recs:
+        print()
+        print("\n".join(_text(rec)))
+    for path in written:
+        name = path.name if out_dir == kconfig.DEFCONFIG_DIR else path
+        print(f"# written {path}: 'make {name}-defconfig' applies it")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("recommend", help="three configurations for this machine: conservative, balanced, extreme")
+    p.add_argument("--format", choices=("text", "json"), default=None,
+                   help="output format (default: $FORMAT, else text)")
+    p.set_defaults(func=cmd_recommend)

@@ -1,0 +1,139 @@
+"""make recommend (lib/recommend.py): token budgets, the score and the choice of model against hand-computed
+cases, then the command end to end: three configurations, written as defconfigs, one of them trained."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lib import config as kconfig
+from lib.errors import PlanError
+from lib.plan import Plan
+from lib.recommend import (MODES, SCORE_HIGH, SCORE_LOW, Shape, compute_hours, recommend_gpt2, score, state_fits,
+                           steps_for, token_budget)
+
+ROOT = Path(__file__).resolve().parent.parent
+CONSERVATIVE, BALANCED, EXTREME = MODES
+
+
+def test_token_budgets_are_the_modes_chinchilla_ratios():
+    assert [m.tokens_per_parameter for m in MODES] == [12, 20, 25]
+    assert [m.share for m in MODES] == [0.50, 0.75, 0.95]
+    assert token_budget(86_000_000, BALANCED) == 1_720_000_000
+    assert token_budget(30_000_000, CONSERVATIVE) == 360_000_000
+    # 1.72e9 tokens in steps of 512 sequences x 1024 tokens: 3280.6 -> 3281
+    assert steps_for(1_720_000_000, 512, 1024) == 3281
+    assert steps_for(10, 512, 1024) == 1
+
+
+def test_compute_and_memory_bounds():
+    assert compute_hours(1_000_000, 20_000_000, 1e10) == pytest.approx(6 * 1e6 * 2e7 / 1e10 / 3600)  # 3.33 h
+    assert state_fits(1_000_000, 16_000_000, processes=1, sharded=False)
+    assert not state_fits(1_000_001, 16_000_000, processes=1, sharded=False)
+    assert state_fits(2_000_000, 16_000_000, processes=2, sharded=True)  # FSDP shares the state
+
+
+def test_the_score_is_a_log_scale_between_a_laptop_cpu_and_eight_h100s():
+    assert score(SCORE_LOW) == 0.0 and score(SCORE_LOW / 10) == 0.0
+    assert score(SCORE_HIGH) == 10.0 and score(SCORE_HIGH * 10) == 10.0
+    # one H100, bf16: 989 TFLOP/s x 60% = 5.934e14: 10 x ln(29670) / ln(237360) = 8.32
+    assert score(989e12 * 0.6) == 8.3
+    assert score((SCORE_LOW * SCORE_HIGH) ** 0.5) == 5.0  # the geometric middle
+
+
+def fake_plan(step_seconds=0.1, fail=()):
+    def plan(config):
+        if config.gpt2_preset in fail:
+            raise PlanError(f"{config.gpt2_preset} does not fit. What would help: less")
+        return Plan(mode="auto", policy="planner", device_type="cpu", accelerator="cpu", device_name="cpu",
+                    world_size=1, micro_batch=8, grad_accum=64, effective_batch=512, target_effective_batch=512,
+                    eval_batch=8, compile=False, compile_mode=None, precision="fp32", grad_scaler=False, tf32=False,
+                    cudnn_benchmark=False, gradient_checkpointing=False, num_workers=0, cpu_threads=1,
+                    pin_memory=False, model="gpt2", predicted_step_seconds=step_seconds, predicted_run_seconds=100.0,
+                    predicted_energy_kwh=100.0 * 50 / 3.6e6)
+    return plan
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return kconfig.defconfig_config("gpt2")
+
+
+def derive(config, assignments):
+    return kconfig.derive(config, assignments)
+
+
+SHAPES = [Shape("tiny", 1_000_000), Shape("124m", 30_000_000), Shape("355m", 60_000_000),
+          Shape("774m", 150_000_000)]
+
+
+def test_the_largest_shape_in_range_that_trains_in_time_is_chosen(gpt2):
+    # 1e14 FLOP/s: 60M x 720M tokens x 6 = 0.72 h; 150M (out of range anyway) would take 4.5 h
+    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e14, budget=10**12, processes=1,
+                         mode=CONSERVATIVE)
+    assert rec.parameters == 60_000_000 and rec.out_of_reach is None
+    assert rec.tokens == 720_000_000 and rec.steps == 2747  # 720e6 / (512 x 512) = 2746.6
+    assert rec.assignments["GPT2_PRESET_355M"] and rec.assignments["MAX_STEPS"] == 2747
+    assert rec.assignments["MEMORY_PROFILE_CONSERVATIVE"] and rec.assignments["GPT2_BLOCK_SIZE"] == 512
+    assert rec.seconds == pytest.approx(274.7) and rec.watts == pytest.approx(50.0)
+    assert rec.energy_kwh == pytest.approx(50.0 * 274.7 / 3.6e6)
+
+
+def test_a_shape_the_planner_refuses_gives_way_to_the_next(gpt2):
+    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(fail=("355m",)), derive=derive, flops=1e14, budget=10**12,
+                         processes=1, mode=CONSERVATIVE)
+    assert rec.parameters == 30_000_000
+
+
+def test_out_of_reach_names_the_largest_model_that_is_not(gpt2):
+    # 1e12 FLOP/s: 30M x 360M tokens x 6 = 18 h > 2 h; the 1M shape takes 0.02 h
+    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e12, budget=10**12, processes=1,
+                         mode=CONSERVATIVE)
+    assert rec.parameters == 1_000_000
+    assert "23M-70M" in rec.out_of_reach and "1.0M (tiny)" in rec.out_of_reach
+    assert any(r.startswith("124m: at least 18.0 h") for r in rec.reasons)
+
+
+def test_predicted_steps_over_the_modes_time_rule_a_shape_out(gpt2):
+    # the bound passes (0.72 h) but the planner's step time says 2747 x 3 s = 2.3 h > 2 h
+    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(step_seconds=3.0), derive=derive, flops=1e14,
+                         budget=10**12, processes=1, mode=CONSERVATIVE)
+    assert rec.parameters == 30_000_000
+
+
+def test_nothing_that_fits_is_one_error(gpt2):
+    with pytest.raises(PlanError, match="no GPT-2 shape"):
+        recommend_gpt2(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e14, budget=1000, processes=1,
+                       mode=CONSERVATIVE)
+
+
+@pytest.mark.slow
+def test_recommend_writes_three_defconfigs_and_the_conservative_one_trains(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("KCONFIG_CONFIG", "HW", "GPU", "GPUS", "WORLD_SIZE",
+                                                           "FREE_GB", "FORMAT", "OUT", "WRITE")}
+    kfit = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
+    out = tmp_path / "recommended"
+    run = subprocess.run([*kfit, "recommend", "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**env, "WRITE": "1", "OUT": str(out)}, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(run.stdout)
+    assert [r["mode"] for r in doc["recommendations"]] == ["conservative", "balanced", "extreme"]
+    for rec in doc["recommendations"]:
+        plan = rec["plan"]
+        assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
+        assert rec["tokens"] == rec["tokens_per_parameter"] * rec["parameters"]
+    assert not (tmp_path / ".config").exists()  # recommending writes no config
+    assert sorted(p.name for p in out.iterdir()) == ["recommended-balanced", "recommended-conservative",
+                                                    "recommended-extreme"]
+    text = (out / "recommended-conservative").read_text()
+    assert "CONFIG_MAX_STEPS=" in text and "CONFIG_MEMORY_PROFILE_CONSERVATIVE=y" in text
+    ok = subprocess.run([*kfit, "defconfig", str(out / "recommended-conservative"), "--fragments", "cpu-smoke"],
+                        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    trained = subprocess.run([*kfit, "train"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
