@@ -63,6 +63,16 @@ def config_line(symbol_line: str) -> Callable[[Path], None]:
     return setup
 
 
+def data_dir(path: str) -> Callable[[Path], None]:
+    """The config reads its data from `path` (the choice moved off the embedded set)."""
+    def setup(d: Path) -> None:
+        config_line("CONFIG_DATASET_EMBEDDED=n")(d)
+        (d / ".config").write_text((d / ".config").read_text().replace("CONFIG_DATASET_EMBEDDED=n\n", ""))
+        config_line("CONFIG_DATASET_DIR=y")(d)
+        config_line(f'CONFIG_DATA_DIR="{path}"')(d)
+    return setup
+
+
 def write(name: str, data: bytes | str) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
         (d / name).parent.mkdir(parents=True, exist_ok=True)
@@ -115,13 +125,20 @@ ROWS = [
         needles=("nope.config", "defconfig")),
     Row("unknown defconfig", ("defconfig", "nosuch"), needles=("nosuch",)),
     Row("unknown fragment", ("mergeconfig", "nosuchfrag"), needles=("nosuchfrag",)),
-    Row("missing data directory", ("train",), setup=both(config_line("CONFIG_DATASET_MNIST=y"),
-                                                          config_line('CONFIG_DATA_DIR="/nonexistent/mnist"')),
+    Row("missing data directory", ("train",), setup=data_dir("/nonexistent/mnist"),
         needles=("/nonexistent/mnist",)),
     Row("OUTPUT_DIR is /dev/null", ("train",), setup=config_line('CONFIG_OUTPUT_DIR="/dev/null"'),
         needles=("CONFIG_OUTPUT_DIR", "/dev/null")),
     Row("OUTPUT_DIR under /proc", ("train",), setup=config_line('CONFIG_OUTPUT_DIR="/proc/nope"'),
         needles=("CONFIG_OUTPUT_DIR", "/proc/nope")),
+    Row("meta.json vocab_size true", ("train",), setup=both(
+        lambda d: kconfig.make_defconfig("gpt2-tiny", out=d / ".config"),
+        write("text/meta.json", '{"vocab_size": true}'), write("text/train.bin", bytes(4000)),
+        write("text/val.bin", bytes(1000)),
+        data_dir("text")),
+        needles=("meta.json", "vocab_size")),
+    Row("fragment with a value that does not take", ("mergeconfig", "frag"),
+        setup=write("frag", "CONFIG_EPOCHS=0\n"), needles=("EPOCHS",)),
     # -- the machine -----------------------------------------------------------------------------------
     Row("unknown catalog GPU", ("plan",), env={"GPU": "h1000"}, needles=("h1000",)),
     Row("unknown catalog GPU, check-hardware", ("check-hardware",), env={"GPU": "h1000"}, needles=("h1000",)),
@@ -161,6 +178,7 @@ ROWS = [
     # -- outputs and tools -----------------------------------------------------------------------------
     Row("plan-report into a missing directory", ("plan-report",), env={"OUT": "/nonexistent/d/r.html"},
         needles=("/nonexistent/d",)),
+    Row("find-lr batch above the training set", ("find-lr",), env={"BATCH": "100000"}, needles=("BATCH", "100000")),
     Row("find-lr APPLY neither on nor off", ("find-lr",), env={"APPLY": "yes please"}, needles=("APPLY",)),
     Row("hpo storage not a URL", ("hpo-status",), env={"HPO_STORAGE": "notaurl"}, needles=("HPO_STORAGE",)),
     Row("hpo storage in a missing directory", ("hpo-status",), env={"HPO_STORAGE": "sqlite:////nonexistent/x.db"},
@@ -201,7 +219,6 @@ def run_row(row: Row, d: Path, monkeypatch) -> tuple[int, str]:
     monkeypatch.syspath_prepend(str(d))  # custom factories live next to the config, as a user's would
     for key in CLEARED:
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("KFIT_CACHE_DIR", str(d.parent / "cache"))
     for key, value in row.env.items():
         monkeypatch.setenv(key, value)
     out, err = io.StringIO(), io.StringIO()

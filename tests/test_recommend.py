@@ -112,14 +112,20 @@ def test_nothing_that_fits_is_one_error(gpt2):
                        mode=CONSERVATIVE)
 
 
+KFIT = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
+CLEARED = ("KCONFIG_CONFIG", "HW", "GPU", "GPUS", "WORLD_SIZE", "FREE_GB", "FORMAT", "OUT", "WRITE")
+
+
+def kfit(cwd, *args, **env):
+    # the environment as the test runs (conftest's cache directory and planning settings), not at import
+    base = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    return subprocess.run([*KFIT, *args], cwd=cwd, capture_output=True, text=True, env={**base, **env}, timeout=600)
+
+
 @pytest.mark.slow
-def test_recommend_writes_three_defconfigs_and_the_conservative_one_trains(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("KCONFIG_CONFIG", "HW", "GPU", "GPUS", "WORLD_SIZE",
-                                                           "FREE_GB", "FORMAT", "OUT", "WRITE")}
-    kfit = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
+def test_recommend_without_a_config_chooses_gpt2_sizes_and_writes_three_valid_defconfigs(tmp_path):
     out = tmp_path / "recommended"
-    run = subprocess.run([*kfit, "recommend", "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
-                         env={**env, "WRITE": "1", "OUT": str(out)}, timeout=600)
+    run = kfit(tmp_path, "recommend", "--format", "json", WRITE="1", OUT=str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     doc = json.loads(run.stdout)
     assert [r["mode"] for r in doc["recommendations"]] == ["conservative", "balanced", "extreme"]
@@ -127,13 +133,26 @@ def test_recommend_writes_three_defconfigs_and_the_conservative_one_trains(tmp_p
         plan = rec["plan"]
         assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
         assert rec["tokens"] == rec["tokens_per_parameter"] * rec["parameters"]
+        assert rec["seconds"] <= {"conservative": 2, "balanced": 6, "extreme": 72}[rec["mode"]] * 3600
     assert not (tmp_path / ".config").exists()  # recommending writes no config
     assert sorted(p.name for p in out.iterdir()) == ["recommended-balanced", "recommended-conservative",
                                                     "recommended-extreme"]
-    text = (out / "recommended-conservative").read_text()
-    assert "CONFIG_MAX_STEPS=" in text and "CONFIG_MEMORY_PROFILE_CONSERVATIVE=y" in text
-    ok = subprocess.run([*kfit, "defconfig", str(out / "recommended-conservative"), "--fragments", "cpu-smoke"],
-                        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    trained = subprocess.run([*kfit, "train"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    text = (out / "recommended-extreme").read_text()
+    assert "CONFIG_MAX_STEPS=" in text and "CONFIG_MEMORY_PROFILE_EXTREME=y" in text
+    applied = kfit(tmp_path, "defconfig", str(out / "recommended-extreme"))  # strictly valid
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "CONFIG_GPT2_BLOCK_SIZE=2048" in (tmp_path / ".config").read_text()
+
+
+@pytest.mark.slow
+def test_a_recommended_defconfig_trains(tmp_path):
+    """LeNet-5 (the default config): its model is kept, the modes set the memory share; one trains."""
+    assert kfit(tmp_path, "defconfig", "lenet5").returncode == 0
+    run = kfit(tmp_path, "recommend", WRITE="1", OUT=str(tmp_path / "rec"))
+    assert run.returncode == 0 and "Performance score:" in run.stdout, run.stdout + run.stderr
+    assert "CONFIG_MEMORY_PROFILE_CONSERVATIVE=y" in (tmp_path / "rec" / "recommended-conservative").read_text()
+    applied = kfit(tmp_path, "defconfig", str(tmp_path / "rec" / "recommended-conservative"), "--fragments",
+                   "cpu-smoke")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    trained = kfit(tmp_path, "train")
     assert trained.returncode == 0, trained.stdout + trained.stderr
