@@ -467,19 +467,7 @@ BENCH_MEMORY_CUDA = pytest.param(
     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU"), id="bench-memory-cuda")
 
 BAD_VARIABLES = [
-    ("kfit.py", ("plan",), {"WORLD_SIZE": "abc"}, ("WORLD_SIZE='abc'", "whole number >= 1")),
-    ("kfit.py", ("train",), {"WORLD_SIZE": "abc"}, ("WORLD_SIZE='abc'", "whole number >= 1")),
-    ("kfit.py", ("plan",), {"WORLD_SIZE": "0"}, ("WORLD_SIZE='0'", ">= 1")),
-    ("kfit.py", ("plan",), {"NNODES": "abc"}, ("NNODES='abc'", "number of machines")),
-    ("kfit.py", ("train",), {"NNODES": "abc"}, ("NNODES='abc'", "MIN:MAX")),
-    ("kfit.py", ("train",), {"NNODES": "0"}, ("NNODES='0'", ">= 1")),  # was accepted by a one-process run
-    ("kfit.py", ("plan",), {"NNODES": "-1"}, ("NNODES='-1'", ">= 1")),
-    ("kfit.py", ("train",), {"NNODES": "-1"}, ("NNODES='-1'", ">= 1")),
-    ("kfit.py", ("train",), {"RESUME": "maybe"}, ("RESUME='maybe'", "1 (or y, yes, true, on) or 0")),
-    ("kfit.py", ("plan",), {"GPU": "h100", "FREE_GB": "79.65"}, ("FREE_GB=79.65 is more than the 79.64 GiB",)),
-    ("kfit.py", ("plan-matrix",), {"GPUS": "0"}, ("GPUS='0'", ">= 1")),
-    ("kfit.py", ("plan",), {"HW": "/dev/zero"}, ("'/dev/zero' is not a regular file",)),
-    ("kfit.py", ("plan",), {"FORMAT": "xml"}, ("FORMAT='xml'", "text, json")),
+    # kfit's own commands: tests/test_bad_input.py (in-process, the same checks)
     ("bench_monitor.py", (), {"STEPS": "abc"}, ("STEPS='abc'", "whole number >= 1")),
     ("bench_monitor.py", (), {"STEPS": "0"}, ("STEPS='0'", "whole number >= 1")),
     ("bench_memory.py", (), {"DEVICE": "tpu"}, ("DEVICE='tpu'", "auto, cpu, cuda")),
@@ -512,9 +500,9 @@ def test_mixed_gpus_plan_for_the_smallest_everywhere(lenet5_dir):
     planned = json.loads(ok(kfit(lenet5_dir, "plan", env={"HW": "mixed.json", "WORLD_SIZE": "2",
                                                           "FORMAT": "json"})).stdout)
     smallest = json.loads(ok(kfit(lenet5_dir, "plan", env={"GPU": "a10g", "GPUS": "2", "FORMAT": "json"})).stdout)
-    largest = json.loads(ok(kfit(lenet5_dir, "plan", env={"GPU": "h100", "GPUS": "2", "FORMAT": "json"})).stdout)
     assert planned["device_name"] == "NVIDIA A10G" and planned["budget_bytes"] == smallest["budget_bytes"]
-    assert planned["micro_batch"] == smallest["micro_batch"] and planned["budget_bytes"] < largest["budget_bytes"]
+    assert planned["micro_batch"] == smallest["micro_batch"]
+    assert planned["budget_bytes"] < profiles["h100"]["gpus"][0]["free_bytes"] * 0.75 * 0.9  # not the H100's
     assert any("sized for the smallest, GPU 1 NVIDIA A10G" in note for note in planned["notes"])
     report = ok(kfit(lenet5_dir, "check-hardware", env={"HW": "mixed.json", "GPUS": "2"})).stdout
     assert "plans for GPU 0" not in report and "planned for the smallest, GPU 1 NVIDIA A10G" in report

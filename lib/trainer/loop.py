@@ -83,8 +83,12 @@ class Trainer(Stepper):
         try:
             self.monitor.start()
             if self.resumed_from is not None:
+                # a checkpoint of fewer processes holds a larger micro-batch than this run's share of a window
+                micro = min(p.micro_batch, math.ceil(p.window_size / self.rank.world_size))
                 self.monitor.event("resume", f"Resuming {self.run_dir} from step {p.step} ({self.resumed_from.name}, "
-                                   f"epoch {p.epoch + 1}, micro-batch {p.micro_batch})", path=str(self.resumed_from))
+                                   f"epoch {p.epoch + 1}, micro-batch {micro}"
+                                   + (" per process)" if self.rank.world_size > 1 else ")"),
+                                   path=str(self.resumed_from))
             while p.epoch < config.epochs and stop_reason == "epochs" and p.step < self.total_steps:
                 stop_reason = self.run_epoch(history)
             if stop_reason == "epochs" and config.max_steps and p.step >= config.max_steps:
