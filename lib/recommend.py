@@ -87,6 +87,7 @@ class Recommendation:
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     out_of_reach: str | None = None  # why the seed's range for this mode cannot be met here
+    bar: dict | None = None  # the HTML page's memory bar (render_page)
 
     def to_dict(self) -> dict:
         plan = self.plan
@@ -226,3 +227,32 @@ def warnings_for(rec: Recommendation, *, on_battery: bool | None, dataset_tokens
         out.append(f"the data holds {dataset_tokens:,} training tokens: {rec.tokens:,} tokens repeat it "
                    f"{rec.tokens / dataset_tokens:,.0f} times; set CONFIG_DATA_DIR to more text for a real run")
     return out
+
+
+def render_page(recs: list[Recommendation], *, score_value: float, definition: str, machine: str, processes: int,
+                free_bytes: int) -> str:
+    """The three recommendations side by side as one self-contained HTML page (lib/templates/recommend.html.j2)."""
+    from datetime import datetime
+    from pathlib import Path
+
+    import jinja2
+
+    from .monitor import format_duration
+
+    colors = {"conservative": "#59a14f", "balanced": "#4e79a7", "extreme": "#e15759"}
+    for rec in recs:
+        plan = rec.plan
+        if plan and plan.predicted_peak_bytes and plan.budget_bytes and free_bytes:
+            rec.bar = {"free": free_bytes, "color": colors[rec.mode.name],
+                       "budget": round(min(100.0, 100 * plan.budget_bytes / free_bytes), 2),
+                       "peak": round(min(100.0, 100 * plan.predicted_peak_bytes / free_bytes), 2)}
+
+    def size(n: int | None) -> str:
+        return "-" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    return env.get_template("recommend.html.j2").render(
+        recs=recs, score=score_value, definition=definition, machine=machine, processes=processes,
+        model=recs[0].config.model if recs else "", generated=datetime.now().strftime("%Y-%m-%d %H:%M"), size=size,
+        duration=lambda s: format_duration(s) if s else "unknown")

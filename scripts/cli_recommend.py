@@ -2,7 +2,8 @@
 
 Machine and processes as for plan (HW=, GPU=, FREE_GB=, GPUS=, WORLD_SIZE=);
 FORMAT=json; WRITE=1 writes each as a minimal defconfig, recommended-<mode>, in
-defconfigs/ (or OUT=dir), trainable with 'make recommended-<mode>-defconfig'.
+defconfigs/ (or OUT=dir), trainable with 'make recommended-<mode>-defconfig';
+OUT=<name>.html writes the three side by side as an HTML page.
 """
 
 from __future__ import annotations
@@ -121,11 +122,17 @@ def cmd_recommend(args) -> int:
     from lib.hyperparams import decide_device
     from lib.recommend import MODES, SCORE_HIGH, SCORE_LOW, recommend_fixed, recommend_gpt2, score, warnings_for
 
+    from lib.report import check_writable
+
     write = env_bool("WRITE", False)
     out = os.environ.get("OUT") or None
-    out_dir = Path(out) if out else kconfig.DEFCONFIG_DIR
+    page = Path(out) if out and out.endswith(".html") else None
+    out_dir = Path(out) if out and not page else kconfig.DEFCONFIG_DIR
+    if page:
+        check_writable(page)  # before the planning, not after it
     if write and out_dir.exists() and not out_dir.is_dir():
-        raise KfitError(f"OUT={out}: not a directory: WRITE=1 writes recommended-<mode> files into a directory")
+        raise KfitError(f"OUT={out}: not a directory: WRITE=1 writes recommended-<mode> files into a directory "
+                        "(OUT=<name>.html writes the HTML page)")
     hardware = hardware_from_env()
     base, source, note = _base()
     nproc, _ = processes(base, hardware)
@@ -153,6 +160,13 @@ def cmd_recommend(args) -> int:
     definition = (f"reachable training FLOP/s ({flops:.3g}, {nproc} process(es)) on a log scale from "
                   f"{SCORE_LOW:.0e} (0: a 2-core laptop CPU) to {SCORE_HIGH:.2g} (10: 8 H100s in bf16)")
     written = _write(recs, source, base, out_dir) if write else []
+    machine = hardware.primary_gpu.name if device_type == "cuda" else hardware.cpu.name
+    if page:
+        from lib.recommend import render_page
+
+        page.write_text(render_page(recs, score_value=value, definition=definition, machine=machine,
+                                    processes=nproc, free_bytes=_free_bytes(hardware, device_type)))
+        written.append(page)
     if args.format == "json":
         print(json.dumps({"score": value, "score_definition": definition, "note": note,
                           "recommendations": [r.to_dict() for r in recs],
@@ -160,15 +174,14 @@ def cmd_recommend(args) -> int:
         return 0
     if note:
         print(f"note: {note}")
-    print(f"Recommended configurations for {hardware.primary_gpu.name if device_type == 'cuda' else hardware.cpu.name}"
-          f" ({nproc} process(es)), model {base.model}")
+    print(f"Recommended configurations for {machine} ({nproc} process(es)), model {base.model}")
     print(f"Performance score: {value}/10: {definition}")
     for rec in recs:
         print()
         print("\n".join(_text(rec)))
     for path in written:
         name = path.name if out_dir == kconfig.DEFCONFIG_DIR else path
-        print(f"# written {path}: 'make {name}-defconfig' applies it")
+        print(f"# written {path}" + ("" if path == page else f": 'make {name}-defconfig' applies it"))
     return 0
 
 

@@ -177,3 +177,42 @@ def test_probe_sees_what_the_user_saw(browser, tmp_path):
                     '<circle cx="50" cy="20" r="6"/><text x="40" y="24">suggestion 0.1</text></svg></body></html>')
     probe = load(browser, page, 700, tmp_path)
     assert probe["scrollWidth"] > probe["clientWidth"] and probe["collisions"] == ["suggestion 0.1 / circle"]
+
+
+@pytest.fixture(scope="module")
+def recommend_page(tmp_path_factory) -> Path:
+    """make recommend's page for three made-up plans on an 80 GiB GPU (no planning: the layout is the test)."""
+    import dataclasses
+
+    from lib import config as kconfig
+    from lib.recommend import MODES, Recommendation, render_page, warnings_for
+
+    from .test_recommend import fake_plan
+
+    base = kconfig.defconfig_config("gpt2")
+    recs = []
+    for mode, preset, params, peak in zip(MODES, ("51m", "124m", "774m"), (25.9e6, 86e6, 710e6), (21, 47, 74.4)):
+        plan = dataclasses.replace(fake_plan()(base), device_type="cuda", precision="bf16", strategy="fsdp_grad_op",
+                                   predicted_peak_bytes=int(peak * 2**30), budget_bytes=int(78 * mode.share * 2**30))
+        config = kconfig.derive(base, {f"GPT2_PRESET_{preset.upper()}": True, "GPT2_BLOCK_SIZE": mode.context})
+        rec = Recommendation(mode, config, plan, {}, parameters=int(params), tokens=int(params) * 25, steps=16929,
+                             seconds=193719.0, energy_kwh=37.7, watts=700.0,
+                             reasons=["710.0M parameters x 25 tokens each = 17,750,720,000 tokens = 16,929 steps"],
+                             out_of_reach="no model in the seed's 23M-70M range trains 12 tokens per parameter within "
+                                          "2 h in 50% of this machine's memory; the largest that does: 1.0M (tiny)")
+        rec.warnings = warnings_for(rec, on_battery=True, dataset_tokens=449_536)
+        recs.append(rec)
+    out = tmp_path_factory.mktemp("recommend") / "recommend.html"
+    out.write_text(render_page(recs, score_value=8.3, definition="reachable training FLOP/s (5.94e+14, 1 process(es)) "
+                               "on a log scale", machine="NVIDIA H100 80GB HBM3", processes=1, free_bytes=78 * 2**30))
+    return out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_recommend_page_in_chromium(browser, recommend_page, width, tmp_path):
+    page = recommend_page.read_text()
+    assert "Performance score 8.3/10" in page and "74.40 GiB" in page
+    assert not re.search(r"\d(\.\d+ ?| )[GM]B\b", page)  # sizes in GiB/MiB ("80GB" is the GPU's name)
+    probe = load(browser, recommend_page, width, tmp_path)
+    check_layout(probe, width)
+    assert len(probe["charts"]) == 3  # one memory bar per mode
