@@ -59,3 +59,13 @@ def env_bool(name: str, default: bool | None = None, env: Mapping[str, str] | No
         return False
     raise KfitError(f"{name}={value!r} is neither yes nor no: give 1 (or y, yes, true, on) or 0 "
                     "(or n, no, false, off)")
+
+
+def cache_dir() -> "Path":
+    """kfit's cache: $KFIT_CACHE_DIR, else $XDG_CACHE_HOME/kfit, else ~/.cache/kfit (traces, measurements)."""
+    from pathlib import Path
+
+    if os.environ.get("KFIT_CACHE_DIR"):
+        return Path(os.environ["KFIT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kfit"

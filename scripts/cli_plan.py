@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kfit_env import config_to_plan, hardware_from_env, plan_for
 from lib import config as kconfig
+from lib.errors import KfitError
 
 
 def format_plan(plan, config, hardware, model) -> str:
@@ -78,6 +79,40 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _details(hardware, config_path) -> list[str]:
+    """Seed 002's profiler items (lib/hardware/details.py), "unknown" where this machine does not say."""
+    from lib.hardware import details, format_size
+
+    def known(value, fmt=str):
+        return fmt(value) if value is not None else "unknown"
+
+    cpu = details.cpu_details()
+    bandwidth = details.memory_bandwidth(hardware.cpu.name)
+    lines = [f"CPU details: {known(cpu['arch'])}, clock {known(cpu['clock_mhz'], lambda v: f'{v} MHz')}, "
+             f"NUMA nodes {known(cpu['numa_nodes'])}; swap {known(details.swap_bytes(), lambda v: format_size(v) if v else 'none')}; "
+             f"memory bandwidth {known(bandwidth, lambda v: f'{v / 1e9:.1f} GB/s')} (a 256 MiB copy)"]
+    data_dir = None
+    if config_path.exists():
+        try:
+            config = kconfig.read_config(config_path)
+            data_dir = config.data_dir if config.dataset == "dir" else None
+        except KfitError:
+            pass  # the plan below says what is wrong with it
+    if data_dir:
+        speed, how = details.read_speed(data_dir)
+        lines.append(f"data: {data_dir} on {known(details.disk_kind(data_dir))}, sequential read "
+                     + (f"{speed / 1e6:.0f} MB/s ({how})" if speed else f"unknown ({how})"))
+    else:
+        lines.append(f"data: built in (in memory); the working directory is on {known(details.disk_kind('.'))}")
+    for gpu in hardware.gpus:
+        limit, draw = details.gpu_power(gpu.index)
+        low = details.low_precision(gpu.compute_capability)
+        lines.append(f"GPU {gpu.index} power: limit {known(limit, lambda v: f'{v:.0f} W')}, drawing "
+                     f"{known(draw, lambda v: f'{v:.0f} W')}; INT8 {known(low['int8'], lambda v: 'yes' if v else 'no')}"
+                     f", FP8 {known(low['fp8'], lambda v: 'yes' if v else 'no')}")
+    return lines
+
+
 def cmd_check_hardware(args) -> int:
     from lib.hardware import gib
     from lib.report import hardware_warnings, recommendations
@@ -102,6 +137,9 @@ def cmd_check_hardware(args) -> int:
     print(f"  RAM: {gib(cpu.ram_total_bytes):.1f}GiB total, {gib(cpu.ram_available_bytes):.1f}GiB available")
     print(f"  disk: {gib(hardware.disk_free_bytes):.1f}GiB free")
     print(f"  power: {'battery' if hardware.on_battery else 'mains' if hardware.on_battery is False else 'no battery'}")
+    if not (os.environ.get("HW") or os.environ.get("GPU")):  # measured here: they describe this machine only
+        for line in _details(hardware, path):
+            print(f"  {line}")
     for note in hardware.notes:
         print(f"  note: {note}")
     for warning in hardware_warnings(hardware):

@@ -71,6 +71,7 @@ def fake_pynvml(devices=(), *, init_error=None, cuda_driver=12040, telemetry=Non
     mod.nvmlDeviceGetUtilizationRates = reading("util", lambda v: types.SimpleNamespace(gpu=v, memory=v // 2))
     mod.nvmlDeviceGetTemperature = reading("temp")
     mod.nvmlDeviceGetPowerUsage = reading("power_mw")
+    mod.nvmlDeviceGetEnforcedPowerLimit = reading("power_limit_mw")
     mod.nvmlDeviceGetCurrentClocksEventReasons = reading("reasons")
 
     def by_uuid(uuid):
@@ -867,3 +868,58 @@ def test_gpu_telemetry_without_nvml_is_none():
     nvml = fake_pynvml([])  # NVML works but has no such GPU: the session is closed again
     assert hardware.GpuTelemetry.open(0, pynvml_mod=nvml, torch_mod=cpu_torch()) is None
     assert nvml.calls[-1] == "shutdown"
+
+
+# --------------------------------------------------------------------------
+# lib/hardware/details.py: seed 002's profiler items, unknown rather than an error
+
+
+def test_low_precision_support_follows_the_compute_capability():
+    from lib.hardware.details import low_precision
+
+    assert low_precision((7, 0)) == {"int8": False, "fp8": False}  # V100
+    assert low_precision((7, 5)) == {"int8": True, "fp8": False}  # T4
+    assert low_precision((8, 9)) == {"int8": True, "fp8": True}  # L4, RTX 4090
+    assert low_precision((9, 0)) == {"int8": True, "fp8": True}  # H100
+    assert low_precision(None) == {"int8": None, "fp8": None}  # ROCm, MPS: unknown
+
+
+def test_read_speed_times_the_largest_file_once_and_remembers(tmp_path, monkeypatch):
+    from lib.hardware import details
+
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    data.mkdir()
+    assert details.read_speed(data)[0] is None  # nothing to read: unknown, with why
+    (data / "small.bin").write_bytes(b"x" * 1000)
+    speed, how = details.read_speed(data)
+    assert speed is None and "under 4 MiB" in how
+    (data / "big.bin").write_bytes(os.urandom(6 * 2**20))
+    speed, how = details.read_speed(data)
+    assert speed > 0 and "6 MiB of big.bin" == how
+    assert details.read_speed(data) == (speed, "big.bin, cached")
+    assert details.read_speed(tmp_path / "missing")[0] is None
+
+
+def test_memory_bandwidth_is_measured_once_per_cpu(tmp_path, monkeypatch):
+    from lib.hardware import details
+
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path))
+    first = details.memory_bandwidth("test cpu")
+    assert first > 1e8  # bytes/s: any machine copies more than 100 MB/s
+    monkeypatch.setattr(details, "_timed", lambda fn: pytest.fail("measured again"))
+    assert details.memory_bandwidth("test cpu") == first
+
+
+def test_gpu_power_reads_the_enforced_limit_and_the_draw():
+    from lib.hardware.details import gpu_power
+
+    torch_mod = types.SimpleNamespace(cuda=types.SimpleNamespace(get_device_properties=lambda i: (_ for _ in ()).throw(
+        RuntimeError("no uuid"))))
+    nvml = fake_pynvml([("NVIDIA H100 80GB HBM3", 80 * 2**30, 79 * 2**30)],
+                       telemetry={"power_limit_mw": 700000, "power_mw": 71234})
+    assert gpu_power(0, pynvml_mod=nvml, torch_mod=torch_mod) == (700.0, 71.2)
+    nvml.telemetry.clear()  # a board that reports neither
+    assert gpu_power(0, pynvml_mod=nvml, torch_mod=torch_mod) == (None, None)
+    assert gpu_power(0, pynvml_mod=fake_pynvml([], init_error=FakeLibraryNotFound()), torch_mod=torch_mod) == (None,
+                                                                                                              None)

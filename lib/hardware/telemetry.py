@@ -89,5 +89,13 @@ class GpuTelemetry:
             out["throttle"] = [name for bit, name in _THROTTLE_BITS.items() if int(bits) & bit]
         return out
 
+    def power(self) -> tuple[float | None, float | None]:
+        """(enforced power limit, current draw) in watts; None where NVML does not say."""
+        n, h = self._nvml, self._handle
+        limit = _safe_call(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
+        draw = _safe_call(lambda: n.nvmlDeviceGetPowerUsage(h))
+        return (round(limit / 1000, 1) if limit is not None else None,  # NVML reports milliwatts
+                round(draw / 1000, 1) if draw is not None else None)
+
     def close(self) -> None:
         _safe_call(self._nvml.nvmlShutdown)

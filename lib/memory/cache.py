@@ -20,15 +20,13 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..env import cache_dir
 
 FORMAT = 1  # bump when the traced step changes: old cache entries then stop matching
 
 
 def default_cache_dir() -> Path:
-    if os.environ.get("KFIT_CACHE_DIR"):
-        return Path(os.environ["KFIT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kfit"
+    return cache_dir()
 
 
 def read_traces(path: Path) -> dict[str, dict]:

@@ -1,0 +1,177 @@
+"""What `make check-hardware` shows beyond the profile, and `make recommend` reads (seed 002's profiler):
+CPU architecture, clock and NUMA nodes, swap, host memory bandwidth, the data directory's disk type and
+read speed, each GPU's power limit and draw, and INT8/FP8 support. Each item is read or measured where
+this machine allows and is None otherwise (shown as "unknown"), never an error.
+
+Measurements are short and cached in kfit's cache directory (<cache>/host-details.json): the host memory
+bandwidth (a 256 MiB tensor copy, best of 3) per CPU; a directory's read speed per directory and the size
+and modification time of the file read (at most READ_BYTES of its largest file, the page cache dropped
+for it first with posix_fadvise so that the disk, not memory, is timed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from ..env import cache_dir
+from ..fileio import write_atomic
+
+READ_BYTES = 256 * 2**20
+COPY_BYTES = 256 * 2**20
+
+
+def _cache() -> tuple[Path, dict]:
+    path = cache_dir() / "host-details.json"
+    try:
+        data = json.loads(path.read_text())
+        return path, data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return path, {}
+
+
+def _remember(key: str, value) -> None:
+    path, data = _cache()
+    data[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(data, indent=1).encode())
+    except OSError:
+        pass  # a read-only cache: measured again next time
+
+
+def cpu_details() -> dict:
+    """Architecture, the highest clock psutil reports (MHz) and the NUMA node count (Linux sysfs)."""
+    import psutil
+
+    freq = None
+    try:
+        f = psutil.cpu_freq()
+        freq = round(f.max or f.current) if f and (f.max or f.current) else None
+    except (OSError, AttributeError, NotImplementedError):
+        pass
+    nodes = Path("/sys/devices/system/node")
+    numa = len([p for p in nodes.glob("node[0-9]*")]) if nodes.is_dir() else None
+    return {"arch": platform.machine() or None, "clock_mhz": freq, "numa_nodes": numa or None}
+
+
+def swap_bytes() -> int | None:
+    import psutil
+
+    try:
+        return int(psutil.swap_memory().total)
+    except (OSError, RuntimeError):
+        return None
+
+
+def memory_bandwidth(cpu_name: str) -> float | None:
+    """Host memory bandwidth in bytes/s, read + write of a 256 MiB copy (best of 3); cached per CPU."""
+    key = f"bandwidth:{cpu_name}"
+    cached = _cache()[1].get(key)
+    if isinstance(cached, (int, float)):
+        return float(cached)
+    import torch
+
+    try:
+        src = torch.ones(COPY_BYTES // 4)
+        dst = torch.empty_like(src)
+        best = min(_timed(lambda: dst.copy_(src)) for _ in range(3))
+    except RuntimeError:  # not enough memory for the buffers
+        return None
+    value = 2 * COPY_BYTES / best
+    _remember(key, value)
+    return value
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return max(time.perf_counter() - start, 1e-9)
+
+
+def _block_device(path: Path) -> Path | None:
+    """/sys/block/<disk> holding `path` (a partition's parent disk), or None (tmpfs, overlay, not Linux)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    sys_dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    if not sys_dev.exists():
+        return None
+    real = sys_dev.resolve()
+    return real.parent if (real / "partition").exists() else real
+
+
+def disk_kind(path: str | Path) -> str | None:
+    """"NVMe", "SSD" or "HDD" for the disk holding `path`, from its name and the kernel's rotational flag."""
+    device = _block_device(Path(path))
+    if device is None:
+        return None
+    if device.name.startswith("nvme"):
+        return "NVMe"
+    try:
+        rotational = (device / "queue" / "rotational").read_text().strip()
+    except OSError:
+        return None
+    return {"0": "SSD", "1": "HDD"}.get(rotational)
+
+
+def read_speed(directory: str | Path, budget_s: float = 2.0) -> tuple[float | None, str]:
+    """(bytes/s, how) reading the largest file under `directory` sequentially (at most READ_BYTES, stopped
+    after `budget_s`), or (None, why not). Cached per directory, file size and modification time."""
+    directory = Path(directory).expanduser()
+    try:
+        files = [p for p in directory.rglob("*") if p.is_file()] if directory.is_dir() else []
+    except OSError:
+        files = []
+    if not files:
+        return None, f"no files in {directory} to read"
+    largest = max(files, key=lambda p: p.stat().st_size)
+    st = largest.stat()
+    key = f"read:{largest.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    cached = _cache()[1].get(key)
+    if isinstance(cached, (int, float)):
+        return float(cached), f"{largest.name}, cached"
+    if st.st_size < 4 * 2**20:
+        return None, f"{largest.name} is under 4 MiB: too small to time a disk"
+    done, start = 0, time.perf_counter()
+    try:
+        with open(largest, "rb", buffering=0) as f:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # time the disk, not the page cache
+            while done < READ_BYTES and time.perf_counter() - start < budget_s:
+                chunk = f.read(8 * 2**20)
+                if not chunk:
+                    break
+                done += len(chunk)
+    except OSError as err:
+        return None, f"reading {largest} failed ({err.strerror})"
+    value = done / max(time.perf_counter() - start, 1e-9)
+    _remember(key, value)
+    return value, f"{done / 2**20:.0f} MiB of {largest.name}"
+
+
+def gpu_power(index: int, **nvml) -> tuple[float | None, float | None]:
+    """(enforced power limit, current draw) in watts through NVML; (None, None) without NVML. `nvml`:
+    GpuTelemetry.open's pynvml_mod / torch_mod (tests)."""
+    from .telemetry import GpuTelemetry
+
+    telemetry = GpuTelemetry.open(index, **nvml)
+    if telemetry is None:
+        return None, None
+    try:
+        return telemetry.power()
+    finally:
+        telemetry.close()
+
+
+def low_precision(compute_capability: tuple[int, int] | None) -> dict:
+    """INT8 and FP8 matmul support from an NVIDIA compute capability (None: unknown): INT8 tensor cores
+    from Turing (7.5; 7.2 on Xavier), FP8 from Ada (8.9) and Hopper (9.0)."""
+    if not compute_capability:
+        return {"int8": None, "fp8": None}
+    cc = tuple(compute_capability)
+    return {"int8": cc >= (7, 2), "fp8": cc >= (8, 9)}
