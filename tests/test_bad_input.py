@@ -117,6 +117,12 @@ ROWS = [
     Row("bool symbol given a number", ("plan",), setup=config_line("CONFIG_MONITOR=7"), needles=("MONITOR", "'7'")),
     Row("non-UTF-8 byte in .config", ("plan",), setup=lambda d: open(d / ".config", "ab").write(b"# caf\xe9\n"),
         needles=(".config", "UTF-8")),
+    *[Row(f"non-UTF-8 byte in .config, {cmd}", (cmd,), setup=lambda d: open(d / ".config", "ab").write(b"# caf\xe9\n"),
+          needles=(".config", "0xe9 is not UTF-8", "must be UTF-8 text"))
+      for cmd in ("olddefconfig", "listnewconfig", "savedefconfig", "train", "check-hardware")],
+    *[Row(f"KCONFIG_CONFIG is a directory, {' '.join(argv)}", argv, env={"KCONFIG_CONFIG": "adir"},
+          setup=lambda d: (d / "adir").mkdir(), needles=("KCONFIG_CONFIG=adir is a directory",))
+      for argv in (("defconfig", "lenet5"), ("olddefconfig",), ("train",), ("check-hardware",))],
     Row("non-UTF-8 byte in a fragment", ("mergeconfig", "frag"), setup=write("frag", b"CONFIG_SEED=3 # \xff\n"),
         needles=("frag", "UTF-8")),
     Row("KCONFIG_CONFIG is a directory", ("plan",), env={"KCONFIG_CONFIG": "adir"},
