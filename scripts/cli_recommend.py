@@ -43,7 +43,7 @@ def _shapes(config):
         with torch.device("meta"):
             model = build_model("gpt2", gpt2_preset=preset, block_size=1024, vocab_size=vocab)
         out.append(Shape(preset, count_parameters(model)))
-    return out, vocab
+    return out
 
 
 def _device_flops(config, hardware, nproc: int) -> float:
@@ -67,7 +67,7 @@ def _free_bytes(hardware, device_type: str) -> int:
     return hardware.cpu.ram_available_bytes
 
 
-def _write(recs, source: Path | None, base_config, out_dir: Path) -> list[Path]:
+def _write(recs, source: Path, out_dir: Path) -> list[Path]:
     """Each recommendation as a minimal, strictly valid defconfig: recommended-<mode> in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -144,7 +144,7 @@ def cmd_recommend(args) -> int:
 
     recs, dataset_tokens = [], None
     if base.model == "gpt2":
-        shapes, _ = _shapes(base)
+        shapes = _shapes(base)
         for mode in MODES:
             recs.append(recommend_gpt2(base, shapes, plan=plan, derive=kconfig.derive, flops=flops,
                                        budget=_free_bytes(hardware, device_type), processes=nproc, mode=mode))
@@ -159,7 +159,7 @@ def cmd_recommend(args) -> int:
     value = score(flops)
     definition = (f"reachable training FLOP/s ({flops:.3g}, {nproc} process(es)) on a log scale from "
                   f"{SCORE_LOW:.0e} (0: a 2-core laptop CPU) to {SCORE_HIGH:.2g} (10: 8 H100s in bf16)")
-    written = _write(recs, source, base, out_dir) if write else []
+    written = _write(recs, source, out_dir) if write else []
     machine = hardware.primary_gpu.name if device_type == "cuda" else hardware.cpu.name
     if page:
         from lib.recommend import render_page

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .memory_check import OVER_TOLERANCE, UNDER_TOLERANCE
+from .memory_check import LABELS, OVER_TOLERANCE, UNDER_TOLERANCE
 from .report import Context, Result, failed, passed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ class Case:
 
     @property
     def label(self) -> str:
-        name = f"{'gpt2-124m' if self.model == 'gpt2' else self.model} {self.precision} {self.strategy} {self.batch}"
+        name = f"{LABELS.get(self.model, self.model)} {self.precision} {self.strategy} {self.batch}"
         return name + (" offload" if self.cpu_offload else "")
 
 
