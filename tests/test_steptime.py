@@ -95,6 +95,15 @@ def test_gpu_time_has_a_kernel_floor_and_slower_convolutions():
     assert plain == pytest.approx(12 + 0.03) and slow == pytest.approx(12 / 0.25 + 0.03)
 
 
+def test_compile_speeds_up_the_model_but_not_the_optimizer_it_never_compiles():
+    gpu = gpu_device("NVIDIA H100 80GB HBM3")
+    counts = fake_counts(per_sample=Phase(memory_bytes=1e6, ops=200), optimizer=Phase(memory_bytes=1e6, ops=100))
+    eager = StepTimeModel(counts=counts, device=gpu, precision="bf16")
+    compiled = dataclasses.replace(eager, compile=True)
+    assert compiled.micro_seconds(1) < eager.micro_seconds(1)  # fewer bytes and host time per op
+    assert compiled.optimizer_seconds() == eager.optimizer_seconds()
+
+
 def test_cpu_attention_kernels_are_counted():
     class Attention(torch.nn.Module):
         def __init__(self):

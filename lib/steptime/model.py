@@ -9,7 +9,8 @@ One micro-batch (forward + backward) takes
              max(device, host)      on a GPU (the host queues kernels ahead of the device)
 
 with torch.compile cutting the elementwise bytes and the op count
-(device.COMPILE_*). An optimizer step is
+(device.COMPILE_*) of the model's forward and backward; the optimizer step
+is never compiled (kfit compiles the model only). An optimizer step is
 
     micro-batches of the window + the optimizer's own time + a fixed per-step overhead
 
@@ -59,10 +60,10 @@ class StepTimeModel:
 
     # -- the roofline --------------------------------------------------------
 
-    def _seconds(self, work: Phase) -> float:
+    def _seconds(self, work: Phase, compiled: bool) -> float:
         dev = self.device
-        memory_bytes = work.memory_bytes * (COMPILE_MEMORY_FACTOR if self.compile else 1.0)
-        ops = work.ops * (COMPILE_OPS_FACTOR if self.compile else 1.0)
+        memory_bytes = work.memory_bytes * (COMPILE_MEMORY_FACTOR if compiled else 1.0)
+        ops = work.ops * (COMPILE_OPS_FACTOR if compiled else 1.0)
         peak = dev.flops(self.precision, self.tf32)
         compute = (work.flops - work.conv_flops) / peak + work.conv_flops / (peak * dev.conv_efficiency)
         device = max(compute, work.compute_bytes / dev.bandwidth) + memory_bytes / dev.bandwidth
@@ -71,7 +72,7 @@ class StepTimeModel:
         return device + host if dev.kind == "cpu" else max(device, host)
 
     def roofline_micro_seconds(self, batch: float) -> float:
-        return self._seconds(self.counts.micro_batch(batch))
+        return self._seconds(self.counts.micro_batch(batch), self.compile)
 
     # -- refined by measurement ------------------------------------------------
 
@@ -102,12 +103,12 @@ class StepTimeModel:
 
     def forward_seconds(self, batch: float) -> float:
         """One evaluation forward (no backward), scaled as the micro-batch is."""
-        return self._seconds(self.counts.at(batch, "forward")) * self.efficiency(batch) * self.correction
+        return self._seconds(self.counts.at(batch, "forward"), self.compile) * self.efficiency(batch) * self.correction
 
     def optimizer_seconds(self) -> float:
         if self.measured_optimizer_s is not None:
             return self.measured_optimizer_s
-        return self._seconds(self.counts.at(1, "optimizer"))
+        return self._seconds(self.counts.at(1, "optimizer"), compiled=False)
 
     # -- one optimizer step ----------------------------------------------------
 
