@@ -4,13 +4,13 @@ A split's __getitem__ takes a list of indices, so the trainer wraps it as
 DataLoader(split, sampler=BatchSampler(...), batch_size=None) with no per-sample collation.
 """
 
-from lib.data.cifar import load_cifar
-from lib.data.digits import load_digits
-from lib.data.info import DatasetInfo, ImageArrays
-from lib.data.mnist import load_mnist
-from lib.data.splits import BatchSplit, ImageSplit, TextSplit, channel_stats
-from lib.data.text import corpus_text, embedded_text
-from lib.errors import DataError
+from .cifar import load_cifar
+from .digits import load_digits
+from .info import DatasetInfo, ImageArrays
+from .mnist import load_mnist
+from .splits import BatchSplit, ImageSplit, TextSplit, channel_stats
+from .text import corpus_text, embedded_text
+from ..errors import DataError
 
 __all__ = ["BatchSplit", "DatasetInfo", "load_image_data", "load_text_data"]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lib.data.files import data_directory
-from lib.data.info import ImageArrays
-from lib.errors import DataError
+from .files import data_directory
+from .info import ImageArrays
+from ..errors import DataError
 
 PIXELS = 3 * 32 * 32
 # classes -> (archive directory, train batches, test batches, label key)

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lib.data.info import ImageArrays
-from lib.errors import DataError
+from .info import ImageArrays
+from ..errors import DataError
 
 TEST_SAMPLES = 360
 # Fixed and separate from the training seed, so every run evaluates on the same 360 images.

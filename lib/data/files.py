@@ -4,7 +4,7 @@ import gzip
 import zlib
 from pathlib import Path
 
-from lib.errors import DataError
+from ..errors import DataError
 
 
 def data_directory(data_dir: str | None, holding: str) -> Path:

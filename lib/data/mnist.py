@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lib.data.files import data_directory, read_bytes
-from lib.data.info import ImageArrays
-from lib.errors import DataError
+from .files import data_directory, read_bytes
+from .info import ImageArrays
+from ..errors import DataError
 
 IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dimensions
 LABELS_MAGIC = 0x00000801  # unsigned bytes, 1 dimension

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lib.data.files import data_directory
-from lib.data.info import TokenStreams
-from lib.errors import DataError
+from .files import data_directory
+from .info import TokenStreams
+from ..errors import DataError
 
 VAL_FRACTION = 0.1
 BYTE_VOCAB = 256

@@ -98,7 +98,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from lib.errors import HardwareError
+from ..errors import HardwareError
 
 MiB = 2**20
 GiB = 2**30

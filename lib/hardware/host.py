@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from lib.errors import HardwareError
+from ..errors import HardwareError
 
 from .profile import CPUInfo
 

@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from lib.errors import HardwareError
+from ..errors import HardwareError
 
 from .strict import _bad, _bool, _check_keys, _describe, _int, _list, _number, _str
 

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import Any
 
-from lib.errors import HardwareError
+from ..errors import HardwareError
 
 from . import catalog
 from .detection import _torch_versions, detect

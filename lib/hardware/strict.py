@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lib.errors import HardwareError
+from ..errors import HardwareError
 
 
 _FIX = "fix the value, or regenerate the file with 'make check-hardware FORMAT=json > FILE'"

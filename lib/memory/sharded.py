@@ -348,7 +348,7 @@ def serve(requests=None, replies=None) -> None:
             import traceback
 
             traceback.print_exc()  # into the log the parent shows on failure
-            message = str(err) if err.__class__.__module__.startswith("lib.") else f"{type(err).__name__}: {err}"
+            message = str(err) if err.__class__.__module__.startswith(__name__.split(".")[0] + ".") else f"{type(err).__name__}: {err}"
             reply = {"error": _one_line(message)}
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 replies.write(json.dumps(reply) + "\n")
@@ -395,7 +395,7 @@ class ShardedTracer:
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
         self._log = tempfile.TemporaryFile(prefix="kfit-sharded-trace-")  # binary: shared with the child
         self._process = subprocess.Popen(
-            [sys.executable, "-c", "from lib.memory.sharded import serve; serve()"], cwd=os.getcwd(), env=env,
+            [sys.executable, "-c", f"from {__name__} import serve; serve()"], cwd=os.getcwd(), env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1)
         self._abort = [False]
         self._finalizer = weakref.finalize(self, _close, self._process, self._log, self._abort)

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from lib import config as kconfig
-from lib.memory import MemoryPredictor
+from .. import config as kconfig
+from ..memory import MemoryPredictor
 
 from .measure import measure_cpu
 from .report import Context, Result, failed, passed
@@ -63,7 +63,7 @@ def oom_events(run_dir: Path) -> list[dict]:
 
 
 def run_training(config, plan, hardware):
-    from lib.trainer import train
+    from ..trainer import train
 
     lines: list[str] = []
     return train(config, plan, hardware, log=lines.append)
@@ -109,8 +109,8 @@ def judge_squeeze(*, steps: int, events: list[dict], peak: int, plan, free: int,
 
 
 def check_squeezed(ctx: Context, predictor: MemoryPredictor | None = None) -> Result:
-    from lib.hardware import resolve_hardware
-    from lib.hyperparams import ModelDescription, resolve
+    from ..hardware import resolve_hardware
+    from ..hyperparams import ModelDescription, resolve
 
     held = 0
     if ctx.device == "cuda":
@@ -134,7 +134,7 @@ def check_squeezed(ctx: Context, predictor: MemoryPredictor | None = None) -> Re
         peak = ctx.cuda.peaks()[0] - held
         ctx.cuda.release()
     else:
-        from lib.task import load_task
+        from ..task import load_task
 
         peak = measure_cpu(load_task(config), config, batch=plan.micro_batch, precision=plan.precision)
     return judge_squeeze(steps=result.steps, events=oom_events(result.run_dir), peak=peak, plan=plan, free=free,
@@ -182,9 +182,9 @@ def judge_recovery(*, clean, recovered, events: list[dict], effective_batch: int
 
 
 def check_oom_recovery(ctx: Context, predictor: MemoryPredictor | None = None) -> Result:
-    from lib.checkpoint import FINAL, load_checkpoint
-    from lib.hardware import resolve_hardware
-    from lib.hyperparams import ModelDescription, resolve
+    from ..checkpoint import FINAL, load_checkpoint
+    from ..hardware import resolve_hardware
+    from ..hyperparams import ModelDescription, resolve
 
     micro = OOM_MICRO[ctx.device]
     settings = {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": micro, "GRADIENT_ACCUMULATION": OOM_ACCUM,

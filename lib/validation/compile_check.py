@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-from lib import config as kconfig
-from lib.step import seed_everything
+from .. import config as kconfig
+from ..step import seed_everything
 
 from .measure import build_step
 from .report import Context, Result, failed, passed, skipped
@@ -47,8 +47,8 @@ def throughput(task, config, cuda, *, batch: int, compile: bool) -> dict:
 
 def compile_auto(ctx: Context) -> tuple[bool, str]:
     """What compile AUTO decides on this machine (a MANUAL batch: the planner is not needed)."""
-    from lib.hardware import resolve_hardware
-    from lib.hyperparams import ModelDescription, resolve
+    from ..hardware import resolve_hardware
+    from ..hyperparams import ModelDescription, resolve
 
     config = kconfig.make_defconfig("resnet18", out=ctx.workdir / "compile-auto.config")
     config = kconfig.derive(config, {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 8, "GRADIENT_ACCUMULATION": 1})
@@ -79,7 +79,7 @@ def check_compile(ctx: Context) -> Result:
     if ctx.device != "cuda":
         return skipped("DEVICE=cpu: compile AUTO is off on CPUs (measured slower than eager after a 20+ s "
                        "first compile; see README)")
-    from lib.task import load_task
+    from ..task import load_task
 
     measured, not_run = {}, []
     for name, batch in QUICK_MODELS if ctx.quick else MODELS:

@@ -105,7 +105,7 @@ def check_detection(ctx: Context, run: Callable[[list[str]], str] = run_command,
     except FileNotFoundError:
         return skipped("nvidia-smi is not installed on this machine")
     if detect is None:
-        from lib.hardware import detect
+        from ..hardware import detect
     return compare_detection(parse_smi_csv(text), detect())
 
 
@@ -175,7 +175,7 @@ def check_telemetry(ctx: Context, telemetry_open: Callable[[int], Any] | None = 
     if ctx.device != "cuda":
         return skipped("DEVICE=cpu: NVML telemetry needs an NVIDIA GPU")
     if telemetry_open is None:
-        from lib.hardware import GpuTelemetry
+        from ..hardware import GpuTelemetry
 
         telemetry_open = GpuTelemetry.open
     telemetry = telemetry_open(ctx.cuda.index)

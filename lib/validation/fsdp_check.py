@@ -67,7 +67,7 @@ def cases(device: str, quick: bool) -> list[Case]:
 
 def command(request: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--standalone",
-            "-m", "lib.validation.fsdp_check", str(request), str(out)]
+            "-m", __name__, str(request), str(out)]
 
 
 def judge(rows: list[dict], equivalence: dict, returncode: int, output: str, seconds: float) -> Result:
@@ -99,8 +99,8 @@ def judge(rows: list[dict], equivalence: dict, returncode: int, output: str, sec
 
 
 def check_fsdp(ctx: Context, predictor=None) -> Result:
-    from lib import config as kconfig
-    from lib.memory import MemoryPredictor
+    from .. import config as kconfig
+    from ..memory import MemoryPredictor
 
     configs: dict[str, Path] = {}
 
@@ -163,11 +163,11 @@ def _measure(case: dict, device, mesh_for) -> dict:
 
     import torch
 
-    from lib import config as kconfig
-    from lib.memory import step_optimizer, training_steps
-    from lib.parallel import shard_model
-    from lib.step import autocast_for, seed_everything
-    from lib.task import load_task
+    from .. import config as kconfig
+    from ..memory import step_optimizer, training_steps
+    from ..parallel import shard_model
+    from ..step import autocast_for, seed_everything
+    from ..task import load_task
 
     config = kconfig.read_config(case["config"])
     task = load_task(config)
@@ -211,11 +211,11 @@ def _equivalence(config_path: str, device, mesh) -> dict:
     """gpt2-tiny, fp32: EQUIVALENCE_STEPS AdamW steps sharded and plain from the same weights."""
     import torch
 
-    from lib import config as kconfig
-    from lib.memory import step_optimizer
-    from lib.parallel import shard_model
-    from lib.step import seed_everything
-    from lib.task import load_task
+    from .. import config as kconfig
+    from ..memory import step_optimizer
+    from ..parallel import shard_model
+    from ..step import seed_everything
+    from ..task import load_task
 
     config = kconfig.read_config(config_path)
     task = load_task(config)
@@ -245,7 +245,7 @@ def worker(request_path: Path, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from lib.parallel import make_mesh
+    from ..parallel import make_mesh
 
     request = json.loads(request_path.read_text())
     cuda = request["device"] == "cuda"

@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from lib.memory import step_optimizer, training_steps
-from lib.step import autocast_for
+from ..memory import step_optimizer, training_steps
+from ..step import autocast_for
 
 MiB = 2**20
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from lib import config as kconfig
-from lib.memory import (ATTENTION_WORKSPACE_SHARE, BLAS_HANDLES, BLAS_LT_WORKSPACE_BYTES, BLAS_WORKSPACE_BYTES,
+from .. import config as kconfig
+from ..memory import (ATTENTION_WORKSPACE_SHARE, BLAS_HANDLES, BLAS_LT_WORKSPACE_BYTES, BLAS_WORKSPACE_BYTES,
                         FRAGMENTATION_BASE_BYTES, MemoryPredictor, fragmentation_share)
-from lib.step import seed_everything
+from ..step import seed_everything
 
 from .measure import measure_cpu, measure_cuda
 from .report import Context, Result, failed, passed, skipped
@@ -130,7 +130,7 @@ def judge(rows: list[dict], not_run: list[str], device: str, blas_measured: int 
 
 
 def check_memory(ctx: Context, predictor: MemoryPredictor | None = None) -> Result:
-    from lib.task import load_task
+    from ..task import load_task
 
     predictor = predictor or MemoryPredictor()
     blas = ctx.cuda.blas_workspace() if ctx.device == "cuda" else None

@@ -40,8 +40,8 @@ def error(predicted: float | None, measured: float | None) -> float | None:
 
 def run_case(ctx: Context, name: str, assignments: dict, attempt: str):
     """(plan, the trainer's step_time event) of one short real run."""
-    from lib.hardware import resolve_hardware
-    from lib.hyperparams import ModelDescription, resolve
+    from ..hardware import resolve_hardware
+    from ..hyperparams import ModelDescription, resolve
 
     config = make_config(ctx, name, f"steptime-{name}-{attempt}", {"MAX_STEPS": STEPS, **assignments})
     hardware = resolve_hardware()

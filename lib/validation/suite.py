@@ -41,7 +41,7 @@ BUDGET_S = sum(c.budget_s for c in CHECKS)
 def device_name(device: str, cuda) -> str:
     if cuda is not None:
         return cuda.name()
-    from lib.hardware import detect_cpu
+    from ..hardware import detect_cpu
 
     return detect_cpu().name
 
@@ -51,7 +51,7 @@ def run_suite(device: str, *, quick: bool, out: str | None, root: Path, cwd: Pat
     """Run every check, write the JSON (and, in docs/validation, its index row); (exit status, JSON path)."""
     from datetime import date
 
-    from lib.checkpoint import write_json_atomic
+    from ..checkpoint import write_json_atomic
 
     start = time.monotonic()
     if device == "cpu":  # tiny steps: beside other work, spinning OpenMP threads made them up to 30x slower

@@ -25,7 +25,7 @@ DDP_STEPS = 5
 
 def command(out: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--standalone",
-            "-m", "lib.validation.torchrun", str(out)]
+            "-m", __name__, str(out)]
 
 
 def judge(report: dict, returncode: int, output: str, seconds: float) -> Result:
