@@ -43,6 +43,7 @@ STATE_BYTES_PER_PARAMETER = 16  # fp32 weights + gradients + AdamW's exp_avg and
 TRAINING_FLOPS_PER_PARAMETER_TOKEN = 6  # forward 2, backward 4
 SCORE_LOW = 2e10  # FLOP/s: a 2-core laptop CPU in fp32
 SCORE_HIGH = 8 * 989e12 * 0.6  # FLOP/s: 8 H100 SXM, bf16 dense peak x GPU_COMPUTE_EFFICIENCY
+DATA_READ_SHARE = 0.1  # reading the data once may take this share of the run before the warning
 MAX_EPOCHS = 100000  # CONFIG_EPOCHS' upper bound: the token budget's MAX_STEPS is what stops a run
 
 
@@ -208,7 +209,39 @@ def timed(rec: Recommendation) -> None:
         rec.energy_kwh = rec.watts * rec.seconds / 3.6e6 if rec.seconds else None
 
 
-def warnings_for(rec: Recommendation, *, on_battery: bool | None, dataset_tokens: int | None) -> list[str]:
+@dataclass(frozen=True)
+class DataSource:
+    """Where the training data is read from, for the slow-disk warning: its bytes, the bytes one training
+    sample reads, and the measured sequential read speed of its directory (None: built in, or not measured)."""
+
+    bytes: int
+    bytes_per_sample: float
+    read_bytes_per_s: float | None
+    ram_available: int
+
+
+def data_warning(source: DataSource | None, plan: Plan | None, seconds: float | None) -> str | None:
+    """A warning when reading the data would hold training back: data larger than free memory is read
+    from disk every epoch, so the disk must keep up with the samples training consumes; data that fits
+    is read once (then the page cache serves it), which matters when that read is a sizeable part of
+    the run (over DATA_READ_SHARE)."""
+    if source is None or not source.read_bytes_per_s or plan is None or not plan.predicted_step_seconds:
+        return None
+    speed = source.read_bytes_per_s
+    needed = plan.effective_batch * source.bytes_per_sample / plan.predicted_step_seconds
+    if source.bytes > source.ram_available and needed > speed:
+        return (f"the data ({source.bytes / 2**30:.1f} GiB) is larger than free memory and is read from disk at "
+                f"{speed / 2**20:,.0f} MiB/s, below the {needed / 2**20:,.0f} MiB/s training consumes: the disk, "
+                "not the device, sets the speed; move it to a faster disk (NVMe) or a machine with more memory")
+    once = source.bytes / speed
+    if seconds and once > DATA_READ_SHARE * seconds:
+        return (f"reading the data once takes {once:,.0f} s at {speed / 2**20:,.0f} MiB/s, {once / seconds:.0%} "
+                "of the run: a faster disk (NVMe) shortens the first epoch")
+    return None
+
+
+def warnings_for(rec: Recommendation, *, on_battery: bool | None, dataset_tokens: int | None,
+                 data: DataSource | None = None) -> list[str]:
     """The seed's warnings and suggestions, each tied to a figure of this recommendation."""
     out = []
     plan = rec.plan
@@ -223,6 +256,12 @@ def warnings_for(rec: Recommendation, *, on_battery: bool | None, dataset_tokens
     if plan and plan.precision == "fp32" and plan.device_type == "cuda":
         out.append("fp32 on a GPU: bf16 autocast (CONFIG_PRECISION_AUTO) roughly halves activations and "
                    "speeds matmuls where the GPU supports it")
+    if plan and plan.gradient_checkpointing and not rec.config.gradient_checkpointing:
+        out.append(f"gradient checkpointing is on (the planner's choice: {plan.reasons.get('gradient_checkpointing', 'AUTO')}):"
+                   f" activations are recomputed in the backward pass, about a third more compute, for micro-batch "
+                   f"{plan.micro_batch} in {rec.mode.share:.0%} of memory")
+    if warning := data_warning(data, plan, rec.seconds):
+        out.append(warning)
     if dataset_tokens and rec.tokens and rec.tokens > dataset_tokens:
         out.append(f"the data holds {dataset_tokens:,} training tokens: {rec.tokens:,} tokens repeat it "
                    f"{rec.tokens / dataset_tokens:,.0f} times; set CONFIG_DATA_DIR to more text for a real run")

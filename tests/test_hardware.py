@@ -923,3 +923,24 @@ def test_gpu_power_reads_the_enforced_limit_and_the_draw():
     assert gpu_power(0, pynvml_mod=nvml, torch_mod=torch_mod) == (None, None)
     assert gpu_power(0, pynvml_mod=fake_pynvml([], init_error=FakeLibraryNotFound()), torch_mod=torch_mod) == (None,
                                                                                                               None)
+
+
+def test_check_hardware_json_carries_the_details_and_still_reads_back_as_a_profile(tmp_path, monkeypatch):
+    from lib.hardware import details
+
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tokens.bin").write_bytes(os.urandom(5 * 2**20))
+    p = _catalog_profile("a100", gpus=1)
+    found = details.collect(p, data)
+    assert found["data"]["directory"] == str(data) and found["data"]["read_bytes_per_s"] > 0
+    assert found["cpu"]["memory_bandwidth_bytes_per_s"] > 1e8
+    assert [set(g) for g in found["gpus"]] == [{"index", "power_limit_watts", "power_draw_watts", "int8", "fp8"}]
+    assert found["gpus"][0]["fp8"] is False  # A100: 8.0
+    json.dumps(found)  # plain JSON
+    saved = {**json.loads(p.to_json()), "details": found}
+    assert HardwareProfile.from_dict(saved) == p  # informational: left out of the profile
+    assert HardwareProfile.from_dict({**saved, "details": None}) == p
+    with pytest.raises(HardwareError, match="key 'details' must be a JSON object or null"):
+        HardwareProfile.from_dict({**saved, "details": [1]})

@@ -14,8 +14,8 @@ import pytest
 from lib import config as kconfig
 from lib.errors import PlanError
 from lib.plan import Plan
-from lib.recommend import (MODES, SCORE_HIGH, SCORE_LOW, Shape, compute_hours, recommend_gpt2, score, state_fits,
-                           steps_for, token_budget)
+from lib.recommend import (MODES, SCORE_HIGH, SCORE_LOW, DataSource, Recommendation, Shape, compute_hours,
+                           data_warning, recommend_gpt2, score, state_fits, steps_for, token_budget, warnings_for)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSERVATIVE, BALANCED, EXTREME = MODES
@@ -110,6 +110,34 @@ def test_nothing_that_fits_is_one_error(gpt2):
     with pytest.raises(PlanError, match="no GPT-2 shape"):
         recommend_gpt2(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e14, budget=1000, processes=1,
                        mode=CONSERVATIVE)
+
+
+def test_a_disk_slower_than_training_reads_is_named_only_when_it_holds_training_back():
+    plan = fake_plan(step_seconds=0.5)(kconfig.defconfig_config("gpt2"))  # 512 samples per 0.5 s step
+    GiB, MiB = 2**30, 2**20
+    # 100 GiB of data with 16 GiB free: read every epoch; 512 x 1 MiB / 0.5 s = 1024 MiB/s needed
+    big = DataSource(bytes=100 * GiB, bytes_per_sample=MiB, read_bytes_per_s=200 * MiB, ram_available=16 * GiB)
+    assert "1,024 MiB/s training consumes" in data_warning(big, plan, seconds=3600)
+    fast = DataSource(bytes=100 * GiB, bytes_per_sample=MiB, read_bytes_per_s=2048 * MiB, ram_available=16 * GiB)
+    assert data_warning(fast, plan, seconds=36000) is None  # keeps up; one read of 50 s is 0.1% of the run
+    # data that fits in memory is read once: 10 GiB at 100 MiB/s = 102 s, 28% of a 360 s run, 0.3% of 10 h
+    once = DataSource(bytes=10 * GiB, bytes_per_sample=MiB, read_bytes_per_s=100 * MiB, ram_available=16 * GiB)
+    assert "102 s" in data_warning(once, plan, seconds=360)
+    assert data_warning(once, plan, seconds=36000) is None
+    unmeasured = DataSource(bytes=100 * GiB, bytes_per_sample=MiB, read_bytes_per_s=None, ram_available=16 * GiB)
+    assert data_warning(unmeasured, plan, seconds=3600) is None
+
+
+def test_checkpointing_the_planner_switched_on_is_explained(gpt2):
+    import dataclasses
+
+    plan = dataclasses.replace(fake_plan()(gpt2), gradient_checkpointing=True,
+                               reasons={"gradient_checkpointing": "AUTO: on, micro-batch 8 fits"})
+    rec = Recommendation(BALANCED, gpt2, plan, {})
+    assert any("gradient checkpointing is on" in w and "micro-batch 8" in w
+               for w in warnings_for(rec, on_battery=False, dataset_tokens=None))
+    rec.plan = fake_plan()(gpt2)
+    assert not any("checkpointing" in w for w in warnings_for(rec, on_battery=False, dataset_tokens=None))
 
 
 KFIT = [sys.executable, str(ROOT / "scripts" / "kfit.py")]

@@ -175,3 +175,22 @@ def low_precision(compute_capability: tuple[int, int] | None) -> dict:
         return {"int8": None, "fp8": None}
     cc = tuple(compute_capability)
     return {"int8": cc >= (7, 2), "fp8": cc >= (8, 9)}
+
+
+def collect(hardware, data_dir: str | Path | None) -> dict:
+    """Every item above for `hardware` (a HardwareProfile detected here) and the data directory (None: the
+    data is built in): plain JSON-ready values, None where unknown. check-hardware shows it and writes it
+    beside the profile (FORMAT=json); make recommend reads the data's read speed from it."""
+    cpu = cpu_details()
+    out = {"cpu": {**cpu, "memory_bandwidth_bytes_per_s": memory_bandwidth(hardware.cpu.name),
+                   "swap_bytes": swap_bytes()},
+           "data": {"directory": str(data_dir) if data_dir else None,
+                    "disk": disk_kind(data_dir or "."), "read_bytes_per_s": None, "read": None},
+           "gpus": []}
+    if data_dir:
+        out["data"]["read_bytes_per_s"], out["data"]["read"] = read_speed(data_dir)
+    for gpu in hardware.gpus:
+        limit, draw = gpu_power(gpu.index)
+        out["gpus"].append({"index": gpu.index, "power_limit_watts": limit, "power_draw_watts": draw,
+                            **low_precision(gpu.compute_capability)})
+    return out

@@ -209,8 +209,15 @@ def _cpu_from_dict(origin: str, d: Any) -> CPUInfo:
     )
 
 
+# What `make check-hardware FORMAT=json` adds beside the profile (lib/hardware/details.py: measured here,
+# informational): read back as an object and left out of the profile, so a saved report plans as HW=.
+DETAILS_KEY = "details"
+
+
 def _profile_from_dict(d: Any, *, origin: str) -> HardwareProfile:
-    _check_keys(origin, "", d, _PROFILE_FIELDS)
+    _check_keys(origin, "", d, _PROFILE_FIELDS + (DETAILS_KEY,), optional=(DETAILS_KEY,))
+    if d.get(DETAILS_KEY) is not None and not isinstance(d[DETAILS_KEY], dict):
+        raise _bad(origin, DETAILS_KEY, "must be a JSON object or null (what check-hardware measured)")
     gpus = tuple(
         _gpu_from_dict(origin, f"gpus[{i}]", g, i) for i, g in enumerate(_list(origin, "gpus", d["gpus"]))
     )
