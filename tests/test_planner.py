@@ -49,7 +49,8 @@ def test_capped_batch_fits_and_the_next_one_does_not(gpt2_tiny):
     cap = p.max_micro_batch
     assert cap < 1024  # capped by memory, not by the target
     peak = lambda b: PLANNER.predictor.predict(gpt2_tiny, batch=b, device_type="cuda", precision="fp16",  # noqa: E731
-                                               compile_mode=p.compile_mode).peak_bytes
+                                               compile_mode=p.compile_mode,
+                                               gradient_checkpointing=p.gradient_checkpointing).peak_bytes
     assert peak(cap) <= p.budget_bytes < peak(cap + 1)
     assert f"{cap + 1} would need" in p.reasons["micro_batch"]
     more = plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=0.6))
@@ -111,7 +112,8 @@ def test_a_binding_budget_that_moves_is_read_off_the_traced_line(tmp_path, gpt2_
         p = plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=free_gb), policy)
         caps.append(p.max_micro_batch)
         peak = lambda b: PLANNER.predictor.predict(gpt2_tiny, batch=b, device_type="cuda",  # noqa: E731
-                                                   precision="fp16", compile_mode=p.compile_mode).peak_bytes
+                                                   precision="fp16", compile_mode=p.compile_mode,
+                                                   gradient_checkpointing=p.gradient_checkpointing).peak_bytes
         assert peak(p.max_micro_batch) <= p.budget_bytes < peak(p.max_micro_batch + 1)  # exact, as traced
     assert policy.predictor.traces == traced and len(set(caps)) == 4
     cache = json.loads(next((tmp_path / "memory").glob("*.json")).read_text())
