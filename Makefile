@@ -37,7 +37,7 @@ DEFAULT_DEFCONFIG := lenet5
 .DEFAULT_GOAL := help
 .PHONY: FORCE help env menuconfig oldconfig olddefconfig savedefconfig listnewconfig defconfig \
         alldefconfig allnoconfig allyesconfig randconfig \
-        plan check-hardware train export test clean mrproper distclean
+        plan check-hardware train export sample test clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change.
 $(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh)
@@ -100,8 +100,11 @@ check-hardware: $(ENV_STAMP) ## Report this machine (or HW=/GPU=) and the plan f
 train: $(ENV_STAMP) ## Train as configured (applies the default defconfig if there is no config)
 	$(Q)$(KFIT) train
 
-export: $(ENV_STAMP) ## One model.pt from a run, sharded or not (RUN=<run dir or checkpoint> OUT=dir)
+export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint> OUT=dir)
 	$(Q)$(KFIT) export
+
+sample: $(ENV_STAMP) ## Text from a trained GPT-2 run (RUN= PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
+	$(Q)$(KFIT) sample
 
 test: $(ENV_STAMP) ## Run the test suite (installs Debian's chromium for the HTML checks when missing)
 	$(Q)$(ROOT)/scripts/ensure-chromium.sh

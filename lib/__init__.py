@@ -3,4 +3,20 @@
 Data flows one way, and imports follow it (docs/architecture.md):
 Kconfig -> .config -> lib.config.Config -> lib.hardware.HardwareProfile -> lib.plan.Plan
 (lib.hyperparams.resolve, with lib.memory and lib.planner) -> lib.trainer -> the run directory.
+
+Installed, this package is `kfit` (in a checkout, `lib`). Its Python API (lib/api.py) is here too:
+kfit.load_config, kfit.machine, kfit.resolve_plan and kfit.train; they are imported on first use, so
+`import kfit` costs nothing until then (no torch).
 """
+
+_API = ("load_config", "machine", "resolve_plan", "train")
+__all__ = list(_API)
+
+
+def __getattr__(name: str):
+    # lib/api.py's names (none is a submodule's name: the import system sets submodules as attributes here)
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .config import Config
 from .data import BatchSplit, DatasetInfo, load_image_data, load_text_data
-from .data.splits import TensorSplit
+from .data.splits import DatasetSplit, TensorSplit
 from .models import build_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -42,17 +42,24 @@ class Task:
 
 
 def _custom_task(config: Config) -> Task:
-    from .models.custom import build_custom, check, draw
+    from .models.custom import build_custom, check, draw, first_batch
 
     spec = config.custom_model_factory
     custom = build_custom(spec)
-    # Disjoint generator seeds for the two splits; the model itself is rebuilt by the factory each time.
-    train = TensorSplit(*draw(custom.make_batch, config.custom_train_samples, config.seed * 2 + 1, spec))
-    test = TensorSplit(*draw(custom.make_batch, config.custom_eval_samples, config.seed * 2 + 2, spec))
-    check(custom, train.inputs, train.targets, spec)
+    if custom.datasets is not None:
+        train, test = (DatasetSplit(*d) if isinstance(d, tuple) else DatasetSplit(d) for d in custom.datasets)
+        check(custom, *first_batch(train, spec), spec)
+        first = custom.datasets[0]
+        origin = type(first[0] if isinstance(first, tuple) else first).__name__
+    else:
+        # Disjoint generator seeds for the two splits; the model itself is rebuilt by the factory each time.
+        train = TensorSplit(*draw(custom.make_batch, config.custom_train_samples, config.seed * 2 + 1, spec))
+        test = TensorSplit(*draw(custom.make_batch, config.custom_eval_samples, config.seed * 2 + 2, spec))
+        check(custom, train.inputs, train.targets, spec)
+        origin = "make_batch"
     info = DatasetInfo(name=f"custom:{spec}", kind="custom", num_classes=0, channels=0, image_size=0,
                        vocab_size=0, block_size=0, train_samples=len(train), eval_samples=len(test),
-                       description=f"{len(train)} train / {len(test)} eval samples from {spec} make_batch")
+                       description=f"{len(train)} train / {len(test)} eval samples from {spec} {origin}")
     first = [custom.model]  # the factory built one model already: hand it out once, then build afresh
 
     def build(gradient_checkpointing: bool) -> torch.nn.Module:

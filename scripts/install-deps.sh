@@ -43,6 +43,9 @@ else
     "$pip" install -q "torch==$version" --index-url https://download.pytorch.org/whl/cpu
 fi
 
-"$pip" install -q -r requirements.txt -r requirements-test.txt
+# Nothing below may replace the torch chosen above (a package asking for another torch fails instead).
+constraint="$venv/torch-constraint.txt"
+"$venv/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "$constraint"
+"$pip" install -q -c "$constraint" -r requirements.txt -r requirements-test.txt
 touch "$venv/.installed"
 echo "Environment ready in $venv"

@@ -202,6 +202,14 @@ ROWS = [
     Row("recommend writing into a file", ("recommend",), env={"WRITE": "1", "OUT": "afile"},
         setup=write("afile", "mine"), needles=("OUT=afile", "directory")),
     Row("export of a run that is not there", ("export",), env={"RUN": "runs/nothing"}, needles=("runs/nothing",)),
+    Row("sample without a run", ("sample",), needles=("RUN= is missing",)),
+    Row("sample of a run that is not there", ("sample",), env={"RUN": "runs/nothing"}, needles=("runs/nothing",)),
+    Row("sample temperature not a number", ("sample",), env={"RUN": "runs/nothing", "TEMPERATURE": "hot"},
+        needles=("TEMPERATURE='hot' is not a number",)),
+    Row("sample of a damaged export", ("sample",), env={"RUN": "e/model.safetensors"},
+        setup=lambda d: ((d / "e").mkdir(), (d / "e" / "config").write_text("CONFIG_MODEL_GPT2=y\n"),
+                         (d / "e" / "model.safetensors").write_bytes(b"junk")),
+        needles=("not a safetensors file",)),
 ]
 
 

@@ -101,12 +101,6 @@ def test_digits_resize(size: int) -> None:
     assert train.images.shape[-1] == 8  # stored at native resolution
 
 
-def test_digits_without_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lib.data.digits.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(DataError, match="make"):
-        load_image_data("digits", None, 32)
-
-
 # --- MNIST -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("gz", [False, True])

@@ -17,7 +17,7 @@ import torch
 from lib import checkpoint, parallel
 from lib import config as kc
 from lib.errors import PlanError
-from lib.export import export
+from lib.export import export, load_exported
 from lib.hyperparams import ModelDescription, resolve
 from lib.models import build_model
 from lib.steptime.comm import BUS_EFFICIENCY, Communication
@@ -241,7 +241,7 @@ def test_fsdp_resumes_exactly_then_onto_one_process_and_from_one(tmp_path, refer
         assert got[step] == pytest.approx(loss, abs=1e-4), step
     final = checkpoint.finished_checkpoint(run_dir)
     assert final is not None
-    assert_close_weights(torch.load(export(run_dir, tmp_path / "e"), weights_only=True), weights)
+    assert_close_weights(load_exported(export(run_dir, tmp_path / "e")), weights)
 
 
 @pytest.mark.slow
@@ -255,7 +255,7 @@ def test_one_process_run_resumes_onto_two_fsdp_processes(tmp_path, reference):
     assert resumed.stdout.count("Done:") == 1  # rank 0 reports
     assert (run_dir / checkpoint.FINAL_SHARDED / "__1_0.distcp").is_file()  # each rank wrote its shard
     # 1 process then 2 FSDP processes = 1 process throughout; export consolidates the shards
-    assert_close_weights(torch.load(export(run_dir, tmp_path / "e"), weights_only=True), weights)
+    assert_close_weights(load_exported(export(run_dir, tmp_path / "e")), weights)
 
 
 def test_elastic_nnodes_uses_the_c10d_rendezvous():
@@ -341,4 +341,4 @@ def test_out_of_memory_under_fsdp_relaunches_at_half_the_micro_batch(tmp_path, r
     assert json.loads((run_dir / checkpoint.OOM_MARKER).read_text())["micro_batch"] == 4
     state = checkpoint.load_checkpoint(checkpoint.finished_checkpoint(run_dir))
     assert state["progress"]["micro_batch"] <= 4 and state["step"] == STEPS
-    assert_close_weights(torch.load(export(run_dir, tmp_path / "e"), weights_only=True), weights)
+    assert_close_weights(load_exported(export(run_dir, tmp_path / "e")), weights)

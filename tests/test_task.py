@@ -66,7 +66,7 @@ def test_custom_task_draws_seeded_disjoint_splits(tmp_path, user_module):
 @pytest.mark.parametrize("attr, message", [
     ("missing", "has no missing"),
     ("NOT_CALLABLE", "is not callable"),
-    ("not_a_triple", "must return (model, make_batch, loss_fn)"),
+    ("not_a_triple", "must return (model, make_batch or dataset, loss_fn)"),
 ])
 def test_factory_problems_are_named(attr, message, user_module):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -15,8 +15,9 @@ import kconfiglib
 
 from ..errors import ConfigError
 from ..fileio import write_atomic
+from ..resources import data_root
 
-ROOT = Path(__file__).resolve().parents[2]  # lib/config/kconfig.py -> the repository
+ROOT = data_root()  # the checkout, or the installed package's copy of the tree (lib/resources.py)
 KCONFIG = ROOT / "Kconfig"
 
 

@@ -92,3 +92,42 @@ class TensorSplit(BatchSplit):
     def __getitem__(self, indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long)
         return self.inputs[idx], self.targets[idx]
+
+
+TARGET_KEYS = ("labels", "label", "targets", "target", "y")  # Hugging Face's names first
+
+
+def as_pair(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A collated batch as (inputs, targets): a pair as it is; a dict (a Hugging Face dataset's rows) by its
+    one target key (TARGET_KEYS) and its one other key."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict):
+        targets = [k for k in TARGET_KEYS if k in batch]
+        inputs = [k for k in batch if k not in TARGET_KEYS]
+        if len(targets) == 1 and len(inputs) == 1:
+            return batch[inputs[0]], batch[targets[0]]
+        raise ValueError(f"items with the keys {sorted(batch)}: kfit needs one input and one target key "
+                         f"(the target named one of {', '.join(TARGET_KEYS)}); select those columns")
+    raise ValueError(f"items that collate to {type(batch).__name__}: return (input, target) pairs, or dicts "
+                     "with one input and one target key")
+
+
+class DatasetSplit(BatchSplit):
+    """A user's map-style dataset (custom models), or the `indices` of one: anything with __len__ and
+    __getitem__(int), a torch Dataset or a Hugging Face one. A batch collates its items
+    (torch's default_collate), in the data loader's worker processes when the plan has them, so a dataset
+    that reads each item from disk is never held in memory whole."""
+
+    def __init__(self, dataset, indices: Sequence[int] | None = None) -> None:
+        self.dataset = dataset
+        self.indices = range(len(dataset)) if indices is None else indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, indices: Indices) -> tuple[torch.Tensor, torch.Tensor]:
+        from torch.utils.data import default_collate
+
+        rows = [self.dataset[self.indices[int(i)]] for i in indices]
+        return as_pair(default_collate(rows))

@@ -102,7 +102,7 @@ from ..config import Config
 from ..errors import PlanError
 from .trace import Trace, _fake_copy, _features, evaluation_pass, kernel_workspace, step_optimizer, training_steps
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # what holds this package (a checkout, or site-packages): the child's path
 
 # FSDPMemTracker's categories (_FSDPRefType values) -> ours.
 FSDP_CATEGORIES = {"Sharded Param": "parameters", "Unsharded Param": "unsharded_parameters", "Buffer": "buffers",

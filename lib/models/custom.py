@@ -1,16 +1,24 @@
 """Bring your own model: CONFIG_CUSTOM_MODEL_FACTORY="package.module:function".
 
-The factory takes no arguments and returns (model, make_batch, loss_fn):
+The factory takes no arguments and returns (model, data, loss_fn):
 
     model       a torch.nn.Module; model(inputs) -> outputs
-    make_batch  make_batch(batch_size, generator) -> (inputs, targets), CPU tensors
-                with the sample in dimension 0, drawn with the given torch.Generator
+    data        either make_batch(batch_size, generator) -> (inputs, targets), CPU tensors
+                with the sample in dimension 0, drawn with the given torch.Generator;
+                or a map-style dataset (a torch.utils.data.Dataset, a Hugging Face
+                datasets.Dataset: anything with __len__ and __getitem__(int)) whose items
+                are (input, target) pairs or dicts with one input and one target key
+                ("labels", "label", "targets", "target" or "y"), or a pair of them
+                (train, eval); a single one gives its last EVAL_FRACTION to evaluation
     loss_fn     loss_fn(outputs, targets) -> scalar mean loss over the batch
 
-kfit draws the training and evaluation sets from make_batch once (seeded), so
-batches, accumulation, out-of-memory recovery and resume treat them exactly
-like a built-in data set; the memory planner traces model + loss_fn on an
-example batch of any size.
+kfit draws the training and evaluation sets from make_batch once (seeded); a
+dataset is read item by item as batches need it (in the data loader's workers
+when the plan has them), so it may be larger than memory. Either way batches,
+accumulation, out-of-memory recovery and resume treat them exactly like a
+built-in data set; the memory planner traces model + loss_fn on an example
+batch of any size. An IterableDataset is refused: kfit's sample order, exact
+resume and the planner's example batches index samples.
 """
 
 from __future__ import annotations
@@ -23,24 +31,55 @@ import sys
 import sysconfig
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from ..errors import ConfigError, KfitError
-
-ROOT = Path(__file__).resolve().parent.parent.parent
+from ..resources import CHECKOUT, PACKAGE
 
 MakeBatch = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+EVAL_FRACTION = 0.1  # of a single dataset, its tail, as text corpora are split
+
+
 @dataclass(frozen=True)
 class CustomModel:
     model: torch.nn.Module
-    make_batch: MakeBatch
+    make_batch: MakeBatch | None
     loss_fn: LossFn
+    datasets: tuple | None = None  # (train, eval) map-style datasets, where data is not make_batch
+
+
+def is_dataset(value) -> bool:
+    """A map-style dataset: sized and indexable, not a function."""
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__") and not callable(value)
+
+
+def datasets_of(data, spec: str) -> tuple | None:
+    """(train, eval) from what the factory returned as data; None for make_batch."""
+    from torch.utils.data import IterableDataset
+
+    pair = data if isinstance(data, (tuple, list)) and len(data) == 2 else None
+    for value in (pair or (data,)):
+        if isinstance(value, IterableDataset):
+            raise ConfigError(f"{symbol(spec)}: the data is an IterableDataset, which has no length or index; "
+                              "kfit's sample order, exact resume and planning index samples: return a map-style "
+                              "Dataset (its __getitem__ may read each item from disk, so it need not fit in memory)")
+    if pair and all(is_dataset(v) for v in pair):
+        train, evaluation = pair
+    elif is_dataset(data):
+        cut = len(data) - max(1, int(len(data) * EVAL_FRACTION))
+        train, evaluation = (data, range(cut)), (data, range(cut, len(data)))
+    else:
+        return None
+    for name, part in (("training", train), ("evaluation", evaluation)):
+        size = len(part[1]) if isinstance(part, tuple) else len(part)
+        if size < 1:
+            raise ConfigError(f"{symbol(spec)}: the {name} dataset is empty: return one with samples")
+    return train, evaluation
 
 
 def symbol(spec: str) -> str:
@@ -48,7 +87,7 @@ def symbol(spec: str) -> str:
     return f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}"'
 
 
-_NOT_THE_USERS = (str(ROOT / "lib") + os.sep,  # kfit's own code, Python's and installed packages'
+_NOT_THE_USERS = (str(PACKAGE) + os.sep,  # kfit's own code, Python's and installed packages'
                   *{sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 _PACKAGES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")  # a user site, a distro's
 
@@ -90,7 +129,7 @@ def load_factory(spec: str) -> Callable[[], object]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"{symbol(spec)} must look like package.module:function")
-    for path in (os.getcwd(), str(ROOT)):
+    for path in (os.getcwd(), *([str(CHECKOUT)] if CHECKOUT else [])):  # the checkout: scripts/'s examples
         if path not in sys.path:
             sys.path.append(path)
     try:
@@ -134,16 +173,19 @@ def build_custom(spec: str) -> CustomModel:
     if isinstance(result, CustomModel):
         return result
     if not (isinstance(result, (tuple, list)) and len(result) == 3):
-        raise ConfigError(f"{symbol(spec)} must return (model, make_batch, loss_fn); "
+        raise ConfigError(f"{symbol(spec)} must return (model, make_batch or dataset, loss_fn); "
                           f"it returned {type(result).__name__}")
-    model, make_batch, loss_fn = result
+    model, data, loss_fn = result
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{symbol(spec)}: the first value returned must be a "
                           f"torch.nn.Module, not {type(model).__name__}")
-    for name, fn in (("make_batch", make_batch), ("loss_fn", loss_fn)):
-        if not callable(fn):
-            raise ConfigError(f"{symbol(spec)}: {name} is not callable")
-    return CustomModel(model, make_batch, loss_fn)
+    datasets = datasets_of(data, spec)
+    if datasets is None and not callable(data):
+        raise ConfigError(f"{symbol(spec)}: the second value returned must be make_batch (a function) or a "
+                          f"map-style dataset (or a (train, eval) pair of them), not {type(data).__name__}")
+    if not callable(loss_fn):
+        raise ConfigError(f"{symbol(spec)}: loss_fn is not callable")
+    return CustomModel(model, None if datasets else data, loss_fn, datasets)
 
 
 CHECK_SAMPLES = 2  # a forward pass on two real samples: BatchNorm in training mode needs more than one
@@ -155,6 +197,7 @@ def check(custom: CustomModel, inputs: torch.Tensor, targets: torch.Tensor, spec
     training loop. Changes nothing: the random state, the parameters and buffers are as they were."""
     model = custom.model
     name = type(model).__name__
+    source = "make_batch" if custom.make_batch is not None else "the dataset"
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise ConfigError(f"{symbol(spec)}: the model ({name}) has no trainable parameters, so there is nothing "
@@ -164,11 +207,11 @@ def check(custom: CustomModel, inputs: torch.Tensor, targets: torch.Tensor, spec
     # buffers are copied: a BatchNorm's running statistics must not see the check's samples
     state = {**dict(model.named_parameters()), **{k: b.clone() for k, b in model.named_buffers()}}
     with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
-        with calling(spec, f"the model's forward ({name}) on {shape} from make_batch",
-                     "make the model accept make_batch's inputs (sample in dimension 0)"):
+        with calling(spec, f"the model's forward ({name}) on {shape} from {source}",
+                     f"make the model accept {source}'s inputs (sample in dimension 0)"):
             outputs = torch.func.functional_call(model, state, (x,))
         with calling(spec, "loss_fn(outputs, targets)", "make loss_fn accept the model's outputs and "
-                     "make_batch's targets"):
+                     f"{source}'s targets"):
             loss = custom.loss_fn(outputs, y)
     if not isinstance(loss, torch.Tensor):
         raise ConfigError(f"{symbol(spec)}: loss_fn returned {type(loss).__name__}, not a tensor: return the "
@@ -194,3 +237,15 @@ def draw(make_batch: MakeBatch, samples: int, seed: int, spec: str) -> tuple[tor
         raise ConfigError(f"{symbol(spec)}: make_batch({samples}, generator) returned "
                           f"{len(inputs)} inputs and {len(targets)} targets; both need {samples} in dimension 0")
     return inputs.cpu(), targets.cpu()
+
+
+def first_batch(split, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first CHECK_SAMPLES items of a dataset split, collated: an item kfit cannot batch is one error."""
+    with calling(spec, f"collating the dataset's first {CHECK_SAMPLES} items", "return items that are "
+                 "(input, target) tensor pairs of one shape, or dicts with one input and one target key"):
+        inputs, targets = split[list(range(min(CHECK_SAMPLES, len(split))))]
+    if not (isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor)):
+        raise ConfigError(f"{symbol(spec)}: the dataset's items collate to {type(inputs).__name__} and "
+                          f"{type(targets).__name__}, not tensors: return tensors (a Hugging Face dataset: "
+                          "ds.with_format('torch'))")
+    return inputs, targets

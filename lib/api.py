@@ -1,0 +1,203 @@
+"""kfit from Python, without make: load a config, plan it for this or another machine, train it.
+
+    import kfit
+
+    config = kfit.load_config("lenet5", fragments=["cpu-smoke"], overrides={"EPOCHS": 1})
+    print(kfit.resolve_plan(config, gpu="h100", free_gb=70).micro_batch)  # another machine's plan
+    result = kfit.train(config, output_dir="runs")                           # here, as `kfit train`
+    print(result.run_dir, result.final_eval)
+
+Everything goes through the same code as the command line: the strict config reader (a value that does not
+take is a ConfigError naming it), the resolver, and the one training loop. Errors the user can fix are
+KfitError subclasses (lib/errors.py), one line each. Unlike the command line, these functions read no
+environment variables for their settings (GPU=, GPUS=, RESUME=, ...): the arguments say everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from . import config as kconfig
+from .errors import ConfigError, KfitError
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .hardware import HardwareProfile
+    from .hyperparams import ModelDescription
+    from .plan import Plan
+    from .trainer import TrainResult
+
+# Not `plan` or `hardware`: the package's submodules have those names (kfit.plan, kfit.hardware), and the
+# import system would put them in place of functions so named.
+__all__ = ["load_config", "machine", "resolve_plan", "train"]
+
+
+def load_config(source: "str | os.PathLike | Config" = kconfig.DEFAULT_DEFCONFIG,
+                overrides: Mapping[str, object] | None = None, *, fragments: Sequence[str] = ()) -> "Config":
+    """A validated, frozen Config.
+
+    source: a defconfig name (as `kfit list` shows: "lenet5", "gpt2", ...), a path to a config or
+    defconfig file, or a Config. fragments: names from defconfigs/fragments/ (or paths) merged on top, as
+    `kfit defconfig NAME --fragments`. overrides: {symbol: value} set last, with or without the CONFIG_
+    prefix ({"EPOCHS": 2, "LEARNING_RATE": 0.01, "COMPILE_AUTO": False}), checked as strictly as a fragment.
+    Writes nothing."""
+    if isinstance(source, kconfig.Config):
+        config = source
+        if fragments:
+            raise ConfigError("fragments apply to a defconfig name or file, not to a loaded Config: use overrides")
+    else:  # a defconfig name or a config file, as `kfit defconfig` reads them, written to a scratch file
+        name = os.fspath(source)
+        with tempfile.TemporaryDirectory(prefix="kfit-config-") as tmp:
+            config = kconfig.make_defconfig(name, fragments, out=Path(tmp) / ".config")
+        path = kconfig.defconfig_file(name)
+        label = path.name if path.parent == kconfig.DEFCONFIG_DIR else str(path)
+        config = dataclasses.replace(config, source=label + "".join(f" + {f}" for f in fragments))
+    return kconfig.derive(config, overrides) if overrides else config
+
+
+def machine(*, gpu: str | None = None, hw: "str | os.PathLike | None" = None, free_gb: float | None = None,
+             gpus: int | None = None) -> "HardwareProfile":
+    """The machine to plan for: this one as detected; or a catalog GPU (gpu="h100", "a100-40gb"; "cpu" for
+    this machine without its GPUs), with free_gb GiB free on each and `gpus` of them; or a hardware profile
+    JSON file (hw=, as `kfit check-hardware --format json` writes)."""
+    return _machine(gpu, hw, free_gb, gpus)
+
+
+def _machine(gpu, hw, free_gb, gpus) -> "HardwareProfile":
+    from .hardware import resolve_hardware
+
+    return resolve_hardware(hw=os.fspath(hw) if hw is not None else None, gpu=gpu, free_gb=free_gb, gpus=gpus)
+
+
+def processes(config: "Config", machine: "HardwareProfile", world_size: int | None = None,
+              env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(training processes, machines) as `kfit train` would run them: `world_size` if given, else GPUS,
+    CONFIG_NPROC or one per identical GPU (lib.distributed.process_count) on each of NNODES machines; GPUS
+    and NNODES from `env` (the command line passes os.environ, WORLD_SIZE included)."""
+    from . import distributed
+    from .env import env_number
+    from .hyperparams import decide_device
+
+    env = {} if env is None else env
+    nodes = distributed.nodes_range(env)[1]  # an elastic range plans for its largest
+    if world_size is None:
+        world_size = env_number("WORLD_SIZE", int, minimum=1, env=env)
+    if world_size is None:
+        device_type, _ = decide_device(config, machine)
+        world_size = distributed.process_count(config, machine, device_type, env)[0] * nodes
+    return world_size, nodes if world_size % nodes == 0 else 1
+
+
+def plan_for(config: "Config", machine: "HardwareProfile", world_size: int | None = None,
+             env: Mapping[str, str] | None = None) -> "tuple[ModelDescription, Plan]":
+    """(model description, plan) for a config on a machine, as training would resolve it."""
+    from .hyperparams import ModelDescription, resolve
+
+    model = ModelDescription.from_config(config)
+    world_size, nodes = processes(config, machine, world_size, env)
+    return model, resolve(config, machine, model, world_size, nodes=nodes)
+
+
+def resolve_plan(config: "Config", hardware: "HardwareProfile | None" = None, *, gpu: str | None = None,
+         hw: "str | os.PathLike | None" = None, free_gb: float | None = None, gpus: int | None = None,
+         world_size: int | None = None) -> "Plan":
+    """The plan `kfit plan` shows (and `kfit train` would start from) for `config` on a machine: `hardware`
+    (a profile from kfit.machine()), else the one gpu/hw/free_gb/gpus describe (see machine()), else this
+    one. gpus=N also means N training processes, as GPUS=N does; world_size plans for that many processes
+    in all. plan.to_dict() is `kfit plan --format json`'s plan."""
+    if hardware is None:
+        hardware = _machine(gpu, hw, free_gb, gpus)
+    elif gpu or hw or free_gb is not None:
+        raise KfitError("give either a hardware profile or gpu/hw/free_gb, not both")
+    return plan_for(config, hardware, world_size, {"GPUS": str(gpus)} if gpus else {})[1]
+
+
+def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, resume: bool = False,
+          log: Callable[[str], None] = print) -> "TrainResult":
+    """Train `config` on this machine in this process, with kfit's loop: the plan, the probe, checkpoints,
+    metrics and the run directory exactly as `kfit train` (one process; `kfit train --gpus N` launches N).
+
+    output_dir: where the run directory goes (default CONFIG_OUTPUT_DIR). resume: continue the latest
+    unfinished run there whose config and effective batch match. log: each line kfit would print.
+    Returns the TrainResult: run_dir, steps, epochs, seconds, stop_reason, final_eval (the last
+    evaluation's metrics) and history. A diverged loss raises FloatingPointError; a stop by SIGINT /
+    SIGTERM raises lib.trainer.TrainingInterrupted (its exit_code is 130 / 143) after a checkpoint."""
+    from .hardware import resolve_hardware
+
+    if output_dir is not None:
+        config = kconfig.derive(config, {"OUTPUT_DIR": os.fspath(output_dir)})
+    here = usable_hardware(config, resolve_hardware(), warn=log)
+    return train_planned(config, here, log=log, resume=(lambda plan: find_run(config, plan)) if resume
+                         else (lambda plan: None))
+
+
+def find_run(config: "Config", plan: "Plan", log: Callable[[str], None] = print) -> Path | None:
+    """The run to continue: the latest unfinished one in the output directory with a matching config and
+    effective batch."""
+    from .checkpoint import find_resumable
+
+    return find_resumable(Path(config.output_dir), config.text, plan.effective_batch, config.run_name, log=log)
+
+
+def usable_hardware(config: "Config", machine: "HardwareProfile", warn: Callable[[str], None] = print,
+                    index: int = 0) -> "HardwareProfile":
+    """The detected machine, or its CPU when GPU `index` cannot train under DEVICE_AUTO (CONFIG_CPU_FALLBACK)."""
+    from .errors import HardwareError
+    from .hardware import gpu_unusable_reason, resolve_hardware
+
+    if config.device == "cpu":
+        return machine
+    reason = gpu_unusable_reason(index) if machine.accelerator in ("cuda", "rocm") else None
+    if reason is None and (machine.gpus or not machine.notes):
+        return machine  # a usable GPU, or a machine without one
+    if reason is None:  # a GPU torch cannot use at all: the resolver plans the CPU (or refuses DEVICE_CUDA)
+        reason = "; ".join(machine.notes)
+    if config.device == "cuda":
+        raise HardwareError(f"CONFIG_DEVICE_CUDA is set but {reason}")
+    if not config.cpu_fallback:
+        raise HardwareError(f"{reason}. CONFIG_CPU_FALLBACK=n forbids training on the CPU instead: fix the GPU, "
+                            "or enable CONFIG_CPU_FALLBACK")
+    warn(f"warning: {reason}")
+    warn("warning: training on the CPU instead (CONFIG_CPU_FALLBACK=y): expect it to be much slower")
+    return resolve_hardware(gpu="cpu")
+
+
+def train_planned(config: "Config", machine: "HardwareProfile", *, rank=None, log: Callable[[str], None] = print,
+                  resume: "Callable[[Plan], Path | None]", env: Mapping[str, str] | None = None) -> "TrainResult":
+    """Plan, confirm the plan on the device (the probe), then train: one process, or one rank of a
+    torchrun job (`rank`, set up). `resume(plan)` names the run to continue, or None; on rank 0 only.
+    `env`: NNODES for the plan, as processes()."""
+    from . import distributed
+    from .hardware.allocator import RETENTION_FACTOR, needs_returning, return_freed_memory
+    from .hyperparams import compile_line, summary_line, with_predictions
+    from .probe import maybe_probe
+    from .task import load_task
+    from .trainer import train as train_loop
+
+    rank = rank or distributed.SINGLE
+    model, plan = plan_for(config, machine, rank.world_size, env)
+    log(summary_line(plan, machine, model))
+    log(compile_line(plan))
+    log(f"CPU threads: {plan.cpu_threads} ({plan.reasons['cpu_threads']})")
+    for note in plan.notes:
+        log(f"Note: {note}")
+    task = load_task(config)
+    if plan.effective_batch > len(task.train):
+        log(f"warning: the effective batch {plan.effective_batch} is larger than the training set "
+            f"({len(task.train):,} samples): each step uses all of them, one step per epoch; lower "
+            f"CONFIG_TARGET_EFFECTIVE_BATCH to {len(task.train)} or less")
+    probed = maybe_probe(config, plan, machine, task, log=log, rank=rank)
+    if probed != plan:  # another micro-batch: its own predicted time
+        probed = with_predictions(config, machine, probed)
+    plan = probed
+    if plan.device_type == "cpu" and needs_returning(plan.predicted_peak_bytes, plan.budget_bytes):
+        returned = return_freed_memory()
+        log(f"Memory: the predicted peak x {RETENTION_FACTOR} (glibc keeps freed memory) exceeds the budget: "
+            + ("freed tensors go back to the system (slower steps, RAM within budget)" if returned
+               else "this C library cannot be told to return freed memory; RAM may exceed the budget"))
+    run = distributed.broadcast(resume(plan) if rank.is_main else None)
+    return train_loop(config, plan, machine, task=task, resume=run, log=log)

@@ -1,0 +1,187 @@
+"""kfit's command line: `kfit <command>`, and every make target is a thin wrapper over a command here.
+
+Settings come from flags or, as make passes them, environment variables (flags.py has the table:
+--gpu / GPU=, --free-gb / FREE_GB=, --gpus / GPUS=, ...). KCONFIG_CONFIG (--config) selects the config
+file and KCONFIG_SEED (--seed) the randconfig seed, as in the kernel. Installed, this is the `kfit`
+command; in a checkout scripts/kfit.py runs it (as make does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from . import flags
+from .common import ensure_config, run_main  # noqa: F401  (ensure_config: re-exported for tests)
+from .. import config as kconfig
+from ..env import env_choice
+from ..errors import KfitError
+
+
+# --------------------------------------------------------------------------
+# Config targets
+
+
+def cmd_defconfig(args) -> int:
+    fragments = os.environ.get("FRAGMENTS", "").split()
+    out = kconfig.config_path()
+    notes: list[str] = []
+    kconfig.make_defconfig(args.name, fragments, out, notes)
+    for note in notes:
+        print(f"note: {note}")
+    merged = f" + {', '.join(fragments)}" if fragments else ""
+    print(f"# configuration written to {out} (defconfig {args.name}{merged})")
+    return 0
+
+
+def cmd_olddefconfig(args) -> int:
+    path = kconfig.config_path()
+    kconfig.olddefconfig(path)
+    print(f"# configuration written to {path}")
+    return 0
+
+
+def cmd_savedefconfig(args) -> int:
+    out = kconfig.savedefconfig(kconfig.config_path(), Path(args.output))
+    print(f"# minimal configuration written to {out}")
+    return 0
+
+
+def cmd_listnewconfig(args) -> int:
+    for line in kconfig.listnewconfig(kconfig.config_path()):
+        print(line)
+    return 0
+
+
+def _menu(copy: Path) -> None:
+    """kconfiglib's curses menu on `copy`: it loads and saves the file KCONFIG_CONFIG names."""
+    import kconfiglib
+    import menuconfig
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # curses would fail with a traceback
+        raise KfitError("menuconfig needs a terminal: run it in one, or use 'make oldconfig', a fragment "
+                        "('make <fragment>.config') or an editor on the config file")
+    previous = os.environ.get("KCONFIG_CONFIG")
+    os.environ["KCONFIG_CONFIG"] = str(copy)
+    try:
+        menuconfig.menuconfig(kconfiglib.Kconfig(str(kconfig.KCONFIG)))
+    finally:
+        if previous is None:
+            del os.environ["KCONFIG_CONFIG"]
+        else:
+            os.environ["KCONFIG_CONFIG"] = previous
+
+
+def cmd_menuconfig(args) -> int:
+    # The menu edits a copy (it may hold invalid values: the menu is how to fix them); the config is
+    # replaced only by a result the strict reader accepts.
+    path = kconfig.config_path()
+    notes: list[str] = []
+    config = kconfig.edit_config(path, _menu, notes)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"# configuration written to {path}" if config else f"# {path} unchanged")
+    return 0
+
+
+def cmd_oldconfig(args) -> int:
+    path = kconfig.config_path()
+    if sys.stdin.isatty():
+        import oldconfig as prompts  # kconfiglib's oldconfig questions
+
+        kconfig.oldconfig(path, ask=prompts.oldconfig)
+    else:
+        print("note: stdin is not a terminal, so nothing is asked: new symbols take their defaults "
+              "(as 'make olddefconfig')")
+        kconfig.olddefconfig(path)
+    print(f"# configuration written to {path}")
+    return 0
+
+
+def cmd_allconfig(args) -> int:
+    """alldefconfig, allnoconfig, allyesconfig."""
+    path = kconfig.config_path()
+    getattr(kconfig, args.command)(path)
+    print(f"# configuration written to {path} ({args.command})")
+    return 0
+
+
+def cmd_randconfig(args) -> int:
+    seed = kconfig.randconfig_seed(os.environ.get("KCONFIG_SEED"))
+    print(f"KCONFIG_SEED=0x{seed:X}", file=sys.stderr)  # as the kernel prints it: rerun with it to reproduce
+    path = kconfig.config_path()
+    kconfig.randconfig(seed, path)
+    print(f"# configuration written to {path} (randconfig)")
+    return 0
+
+
+def cmd_mergeconfig(args) -> int:
+    path = kconfig.config_path()
+    notes: list[str] = []
+    kconfig.merge_fragment(args.fragment, path, notes)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"# configuration written to {path} (merged fragment {args.fragment})")
+    return 0
+
+
+def cmd_defconfigs(args) -> int:
+    """Names for the Makefile's help and pattern rules."""
+    names = kconfig.fragment_names() if args.fragments else kconfig.defconfig_names()
+    print(" ".join(names))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# The parser
+
+# Each area registers its own commands (plan, train, tuning, ...), in this order in --help.
+AREAS = ("plan", "train", "tune", "recommend")
+
+
+def parser() -> argparse.ArgumentParser:
+    import importlib
+
+    top = argparse.ArgumentParser(prog="kfit", description=__doc__.splitlines()[0], epilog=flags.EXIT_CODES)
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = flags.command(sub, "defconfig", "write the config from defconfigs/NAME (+ fragments)", "FRAGMENTS",
+                      func=cmd_defconfig)
+    p.add_argument("name", help="a name from defconfigs/ ('kfit list'), or a path to a defconfig file")
+    flags.command(sub, "olddefconfig", "validate the config, fill in new symbols with defaults",
+                  func=cmd_olddefconfig)
+    p = flags.command(sub, "savedefconfig", "write the minimal config to ./defconfig", func=cmd_savedefconfig)
+    p.add_argument("--output", default="defconfig", metavar="FILE", help="where to write it (default ./defconfig)")
+    flags.command(sub, "listnewconfig", "list symbols the config does not set", func=cmd_listnewconfig)
+    flags.command(sub, "menuconfig", "edit the config in a terminal menu; kept only if valid", func=cmd_menuconfig)
+    flags.command(sub, "oldconfig", "ask for the symbols the config does not set", func=cmd_oldconfig)
+    for name, what in (("alldefconfig", "every symbol at its default"), ("allnoconfig", "as many n as allowed"),
+                       ("allyesconfig", "as many y as allowed")):
+        flags.command(sub, name, f"write the config: {what}", func=cmd_allconfig)
+    flags.command(sub, "randconfig", "write a random valid config", "KCONFIG_SEED", func=cmd_randconfig)
+    p = flags.command(sub, "mergeconfig", "merge a fragment onto the config (make <fragment>.config)",
+                      func=cmd_mergeconfig)
+    p.add_argument("fragment", help="a name from defconfigs/fragments/, or a path")
+    p = flags.command(sub, "list", "list the defconfig (or fragment) names", func=cmd_defconfigs)
+    p.add_argument("--fragments", action="store_true", help="list the fragments instead")
+    for area in AREAS:
+        importlib.import_module(f".{area}", __package__).register(sub)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `make plan | head` ends quietly, like other CLIs
+    args = parser().parse_args(argv)
+
+    def run() -> int:
+        with flags.applied(args) as given:
+            try:
+                if getattr(args, "format", "") is None:
+                    args.format = env_choice("FORMAT", ("text", "json"), "text")
+                return args.func(args)
+            except KfitError as err:
+                raise flags.name_flag(err, given) from None
+
+    return run_main(run)

@@ -1,0 +1,90 @@
+"""What every command reads from the environment (or its flags): the machine (HW=, GPU=, ...) and the config."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .. import api, config as kconfig
+from ..env import env_number
+from ..errors import KfitError
+
+
+def run_main(main: Callable[[], int | None]) -> int:
+    """A command's main() under kfit's convention: a user error is one 'error:' line on stderr and exit status
+    2, never a traceback; Ctrl-C is 'interrupted' and 130."""
+    try:
+        return main() or 0
+    except KfitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def hardware_from_env(allow_simulated: bool = True):
+    """The machine to plan for. For training (allow_simulated=False) it is this one, as detected:
+    GPUS= then means the number of training processes (see lib.distributed), not simulated GPUs."""
+    from ..hardware import resolve_hardware
+
+    hw, gpu = os.environ.get("HW") or None, os.environ.get("GPU") or None
+    if not allow_simulated and (hw or gpu):
+        raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
+                        "(use 'make plan HW=... / GPU=...' to see another machine's plan)")
+    # GPUS=N is N training processes everywhere (lib.distributed.process_count); on a simulated machine
+    # (GPU=) it also gives that machine N of its GPU
+    return resolve_hardware(hw=hw, gpu=gpu, free_gb=env_number("FREE_GB", float),
+                            gpus=env_number("GPUS", int) if allow_simulated and gpu else None)
+
+
+def new_defconfig_dir() -> Path:
+    """Where a bare DEFCONFIG= / recommend --write name goes: the checkout's defconfigs/, which 'make <name>-defconfig'
+    reads; installed, ./defconfigs (never into site-packages), which 'kfit defconfig defconfigs/<name>' reads."""
+    from ..resources import CHECKOUT
+
+    return kconfig.DEFCONFIG_DIR if CHECKOUT else Path("defconfigs")
+
+
+def apply_hint(path: Path) -> str:
+    """How to apply a defconfig written to `path`: make from a checkout (a name, or a path), else kfit."""
+    from ..resources import CHECKOUT
+
+    if CHECKOUT is None:
+        return f"'kfit defconfig {path}' applies it"
+    return f"'make {path.name if path.parent == kconfig.DEFCONFIG_DIR else path}-defconfig' applies it"
+
+
+def ensure_config() -> "kconfig.Config":
+    """Read the .config; on a fresh clone with none, apply the default defconfig and say so."""
+    path = kconfig.config_path()
+    if not path.exists():
+        print(f"No {path} found: applying the default defconfig '{kconfig.DEFAULT_DEFCONFIG}' "
+              f"(as 'make {kconfig.DEFAULT_DEFCONFIG}-defconfig' would)")
+        return kconfig.make_defconfig(kconfig.DEFAULT_DEFCONFIG, out=path)
+    return kconfig.read_config(path)
+
+
+def config_to_plan() -> tuple["kconfig.Config", str | None]:
+    """The .config, or without one the default defconfig built in memory and a note saying so:
+    showing a plan must not create the config."""
+    path = kconfig.config_path()
+    if path.exists():
+        return kconfig.read_config(path), None
+    name = kconfig.DEFAULT_DEFCONFIG
+    return kconfig.defconfig_config(name), (f"no {path}: this plans the default defconfig '{name}' in memory and "
+                                            f"writes nothing ('make {name}-defconfig' writes it)")
+
+
+
+def processes(config, hardware, world_size: int | None = None) -> tuple[int, int]:
+    """(training processes, machines) as 'make train' would run them, from the environment (WORLD_SIZE=,
+    GPUS=, NNODES=): lib.api.processes. So a plan previewed with the arguments of a run is the plan that runs."""
+    return api.processes(config, hardware, world_size, os.environ)
+
+
+def plan_for(config, hardware, world_size: int | None = None):
+    """(model description, plan) for a config on a machine, as training would resolve it."""
+    return api.plan_for(config, hardware, world_size, os.environ)

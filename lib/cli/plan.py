@@ -1,0 +1,222 @@
+"""Subcommands that show plans: plan, check-hardware, plan-matrix and plan-report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+from .common import config_to_plan, hardware_from_env, plan_for
+from .flags import MACHINE, command
+from .. import config as kconfig
+from ..errors import KfitError
+
+
+def format_plan(plan, config, hardware, model) -> str:
+    from ..report import memory_lines
+
+    target = f" (target {plan.target_effective_batch})" if plan.target_effective_batch else " (MANUAL)"
+    rows = [
+        ("device", f"{plan.device_type} ({plan.device_name})", plan.reasons["device"]),
+        ("precision", plan.precision + (" + grad scaler" if plan.grad_scaler else ""), plan.reasons["precision"]),
+        ("compile", f"on ({plan.compile_mode})" if plan.compile else "off", plan.reasons["compile"]),
+        ("micro-batch", str(plan.micro_batch), plan.reasons["micro_batch"]),
+        ("grad accumulation", str(plan.grad_accum), plan.reasons["grad_accum"]),
+        ("effective batch", f"{plan.effective_batch}{target}",
+         f"{plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es)"
+         + (", the last micro-batch short" if plan.micro_batch * plan.grad_accum * plan.world_size
+            != plan.effective_batch else "")),
+        ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
+         plan.reasons.get("strategy", "")),
+        *([("gradient sync", f"per {plan.gradient_sync.replace('_', '-')}", plan.reasons["gradient_sync"])]
+          if "gradient_sync" in plan.reasons else []),
+        ("eval batch", str(plan.eval_batch), plan.reasons["eval_batch"]),
+        ("tf32", "on" if plan.tf32 else "off", plan.reasons["tf32"]),
+        ("cudnn benchmark", "on" if plan.cudnn_benchmark else "off", plan.reasons["cudnn_benchmark"]),
+        ("loader workers", f"{plan.num_workers}{' + pinned memory' if plan.pin_memory else ''}",
+         plan.reasons["workers"]),
+        ("cpu threads", str(plan.cpu_threads), plan.reasons["cpu_threads"]),
+        ("checkpointing", "on" if plan.gradient_checkpointing else "off",
+         plan.reasons.get("gradient_checkpointing", "")),
+        *time_rows(plan),
+    ]
+    lines = [f"Plan for {config.source} ({model.name}{'-' + model.preset if model.preset else ''}) "
+             f"on {hardware.source} hardware, policy {plan.policy}:"]
+    width = max(len(r[0]) for r in rows)
+    for name, value, why in rows:
+        lines.append(f"  {name:<{width}}  {value:<18} {why}")
+    lines += memory_lines(plan)
+    lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)  # the seed's one-line summary is training's start line: the table says it all here
+
+
+def time_rows(plan) -> list[tuple[str, str, str]]:
+    """The predicted step time, throughput, run time and energy (lib.steptime), or why there are none."""
+    from ..trainer.timing import format_seconds
+
+    why = plan.reasons.get("step_time", "")
+    if plan.predicted_step_seconds is None:
+        return [("step time", "unknown", why)] if why else []
+    energy = (f"{plan.predicted_energy_kwh:.2g} kWh" if plan.predicted_energy_kwh is not None else "unknown")
+    return [("step time", f"{plan.predicted_step_seconds * 1e3:.1f} ms", why),
+            ("throughput", f"{plan.predicted_samples_per_second:,.0f} samples/s", "over all processes"),
+            ("run time", format_seconds(plan.predicted_run_seconds), "the configured epochs/steps, evaluations "
+             "included (CONFIG_TIME_LIMIT caps it)"),
+            ("energy", energy, "the device's power limit x the run time (an upper bound)")]
+
+
+def cmd_plan(args) -> int:
+    hardware = hardware_from_env()
+    config, note = config_to_plan()
+    model, plan = plan_for(config, hardware)
+    if note:
+        plan = dataclasses.replace(plan, notes=plan.notes + (note,))
+    if args.format == "json":
+        print(json.dumps({**plan.to_dict(), "hardware": hardware.to_dict()}, indent=2, sort_keys=True))
+    else:
+        print(format_plan(plan, config, hardware, model))
+    return 0
+
+
+def _data_dir(config_path) -> str | None:
+    """The config's data directory, None for built-in data (or a config the plan will refuse)."""
+    if not config_path.exists():
+        return None
+    try:
+        config = kconfig.read_config(config_path)
+    except KfitError:
+        return None  # the plan below says what is wrong with it
+    return config.data_dir if config.dataset == "dir" else None
+
+
+def _details(found: dict) -> list[str]:
+    """Seed 002's profiler items (lib/hardware/details.collect), "unknown" where this machine does not say."""
+    from ..hardware import format_size
+
+    def known(value, fmt=str):
+        return fmt(value) if value is not None else "unknown"
+
+    def yes(v):
+        return "yes" if v else "no"
+
+    cpu, data = found["cpu"], found["data"]
+    lines = [f"CPU details: {known(cpu['arch'])}, clock {known(cpu['clock_mhz'], lambda v: f'{v} MHz')}, "
+             f"NUMA nodes {known(cpu['numa_nodes'])}; swap "
+             f"{known(cpu['swap_bytes'], lambda v: format_size(v) if v else 'none')}; memory bandwidth "
+             f"{known(cpu['memory_bandwidth_bytes_per_s'], lambda v: f'{v / 1e9:.1f} GB/s')} (a 256 MiB copy)"]
+    if data["directory"]:
+        speed = data["read_bytes_per_s"]
+        lines.append(f"data: {data['directory']} on {known(data['disk'])}, sequential read "
+                     + (f"{speed / 1e6:.0f} MB/s ({data['read']})" if speed else f"unknown ({data['read']})"))
+    else:
+        lines.append(f"data: built in (in memory); the working directory is on {known(data['disk'])}")
+    for gpu in found["gpus"]:
+        lines.append(f"GPU {gpu['index']} power: limit {known(gpu['power_limit_watts'], lambda v: f'{v:.0f} W')}, "
+                     f"drawing {known(gpu['power_draw_watts'], lambda v: f'{v:.0f} W')}; INT8 "
+                     f"{known(gpu['int8'], yes)}, FP8 {known(gpu['fp8'], yes)}")
+    return lines
+
+
+def cmd_check_hardware(args) -> int:
+    from ..hardware import details, gib
+    from ..hardware.profile import DETAILS_KEY
+    from ..report import hardware_warnings, recommendations
+
+    path = kconfig.config_path()  # a bad KCONFIG_CONFIG is refused before the report starts
+    hardware = hardware_from_env()
+    measured_here = not (os.environ.get("HW") or os.environ.get("GPU"))  # details describe this machine only
+    found = details.collect(hardware, _data_dir(path)) if measured_here else None
+    if args.format == "json":
+        print(json.dumps({**hardware.to_dict(), DETAILS_KEY: found}, indent=2))
+        return 0
+    cpu = hardware.cpu
+    print(f"Hardware ({hardware.source}): torch {hardware.torch_version}"
+          + (f", CUDA {hardware.cuda_version}" if hardware.cuda_version else "")
+          + (f", ROCm/HIP {hardware.hip_version}" if hardware.hip_version else ""))
+    if not hardware.gpus:
+        print("  GPU: none that torch can use")
+    for gpu in hardware.gpus:
+        cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else gpu.arch
+        print(f"  GPU {gpu.index}: {gpu.name} [{gpu.backend}, {cc}] {gib(gpu.total_bytes):.1f}GiB total, "
+              f"{gib(gpu.free_bytes):.1f}GiB free; bf16 {'yes' if gpu.supports_bf16 else 'no'}, "
+              f"TF32 {'yes' if gpu.supports_tf32 else 'no'}")
+    print(f"  CPU: {cpu.name}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores")
+    print(f"  RAM: {gib(cpu.ram_total_bytes):.1f}GiB total, {gib(cpu.ram_available_bytes):.1f}GiB available")
+    print(f"  disk: {gib(hardware.disk_free_bytes):.1f}GiB free")
+    print(f"  power: {'battery' if hardware.on_battery else 'mains' if hardware.on_battery is False else 'no battery'}")
+    if found:
+        for line in _details(found):
+            print(f"  {line}")
+    for note in hardware.notes:
+        print(f"  note: {note}")
+    for warning in hardware_warnings(hardware):
+        print(f"  warning: {warning}")
+    if path.exists():
+        config = kconfig.read_config(path)
+        model, plan = plan_for(config, hardware)
+        print()
+        print(format_plan(plan, config, hardware, model))
+        advice = recommendations(config, hardware, plan, plan.world_size)
+        if advice:
+            print()
+            print("Recommendations:")
+            for line in advice:
+                print(f"  - {line}")
+    return 0
+
+
+def cmd_plan_matrix(args) -> int:
+    from ..report import format_matrix, plan_matrix, scale_out_rows
+
+    from .common import env_number
+    from ..report import machines
+
+    start = time.perf_counter()
+    # as everywhere: GPUS=N training processes, N GPUs on each catalog machine
+    gpus = env_number("GPUS", int, minimum=1)
+    rows = (plan_matrix(targets=machines(gpus=gpus), world_size=gpus) if gpus else plan_matrix() + scale_out_rows())
+    if args.format == "json":
+        print(json.dumps([{"defconfig": r.defconfig, "machine": r.machine, "error": r.error,
+                           "plan": r.plan.to_dict() if r.plan else None} for r in rows], indent=2))
+        return 0
+    print(format_matrix(rows))
+    fits = sum(1 for r in rows if r.plan)
+    print(f"{len(rows)} plans ({fits} fit) in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _focus_machine() -> str:
+    """The matrix column the report details: GPU=, else this machine's GPU if the catalog knows it, else cpu."""
+    from ..hardware import catalog
+    from ..errors import HardwareError
+
+    if os.environ.get("GPU"):
+        return "cpu" if os.environ["GPU"].lower() == "cpu" else catalog.lookup(os.environ["GPU"]).key
+    hardware = hardware_from_env()
+    try:
+        return catalog.lookup(hardware.primary_gpu.name).key if hardware.gpus else "cpu"
+    except HardwareError:
+        return "h100"
+
+
+def cmd_plan_report(args) -> int:
+    from ..report import check_writable, plan_matrix, render_report
+
+    out = Path(os.environ.get("OUT") or "plan-report.html")
+    check_writable(out)
+    focus = _focus_machine()
+    render_report(plan_matrix(), focus, out)
+    print(f"plan report written to {out} (details for {focus}; open it in a browser)")
+    return 0
+
+
+def register(sub) -> None:
+    command(sub, "plan", "resolve the plan without training", *MACHINE, "FORMAT", func=cmd_plan)
+    command(sub, "check-hardware", "report the hardware and the plan", *MACHINE, "FORMAT", func=cmd_check_hardware)
+    command(sub, "plan-matrix", "every defconfig on every catalog GPU and the CPU", "GPUS", "FORMAT",
+            func=cmd_plan_matrix, help={"GPUS": "N GPUs on each catalog machine, N training processes"})
+    command(sub, "plan-report", "the plan matrix and memory charts as HTML", "OUT", "HW", "GPU", "FREE_GB", "GPUS",
+            func=cmd_plan_report, help={"OUT": "the HTML file to write (default plan-report.html)",
+                                        "GPU": "the catalog GPU to detail (default: this machine's)"})

@@ -1,0 +1,162 @@
+"""The train and export commands: fallback, launch under torchrun, probe, resume, train.
+
+Exit status: 0 done; 1 the loss diverged; 2 an error the user can fix; 130 / 143
+stopped by SIGINT / SIGTERM after saving a checkpoint ('make train' resumes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..api import train_planned, usable_hardware  # noqa: F401  (usable_hardware: for tests)
+from .common import ensure_config, hardware_from_env, plan_for
+from ..env import env_bool, env_number
+from ..errors import KfitError
+from .flags import command
+
+
+
+def _rank_script() -> Path:
+    """What torchrun runs in each rank (`<script> train`): scripts/kfit.py in a checkout, as make runs it, else
+    the installed package's __main__.py."""
+    from ..resources import CHECKOUT, PACKAGE
+
+    script = CHECKOUT / "scripts" / "kfit.py" if CHECKOUT else None
+    return script if script and script.is_file() else PACKAGE / "__main__.py"
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def resume_from(config, plan) -> Path | None:
+    """The run to continue: the latest unfinished one in OUTPUT_DIR with a matching config and effective
+    batch, unless CONFIG_RESUME=n or RESUME=0 (RESUME=1 resumes even when CONFIG_RESUME=n)."""
+    from ..api import find_run
+
+    return find_run(config, plan) if env_bool("RESUME", config.resume) else None
+
+
+def _oom_relaunch(config, since: float) -> str | None:
+    """Why to relaunch a sharded run that failed: it ran out of memory and marked the micro-batch to retry."""
+    from ..checkpoint import oom_marker_since
+
+    marker = oom_marker_since(Path(config.output_dir), since)
+    if marker is None:
+        return None
+    return (f"Out of memory at step {marker['step']} under FSDP: relaunching from the last checkpoint at "
+            f"micro-batch {marker['micro_batch']} (the same effective batch)")
+
+
+def cmd_train(args) -> int:
+    import torch
+
+    from .. import distributed
+    from ..oom import ADVICE, is_oom
+    from ..parallel import is_sharded
+    from ..trainer import TrainingInterrupted
+
+    hardware = hardware_from_env(allow_simulated=False)
+    # every variable is checked before a config is written or a process launched
+    env_bool("RESUME")
+    nnodes = distributed.nodes_range()[1]
+    world_size = env_number("WORLD_SIZE", int, 1, minimum=1)
+    config = ensure_config()
+    if not distributed.under_torchrun():
+        if world_size > 1:
+            raise KfitError(f"WORLD_SIZE={world_size} is set, but kfit was not started by torchrun: "
+                            f"unset it and use 'make train GPUS={world_size}', which launches "
+                            "torchrun ('make plan WORLD_SIZE=N' shows what N processes would run)")
+        hardware = usable_hardware(config, hardware, _stderr)
+        _, plan = plan_for(config, hardware, world_size=1)  # the config is validated before any launch
+        nproc, why = distributed.process_count(config, hardware, plan.device_type)
+        if nproc > 1 or nnodes > 1:  # one process on each of several machines is torchrun's too
+            _, launch = plan_for(config, hardware, world_size=nproc * nnodes)  # refuses a world size it cannot take
+            print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why}); "
+                  f"{launch.cpu_threads} CPU thread(s) each")
+            # the threads are decided here, before any rank starts: a rank would count its siblings as load
+            # a sharded run that ran out of memory is relaunched at half the micro-batch: no rank can redo a step
+            relaunch = is_sharded(launch.strategy) and config.oom_recovery
+            return distributed.run_torchrun(
+                nproc, _rank_script(), dict(os.environ), threads=launch.cpu_threads,
+                relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
+                attempts=(config.oom_max_halvings or 0) if relaunch else 0)
+    rank = distributed.current()
+    say = print if rank.is_main else (lambda *a, **k: None)
+    if rank.active:
+        hardware = usable_hardware(config, hardware, _stderr if rank.is_main else (lambda line: None), rank.local_rank)
+        _, plan = plan_for(config, hardware, rank.world_size)
+        rank = distributed.setup(plan.device_type)
+        hardware = distributed.hardware_for_rank(hardware, rank)
+    try:
+        result = train_planned(config, hardware, rank=rank, log=say, env=os.environ,
+                               resume=lambda plan: resume_from(config, plan))
+    except TrainingInterrupted as stop:
+        return stop.exit_code
+    except FloatingPointError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_oom(err):
+            raise
+        what = ("CONFIG_OOM_RECOVERY is off" if not config.oom_recovery else
+                "under FSDP no rank can redo a step alone: the launcher relaunches the run at half the micro-batch"
+                if is_sharded(plan.strategy) and rank.active else
+                "it could not be recovered")
+        print(f"error: out of memory ({' '.join(str(err).split())[:200]}); {what}: {ADVICE}", file=sys.stderr)
+        return 2
+    finally:
+        distributed.teardown()
+    final = result.final_eval
+    if rank.is_main:
+        metric = (f"accuracy {final['accuracy']:.2%}" if "accuracy" in final else
+                  f"perplexity {final['perplexity']:.2f}" if "perplexity" in final else
+                  f"eval loss {final['eval_loss']:.4f}")
+        print(f"Done: {result.steps} steps, {result.epochs:.1f} epochs in {result.seconds:.1f}s; {metric}; "
+              f"run in {result.run_dir}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from ..export import export
+
+    run = os.environ.get("RUN")
+    if not run:
+        raise KfitError("RUN= is missing: name a run directory (under CONFIG_OUTPUT_DIR) or a checkpoint, "
+                        "e.g. 'make export RUN=runs/gpt2-tiny-20261123-101500'")
+    path = export(Path(run), Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    print(f"Exported {path} (the model's state_dict: safetensors.torch.load_file(path)), with config and "
+          f"plan.json beside it")
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from ..sample import sample
+
+    run = os.environ.get("RUN")
+    if not run:
+        raise KfitError("RUN= is missing: name a GPT-2 run directory, a checkpoint or an exported "
+                        "model.safetensors, e.g. 'make sample RUN=runs/gpt2-tiny-20261123-101500 PROMPT=\"def \"'")
+    text, about = sample(Path(run), os.environ.get("PROMPT", ""),
+                         max_tokens=env_number("MAX_TOKENS", int, 200, minimum=1),
+                         temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0),
+                         top_k=env_number("TOP_K", int, 200, minimum=0) or None,
+                         seed=env_number("SEED", int, 0, minimum=0))
+    step = f" at step {about['step']}" if about["step"] is not None else ""
+    print(f"# gpt2 {about['preset']}{step}, {about['tokenizer']}, on {about['device']}", file=sys.stderr)
+    print(os.environ.get("PROMPT", "") + text)
+    return 0
+
+
+def register(sub) -> None:
+    command(sub, "train", "train as configured (applies the default defconfig if there is no config)", "GPUS",
+            "WORLD_SIZE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RESUME", func=cmd_train,
+            help={"GPUS": "training processes on this machine, launched with torchrun (default: one per GPU)",
+                  "WORLD_SIZE": "set by torchrun for each rank; to plan N processes use 'kfit plan --world-size N'"})
+    command(sub, "export", "write one model.safetensors from a run's checkpoint, sharded or not", "RUN", "OUT",
+            func=cmd_export, help={"OUT": "the directory to write (default <run>/export)"})
+    command(sub, "sample", "generate text from a trained GPT-2 run", "RUN", "PROMPT", "MAX_TOKENS",
+            "TEMPERATURE", "TOP_K", "SEED", func=cmd_sample,
+            help={"RUN": "a GPT-2 run directory, checkpoint or exported model.safetensors"})

@@ -1,0 +1,101 @@
+"""make export (model.safetensors) and make sample (lib/sample.py) on a real, tiny GPT-2 run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lib import config as kc
+from lib.errors import KfitError
+from lib.export import MODEL_FILE, export, load_exported
+from lib.hardware import resolve_hardware
+from lib.hyperparams import ModelDescription, resolve
+from lib.sample import generate, sample, tokenizer_for
+from lib.task import load_task
+from lib.trainer import Trainer
+from lib.trainer.evaluation import Evaluator
+
+CPU = resolve_hardware(gpu="cpu")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A gpt2-tiny run of 3 steps with an evaluation at its end: (config, plan, result)."""
+    tmp = tmp_path_factory.mktemp("export")
+    fragment = tmp / "fragment"
+    fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp}/runs"\nCONFIG_DEVICE_CPU=y\nCONFIG_MAX_STEPS=3\n')
+    config = kc.make_defconfig("gpt2-tiny", [str(fragment)], out=tmp / "config")
+    plan = resolve(config, CPU, ModelDescription.from_config(config))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = Trainer(config, plan, CPU, log=lambda line: None).fit()
+    finally:
+        torch.set_num_threads(threads)
+    return config, plan, result
+
+
+def test_the_exported_file_reproduces_the_runs_final_evaluation(trained, tmp_path):
+    config, plan, result = trained
+    path = export(result.run_dir, tmp_path / "e")
+    assert path.name == MODEL_FILE and (tmp_path / "e" / "config").read_text() == config.text
+    assert (tmp_path / "e" / "plan.json").is_file()
+    weights = load_exported(path)  # GPT-2's tied output layer is its own copy: every key, strict
+    assert torch.equal(weights["lm_head.weight"], weights["transformer.wte.weight"])
+    task = load_task(config)
+    model = task.build(False)
+    model.load_state_dict(weights, strict=True)
+    metrics = Evaluator(task, config, torch.device("cpu"), _no_injection()).metrics(model, plan, plan.eval_batch)
+    assert metrics["eval_loss"] == pytest.approx(result.final_eval["eval_loss"], rel=1e-6)
+
+
+def _no_injection():
+    from lib.oom import Injector
+
+    return Injector({})
+
+
+def test_a_damaged_export_is_one_error(tmp_path):
+    bad = tmp_path / MODEL_FILE
+    bad.write_bytes(b"not safetensors")
+    with pytest.raises(KfitError, match="not a safetensors file kfit can read.*make export"):
+        load_exported(bad)
+
+
+def test_sampling_repeats_with_a_seed_and_reads_runs_and_exports_alike(trained, tmp_path):
+    _, _, result = trained
+    text, about = sample(result.run_dir, "def ", max_tokens=12, seed=3, device="cpu")
+    assert about["tokenizer"] == "bytes (UTF-8)" and about["step"] == 3 and isinstance(text, str)
+    again, _ = sample(result.run_dir, "def ", max_tokens=12, seed=3, device="cpu")
+    assert again == text
+    exported = export(result.run_dir, tmp_path / "e")
+    from_export, _ = sample(exported, "def ", max_tokens=12, seed=3, device="cpu")
+    assert from_export == text
+    greedy, _ = sample(exported, "def ", max_tokens=5, temperature=0, device="cpu")
+    assert greedy == sample(exported, "def ", max_tokens=5, temperature=0, seed=99, device="cpu")[0]
+
+
+def test_generation_keeps_the_top_k_and_the_context_window():
+    class Fixed(torch.nn.Module):  # logits favour token 2, then 1; sees at most block_size tokens
+        def forward(self, idx):
+            assert idx.size(1) <= 4
+            logits = torch.full((*idx.shape, 5), -10.0)
+            logits[..., 2], logits[..., 1] = 5.0, 4.0
+            return logits
+
+    g = torch.Generator().manual_seed(0)
+    out = generate(Fixed(), [0], max_tokens=30, temperature=1.0, top_k=2, block_size=4, generator=g,
+                   device=torch.device("cpu"))
+    assert set(out) <= {1, 2} and {1, 2} <= set(out)  # top 2 only, both drawn
+    assert generate(Fixed(), [0], max_tokens=3, temperature=0, top_k=None, block_size=4, generator=g,
+                    device=torch.device("cpu")) == [2, 2, 2]
+
+
+def test_runs_that_cannot_be_sampled_say_why(tmp_path):
+    assert tokenizer_for(256).decode(tokenizer_for(256).encode("héllo")) == "héllo"
+    with pytest.raises(KfitError, match="no tokenizer for it"):
+        tokenizer_for(1000)
+    with pytest.raises(KfitError, match="no config beside it"):
+        sample(tmp_path / MODEL_FILE, "x")
+    with pytest.raises(KfitError, match="TEMPERATURE=-1"):
+        sample(tmp_path, "x", temperature=-1)
