@@ -171,7 +171,9 @@ OOM_MARKER = "oom.json"
 NOT_TRAINING_MATH = ("RESUME", "MONITOR", "CHECKPOINT_", "PROBE_", "OOM_", "NPROC", "CPU_FALLBACK",
                      "LOG_INTERVAL", "EVAL_INTERVAL", "DATALOADER_WORKERS", "TIME_LIMIT", "OUTPUT_DIR",
                      "RUN_NAME", "MEMORY_PROFILE", "HYPER_PARAM_POLICY", "LR_FINDER_", "HPO_",
-                     "PARALLEL_", "FSDP_")  # sharding changes where tensors live, not the math
+                     "PARALLEL_", "FSDP_",  # sharding changes where tensors live, not the math
+                     "THERMAL_", "BATTERY_",  # when to pause or stop, not what a step computes
+                     "TRACK")  # where metrics are also sent
 
 
 def periodic_path(run_dir: Path, step: int, sharded: bool = False) -> Path:

@@ -286,8 +286,39 @@ def plan_of(config: Config, hardware) -> Plan:
     return resolve(config, hardware, ModelDescription.from_config(config), 1)
 
 
-def objective(config: Config, hardware, task, *, storage: str | None = None,
-              log: Log = print) -> Callable[[optuna.Trial], float]:
+# Optimizers by the state they keep, most first: the probe runs the trial that needs the most memory.
+_HEAVIEST_FIRST = ("adamw", "adam", "sgd")
+
+
+def probe_once(config: Config, hardware, task, log: Log = print) -> dict | None:
+    """Before the first trial: the probe (lib/probe.py, as CONFIG_PROBE_* says) of the trial that needs the most
+    memory, the largest effective batch with the optimizer that keeps the most state; its largest micro-batch
+    and evaluation batch that fit cap every trial (`capped`). None where the config does not probe here."""
+    from .probe import confirm
+
+    params = {"optimizer": next(o for o in _HEAVIEST_FIRST if o in config.hpo_optimizers),
+              "learning_rate": config.hpo_lr_max, "weight_decay": config.hpo_wd_max,
+              "effective_batch": max(config.hpo_batch_sizes)}
+    cfg = trial_config(config, params, "probe")
+    result = confirm(cfg, plan_of(cfg, hardware), hardware, task, log=log)
+    if result is not None:
+        log(f"Probe: every trial's micro-batch at most {result['max_micro']}, eval batch at most "
+            f"{result['eval_batch']} (probed once, {describe(params)})")
+    return result
+
+
+def capped(plan: Plan, probed: dict | None) -> Plan:
+    """A trial's plan under the probe's caps: the same effective batch, in micro-batches that fit."""
+    if probed is None:
+        return plan
+    from .probe import apply
+
+    return apply(plan, {"max_micro": probed["max_micro"], "eval_batch": min(plan.eval_batch, probed["eval_batch"])},
+                 "once before the trials")
+
+
+def objective(config: Config, hardware, task, *, storage: str | None = None, log: Log = print,
+              probed: dict | None = None) -> Callable[[optuna.Trial], float]:
     from .trainer import train
 
     directory = study_dir(config, storage)
@@ -296,7 +327,7 @@ def objective(config: Config, hardware, task, *, storage: str | None = None,
         params = sample(trial, config)
         run_dir = new_trial_dir(directory, trial.number)
         cfg = trial_config(config, params, run_dir.name)
-        plan = plan_of(cfg, hardware)
+        plan = capped(plan_of(cfg, hardware), probed)
         for name, value in (("micro_batch", plan.micro_batch), ("grad_accum", plan.grad_accum),
                             ("effective_batch", plan.effective_batch), ("eval_batch", plan.eval_batch),
                             ("policy", plan.policy), ("run_dir", str(run_dir))):
@@ -369,10 +400,11 @@ def run_study(config: Config, hardware, *, trials: int, timeout: float | None = 
     url = storage_url(config, storage)
     check_space(study, config, _where(url, bool(storage)))
     task = task or load_task(config)  # loaded once; every trial reuses the data
+    probed = probe_once(config, hardware, task, log) if trials else None
     # a line per finished trial always; on a terminal Optuna's own bar (stderr) shows the one running too
     try:
-        study.optimize(objective(config, hardware, task, storage=storage, log=log), n_trials=trials,
-                       timeout=timeout or None, catch=TRIAL_FAILURES,
+        study.optimize(objective(config, hardware, task, storage=storage, log=log, probed=probed),
+                       n_trials=trials, timeout=timeout or None, catch=TRIAL_FAILURES,
                        callbacks=[lambda study, trial: log(trial_line(trial))],
                        show_progress_bar=bool(trials) and sys.stderr.isatty())
     except KeyboardInterrupt as stop:  # Optuna has recorded the trial it cut short as failed

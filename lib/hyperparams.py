@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .config import Config
 from .errors import PlanError
 from .hardware import GPUInfo, HardwareProfile, gib
-from .fastest import choose_fastest, with_predictions
+from .fastest import CHECKPOINTING_MODELS, choose_fastest, with_predictions
 from .parallel import is_sharded
 from .plan import BatchChoice, BatchPolicy, ModelDescription, Plan  # noqa: F401  (the resolver's API)
 from .strategy import candidates as strategy_candidates, pick as pick_strategy
@@ -214,10 +214,68 @@ def decide_gradient_sync(at, memory: dict) -> tuple[str, str, dict]:
                            "between micro-batches would not fit the budget"), memory
 
 
+# The memory planner's refusal when even micro-batch 1 does not fit (lib/planner.py PlannerPolicy._no_fit).
+NO_FIT = "does not fit even at micro-batch 1"
+
+
 def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
             policy: BatchPolicy | None = None, nodes: int = 1) -> Plan:
     """The plan for training `model` under `config` on `hardware` with `world_size` processes over
-    `nodes` machines, sharing the model as lib.strategy decides.
+    `nodes` machines, sharing the model as lib.strategy decides. Where the memory planner predicts that
+    not even micro-batch 1 fits, the out-of-memory ladder's rungs that the config allows are taken before
+    training (`planned_on_the_ladder`), as training would take them after running out of memory."""
+    try:
+        return _resolve(config, hardware, model, world_size, policy, nodes)
+    except PlanError as err:
+        if NO_FIT not in str(err):
+            raise
+        return planned_on_the_ladder(config, hardware, model, world_size, policy, nodes, err)
+
+
+def ladder_configs(config: Config, hardware: HardwareProfile) -> list[tuple[str, Config]]:
+    """The ladder's rungs that apply before training, each with the config that takes it and those before it
+    (lib/trainer/ladder.py has the order): checkpointing on, then bf16 (fp16 on a GPU without it) autocast."""
+    device_type, _ = decide_device(config, hardware)
+    gpu = hardware.primary_gpu if device_type == "cuda" else None
+    steps, current = [], config
+    if "checkpointing" in config.oom_ladder and not config.gradient_checkpointing \
+            and config.model in CHECKPOINTING_MODELS:
+        current = dataclasses.replace(current, gradient_checkpointing=True)
+        steps.append(("gradient checkpointing on", current))
+    if "autocast" in config.oom_ladder and config.precision == "auto" and device_type in ("cuda", "cpu") \
+            and decide_precision(config, device_type, gpu)[0] == "fp32":
+        current = dataclasses.replace(current, precision="bf16")  # fp32 under AUTO: a CPU, or a GPU with bf16
+        steps.append(("bf16 autocast", current))
+    return steps
+
+
+def planned_on_the_ladder(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int,
+                          policy: BatchPolicy | None, nodes: int, no_fit: PlanError) -> Plan:
+    """The plan with the fewest of the ladder's rungs under which micro-batch 1 is predicted to fit; `no_fit`
+    (the planner's refusal, with what would help) when none does."""
+    taken: list[str] = []
+    for what, rung_config in ladder_configs(config, hardware):
+        taken.append(what)
+        try:
+            plan = _resolve(rung_config, hardware, model, world_size, policy, nodes)
+        except PlanError as err:
+            if NO_FIT not in str(err):
+                raise
+            continue
+        why = f"out-of-memory ladder: micro-batch 1 is predicted not to fit without {', '.join(taken)}"
+        reasons = {**plan.reasons, "oom_ladder": f"before training: {', '.join(taken)}"}
+        for key, rung in (("gradient_checkpointing", "gradient checkpointing on"), ("precision", "bf16 autocast")):
+            if rung in taken:
+                reasons[key] = f"AUTO, {why}"
+        note = f"the memory planner predicts that not even micro-batch 1 fits as configured: {why} " \
+               "(CONFIG_OOM_LADDER_*)"
+        return dataclasses.replace(plan, notes=(*plan.notes, note), reasons=reasons)
+    raise no_fit
+
+
+def _resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
+             policy: BatchPolicy | None = None, nodes: int = 1) -> Plan:
+    """resolve() as configured, without the ladder.
 
     `policy` defaults to the one the config selects (`policy_for`). The planner
     reads and writes its trace cache, and lib.steptime its counts, CPU figures

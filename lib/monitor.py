@@ -76,10 +76,14 @@ class Monitor:
     def __init__(self, run_dir: Path, total_steps: int, device: torch.device, hardware: HardwareProfile, *,
                  interval_s: float = 1.0, telemetry: bool = True, tokens_per_sample: int = 0,
                  log: Callable[[str], None] = print, enabled: bool = True, append: bool = False,
-                 write_metrics: bool = True, stream=None) -> None:
+                 write_metrics: bool = True, stream=None, gpu: GpuTelemetry | None = None,
+                 tracking=None) -> None:
         """``enabled=False`` (CONFIG_MONITOR=n): no sampler thread, no bar, still
         metrics.jsonl and plain lines.  ``write_metrics=False`` (DDP ranks other
-        than 0): nothing at all.  ``append=True`` (resume) keeps earlier lines."""
+        than 0): nothing at all.  ``append=True`` (resume) keeps earlier lines.
+        ``gpu``: the telemetry source (anything with GpuTelemetry's read, index and
+        close; a fake in tests) instead of NVML's. ``tracking``: experiment trackers
+        (lib.tracking.Tracking) that get every metrics.jsonl line too; closed with the monitor."""
         self.total_steps, self.device, self.log = max(1, total_steps), torch.device(device), log
         self.interval_s, self.tokens_per_sample = interval_s, tokens_per_sample
         self.active = write_metrics
@@ -101,6 +105,7 @@ class Monitor:
         self._gpu: GpuTelemetry | None = None
         self._next_battery = 0.0
         self._fd: int | None = None
+        self.tracking = tracking if write_metrics else None
         if not self.active:
             return
         run_dir = Path(run_dir)
@@ -111,7 +116,9 @@ class Monitor:
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
             self._write_line(b"\n")  # a line a full disk cut short: the next ones start whole
         nvidia = hardware.primary_gpu is not None and hardware.primary_gpu.vendor == "nvidia"
-        if self.enabled and telemetry and nvidia and self.device.type == "cuda":
+        if self.enabled and gpu is not None:
+            self._gpu = gpu
+        elif self.enabled and telemetry and nvidia and self.device.type == "cuda":
             self._gpu = GpuTelemetry.open(self.device.index or 0)
             if self._gpu is None:
                 self._print("note: GPU telemetry is off: NVML is not available (no NVIDIA driver, or "
@@ -169,14 +176,23 @@ class Monitor:
         else:
             self._print(self.format_line(record))
 
-    def event(self, kind: str, message: str, **data) -> None:
+    def event(self, kind: str, message: str, *, show: bool = True, **data) -> None:
         """Something that happened (oom_recovery, checkpoint, resume, warning...):
-        a JSON line {"event": kind, "message": ..., "step": ..., **data} and the message."""
+        a JSON line {"event": kind, "message": ..., "step": ..., **data} and the message
+        (``show=False``: the caller prints it itself, an error line on stderr, say)."""
         if not self.active:
             return
         self._write({"event": kind, "message": message, "step": self.step, **data,
                      "time": round(time.time(), 3)})
-        self._print(message)
+        if show:
+            self._print(message)
+
+    def read_telemetry(self) -> dict:
+        """A fresh GPU reading now (the sampler's is up to an interval old); {} without telemetry."""
+        if self._gpu is None:
+            return {}
+        self.telemetry = self._gpu.read()
+        return self.telemetry
 
     def epoch_end(self, epoch: int) -> None:
         """Memory at the end of each epoch; growth epoch over epoch is a leak's signature
@@ -211,6 +227,9 @@ class Monitor:
                 self._bar_shown = False
             os.close(self._fd)
             self._fd = None
+        if self.tracking is not None:
+            self.tracking.close()
+            self.tracking = None
 
     def __enter__(self) -> Monitor:
         return self.start()
@@ -256,6 +275,8 @@ class Monitor:
 
     def _write(self, record: dict) -> None:
         self._write_line((json.dumps(record, default=str) + "\n").encode())
+        if self.tracking is not None:
+            self.tracking.log(record)
 
     def _write_line(self, line: bytes) -> None:
         """One write(2) of the whole line on an O_APPEND descriptor, unbuffered: a kill -9 loses no line before

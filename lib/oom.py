@@ -10,7 +10,14 @@ Fault injection (environment, read when a run starts):
                               still agree to redo the step)
   KFIT_INJECT_OOM_ABOVE=16    any micro-batch (training, evaluation or probe) of
                               more than 16 samples raises OutOfMemoryError: a
-                              device that holds 16 samples, simulated on the CPU
+                              device that holds 16 samples, simulated on the CPU,
+                              until a rung of the out-of-memory ladder other than
+                              halving has been taken (lib/trainer/ladder.py): the
+                              rung made the step fit. KFIT_INJECT_OOM_ABOVE=0 fails
+                              every micro-batch until then.
+  KFIT_INJECT_DEVICE_LOST=5   the first micro-batch forward of optimizer step 5
+                              raises CUDA's "unspecified launch failure" (once), on
+                              any device: the GPU lost mid-run, simulated
 """
 
 from __future__ import annotations
@@ -64,21 +71,30 @@ class Injector:
     def __init__(self, env=os.environ) -> None:
         steps = env.get("KFIT_INJECT_OOM", "").replace(" ", "")
         above = env.get("KFIT_INJECT_OOM_ABOVE", "").strip()
+        lost = env.get("KFIT_INJECT_DEVICE_LOST", "").replace(" ", "")
         try:
             self.steps = {int(s) for s in steps.split(",") if s}
             self.above = int(above) if above else None
+            self.lost = {int(s) for s in lost.split(",") if s}
             only = env.get("KFIT_INJECT_OOM_RANK", "").strip()
             if only and int(only) != int(env.get("RANK") or 0):
                 self.steps = set()
         except ValueError:
-            raise KfitError(f"KFIT_INJECT_OOM={steps!r} / KFIT_INJECT_OOM_ABOVE={above!r}: give whole numbers "
-                            "(e.g. KFIT_INJECT_OOM=3,7 or KFIT_INJECT_OOM_ABOVE=16)") from None
+            raise KfitError(f"KFIT_INJECT_OOM={steps!r} / KFIT_INJECT_OOM_ABOVE={above!r} / KFIT_INJECT_DEVICE_LOST="
+                            f"{lost!r}: give whole numbers (e.g. KFIT_INJECT_OOM=3,7 or KFIT_INJECT_OOM_ABOVE=16)"
+                            ) from None
+        self.adapted = False  # a ladder rung was taken: KFIT_INJECT_OOM_ABOVE's device now holds the step
 
     def check(self, batch_size: int, step: int | None = None) -> None:
-        """Raise OutOfMemoryError if a fault is due: `step` (1-based) is given on a step's first forward."""
+        """Raise OutOfMemoryError (or a lost device's error) if a fault is due: `step` (1-based) is given on a
+        step's first forward."""
+        if step is not None and step in self.lost:
+            self.lost.discard(step)
+            raise RuntimeError(f"CUDA error: unspecified launch failure (injected at optimizer step {step}: "
+                               "KFIT_INJECT_DEVICE_LOST)")
         if step is not None and step in self.steps:
             self.steps.discard(step)  # once: the redone step must succeed
             raise torch.OutOfMemoryError(f"injected out of memory at optimizer step {step} (KFIT_INJECT_OOM)")
-        if self.above is not None and batch_size > self.above:
+        if self.above is not None and not self.adapted and batch_size > self.above:
             raise torch.OutOfMemoryError(f"injected out of memory: batch {batch_size} > KFIT_INJECT_OOM_ABOVE="
                                          f"{self.above}")

@@ -209,8 +209,21 @@ def apply(plan: Plan, result: dict, how: str) -> Plan:
 def maybe_probe(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *, log=print,
                 rank: distributed.Rank = distributed.SINGLE) -> Plan:
     """The plan as the probe confirms it (PROBE_AUTO: GPUs, cache first; ALWAYS: any device; NEVER: as is)."""
-    if config.probe == "never" or (config.probe == "auto" and plan.device_type != "cuda"):
+    result = confirm(config, plan, hardware, task, log=log, rank=rank)
+    if result is None:
         return plan
+    probed = apply(plan, result, result["how"])
+    log(f"Probe: micro-batch {plan.micro_batch} -> {probed.micro_batch}, accumulation {plan.grad_accum} -> "
+        f"{probed.grad_accum} (effective {probed.effective_batch}); eval batch {probed.eval_batch}")
+    return probed
+
+
+def confirm(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *, log=print,
+            rank: distributed.Rank = distributed.SINGLE) -> dict | None:
+    """The probe's result for `plan` ("max_micro", "eval_batch": the largest that fit; "how": measured or
+    cached), or None where the config does not probe on this device."""
+    if config.probe == "never" or (config.probe == "auto" and plan.device_type != "cuda"):
+        return None
     device = distributed.device_for(rank, plan.device_type)
     path, key = cache_path(), fingerprint(config, plan, hardware, task)
     try:
@@ -229,9 +242,5 @@ def maybe_probe(config: Config, plan: Plan, hardware: HardwareProfile, task: Tas
             cache[key] = {**result, "device": plan.device_name, "model": config.model, "time": time.time()}
             checkpoint.write_json_atomic(path, cache)
     # Several ranks (possibly on different GPUs): everyone uses what fits on all of them.
-    result = {**result, "max_micro": distributed.all_min(result["max_micro"], device),
-              "eval_batch": distributed.all_min(result["eval_batch"], device)}
-    probed = apply(plan, result, how)
-    log(f"Probe: micro-batch {plan.micro_batch} -> {probed.micro_batch}, accumulation {plan.grad_accum} -> "
-        f"{probed.grad_accum} (effective {probed.effective_batch}); eval batch {probed.eval_batch}")
-    return probed
+    return {**result, "max_micro": distributed.all_min(result["max_micro"], device),
+            "eval_batch": distributed.all_min(result["eval_batch"], device), "how": how}

@@ -39,6 +39,11 @@ SINKS = {  # sink -> (the module it needs, the pip command)
     "wandb": ("wandb", "pip install wandb"),
     "mlflow": ("mlflow", "pip install mlflow-skinny  (or mlflow)"),
 }
+FIXES = {  # what to do when a sink cannot start
+    "tensorboard": "check that the run directory is writable",
+    "wandb": "run 'wandb login', or set WANDB_MODE=offline to log locally and 'wandb sync' later",
+    "mlflow": "check MLFLOW_TRACKING_URI (unset: a local sqlite store under CONFIG_OUTPUT_DIR)",
+}
 PARAM_VALUE_CHARS = 500  # MLflow refuses longer parameter values than its limit; long ones are cut
 
 
@@ -146,13 +151,20 @@ class Tracking:
         check(selected)
         sinks = []
         for sink in selected:
-            if sink == "tensorboard":
-                sinks.append(TensorBoardSink(run_dir, run_name, params))
-            elif sink == "wandb":
-                sinks.append(WandbSink(run_dir, run_name, params, project))
-            elif sink == "mlflow":
-                uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
-                sinks.append(MlflowSink(run_name, params, project, uri))
+            try:
+                if sink == "tensorboard":
+                    sinks.append(TensorBoardSink(run_dir, run_name, params))
+                elif sink == "wandb":
+                    sinks.append(WandbSink(run_dir, run_name, params, project))
+                elif sink == "mlflow":
+                    uri = (os.environ.get("MLFLOW_TRACKING_URI")
+                           or f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}")
+                    sinks.append(MlflowSink(run_name, params, project, uri))
+            except Exception as err:  # noqa: BLE001 - a tracker's own failure (login, server, store) is one line
+                for started in sinks:
+                    started.close()
+                raise KfitError(f"CONFIG_TRACK_{sink.upper()}=y: the {sink} run could not start "
+                                f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); {FIXES[sink]}") from None
         return cls(sinks)
 
     def log(self, record: dict) -> None:

@@ -210,6 +210,14 @@ ROWS = [
         setup=lambda d: ((d / "e").mkdir(), (d / "e" / "config").write_text("CONFIG_MODEL_GPT2=y\n"),
                          (d / "e" / "model.safetensors").write_bytes(b"junk")),
         needles=("not a safetensors file",)),
+    # -- runtime adaptation ----------------------------------------------------------------------------
+    Row("thermal resume temperature not below the pause one", ("train",),
+        setup=both(config_line("CONFIG_THERMAL_WARN=n"),
+                   lambda d: (d / ".config").write_text((d / ".config").read_text().replace("CONFIG_THERMAL_WARN=n\n",
+                                                                                             "")),
+                   config_line("CONFIG_THERMAL_PAUSE=y"), config_line("CONFIG_THERMAL_PAUSE_AT_C=80"),
+                   config_line("CONFIG_THERMAL_RESUME_BELOW_C=85")),
+        needles=("CONFIG_THERMAL_RESUME_BELOW_C=85 must be below CONFIG_THERMAL_PAUSE_AT_C=80",)),
 ]
 
 

@@ -233,6 +233,8 @@ def test_manual_mode_has_no_batch_policy(tmp_path):
     ("CONFIG_HPO_MIN_RESOURCE=5\nCONFIG_HPO_MAX_RESOURCE=3\n", "HPO_MIN_RESOURCE"),
     ("# CONFIG_HPO_OPTIMIZER_SGD is not set\n# CONFIG_HPO_OPTIMIZER_ADAMW is not set\n", "HPO_OPTIMIZER"),
     ('CONFIG_MODEL_CUSTOM=y\nCONFIG_CUSTOM_MODEL_FACTORY="no colon"\n', "CUSTOM_MODEL_FACTORY"),
+    ("CONFIG_THERMAL_PAUSE=y\nCONFIG_THERMAL_PAUSE_AT_C=80\nCONFIG_THERMAL_RESUME_BELOW_C=80\n",
+     "THERMAL_RESUME_BELOW_C=80 must be below CONFIG_THERMAL_PAUSE_AT_C=80"),
 ])
 def test_values_kconfig_cannot_range_check_are_checked(text, symbol, tmp_path):
     out = write(tmp_path / ".config", "# the user's file\n")

@@ -347,3 +347,24 @@ def test_status_and_apply_never_create_a_config(first_run, tmp_path, monkeypatch
         assert kfit.main([command]) == 2
         assert ".config: no such file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_probe_runs_once_before_the_trials_and_caps_them(tmp_path, monkeypatch):
+    """A device that holds 16 samples (injected): the probe finds it once, and the trials, planned at 64 by the
+    tiers policy, run 16 x 4 from the start instead of each running out of memory first."""
+    fragment = tmp_path / "fragment"
+    fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\nCONFIG_HYPER_PARAM_POLICY_TIERS=y\n'
+                        'CONFIG_PROBE_ALWAYS=y\nCONFIG_HPO_MIN_RESOURCE=1\nCONFIG_HPO_MAX_RESOURCE=1\n'
+                        'CONFIG_HPO_BATCH_SIZES="32 64"\nCONFIG_HPO_STUDY_NAME="probed"\n')
+    config = kc.make_defconfig("lenet5", [str(fragment)], out=tmp_path / "config")
+    monkeypatch.setenv("KFIT_INJECT_OOM_ABOVE", "16")
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path / "cache"))  # the probe's cache: this test's own
+    hpo.open_study(config).enqueue_trial({**GOOD, "effective_batch": 64})
+    lines: list[str] = []
+    study = hpo.run_study(config, CPU, trials=1, task=load_task(config), log=lines.append)
+    [trial] = study.get_trials()
+    assert trial.state == State.COMPLETE
+    assert (trial.user_attrs["micro_batch"], trial.user_attrs["grad_accum"]) == (16, 4)
+    assert [line for line in lines if "every trial's micro-batch at most 16" in line] != []
+    metrics = (Path(trial.user_attrs["run_dir"]) / "metrics.jsonl").read_text()
+    assert "oom_recovery" not in metrics  # capped before the first step, not recovered during it

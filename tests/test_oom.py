@@ -69,8 +69,10 @@ def test_a_device_too_small_halves_until_it_fits_then_stops_with_advice(make_con
     assert trainer.progress.micro_batch == 8 and result.samples == 64
     assert trainer.plan.eval_batch == 8  # evaluation halved its batch too (64 -> 8)
     monkeypatch.setenv("KFIT_INJECT_OOM_ABOVE", "1")
-    with pytest.raises(OutOfMemory, match="CONFIG_OOM_MAX_HALVINGS=2"):
-        run(make_config(manual(64, 1, "CONFIG_MAX_STEPS=2\nCONFIG_OOM_MAX_HALVINGS=2\n")))
+    # the out-of-memory ladder's one rung for LeNet-5 (bf16 autocast) forbidden: nothing is left to try
+    with pytest.raises(OutOfMemory, match="CONFIG_OOM_MAX_HALVINGS=2.*not allowed: .*CONFIG_OOM_LADDER_AUTOCAST"):
+        run(make_config(manual(64, 1, "CONFIG_MAX_STEPS=2\nCONFIG_OOM_MAX_HALVINGS=2\n"
+                                      "# CONFIG_OOM_LADDER_AUTOCAST is not set\n")))
 
 
 def test_without_recovery_the_error_propagates(make_config, monkeypatch):

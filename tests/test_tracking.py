@@ -107,3 +107,55 @@ def test_a_missing_package_is_one_error_with_the_pip_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(KfitError, match=r"CONFIG_TRACK_WANDB=y needs the wandb package.*pip install wandb"):
         check(("wandb",))
+
+
+def test_a_run_with_the_tensorboard_sink_writes_the_loss_curve_it_logs(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lib import config as kc
+    from lib.hardware import resolve_hardware
+    from lib.hyperparams import ModelDescription, resolve
+    from lib.trainer import Trainer
+
+    (tmp_path / "fragment").write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\n'
+                                       "CONFIG_MAX_STEPS=4\nCONFIG_LOG_INTERVAL=1\nCONFIG_TRACK_TENSORBOARD=y\n")
+    config = kc.make_defconfig("lenet5", [str(tmp_path / "fragment")], out=tmp_path / "config")
+    assert config.tracking == ("tensorboard",)
+    cpu = resolve_hardware(gpu="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = Trainer(config, resolve(config, cpu, ModelDescription.from_config(config)), cpu,
+                         log=lambda line: None).fit()
+    finally:
+        torch.set_num_threads(threads)
+    logged = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [(r["step"], r["loss"]) for r in logged if "loss" in r and "event" not in r]
+    events = EventAccumulator(str(result.run_dir / "tensorboard"))
+    events.Reload()
+    curve = events.Scalars("loss")  # float32 in the event file
+    assert len(losses) == 4 and [e.step for e in curve] == [step for step, _ in losses]
+    assert [e.value for e in curve] == pytest.approx([loss for _, loss in losses], rel=1e-6)
+    assert [e.step for e in events.Scalars("eval_loss")] == [4]
+
+
+def test_a_missing_tracker_stops_training_before_its_run_directory_exists(tmp_path, monkeypatch):
+    import importlib.util
+
+    from lib import config as kc
+    from lib.hardware import resolve_hardware
+    from lib.hyperparams import ModelDescription, resolve
+    from lib.trainer import Trainer
+
+    (tmp_path / "fragment").write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\n'
+                                       "CONFIG_TRACK_MLFLOW=y\n")
+    config = kc.make_defconfig("lenet5", [str(tmp_path / "fragment")], out=tmp_path / "config")
+    cpu = resolve_hardware(gpu="cpu")
+    plan = resolve(config, cpu, ModelDescription.from_config(config))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(KfitError, match="CONFIG_TRACK_MLFLOW=y needs the mlflow package.*pip install mlflow-skinny"):
+        Trainer(config, plan, cpu, log=lambda line: None)
+    assert not (tmp_path / "runs").exists()

@@ -66,7 +66,8 @@ FLAGS: dict[str, Flag] = {
 MACHINE = ("HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE", "NNODES")
 
 EXIT_CODES = """exit status: 0 done; 1 training diverged (the loss became NaN or inf); 2 an error you can fix (one
-'error:' line says what); 130 / 143 stopped by Ctrl-C / SIGTERM (training saved a checkpoint first: run it
+'error:' line says what); 3 the training device failed (a checkpoint and the resume command are printed); 4
+stopped on low battery; 130 / 143 stopped by Ctrl-C / SIGTERM (training saved a checkpoint first: run it
 again to resume). Under make, make itself exits 2 for any of them and names kfit's status in its last line,
 'make: *** [Makefile:NN: train] Error 1'."""
 

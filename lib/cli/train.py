@@ -1,7 +1,9 @@
 """The train and export commands: fallback, launch under torchrun, probe, resume, train.
 
-Exit status: 0 done; 1 the loss diverged; 2 an error the user can fix; 130 / 143
-stopped by SIGINT / SIGTERM after saving a checkpoint ('make train' resumes).
+Exit status: 0 done; 1 the loss diverged; 2 an error the user can fix; 3 the training
+device failed for good (a checkpoint of the last good step where one could be saved);
+4 stopped on low battery (CONFIG_BATTERY_STOP); 130 / 143 stopped by SIGINT / SIGTERM
+after saving a checkpoint. After 3, 4, 130 and 143, 'make train' resumes.
 """
 
 from __future__ import annotations

@@ -78,13 +78,24 @@ class Config:
     probe: str  # auto | always | never
     oom_recovery: bool
     oom_max_halvings: int | None
-    checkpoint_interval: str  # auto (minutes of measured step time) | steps
+    # out-of-memory ladder (lib/trainer/ladder.py): the rungs allowed, in the order they are taken
+    oom_ladder: tuple[str, ...]  # of "checkpointing", "autocast", "offload"
+    checkpoint_interval: str  # auto (at most minutes, at most a share of the predicted run) | steps
     checkpoint_minutes: int | None
+    checkpoint_lost_work_percent: int | None  # AUTO: most of the predicted run a crash may lose
     checkpoint_every_steps: int | None
     checkpoint_keep: int
     resume: bool
     monitor: bool
     monitor_interval_ms: int | None
+    tracking: tuple[str, ...]  # experiment tracking sinks (lib/tracking.py): "tensorboard", "wandb", "mlflow"
+    tracking_project: str | None
+    thermal_policy: str | None  # warn | pause (None without the monitor)
+    thermal_pause_at_c: int | None
+    thermal_resume_below_c: int | None
+    battery_low_percent: int  # 0 = never adapt
+    battery_checkpoint_minutes: int | None
+    battery_stop: bool
     nproc_mode: str  # auto | manual
     nproc: int | None  # MANUAL: processes per machine
     parallel_strategy: str  # auto | ddp | fsdp | fsdp_grad_op | hsdp (lib/parallel.py)
@@ -247,6 +258,26 @@ def _tuning(kconf) -> dict:
     return t
 
 
+LADDER_RUNGS = ("checkpointing", "autocast", "offload")  # the out-of-memory ladder's order
+
+
+def _adaptation(kconf) -> dict:
+    """The ladder's allowed rungs and the thermal and battery policies, with the order Kconfig cannot check."""
+    a = dict(
+        oom_ladder=tuple(r for r in LADDER_RUNGS if _bool(kconf, "OOM_LADDER_" + r.upper())),
+        thermal_policy=_choice(kconf, "THERMAL_", {"WARN": "warn", "PAUSE": "pause"}),
+        thermal_pause_at_c=_int(kconf, "THERMAL_PAUSE_AT_C"),
+        thermal_resume_below_c=_int(kconf, "THERMAL_RESUME_BELOW_C"),
+        battery_low_percent=_int(kconf, "BATTERY_LOW_PERCENT"),
+        battery_checkpoint_minutes=_int(kconf, "BATTERY_CHECKPOINT_MINUTES"),
+        battery_stop=_bool(kconf, "BATTERY_STOP"),
+    )
+    if a["thermal_policy"] == "pause":
+        _ordered("THERMAL_RESUME_BELOW_C", a["thermal_resume_below_c"], "THERMAL_PAUSE_AT_C",
+                 a["thermal_pause_at_c"])
+    return a
+
+
 def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = _str(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
@@ -311,17 +342,21 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         oom_max_halvings=_int(kconf, "OOM_MAX_HALVINGS"),
         checkpoint_interval=_choice(kconf, "CHECKPOINT_INTERVAL_", {"AUTO": "auto", "STEPS": "steps"}),
         checkpoint_minutes=_int(kconf, "CHECKPOINT_MINUTES"),
+        checkpoint_lost_work_percent=_int(kconf, "CHECKPOINT_LOST_WORK_PERCENT"),
         checkpoint_every_steps=_int(kconf, "CHECKPOINT_EVERY_STEPS"),
         checkpoint_keep=_int(kconf, "CHECKPOINT_KEEP"),
         resume=_bool(kconf, "RESUME"),
         monitor=_bool(kconf, "MONITOR"),
         monitor_interval_ms=_int(kconf, "MONITOR_INTERVAL_MS"),
+        tracking=tuple(sink for sink in ("tensorboard", "wandb", "mlflow") if _bool(kconf, f"TRACK_{sink.upper()}")),
+        tracking_project=_str(kconf, "TRACKING_PROJECT"),
         nproc_mode=_choice(kconf, "NPROC_", {"AUTO": "auto", "MANUAL": "manual"}),
         nproc=_int(kconf, "NPROC"),
         parallel_strategy=_choice(kconf, "PARALLEL_", {"AUTO": "auto", "DDP": "ddp", "FSDP": "fsdp",
                                                       "FSDP_GRAD_OP": "fsdp_grad_op", "HSDP": "hsdp"}),
         fsdp_cpu_offload=_bool(kconf, "FSDP_CPU_OFFLOAD"),
         **_tuning(kconf),
+        **_adaptation(kconf),
         source=source,
         text=_config_text(kconf),
         symbols={s.name: s.str_value for s in kconf.unique_defined_syms},

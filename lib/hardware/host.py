@@ -244,8 +244,14 @@ def _disk_free(path: str) -> int:
         raise HardwareError(f"cannot measure free disk space at {path!r} ({e.strerror}): pass an existing directory.") from None
 
 
-def on_battery() -> bool | None:
-    """True when running on battery, False on mains power, None without a battery."""
+@dataclass(frozen=True)
+class BatteryState:
+    percent: float  # charge, 0-100
+    on_battery: bool | None  # None: the charger's state is unknown
+
+
+def battery_state() -> BatteryState | None:
+    """The battery's charge and whether the machine runs on it; None without a battery."""
     import psutil
 
     try:
@@ -255,7 +261,13 @@ def on_battery() -> bool | None:
     if battery is None:
         return None
     plugged = getattr(battery, "power_plugged", None)
-    return None if plugged is None else not plugged
+    return BatteryState(float(battery.percent), None if plugged is None else not plugged)
+
+
+def on_battery() -> bool | None:
+    """True when running on battery, False on mains power, None without a battery."""
+    state = battery_state()
+    return None if state is None else state.on_battery
 
 
 try:  # start the free load sample (cpu_load_since_start) as early as possible

@@ -105,3 +105,17 @@ def gpu_unusable_reason(index: int = 0, *, torch_mod: Any = None) -> str | None:
         text = " ".join(str(e).split())[:300]
         return f"GPU {index} is unusable ({type(e).__name__}: {text}): {_unusable_fix(text)}"
     return None
+
+
+# CUDA/HIP errors after which the device (or this process's context on it) cannot be used again: the run
+# must continue elsewhere, from its last good state. A device-side assert is left out: that is the
+# program's bug (an index out of range, say), and the same step would fail on any device.
+_LOST_TEXTS = ("an illegal memory access was encountered", "unspecified launch failure", "uncorrectable ecc error",
+               "ecc error encountered", "fallen off the bus", "device lost", "gpu is lost",
+               "no cuda-capable device is detected", "an illegal instruction was encountered",
+               "hardware stack error", "hiperrorlaunchfailure", "hiperrorillegaladdress")
+
+
+def is_device_lost(error: BaseException) -> bool:
+    """Whether `error` says the training device failed for good (a RuntimeError of CUDA or HIP)."""
+    return isinstance(error, RuntimeError) and any(t in str(error).lower() for t in _LOST_TEXTS)

@@ -2,8 +2,11 @@
 
   loop.py        Trainer: the epoch loop, its logging, evaluations, checkpoints and stops; train()
   stepper.py     Stepper, the Trainer's base: the model, optimizer and one optimizer step (DDP, out-of-memory redo)
+  ladder.py      the out-of-memory ladder: checkpointing, then autocast, then offload, once halving is done
+  conditions.py  heat and battery: pause until the GPU cools, checkpoint more often or stop on a low battery
   windows.py     which samples a step sees: the epoch order, windows, per-rank micro-batches; Progress
-  resume.py      checkpoint contents, RNG state, the run directory, stopping on SIGTERM/SIGINT
+  resume.py      checkpoint contents, RNG state, the run directory, stopping on SIGTERM/SIGINT (or by itself:
+                 a lost device, exit 3; a low battery, exit 4), the checkpoint interval
   evaluation.py  the eval split's loss and metric, on rank 0
   schedule.py    the learning-rate schedule
   timing.py      the first steps' time against the plan's prediction; calibrating lib.steptime

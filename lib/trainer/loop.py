@@ -3,7 +3,11 @@
 `Trainer` runs epochs of optimizer steps (stepper.py takes each one), with the
 log lines, evaluations (evaluation.py), periodic checkpoints (resume.py) and the
 stops: epochs done, CONFIG_MAX_STEPS, the time limit, or SIGTERM/SIGINT after a
-checkpoint. Which samples each step sees is windows.py's.
+checkpoint. Which samples each step sees is windows.py's. After each step the
+heat and battery policies run (conditions.py). A device that fails for good
+(is_device_lost: ECC, lost, launch failure) saves the last completed step's
+state where it can still be read and stops with the command that resumes
+(exit 3); resumed on another device, the run plans its micro-batch again.
 """
 
 from __future__ import annotations
@@ -11,21 +15,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import checkpoint
+from .. import checkpoint, tracking
 from ..config import Config
 from ..hardware import HardwareProfile
+from ..hardware.runtime import is_device_lost
 from ..monitor import Monitor
 from ..plan import Plan
 from ..task import Task
 from .evaluation import Evaluator
-from .resume import TrainingInterrupted, write_run_files
+from .conditions import Conditions, Sensors
+from .resume import (DEVICE_LOST_EXIT, MIN_AUTO_INTERVAL_S, StoppedToResume, TrainingInterrupted, resume_command,
+                     write_run_files)
 from .stepper import Log, Stepper
-from .timing import StepTimer, finish_line
+from .timing import StepTimer, finish_line, format_seconds
 from .windows import epoch_micro_batches
 
 # Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
@@ -50,10 +58,13 @@ class Trainer(Stepper):
 
     def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
                  run_dir: Path | None = None, log: Log = print, task: Task | None = None,
-                 on_eval: OnEval | None = None, resume: Path | None = None) -> None:
+                 on_eval: OnEval | None = None, resume: Path | None = None, sensors: Sensors | None = None) -> None:
+        tracking.check(config.tracking)  # a missing tracker package stops the run before its directory exists
         super().__init__(config, plan, hardware, run_dir=run_dir, log=log, task=task, resume=resume)
         self.on_eval = on_eval
+        self.sensors = sensors or Sensors()
         self.evaluator = Evaluator(self.task, config, self.device, self.inject)
+        self.saved_step: int | None = None  # the step of the last periodic checkpoint
 
     def fit(self) -> TrainResult:
         config, plan, log, p = self.config, self.plan, self.log, self.progress
@@ -66,11 +77,16 @@ class Trainer(Stepper):
             f"{self.total_steps} optimizer steps of {p.window_size} samples"
             + (f" over {self.rank.world_size} processes" if self.rank.active else ""))
         log(f"Run directory: {self.run_dir}")
+        sinks = (tracking.Tracking.open(config.tracking, run_dir=self.run_dir, run_name=self.run_dir.name,
+                                        params=tracking.params_of(config.text, plan.to_dict()),
+                                        project=config.tracking_project or "kfit", output_dir=Path(config.output_dir))
+                 if main and config.tracking else None)
         self.monitor = Monitor(
             self.run_dir, self.total_steps, self.device, self.hardware,
             interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
             tokens_per_sample=self.info.block_size or 0, log=log, enabled=config.monitor,
-            append=self.resumed_from is not None, write_metrics=main)
+            append=self.resumed_from is not None, write_metrics=main, gpu=self.sensors.gpu, tracking=sinks)
+        self.start_conditions()
         self.timer = StepTimer(config, self.hardware, self.event, calibrate=main)
         line = finish_line(plan, self.total_steps, p.step)
         if line:
@@ -82,6 +98,8 @@ class Trainer(Stepper):
         self.started = self.last_checkpoint = self.interval_start = time.perf_counter()
         try:
             self.monitor.start()
+            for kind, message, data in self.deferred:
+                self.monitor.event(kind, message, **data)
             if self.resumed_from is not None:
                 # a checkpoint of fewer processes holds a larger micro-batch than this run's share of a window
                 micro = min(p.micro_batch, math.ceil(p.window_size / self.rank.world_size))
@@ -89,8 +107,13 @@ class Trainer(Stepper):
                                    f"epoch {p.epoch + 1}, micro-batch {micro}"
                                    + (" per process)" if self.rank.world_size > 1 else ")"),
                                    path=str(self.resumed_from))
-            while p.epoch < config.epochs and stop_reason == "epochs" and p.step < self.total_steps:
-                stop_reason = self.run_epoch(history)
+            try:
+                while p.epoch < config.epochs and stop_reason == "epochs" and p.step < self.total_steps:
+                    stop_reason = self.run_epoch(history)
+            except RuntimeError as err:
+                if is_device_lost(err):
+                    self.device_lost(err)
+                raise
             if stop_reason == "epochs" and config.max_steps and p.step >= config.max_steps:
                 stop_reason = "max_steps"  # resumed from a checkpoint taken at the last step
             self.timer.finish()
@@ -116,6 +139,21 @@ class Trainer(Stepper):
         return TrainResult(run_dir=self.run_dir, steps=p.step, epochs=p.samples / len(self.train_split),
                            samples=p.samples, seconds=seconds, stop_reason=stop_reason, final_eval=final,
                            history=history)
+
+    def start_conditions(self) -> None:
+        """The heat and battery policies (conditions.py), and the checkpoint interval where the predicted run
+        sets it."""
+        config = self.config
+        # a pause is one process's own decision: it saves only where saving needs no other rank (not sharded)
+        self.conditions = Conditions(config, self.sensors, read=self.monitor.read_telemetry,
+                                     save=lambda: self.save_periodic() if self.saves and not self.sharded else None,
+                                     event=self.monitor.event, stopping=lambda: self.signals.received is not None,
+                                     main=self.rank.is_main)
+        interval = self.checkpoint_interval_s()
+        if interval and MIN_AUTO_INTERVAL_S < interval < 60 * (config.checkpoint_minutes or 10):
+            self.log(f"Checkpoints: every {format_seconds(interval)}, {config.checkpoint_lost_work_percent}% of the "
+                     f"predicted {format_seconds(self.plan.predicted_run_seconds)} "
+                     "(CONFIG_CHECKPOINT_LOST_WORK_PERCENT)")
 
     def run_epoch(self, history: list[dict]) -> str:
         """The rest of the current epoch, window by window. Returns "epochs" when the epoch ended, else why
@@ -146,7 +184,11 @@ class Trainer(Stepper):
                 return "time_limit"
             if signalled:
                 self.interrupt()
-            if self.checkpoint_now and self.saves and p.step < self.total_steps:
+            if self.battery_stop:
+                self.conditions.stop_for_battery(p.step, self.save_periodic() if self.saves else None)  # exit 4
+            paused = self.conditions.after_step(p.step)  # heat and battery: may pause, or ask to stop
+            self.started, self.interval_start = self.started + paused, self.interval_start + paused
+            if self.checkpoint_now and self.saves and p.step < self.total_steps and self.saved_step != p.step:
                 path = self.save_periodic()
                 self.monitor.event("checkpoint", f"Checkpoint at step {p.step}: {path.name}", path=str(path))
         if not config.eval_interval and p.epoch + 1 < config.epochs:
@@ -193,8 +235,33 @@ class Trainer(Stepper):
                          keep=self.config.checkpoint_keep)
         if self.rank.is_main:
             checkpoint.prune(self.run_dir, self.config.checkpoint_keep)
-        self.last_checkpoint = time.perf_counter()
+        self.last_checkpoint, self.saved_step = time.perf_counter(), self.progress.step
         return path
+
+    def device_lost(self, err: BaseException) -> None:
+        """The device failed for good: save the last completed step's state where the tensors are still
+        consistent and readable (else the newest checkpoint stands), say how to resume, stop (exit 3)."""
+        p, reason = self.progress, " ".join(str(err).split())[:200]
+        saved = None
+        if self.saves and not self.updating:  # mid-update the tensors are neither the last step's nor this one's
+            try:
+                saved = (p.step, self.save_periodic())
+            except Exception:  # noqa: BLE001 - a lost GPU's tensors cannot be read back
+                saved = None
+        if saved is None and self.rank.is_main:
+            saved = next(iter(checkpoint.periodic_checkpoints(self.run_dir)), None)
+        kept = (f"checkpoint {saved[1].name} holds step {saved[0]}" if saved else
+                "no checkpoint could be saved, so the run starts again")
+        where = (" (CONFIG_DEVICE_AUTO plans again for what the machine has then, e.g. the CPU, with the same "
+                 "effective batch)" if self.config.device == "auto" else
+                 " after fixing or replacing the GPU (or select CONFIG_DEVICE_AUTO to continue on what is left)")
+        message = (f"the training device failed at step {p.step + 1} ({reason}): {kept}; resume with "
+                   f"'{resume_command(self.config)}'{where}")
+        self.monitor.event("device_lost", message, show=False, error=reason,
+                           path=str(saved[1]) if saved else None, resume_step=saved[0] if saved else 0)
+        if self.rank.is_main:
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        raise StoppedToResume(message, saved[0] if saved else 0, saved[1] if saved else None, DEVICE_LOST_EXIT)
 
     def interrupt(self) -> None:
         """Stop at this step boundary after saving a checkpoint (all ranks agreed on it)."""
@@ -208,10 +275,12 @@ class Trainer(Stepper):
 
 def train(config: Config, plan: Plan, hardware: HardwareProfile, *, run_dir: Path | None = None,
           log: Log = print, task: Task | None = None, on_eval: OnEval | None = None,
-          resume: Path | None = None) -> TrainResult:
+          resume: Path | None = None, sensors: Sensors | None = None) -> TrainResult:
     """Train as configured and planned; returns where the run went and how it ended.
-    `resume`: a run directory to continue from its newest readable checkpoint."""
-    trainer = Trainer(config, plan, hardware, run_dir=run_dir, log=log, task=task, on_eval=on_eval, resume=resume)
+    `resume`: a run directory to continue from its newest readable checkpoint; `sensors`: fake telemetry
+    and battery readings (tests)."""
+    trainer = Trainer(config, plan, hardware, run_dir=run_dir, log=log, task=task, on_eval=on_eval, resume=resume,
+                      sensors=sensors)
     try:
         return trainer.fit()
     finally:

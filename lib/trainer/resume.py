@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import platform
 import random
+import shlex
 import signal
 import threading
 import time
@@ -191,12 +192,25 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def checkpoint_due(config: Config, step: int, last_checkpoint: float) -> bool:
-    """Whether a periodic checkpoint is due after `step`; `last_checkpoint` is a perf_counter() time."""
-    if config.checkpoint_interval == "steps":
-        return step % config.checkpoint_every_steps == 0
-    # AUTO: from the measured step time, about every CHECKPOINT_MINUTES of training.
-    return time.perf_counter() - last_checkpoint >= 60 * (config.checkpoint_minutes or 10)
+MIN_AUTO_INTERVAL_S = 60.0  # more often, a save can cost more than the work it keeps
+
+
+def auto_interval_s(config: Config, predicted_run_seconds: float | None) -> float:
+    """CHECKPOINT_INTERVAL_AUTO's seconds between checkpoints: CHECKPOINT_MINUTES, or less where the plan
+    predicts the run's time, so that a crash loses at most CHECKPOINT_LOST_WORK_PERCENT of it."""
+    interval = 60.0 * (config.checkpoint_minutes or 10)
+    if predicted_run_seconds and config.checkpoint_lost_work_percent:
+        share = predicted_run_seconds * config.checkpoint_lost_work_percent / 100
+        interval = min(interval, max(MIN_AUTO_INTERVAL_S, share))
+    return interval
+
+
+def checkpoint_due(config: Config, step: int, last_checkpoint: float, seconds: float | None) -> bool:
+    """Whether a periodic checkpoint is due after `step`: every CHECKPOINT_EVERY_STEPS steps, or `seconds`
+    (AUTO's interval, or the low-battery one) after `last_checkpoint`, a perf_counter() time."""
+    if seconds is not None and time.perf_counter() - last_checkpoint >= seconds:
+        return True
+    return config.checkpoint_interval == "steps" and step % config.checkpoint_every_steps == 0
 
 
 # --------------------------------------------------------------------------
@@ -209,6 +223,29 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int, step: int, path: Path | None) -> None:
         self.signum, self.step, self.path, self.exit_code = signum, step, path, 128 + signum
         super().__init__(f"{signal.Signals(signum).name} at step {step}")
+
+
+# Exit codes of a run that stopped itself after a checkpoint, for 'make train' to return (README's table).
+DEVICE_LOST_EXIT = 3  # the training device failed for good (ECC, lost, launch failure)
+BATTERY_EXIT = 4  # on battery below CONFIG_BATTERY_LOW_PERCENT with CONFIG_BATTERY_STOP
+
+
+class StoppedToResume(TrainingInterrupted):
+    """Training stopped itself, after a checkpoint where it could: the message says why and how to resume.
+    A TrainingInterrupted, so the command line returns `exit_code` as it does after SIGTERM."""
+
+    def __init__(self, message: str, step: int, path: Path | None, exit_code: int) -> None:
+        KeyboardInterrupt.__init__(self, message)
+        self.signum, self.step, self.path, self.exit_code = None, step, path, exit_code
+
+
+def resume_command(config: Config) -> str:
+    """The command that continues this run: the config file it was read from, unless it is ./.config,
+    and RESUME=1 when CONFIG_RESUME is off."""
+    command = "make train"
+    if config.source and Path(config.source).resolve() != Path(".config").resolve():
+        command += f" KCONFIG_CONFIG={shlex.quote(str(config.source))}"
+    return command + ("" if config.resume else " RESUME=1")
 
 
 class StopSignals:

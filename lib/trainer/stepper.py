@@ -3,7 +3,8 @@
 A step accumulates gradients over this rank's micro-batches of a window (see
 windows.py), agrees with the other ranks in one collective whether any ran out
 of memory, and if one did, redoes the step at half the micro-batch with the same
-samples. Under DDP with out-of-memory recovery on, gradients are summed only
+samples; once halving can go no further, with the out-of-memory ladder's next
+rung (ladder.py) instead. Under DDP with out-of-memory recovery on, gradients are summed only
 after that agreement; without it DDP syncs during the last backward.
 Under FSDP (plan.strategy, lib/parallel.py) the model is sharded before the
 optimizer is made; gradients are reduce-scattered in the last micro-batch's
@@ -36,12 +37,14 @@ from ..errors import KfitError
 from ..hardware import HardwareProfile
 from ..models import count_parameters
 from ..monitor import Monitor
-from ..oom import Injector, halve, is_oom, release
+from ..fileio import format_bytes
+from ..oom import Injector, OutOfMemory, halve, is_oom, release
 from ..plan import Plan
 from ..step import autocast_for, configure_backends, make_optimizer, seed_everything
 from ..task import Task, load_task
-from .resume import (StopSignals, checkpoint_due, checkpoint_problem, checkpoint_state, claim_run_directory,
-                     load_state, output_directory, sharded_tensors)
+from .resume import (StopSignals, auto_interval_s, checkpoint_due, checkpoint_problem, checkpoint_state,
+                     claim_run_directory, load_state, output_directory, sharded_tensors)
+from . import ladder
 from .schedule import lr_at
 from .windows import Progress, epoch_micro_batches, loader, rank_batches
 
@@ -77,6 +80,9 @@ class Stepper:
             raise KfitError(refused)
         self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
         self.loss_fn = self.task.loss
+        self.deferred: list[tuple[str, str, dict]] = []  # events from before the monitor started (kind, message, data)
+        if resume is not None:  # a relaunch after out-of-memory under FSDP: its rungs shape the model and its shards
+            plan = self.plan = ladder.reapply(config, plan, marker_rungs(resume), hardware)
         self.model = self.task.build(plan.gradient_checkpointing).to(self.device)
         self.parameters = count_parameters(self.model)
         self.sharded = parallel.is_sharded(plan.strategy) and self.rank.active
@@ -89,6 +95,8 @@ class Stepper:
         self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
         self.progress = Progress(window_size=plan.effective_batch, micro_batch=plan.micro_batch)
         self.resumed_from: Path | None = None
+        self.inject = Injector()
+        self.monitor: Monitor | None = None
         if resume is not None:
             self.restore(resume)
         self.ddp = None
@@ -107,15 +115,16 @@ class Stepper:
         # agreed that none ran out of memory; otherwise DDP syncs during the last backward (overlapped).
         self.ddp_sync_last = self.ddp is not None and not config.oom_recovery
         self.recover_oom = config.oom_recovery and not self.sharded
-        self.inject = Injector()
         self.windows_per_epoch = len(epoch_micro_batches(len(self.train_split), self.progress.window_size, 0, 0))
         total = config.epochs * self.windows_per_epoch
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         self.feed = None
         self.signals = StopSignals()
-        self.monitor: Monitor | None = None
         self.last_checkpoint = time.perf_counter()
         self.checkpoint_now = False
+        self.battery_stop = False  # all ranks agreed to stop for a low battery (conditions.py) after this step
+        self.updating = False
+        self.conditions = None  # heat and battery (conditions.py): the Trainer's, while it runs
 
     # -- one optimizer step --------------------------------------------------
 
@@ -168,15 +177,18 @@ class Stepper:
                     raise
                 failed, reason = True, " ".join(str(err).split())[:200]
             timed_out = bool(self.config.time_limit_s and self.elapsed() >= self.config.time_limit_s)
-            due = self.rank.is_main and checkpoint_due(self.config, step + 1, self.last_checkpoint)
+            due = self.rank.is_main and checkpoint_due(self.config, step + 1, self.last_checkpoint,
+                                                       self.checkpoint_interval_s())
             # One collective per step: every rank learns whether any ran out of memory or must stop.
-            oom, loss_sum, time_flag, signal_flag, due_flag = distributed.all_sum(
-                [float(failed), loss_sum, float(timed_out), float(self.signals.received is not None), float(due)],
-                self.device)
-            self.checkpoint_now = due_flag > 0
+            low_battery = self.conditions is not None and self.conditions.stop_requested
+            oom, loss_sum, time_flag, signal_flag, due_flag, battery_flag = distributed.all_sum(
+                [float(failed), loss_sum, float(timed_out), float(self.signals.received is not None), float(due),
+                 float(low_battery)], self.device)
+            self.checkpoint_now, self.battery_stop = due_flag > 0, battery_flag > 0
             if not oom:
                 break
             self.recover(step, reason if failed else "another rank ran out of memory")
+        self.updating = True  # until the update is done, the tensors are neither the last step's nor this one's
         if self.ddp is not None and not self.ddp_sync_last:
             distributed.all_reduce_gradients(list(self.model.parameters()))
         if self.config.grad_clip > 0:
@@ -186,14 +198,20 @@ class Stepper:
             group["lr"] = lr_at(self.config, step, self.total_steps)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self.updating = False
         return loss_sum / len(window), time_flag > 0, signal_flag > 0
 
     def recover(self, step: int, reason: str) -> None:
-        """After out-of-memory: free the failed step, halve the micro-batch, double the accumulation."""
+        """After out-of-memory: free the failed step, halve the micro-batch, double the accumulation; once
+        halving can go no further, take the out-of-memory ladder's next rung (ladder.py)."""
         self.feed = None  # the loader's prefetched batches belong to the old cut
         release(self.device, self.optimizer)
         p, before = self.progress, self.progress.micro_batch
-        p.micro_batch = halve(before, p.halvings, self.config.oom_max_halvings or 0, f"at step {step + 1}")
+        try:
+            p.micro_batch = halve(before, p.halvings, self.config.oom_max_halvings or 0, f"at step {step + 1}")
+        except OutOfMemory as stuck:
+            self.climb(step, reason, stuck)
+            return
         p.halvings += 1
         self.plan_halved(f"after out of memory at step {step + 1}")
         if self.rank.is_main:
@@ -201,6 +219,50 @@ class Stepper:
         self.event("oom_recovery", f"Out of memory at step {step + 1} ({reason}): micro-batch {before} -> "
                            f"{p.micro_batch}, accumulation {self.plan.grad_accum}; redoing the step with the "
                            f"same {p.window_size} samples", micro_batch=p.micro_batch, halvings=p.halvings)
+
+    def climb(self, step: int, reason: str, stuck: OutOfMemory) -> None:
+        """Take the ladder's next rung and redo the step; `stuck` (with what the ladder tried) when none is left."""
+        p = self.progress
+        rung = ladder.next_rung(self.config, self.plan, self.hardware, p.rungs, can_checkpoint=self.can_checkpoint)
+        if rung is None:
+            raise OutOfMemory(f"{stuck}; {ladder.exhausted(self.config, p.rungs)}") from None
+        peaks = ladder.predicted_peaks(self.config, self.plan, rung.plan)
+        self.take_rungs(rung.plan, [rung.name])
+        saving = " (saving not predicted)" if peaks is None else (
+            f" (predicted peak {format_bytes(peaks[0])} -> {format_bytes(peaks[1])}, "
+            + (f"saves {format_bytes(peaks[0] - peaks[1])})" if peaks[1] < peaks[0] else "no saving predicted)"))
+        self.event("oom_rung", f"Out of memory at step {step + 1} at micro-batch {p.micro_batch} ({reason}): "
+                   f"out-of-memory ladder rung {len(p.rungs)}: {rung.what}{saving}; redoing the step with the same "
+                   f"{p.window_size} samples (micro-batch {p.micro_batch}, accumulation {self.plan.grad_accum})",
+                   rung=rung.name, micro_batch=p.micro_batch, grad_accum=self.plan.grad_accum,
+                   effective_batch=p.window_size, predicted_peak_before_bytes=peaks[0] if peaks else None,
+                   predicted_peak_after_bytes=peaks[1] if peaks else None,
+                   predicted_saving_bytes=peaks[0] - peaks[1] if peaks else None)
+
+    def checkpoint_interval_s(self) -> float | None:
+        """Seconds between periodic checkpoints: the low-battery interval while it applies, else AUTO's (None
+        with CHECKPOINT_INTERVAL_STEPS)."""
+        minutes = self.conditions.checkpoint_minutes if self.conditions is not None else None
+        if minutes:
+            return 60.0 * minutes
+        return auto_interval_s(self.config, self.plan.predicted_run_seconds) \
+            if self.config.checkpoint_interval == "auto" else None
+
+    @property
+    def can_checkpoint(self) -> bool:
+        return hasattr(self.model, "grad_checkpointing")  # GPT-2 and ResNet recompute per block or stage
+
+    def take_rungs(self, plan: Plan, names: list[str]) -> None:
+        """Run from now on as `plan`, the ladder's rungs `names` taken: the model and scaler follow it."""
+        self.plan = plan
+        self.progress.rungs.extend(n for n in names if n not in self.progress.rungs)
+        if self.can_checkpoint:
+            self.model.grad_checkpointing = plan.gradient_checkpointing
+        if plan.grad_scaler and not self.scaler.is_enabled():
+            self.scaler = torch.amp.GradScaler(plan.device_type, enabled=True)
+        self.inject.adapted = self.inject.adapted or bool(names)
+        if self.rank.is_main and self.monitor is not None:  # in a run (not while restoring, before its files)
+            checkpoint.write_json_atomic(self.run_dir / "plan.json", self.plan.to_dict())
 
     def plan_halved(self, why: str) -> None:
         """The plan at the progress's smaller micro-batch: the accumulation that keeps the step's samples."""
@@ -213,20 +275,36 @@ class Stepper:
 
     def mark_oom(self, step: int, err: BaseException) -> None:
         """Under FSDP: record in the run directory the halved micro-batch the relaunched run takes (from its
-        last checkpoint, with the same effective batch), for `make train` to relaunch torchrun with it."""
+        last checkpoint, with the same effective batch), or once halving can go no further the ladder's next
+        rung (ladder.py), for `make train` to relaunch torchrun with it."""
         p = self.progress
-        half = halve(p.micro_batch, p.halvings, self.config.oom_max_halvings or 0, f"at step {step + 1}")
-        checkpoint.write_json_atomic(self.run_dir / checkpoint.OOM_MARKER, {
-            "micro_batch": half, "halvings": p.halvings + 1, "step": step + 1,
-            "reason": " ".join(str(err).split())[:200]})
+        marker = {"micro_batch": p.micro_batch, "halvings": p.halvings, "rungs": list(p.rungs), "step": step + 1,
+                  "reason": " ".join(str(err).split())[:200]}
+        try:
+            marker["micro_batch"] = halve(p.micro_batch, p.halvings, self.config.oom_max_halvings or 0,
+                                          f"at step {step + 1}")
+            marker["halvings"] += 1
+        except OutOfMemory as stuck:
+            rung = ladder.next_rung(self.config, self.plan, self.hardware, p.rungs, can_checkpoint=self.can_checkpoint)
+            if rung is None:
+                raise OutOfMemory(f"{stuck}; {ladder.exhausted(self.config, p.rungs)}") from None
+            marker["rungs"].append(rung.name)
+        checkpoint.write_json_atomic(self.run_dir / checkpoint.OOM_MARKER, marker)
 
     def apply_oom_marker(self) -> None:
-        """A relaunch after out-of-memory under FSDP takes the marker's micro-batch (mark_oom)."""
+        """A relaunch after out-of-memory under FSDP takes the marker's micro-batch and rungs (mark_oom; the
+        rungs are in the plan already, from before the model was built: `marker_rungs`)."""
         try:
             marker = json.loads((self.run_dir / checkpoint.OOM_MARKER).read_text())
         except (OSError, ValueError):
             return
         p = self.progress
+        new = [r for r in marker.get("rungs", []) if r not in p.rungs]
+        if new:
+            p.rungs.extend(new)
+            self.deferred.append(("oom_rung", f"Out of memory at step {marker['step']} at micro-batch {p.micro_batch} "
+                                  f"({marker['reason']}): out-of-memory ladder: {', '.join(new)} (FSDP relaunch); the "
+                                  f"same {p.window_size} samples per step", {"rung": new[-1], "rungs": list(p.rungs)}))
         if marker.get("micro_batch", p.micro_batch) >= p.micro_batch:
             return  # a later checkpoint already runs at it
         before, p.micro_batch, p.halvings = p.micro_batch, marker["micro_batch"], marker["halvings"]
@@ -283,10 +361,27 @@ class Stepper:
             path, state = found
             self.progress = load_state(state, self.model, self.optimizer, self.scaler, self.device, path=path,
                                        sharded=self.sharded)
-            self.plan = dataclasses.replace(self.plan, micro_batch=self.progress.micro_batch)
+            if state.get("plan") and moved(state["plan"], self.plan):
+                self.replan(state["plan"])
+            else:
+                self.plan = dataclasses.replace(self.plan, micro_batch=self.progress.micro_batch)
+                rungs = self.progress.rungs
+                plan = ladder.reapply(self.config, self.plan, rungs, self.hardware, self.can_checkpoint)
+                self.take_rungs(plan, rungs)
+                if state["scaler"] and self.scaler.is_enabled():  # a scaler the fp16 rung enabled: its scale back
+                    self.scaler.load_state_dict(state["scaler"])
             self.resumed_from = path
         self.run_dir = Path(run_dir)  # without a checkpoint: out of memory before the first, restarted here
         self.apply_oom_marker()
+
+    def replan(self, old: dict) -> None:
+        """Resuming on another device than the checkpoint's (its GPU lost, say): this run's own plan's
+        micro-batch for the same effective batch, halvings and ladder rungs started afresh."""
+        p = self.progress
+        p.micro_batch, p.halvings, p.rungs = self.plan.micro_batch, 0, []
+        self.log(f"Resuming on {self.plan.device_type} ({self.plan.device_name}); the checkpoint was taken on "
+                 f"{old.get('device_type')} ({old.get('device_name')}): micro-batch {old.get('micro_batch')} -> "
+                 f"{p.micro_batch}, accumulation {self.plan.grad_accum}, the same effective batch {p.window_size}")
 
     def epochs_begun(self) -> int:
         return min(self.progress.epoch + (self.progress.window > 0), self.config.epochs)
@@ -294,3 +389,16 @@ class Stepper:
     def release(self) -> None:
         """Drop the model, optimizer and DDP wrapper (before leaving a process group)."""
         self.forward = self.ddp = self.model = self.optimizer = self.feed = None
+
+
+def moved(old: dict, plan: Plan) -> bool:
+    """Whether a checkpoint's plan ran on another kind of device, or another GPU model, than `plan`."""
+    return (old.get("device_type"), old.get("device_name")) != (plan.device_type, plan.device_name)
+
+
+def marker_rungs(run_dir: Path) -> list[str]:
+    """The ladder rungs an out-of-memory marker (mark_oom) asks the relaunched run to take."""
+    try:
+        return list(json.loads((Path(run_dir) / checkpoint.OOM_MARKER).read_text()).get("rungs", []))
+    except (OSError, ValueError, AttributeError):
+        return []

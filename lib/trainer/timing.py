@@ -28,10 +28,11 @@ class StepTimer:
         self.done = False
 
     def record(self, plan: Plan, seconds: float) -> None:
-        """One optimizer step of `plan` took `seconds` (a new micro-batch, after out-of-memory, starts over)."""
+        """One optimizer step of `plan` took `seconds` (a new micro-batch or ladder rung, after out-of-memory,
+        starts over)."""
         if self.done:
             return
-        if self.plan is None or plan.micro_batch != self.plan.micro_batch:
+        if self.plan is None or _step_shape(plan) != _step_shape(self.plan):
             self.plan, self.times = plan, []
         self.times.append(seconds)
         if len(self.times) >= self.skip + STEPS:
@@ -62,6 +63,11 @@ class StepTimer:
                    steps_timed=len(timed), micro_batch=plan.micro_batch, grad_accum=plan.grad_accum,
                    predicted_source=plan.reasons.get("step_time"),
                    calibrated_step_seconds=after.seconds if after is not None else None)
+
+
+def _step_shape(plan: Plan) -> tuple:
+    """What decides a step's time that out-of-memory recovery may change mid-run."""
+    return plan.micro_batch, plan.precision, plan.gradient_checkpointing, plan.cpu_offload
 
 
 def finish_line(plan: Plan, total_steps: int, done_steps: int) -> str | None:

@@ -23,7 +23,7 @@ checkpoint needs to continue exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import DataLoader
@@ -86,3 +86,4 @@ class Progress:
     elapsed_s: float = 0.0
     interval_loss: float = 0.0  # sample-weighted loss since the last log line
     interval_samples: int = 0
+    rungs: list[str] = field(default_factory=list)  # out-of-memory ladder rungs taken, in order (ladder.py)
