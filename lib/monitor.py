@@ -54,6 +54,13 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
+def format_seconds(seconds: float) -> str:
+    """'40ms' under a second, '2.6s' under a minute, else format_duration's h:mm:ss."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f}ms"
+    return f"{seconds:.1f}s" if seconds < 60 else format_duration(seconds)
+
+
 def format_eval(entry: dict) -> str:
     parts = [f"eval loss {entry['eval_loss']:.4f}"]
     if "accuracy" in entry:

@@ -229,13 +229,25 @@ class Row:
     predicted_calibrated: float | None
     busy_cores: float | None = None  # other processes' CPU use while the case was measured
 
-    def best(self) -> Point:
-        return max(self.points.values(), key=Point.samples_per_second)
+    def best(self, rounds: slice = slice(None)) -> Point:
+        return max(self.points.values(), key=lambda p: p.samples_per_second(rounds))
 
     def ratio(self) -> float:
-        """The worse of the two plans' samples/s over the sweep's best."""
-        best = self.best().samples_per_second()
-        return min(self.points[m].samples_per_second() for m in (self.plan[0], self.calibrated_plan[0])) / best
+        """The worse of the two plans' samples/s over the sweep's best, cross-validated: the best micro-batch
+        is picked on the even rounds and both rates are taken on the odd ones, then the other way round
+        (the mean of the two, each at most 1: a plan faster than the best on held-out rounds is noise). The
+        sweep's maximum over the same rounds it picked from is biased upwards by their noise (the fastest of
+        eight noisy rates); rounds it was not picked on are not."""
+        even, odd = slice(0, None, 2), slice(1, None, 2)
+        splits = [(even, odd), (odd, even)]
+        if not all(any(p.steps[half]) for p in self.points.values() for half in (even, odd)):
+            splits = [(slice(None), slice(None))]  # a point with no steps in a half: nothing to hold out
+        ratios = []
+        for pick, judge in splits:
+            best = self.best(pick).samples_per_second(judge)
+            ratios.append(min(1.0, min(self.points[m].samples_per_second(judge)
+                                       for m in (self.plan[0], self.calibrated_plan[0])) / best))
+        return statistics.fmean(ratios)
 
     def measured(self, micro: int) -> float:
         return self.points[micro].seconds(slice(1, None))  # rounds after the calibration round

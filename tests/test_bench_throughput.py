@@ -68,3 +68,25 @@ def test_a_plan_that_does_not_divide_the_share_runs_the_trainers_micro_batches(t
     # ascending in round one: 6 (a warm-up micro-batch of 6, then one step), 8, 16
     assert ran[:4] == [(6, 1.0), (6, 0.375), (6, 0.375), (4, 0.25)]
     assert points[6].samples_per_second() == pytest.approx(16 / points[6].seconds())
+
+
+def _row(rounds: dict[int, list[float]]) -> "bench.Row":
+    points = {m: bench.Point(m, 64) for m in rounds}
+    for m, seconds in rounds.items():
+        points[m].steps = [[s] for s in seconds]
+    return bench.Row(case="x", threads=1, plan=(64, 1), calibrated_plan=(64, 1), points=points,
+                     predicted=None, predicted_calibrated=None)
+
+
+def test_ratio_picks_the_best_on_rounds_it_does_not_judge_on():
+    # one lucky round makes 32 the maximum over all rounds (0.95 s median against 1.0): a noise win
+    noisy = _row({64: [1.0, 1.0], 32: [0.8, 1.1]})
+    assert noisy.best().micro == 32
+    assert noisy.ratio() == pytest.approx(1.0)  # held out, 32 is no faster than the plan (1.1 counts as 1)
+    assert _row({64: [1.0, 1.0], 32: [0.8, 0.95]}).ratio() == pytest.approx((0.95 + 0.8) / 2)  # faster both ways
+    # a real gap shows in every round, held out or not
+    assert _row({64: [1.2, 1.2], 32: [1.0, 1.0]}).ratio() == pytest.approx(1 / 1.2)
+    # a point that missed a half (the re-resolved plan's joins after round one): all rounds
+    late = _row({64: [1.0, 1.0], 32: [1.1, 1.1]})
+    late.points[64].steps[1] = []
+    assert late.ratio() == pytest.approx(1.0)

@@ -93,13 +93,16 @@ def test_the_search_stops_at_the_share_and_a_moved_budget_traces_nothing(tmp_pat
     lenet = kc.make_defconfig("lenet5", out=tmp_path / ".config")
     cpu = resolve_hardware(gpu="cpu")
     p = plan(lenet, cpu, policy)
-    assert p.max_micro_batch == p.micro_batch == 512 and "the search stops there" in p.reasons["micro_batch"]
-    assert policy.predictor.cached_batches(lenet, device_type="cpu", precision="fp32") == [512]
-    assert policy.predictor.traces == 2  # the share, and evaluation at the split
+    assert p.max_micro_batch == 512 and "the search stops there" in p.reasons["micro_batch"]
+    # the share, evaluation at the split, and the micro-batch the step time chose where it is below the share
+    # (on a CPU a near-tie may keep 256: lib/steptime/choose.py)
+    assert policy.predictor.cached_batches(lenet, device_type="cpu", precision="fp32") == sorted({p.micro_batch, 512})
+    traced = policy.predictor.traces
+    assert traced == (2 if p.micro_batch == 512 else 3)
     for percent in (40, 60, 90):  # RAM available moves between runs: the budget with it
         moved = kc.derive(lenet, {"MEMORY_PROFILE_CUSTOM": True, "MEMORY_PROFILE_PERCENT": percent})
-        assert plan(moved, cpu, policy).micro_batch == 512
-    assert policy.predictor.traces == 2
+        assert plan(moved, cpu, policy).micro_batch == p.micro_batch
+    assert policy.predictor.traces == traced
 
 
 def test_a_binding_budget_that_moves_is_read_off_the_traced_line(tmp_path, gpt2_tiny):

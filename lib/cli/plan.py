@@ -54,7 +54,7 @@ def format_plan(plan, config, hardware, model) -> str:
 
 def time_rows(plan) -> list[tuple[str, str, str]]:
     """The predicted step time, throughput, run time and energy (lib.steptime), or why there are none."""
-    from ..trainer.timing import format_seconds
+    from ..monitor import format_seconds
 
     why = plan.reasons.get("step_time", "")
     if plan.predicted_step_seconds is None:

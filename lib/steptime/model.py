@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .comm import Communication
 from .count import Counts, Phase
@@ -57,6 +58,9 @@ class StepTimeModel:
     correction: float = 1.0  # a real run's step time over this model's prediction (1.0: not calibrated)
     calibrated_at: int | None = None  # the micro-batch the calibration ran at
     communication: Communication | None = None  # several processes' collectives (comm.py)
+    # micro-batch -> micro_seconds: a plan weighs tens of candidates of up to hundreds of micro-batches each
+    # (not copied by dataclasses.replace, so a changed model starts empty)
+    _micro_memo: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     # -- the roofline --------------------------------------------------------
 
@@ -76,11 +80,15 @@ class StepTimeModel:
 
     # -- refined by measurement ------------------------------------------------
 
+    @cached_property
+    def _efficiency_points(self) -> list[tuple[float, float]]:
+        return sorted((math.log2(b), t / self.roofline_micro_seconds(b)) for b, t in self.measured.items())
+
     def efficiency(self, batch: float) -> float:
         """measured / roofline at `batch`: interpolated in log2(batch) between measured sizes, held beyond them."""
         if not self.measured:
             return 1.0
-        points = sorted((math.log2(b), t / self.roofline_micro_seconds(b)) for b, t in self.measured.items())
+        points = self._efficiency_points
         x = math.log2(max(batch, 1))
         if x <= points[0][0]:
             return points[0][1]
@@ -93,9 +101,12 @@ class StepTimeModel:
         """Forward and backward of one micro-batch, before calibration. Past the largest measured size the
         time per sample is held at that size's: a roofline's gain from a larger batch is what a CPU's
         caches take back, and nothing measured says otherwise."""
-        if self.measured and batch > (largest := max(self.measured)):
-            return self.measured[largest] * batch / largest
-        return self.roofline_micro_seconds(batch) * self.efficiency(batch)
+        if batch not in self._micro_memo:
+            if self.measured and batch > (largest := max(self.measured)):
+                self._micro_memo[batch] = self.measured[largest] * batch / largest
+            else:
+                self._micro_memo[batch] = self.roofline_micro_seconds(batch) * self.efficiency(batch)
+        return self._micro_memo[batch]
 
     def measured_covers(self, batch: int) -> bool:
         """Whether `batch` is within the measured sizes (or nothing was measured: all is roofline alike)."""

@@ -13,6 +13,7 @@ from typing import Callable
 
 from ..config import Config
 from ..hardware import HardwareProfile
+from ..monitor import format_seconds  # noqa: F401  (re-exported: the trainer formats with it)
 from ..plan import Plan
 
 SKIP = 2  # the first steps also grow the allocator, pick cuDNN/cuBLAS kernels and warm the data loader
@@ -84,11 +85,3 @@ def finish_line(plan: Plan, total_steps: int, done_steps: int) -> str | None:
     return (f"Predicted: {left} steps of {plan.predicted_step_seconds * 1e3:.1f} ms "
             f"({plan.predicted_samples_per_second:,.0f} samples/s, {source}) = {format_seconds(seconds)} "
             f"to finish{energy}")
-
-def format_seconds(seconds: float) -> str:
-    """'40ms' under a second, '2.6s' under a minute, else the monitor's h:mm:ss."""
-    from ..monitor import format_duration
-
-    if seconds < 1:
-        return f"{seconds * 1e3:.0f}ms"
-    return f"{seconds:.1f}s" if seconds < 60 else format_duration(seconds)
