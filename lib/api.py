@@ -117,12 +117,16 @@ def resolve_plan(config: "Config", hardware: "HardwareProfile | None" = None, *,
 
 
 def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, resume: bool = False,
+          resume_from: "str | os.PathLike | None" = None, init_from: "str | os.PathLike | None" = None,
           log: Callable[[str], None] = print) -> "TrainResult":
     """Train `config` on this machine in this process, with kfit's loop: the plan, the probe, checkpoints,
     metrics and the run directory exactly as `kfit train` (one process; `kfit train --gpus N` launches N).
 
     output_dir: where the run directory goes (default CONFIG_OUTPUT_DIR). resume: continue the latest
-    unfinished run there whose config and effective batch match. log: each line kfit would print.
+    unfinished run there whose config and effective batch match. resume_from: continue this run directory
+    (its newest readable checkpoint) or checkpoint instead, as `kfit train --resume-from`; init_from: start
+    a new run from the weights of a run directory, checkpoint or model.safetensors (`--init-from`). A
+    mismatch with the config is a KfitError before anything is written. log: each line kfit would print.
     Returns the TrainResult: run_dir, steps, epochs, seconds, stop_reason, final_eval (the last
     evaluation's metrics) and history. A diverged loss raises FloatingPointError; a stop by SIGINT /
     SIGTERM raises lib.trainer.TrainingInterrupted (its exit_code is 130 / 143) after a checkpoint."""
@@ -130,9 +134,36 @@ def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, re
 
     if output_dir is not None:
         config = kconfig.derive(config, {"OUTPUT_DIR": os.fspath(output_dir)})
+    pick = run_to_resume(config, resume=resume, resume_from=resume_from, init_from=init_from, log=log)
     here = usable_hardware(config, resolve_hardware(), warn=log)
-    return train_planned(config, here, log=log, resume=(lambda plan: find_run(config, plan)) if resume
-                         else (lambda plan: None))
+    return train_planned(config, here, log=log, resume=pick, init_from=init_from)
+
+
+def run_to_resume(config: "Config", *, resume: bool, resume_from: "str | os.PathLike | None" = None,
+                  init_from: "str | os.PathLike | None" = None, log: Callable[[str], None] = print
+                  ) -> "Callable[[Plan], Path | None]":
+    """What train_planned continues, given the plan: RESUME_FROM's checkpoint (checked here, before any
+    work; its effective batch against the plan's), nothing for INIT_FROM (always a new run), else the
+    resume search when `resume`."""
+    from .trainer.initial import initial_source, not_both
+    from .trainer.resume import resume_point
+
+    not_both(resume_from, init_from)
+    if resume_from is not None:
+        path, effective = resume_point(Path(os.fspath(resume_from)), config, log)
+
+        def chosen(plan: "Plan") -> Path:
+            if plan.effective_batch != effective:
+                raise KfitError(f"RESUME_FROM={resume_from}: its effective batch was {effective}, this plan's is "
+                                f"{plan.effective_batch}: set CONFIG_TARGET_EFFECTIVE_BATCH={effective} to continue it")
+            return path
+        return chosen
+    if init_from is not None:
+        initial_source(Path(os.fspath(init_from)))
+        return lambda plan: None
+    if resume:
+        return lambda plan: find_run(config, plan, log)
+    return lambda plan: None
 
 
 def find_run(config: "Config", plan: "Plan", log: Callable[[str], None] = print) -> Path | None:
@@ -167,10 +198,11 @@ def usable_hardware(config: "Config", machine: "HardwareProfile", warn: Callable
 
 
 def train_planned(config: "Config", machine: "HardwareProfile", *, rank=None, log: Callable[[str], None] = print,
-                  resume: "Callable[[Plan], Path | None]", env: Mapping[str, str] | None = None) -> "TrainResult":
+                  resume: "Callable[[Plan], Path | None]", env: Mapping[str, str] | None = None,
+                  init_from: "str | os.PathLike | None" = None) -> "TrainResult":
     """Plan, confirm the plan on the device (the probe), then train: one process, or one rank of a
     torchrun job (`rank`, set up). `resume(plan)` names the run to continue, or None; on rank 0 only.
-    `env`: NNODES for the plan, as processes()."""
+    `env`: NNODES for the plan, as processes(). `init_from`: weights a new run starts from (INIT_FROM)."""
     from . import distributed
     from .hardware.allocator import RETENTION_FACTOR, needs_returning, return_freed_memory
     from .hyperparams import compile_line, summary_line, with_predictions
@@ -200,4 +232,5 @@ def train_planned(config: "Config", machine: "HardwareProfile", *, rank=None, lo
             + ("freed tensors go back to the system (slower steps, RAM within budget)" if returned
                else "this C library cannot be told to return freed memory; RAM may exceed the budget"))
     run = distributed.broadcast(resume(plan) if rank.is_main else None)
-    return train_loop(config, plan, machine, task=task, resume=run, log=log)
+    return train_loop(config, plan, machine, task=task, resume=run, log=log,
+                      init_from=Path(os.fspath(init_from)) if init_from is not None else None)

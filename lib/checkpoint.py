@@ -164,6 +164,9 @@ FINAL_SHARDED = "checkpoint" + SHARDED_SUFFIX
 # A sharded run that ran out of memory: the micro-batch its relaunch takes (lib/trainer/stepper.py). FSDP's
 # collectives run inside every forward and backward, so one rank cannot redo a step alone as DDP's can.
 OOM_MARKER = "oom.json"
+# A run started from trained weights (INIT_FROM): where they came from. The resume search passes such a run
+# by, since a fresh run of the same config starts elsewhere; RESUME_FROM=<its directory> continues it.
+INIT_RECORD = "init_from.json"
 
 # Symbols that do not change what is computed: a run may be resumed with other values of these.
 # (The micro-batch policy and memory share only split the same effective batch differently; the
@@ -173,6 +176,7 @@ NOT_TRAINING_MATH = ("RESUME", "MONITOR", "CHECKPOINT_", "PROBE_", "OOM_", "NPRO
                      "RUN_NAME", "MEMORY_PROFILE", "HYPER_PARAM_POLICY", "LR_FINDER_", "HPO_",
                      "PARALLEL_", "FSDP_",  # sharding changes where tensors live, not the math
                      "THERMAL_", "BATTERY_",  # when to pause or stop, not what a step computes
+                     "EARLY_STOP_",  # when to stop (CHECKPOINT_BEST_* are CHECKPOINT_ already)
                      "TRACK")  # where metrics are also sent
 
 
@@ -198,6 +202,23 @@ def periodic_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
         if step.isdigit():
             found.append((int(step), path))
     return sorted(found, reverse=True)
+
+
+def best_path(run_dir: Path, step: int, sharded: bool = False) -> Path:
+    """A best-k checkpoint (CONFIG_CHECKPOINT_BEST_KEEP): named apart from checkpoint-<step>, so neither the
+    periodic rotation nor the resume search ever takes one."""
+    return Path(run_dir) / f"best-{step}{SHARDED_SUFFIX if sharded else '.pt'}"
+
+
+def prune_best(run_dir: Path, steps: list[int]) -> list[Path]:
+    """Delete the best-<step> checkpoints whose step is not in `steps` (the run's best k); returns them."""
+    removed = []
+    for path in [*Path(run_dir).glob("best-*.pt"), *Path(run_dir).glob("best-*" + SHARDED_SUFFIX)]:
+        step = path.stem.removeprefix("best-")
+        if step.isdigit() and int(step) not in steps:
+            remove(path)
+            removed.append(path)
+    return removed
 
 
 def prune(run_dir: Path, keep: int, writing: Path | None = None) -> list[Path]:
@@ -227,6 +248,12 @@ def latest_valid(run_dir: Path, log=print, check: Callable[[dict], str | None] |
     return None
 
 
+def run_of(path: Path) -> Path:
+    """The run directory of a checkpoint (file or sharded directory), or `path` when it is one."""
+    path = Path(path)
+    return path.parent if path.is_file() or is_sharded_checkpoint(path) else path
+
+
 def training_identity(config_text: str) -> list[str]:
     """The .config lines that decide the training math (comments and NOT_TRAINING_MATH symbols left out)."""
     lines = []
@@ -243,6 +270,19 @@ def training_identity(config_text: str) -> list[str]:
     return sorted(lines)
 
 
+def identity_differences(theirs: str, ours: str) -> list[str]:
+    """The symbols whose training-math lines differ between two .config texts, as "CONFIG_X: a there, b here"."""
+    def by_name(text: str) -> dict[str, str]:
+        out = {}
+        for line in training_identity(text):
+            name = line[2:-len(" is not set")] if line.startswith("# ") else line.split("=", 1)[0]
+            out[name] = line.split("=", 1)[1] if "=" in line else "not set"
+        return out
+    a, b = by_name(theirs), by_name(ours)
+    return [f"{name}: {a.get(name, 'absent')} there, {b.get(name, 'absent')} here"
+            for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)]
+
+
 def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run_name: str = "",
                    log=print) -> Path | None:
     """The run directory of the latest unfinished run in output_dir (only RUN_NAME when that is set)
@@ -257,6 +297,10 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
         if (not newest and not marker.is_file()) or finished_checkpoint(run_dir) or not (run_dir / "config").is_file():
             continue
         if training_identity((run_dir / "config").read_text()) != identity:
+            continue
+        if (run_dir / INIT_RECORD).is_file():
+            log(f"note: not resuming {run_dir}: it started from other weights (INIT_FROM); 'make train "
+                f"RESUME_FROM={run_dir}' continues it")
             continue
         try:
             effective = json.loads((run_dir / "plan.json").read_text())["effective_batch"]

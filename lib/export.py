@@ -44,12 +44,19 @@ def checkpoint_of(run: Path) -> Path:
     return found
 
 
-def model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The whole model's state_dict from a checkpoint of either kind."""
+def _readable(path: Path) -> dict:
     try:
         state = checkpoint.load_checkpoint(path)
     except Exception as err:  # noqa: BLE001 - any unreadable checkpoint is the user's file to fix
         raise KfitError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
+    if not isinstance(state, dict) or not (state.get("sharded") or isinstance(state.get("model"), dict)):
+        raise KfitError(f"{path} is not a kfit checkpoint (it holds no model state)")
+    return state
+
+
+def model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model's state_dict from a checkpoint of either kind."""
+    state = _readable(path)
     if not state.get("sharded"):
         return state["model"]
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -86,6 +93,26 @@ def save_weights(path: Path, weights: dict[str, torch.Tensor], metadata: dict[st
         plain[name] = tensor.clone() if key in seen or not tensor.is_contiguous() else tensor
         seen.add(key)
     write_atomic(path, save(plain, metadata=metadata))
+
+
+def weights_of(source: Path) -> tuple[dict[str, torch.Tensor], Path, int | None]:
+    """(the model's state_dict, the file it came from, its step or None) from a run directory (its finished
+    checkpoint, else its newest periodic one), a checkpoint of either kind, an exported model.safetensors or
+    the export directory holding one."""
+    source = Path(source)
+    if source.is_dir() and not checkpoint.is_sharded_checkpoint(source) and (source / MODEL_FILE).is_file():
+        source = source / MODEL_FILE
+    if source.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        weights = load_exported(source)
+        with safe_open(str(source), "pt") as f:
+            step = (f.metadata() or {}).get("kfit.step", "")
+        return weights, source, int(step) if step.isdigit() else None
+    path = checkpoint_of(source)
+    state = _readable(path)  # a sharded one: only its extra part, the step
+    step = state.get("step")
+    return model_state(path) if state.get("sharded") else state["model"], path, step if isinstance(step, int) else None
 
 
 def load_exported(path: Path) -> dict[str, torch.Tensor]:

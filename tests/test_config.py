@@ -331,3 +331,23 @@ def test_defconfig_config_is_built_in_memory(tmp_path, monkeypatch):
     assert config.source == "defconfigs/lenet5" and config.model == "lenet5" and config.text
     assert config.text == kc.make_defconfig("lenet5", out=tmp_path / "written").text
     assert [p.name for p in tmp_path.iterdir()] == ["written"]
+
+
+def test_checkpoint_control_symbols_are_off_by_default_and_parsed_strictly(tmp_path):
+    from lib.config.typed import lower_is_better
+
+    config = kc.make_defconfig("lenet5", out=tmp_path / ".config")
+    assert (config.checkpoint_best_keep, config.early_stop_patience) == (0, 0)
+    assert config.checkpoint_best_metric is None and config.early_stop_min_delta is None  # hidden while off
+    frag = write(tmp_path / "frag", 'CONFIG_CHECKPOINT_BEST_KEEP=3\nCONFIG_CHECKPOINT_BEST_METRIC="accuracy"\n'
+                                    'CONFIG_EARLY_STOP_PATIENCE=4\nCONFIG_EARLY_STOP_MIN_DELTA="1e-3"\n')
+    config = kc.make_defconfig("lenet5", [str(frag)], out=tmp_path / ".config")
+    assert (config.checkpoint_best_keep, config.checkpoint_best_metric) == (3, "accuracy")
+    assert (config.early_stop_patience, config.early_stop_min_delta) == (4, 1e-3)
+    assert [lower_is_better(m) for m in ("eval_loss", "perplexity", "accuracy", "f1")] == [True, True, False, None]
+    for text, message in [('CONFIG_CHECKPOINT_BEST_KEEP=1\nCONFIG_CHECKPOINT_BEST_METRIC="f1"\n', "kfit can rank"),
+                          ('CONFIG_EARLY_STOP_PATIENCE=1\nCONFIG_EARLY_STOP_MIN_DELTA="-0.1"\n', "out of range"),
+                          ('CONFIG_EARLY_STOP_MIN_DELTA="0.1"\n', "EARLY_STOP_MIN_DELTA")]:  # while it is off
+        with pytest.raises(ConfigError, match=message):
+            kc.make_defconfig(str(write(tmp_path / "d", text)), out=tmp_path / "bad.config")
+    assert not (tmp_path / "bad.config").exists()

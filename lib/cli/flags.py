@@ -45,6 +45,10 @@ FLAGS: dict[str, Flag] = {
     # training and its outputs
     "RESUME": Flag("--resume", None, "--resume continues the latest matching unfinished run even when "
                    "CONFIG_RESUME=n; --no-resume starts fresh"),
+    "RESUME_FROM": Flag("--resume-from", "PATH", "continue this run directory (its newest readable checkpoint) "
+                        "or checkpoint, instead of the search for a matching unfinished run"),
+    "INIT_FROM": Flag("--init-from", "PATH", "start a new run from the weights of this run directory, checkpoint "
+                      "or model.safetensors (fine-tuning)"),
     "RUN": Flag("--run", "DIR", "a run directory or checkpoint"),
     "PROMPT": Flag("--prompt", "TEXT", "the text the model continues"),
     "MAX_TOKENS": Flag("--max-tokens", "N", "tokens to generate (default 200)"),

@@ -33,12 +33,19 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def resume_from(config, plan) -> Path | None:
-    """The run to continue: the latest unfinished one in OUTPUT_DIR with a matching config and effective
-    batch, unless CONFIG_RESUME=n or RESUME=0 (RESUME=1 resumes even when CONFIG_RESUME=n)."""
-    from ..api import find_run
+def _path(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
 
-    return find_run(config, plan) if env_bool("RESUME", config.resume) else None
+
+def resume_from(config, log=print):
+    """The run to continue, as a function of the plan: RESUME_FROM's run or checkpoint (checked now, before
+    any work); none with INIT_FROM (a new run); else the latest unfinished one in OUTPUT_DIR with a matching
+    config and effective batch, unless CONFIG_RESUME=n or RESUME=0 (RESUME=1 resumes even when CONFIG_RESUME=n)."""
+    from ..api import run_to_resume
+
+    return run_to_resume(config, resume=env_bool("RESUME", config.resume), resume_from=_path("RESUME_FROM"),
+                         init_from=_path("INIT_FROM"), log=log)
 
 
 def _oom_relaunch(config, since: float) -> str | None:
@@ -66,6 +73,8 @@ def cmd_train(args) -> int:
     nnodes = distributed.nodes_range()[1]
     world_size = env_number("WORLD_SIZE", int, 1, minimum=1)
     config = ensure_config()
+    # RESUME_FROM is checked before any process is launched (torchrun's rank 0 checks it again, and resumes)
+    pick = resume_from(config) if distributed.current().is_main else None
     if not distributed.under_torchrun():
         if world_size > 1:
             raise KfitError(f"WORLD_SIZE={world_size} is set, but kfit was not started by torchrun: "
@@ -94,7 +103,7 @@ def cmd_train(args) -> int:
         hardware = distributed.hardware_for_rank(hardware, rank)
     try:
         result = train_planned(config, hardware, rank=rank, log=say, env=os.environ,
-                               resume=lambda plan: resume_from(config, plan))
+                               resume=pick or (lambda plan: None), init_from=_path("INIT_FROM"))
     except TrainingInterrupted as stop:
         return stop.exit_code
     except FloatingPointError as err:
@@ -154,7 +163,8 @@ def cmd_sample(args) -> int:
 
 def register(sub) -> None:
     command(sub, "train", "train as configured (applies the default defconfig if there is no config)", "GPUS",
-            "WORLD_SIZE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RESUME", func=cmd_train,
+            "WORLD_SIZE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RESUME", "RESUME_FROM", "INIT_FROM",
+            func=cmd_train,
             help={"GPUS": "training processes on this machine, launched with torchrun (default: one per GPU)",
                   "WORLD_SIZE": "set by torchrun for each rank; to plan N processes use 'kfit plan --world-size N'"})
     command(sub, "export", "write one model.safetensors from a run's checkpoint, sharded or not", "RUN", "OUT",

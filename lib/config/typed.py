@@ -85,6 +85,10 @@ class Config:
     checkpoint_lost_work_percent: int | None  # AUTO: most of the predicted run a crash may lose
     checkpoint_every_steps: int | None
     checkpoint_keep: int
+    checkpoint_best_keep: int  # 0 = off: best-<step>.pt of the best evaluations by checkpoint_best_metric
+    checkpoint_best_metric: str | None  # an evaluation metric (None while best-k and early stopping are off)
+    early_stop_patience: int  # 0 = off: evaluations without improvement before stopping
+    early_stop_min_delta: float | None  # the improvement that counts (None while early stopping is off)
     resume: bool
     monitor: bool
     monitor_interval_ms: int | None
@@ -258,6 +262,36 @@ def _tuning(kconf) -> dict:
     return t
 
 
+_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def lower_is_better(metric: str) -> bool | None:
+    """Whether a smaller value of an evaluation metric is better, decided by its name: losses and
+    perplexities are, accuracies are not; None for a name that says neither."""
+    name = metric.lower()
+    if "loss" in name or "perplexity" in name:
+        return True
+    if "accuracy" in name:
+        return False
+    return None
+
+
+def _checkpoint_control(kconf) -> dict:
+    """Best-k checkpoints and early stopping; the metric's name must say which way is better (whether this
+    model's evaluation reports it is checked when training starts: lib/trainer/best.py)."""
+    c = dict(
+        checkpoint_best_keep=_int(kconf, "CHECKPOINT_BEST_KEEP"),
+        checkpoint_best_metric=_str(kconf, "CHECKPOINT_BEST_METRIC"),
+        early_stop_patience=_int(kconf, "EARLY_STOP_PATIENCE"),
+        early_stop_min_delta=_number(kconf, "EARLY_STOP_MIN_DELTA", low=0),
+    )
+    metric = c["checkpoint_best_metric"]
+    if metric is not None and (not _METRIC.fullmatch(metric) or lower_is_better(metric) is None):
+        raise ConfigError(f'CONFIG_CHECKPOINT_BEST_METRIC="{metric}" is not a metric kfit can rank: use eval_loss '
+                          "(every model), accuracy (image models) or perplexity (GPT-2)")
+    return c
+
+
 LADDER_RUNGS = ("checkpointing", "autocast", "offload")  # the out-of-memory ladder's order
 
 
@@ -357,6 +391,7 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         fsdp_cpu_offload=_bool(kconf, "FSDP_CPU_OFFLOAD"),
         **_tuning(kconf),
         **_adaptation(kconf),
+        **_checkpoint_control(kconf),
         source=source,
         text=_config_text(kconf),
         symbols={s.name: s.str_value for s in kconf.unique_defined_syms},

@@ -8,6 +8,8 @@
   resume.py      checkpoint contents, RNG state, the run directory, stopping on SIGTERM/SIGINT (or by itself:
                  a lost device, exit 3; a low battery, exit 4), the checkpoint interval
   evaluation.py  the eval split's loss and metric, on rank 0
+  best.py        best-k checkpoints and early stopping by CONFIG_CHECKPOINT_BEST_METRIC
+  initial.py     INIT_FROM: a new run from trained weights, checked by name and shape
   schedule.py    the learning-rate schedule
   timing.py      the first steps' time against the plan's prediction; calibrating lib.steptime
 """

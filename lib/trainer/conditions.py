@@ -73,7 +73,8 @@ class Conditions:
         charge = f"{self.percent:.0f}%" if self.percent is not None else "a low charge"
         message = (f"on battery at {charge} (below CONFIG_BATTERY_LOW_PERCENT={c.battery_low_percent}): stopped after "
                    f"step {step}" + (f", checkpoint {path.name} saved" if path else "")
-                   + f" (CONFIG_BATTERY_STOP); plug in and resume with '{resume_command(c)}'")
+                   + f" (CONFIG_BATTERY_STOP); plug in and resume with "
+                   f"'{resume_command(c, path.parent if path else None)}'")
         self.event("battery_stop", message, percent=self.percent, path=str(path) if path else None)
         raise StoppedToResume(message, step, path, BATTERY_EXIT)
 

@@ -64,3 +64,8 @@ class Evaluator:
         if self.kind == "text":
             return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
         return {"eval_loss": loss}
+
+
+def metric_names(kind: str) -> tuple[str, ...]:
+    """The metrics Evaluator.metrics reports for a task of this kind (image, text, custom)."""
+    return {"image": ("eval_loss", "accuracy"), "text": ("eval_loss", "perplexity")}.get(kind, ("eval_loss",))

@@ -2,8 +2,8 @@
 
 `Trainer` runs epochs of optimizer steps (stepper.py takes each one), with the
 log lines, evaluations (evaluation.py), periodic checkpoints (resume.py) and the
-stops: epochs done, CONFIG_MAX_STEPS, the time limit, or SIGTERM/SIGINT after a
-checkpoint. Which samples each step sees is windows.py's. After each step the
+stops: epochs done, CONFIG_MAX_STEPS, the time limit, early stopping (best.py, which
+also keeps the best-k checkpoints), or SIGTERM/SIGINT after a checkpoint. Which samples each step sees is windows.py's. After each step the
 heat and battery policies run (conditions.py). A device that fails for good
 (is_device_lost: ECC, lost, launch failure) saves the last completed step's
 state where it can still be read and stops with the command that resumes
@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import checkpoint, tracking
+from .. import checkpoint, distributed, tracking
 from ..config import Config
 from ..hardware import HardwareProfile
 from ..hardware.runtime import is_device_lost
 from ..monitor import Monitor
 from ..plan import Plan
 from ..task import Task
+from . import best
 from .evaluation import Evaluator
 from .conditions import Conditions, Sensors
 from .resume import (DEVICE_LOST_EXIT, MIN_AUTO_INTERVAL_S, StoppedToResume, TrainingInterrupted, resume_command,
@@ -58,9 +59,11 @@ class Trainer(Stepper):
 
     def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
                  run_dir: Path | None = None, log: Log = print, task: Task | None = None,
-                 on_eval: OnEval | None = None, resume: Path | None = None, sensors: Sensors | None = None) -> None:
+                 on_eval: OnEval | None = None, resume: Path | None = None, sensors: Sensors | None = None,
+                 init_from: Path | None = None) -> None:
         tracking.check(config.tracking)  # a missing tracker package stops the run before its directory exists
-        super().__init__(config, plan, hardware, run_dir=run_dir, log=log, task=task, resume=resume)
+        super().__init__(config, plan, hardware, run_dir=run_dir, log=log, task=task, resume=resume,
+                         init_from=init_from)
         self.on_eval = on_eval
         self.sensors = sensors or Sensors()
         self.evaluator = Evaluator(self.task, config, self.device, self.inject)
@@ -119,15 +122,20 @@ class Trainer(Stepper):
             self.timer.finish()
             seconds, self.feed = self.elapsed(), None
             if self.saves:
-                final = self.log_eval(p.step, self.epochs_begun(), final=True)
+                # early stopping has just evaluated this very step: its metrics are the final ones
+                last = history[-1] if stop_reason == "early_stop" else {}
+                measured = {k: v for k, v in last.items() if k not in ("step", "epoch")} or None
+                final = self.log_eval(p.step, self.epochs_begun(), final=True, result=measured)
                 history.append(final)
+                self.judge(final, final=True)
                 final = {k: v for k, v in final.items() if k not in ("step", "epoch", "final")}
                 path = self.save(checkpoint.final_path(self.run_dir, self.sharded), final)
                 if main:
                     for _, old in checkpoint.periodic_checkpoints(self.run_dir):
                         checkpoint.remove(old)  # the finished run's checkpoint supersedes them
                 why = {"epochs": f"{config.epochs} epoch(s) done", "max_steps": "CONFIG_MAX_STEPS reached",
-                       "time_limit": "CONFIG_TIME_LIMIT reached"}.get(stop_reason, stop_reason)
+                       "time_limit": "CONFIG_TIME_LIMIT reached",
+                       "early_stop": "CONFIG_EARLY_STOP_PATIENCE reached"}.get(stop_reason, stop_reason)
                 # through the monitor: on a terminal it clears the progress bar first instead of joining it
                 self.monitor.event("finished", f"Saved {path} ({why}: {p.step} steps, {p.samples:,} samples in "
                                    f"{seconds:.1f}s)", path=str(path), stop_reason=stop_reason)
@@ -157,7 +165,7 @@ class Trainer(Stepper):
 
     def run_epoch(self, history: list[dict]) -> str:
         """The rest of the current epoch, window by window. Returns "epochs" when the epoch ended, else why
-        training stops ("max_steps", "time_limit"); raises TrainingInterrupted on SIGTERM or SIGINT."""
+        training stops ("max_steps", "time_limit", "early_stop"); raises TrainingInterrupted on SIGTERM or SIGINT."""
         config, p = self.config, self.progress
         windows = epoch_micro_batches(len(self.train_split), p.window_size, config.seed, p.epoch)
         self.feed = None
@@ -178,6 +186,8 @@ class Trainer(Stepper):
                 history.append(self.log_interval(lr))
             if config.eval_interval and p.step % config.eval_interval == 0 and p.step < self.total_steps:
                 history.append(self.log_eval(p.step, p.epoch + 1))
+                if self.judge(history[-1]):
+                    return "early_stop"
             if config.max_steps and p.step >= config.max_steps:
                 return "max_steps"
             if timed_out:
@@ -191,11 +201,13 @@ class Trainer(Stepper):
             if self.checkpoint_now and self.saves and p.step < self.total_steps and self.saved_step != p.step:
                 path = self.save_periodic()
                 self.monitor.event("checkpoint", f"Checkpoint at step {p.step}: {path.name}", path=str(path))
+        stop = False
         if not config.eval_interval and p.epoch + 1 < config.epochs:
             history.append(self.log_eval(p.step, p.epoch + 1))
+            stop = self.judge(history[-1])
         self.monitor.epoch_end(p.epoch + 1)
         p.epoch, p.window = p.epoch + 1, 0
-        return "epochs"
+        return "early_stop" if stop else "epochs"
 
     def log_interval(self, lr: float) -> dict:
         """Log the mean loss and throughput of the steps since the last log line."""
@@ -216,12 +228,13 @@ class Trainer(Stepper):
         self.plan = dataclasses.replace(self.plan, eval_batch=after)
         self.event("oom_recovery", f"Out of memory in evaluation: eval batch {before} -> {after}", eval_batch=after)
 
-    def log_eval(self, step: int, epoch: int, final: bool = False) -> dict:
+    def log_eval(self, step: int, epoch: int, final: bool = False, result: dict | None = None) -> dict:
         """Evaluate and report: rank 0 only (the others wait at the next step's collective), or under
-        FSDP every rank (a sharded forward gathers parameters from all), rank 0 reporting."""
+        FSDP every rank (a sharded forward gathers parameters from all), rank 0 reporting. `result`: this
+        step's metrics, measured already."""
         if not self.saves:
             return {"step": step, "epoch": epoch}
-        result = self.evaluate()
+        result = self.evaluate() if result is None else result
         if not self.rank.is_main:
             return {"step": step, "epoch": epoch, **result}
         entry = {"step": step, "epoch": epoch, **result, **({"final": True} if final else {})}
@@ -229,6 +242,33 @@ class Trainer(Stepper):
         if self.on_eval is not None:
             self.on_eval(step, epoch, result)
         return entry
+
+    def judge(self, entry: dict, final: bool = False) -> bool:
+        """After an evaluation: save it as a best-<step> checkpoint when it is among the best k, and say whether
+        early stopping ends the run (best.py). Rank 0 judges and every rank follows: a sharded save needs all
+        of them. The final evaluation only ranks (under DDP only rank 0 reaches it)."""
+        config, p = self.config, self.progress
+        if not (config.checkpoint_best_keep or config.early_stop_patience):
+            return False
+        verdict = best.judge(config, p, entry["step"], entry) if self.rank.is_main else None
+        if not final or self.sharded:
+            verdict = distributed.broadcast(verdict)
+        entered, stop = verdict
+        if entered and self.saves:
+            metrics = {k: v for k, v in entry.items() if k not in ("step", "epoch", "final")}
+            path = self.save(checkpoint.best_path(self.run_dir, p.step, self.sharded), metrics)
+            if self.rank.is_main:
+                checkpoint.prune_best(self.run_dir, [step for step, _ in p.best])
+                metric = config.checkpoint_best_metric
+                self.monitor.event("best_checkpoint", f"Best checkpoint: {path.name} ({metric} {entry[metric]:.4g}; "
+                                   f"keeping the best {config.checkpoint_best_keep})", path=str(path),
+                                   metric=metric, value=entry[metric])
+        if stop is None or final:
+            return False
+        if self.rank.is_main:
+            self.monitor.event("early_stop", stop, metric=config.checkpoint_best_metric,
+                               best_step=p.early_best[0], best_value=p.early_best[1])
+        return True
 
     def save_periodic(self) -> Path:
         path = self.save(checkpoint.periodic_path(self.run_dir, self.progress.step, self.sharded),
@@ -256,31 +296,37 @@ class Trainer(Stepper):
                  "effective batch)" if self.config.device == "auto" else
                  " after fixing or replacing the GPU (or select CONFIG_DEVICE_AUTO to continue on what is left)")
         message = (f"the training device failed at step {p.step + 1} ({reason}): {kept}; resume with "
-                   f"'{resume_command(self.config)}'{where}")
+                   f"'{resume_command(self.config, self.run_dir)}'{where}")
         self.monitor.event("device_lost", message, show=False, error=reason,
                            path=str(saved[1]) if saved else None, resume_step=saved[0] if saved else 0)
         if self.rank.is_main:
             print(f"error: {message}", file=sys.stderr, flush=True)
         raise StoppedToResume(message, saved[0] if saved else 0, saved[1] if saved else None, DEVICE_LOST_EXIT)
 
+    def resume_hint(self) -> str:
+        """'make train', or with RESUME_FROM for a run started from INIT_FROM's weights (the search passes it by)."""
+        init = (self.run_dir / checkpoint.INIT_RECORD).is_file()
+        return resume_command(self.config, self.run_dir) if init else "make train"
+
     def interrupt(self) -> None:
         """Stop at this step boundary after saving a checkpoint (all ranks agreed on it)."""
         signum = self.signals.received or signal.SIGTERM
         path = self.save_periodic() if self.saves else None
         self.monitor.event("interrupted", f"{signal.Signals(signum).name} received: checkpoint saved at step "
-                           f"{self.progress.step} ({path.name if path else ''}); 'make train' resumes from it",
+                           f"{self.progress.step} ({path.name if path else ''}); '{self.resume_hint()}' resumes from it",
                            signal=signal.Signals(signum).name, path=str(path))
         raise TrainingInterrupted(signum, self.progress.step, path)
 
 
 def train(config: Config, plan: Plan, hardware: HardwareProfile, *, run_dir: Path | None = None,
           log: Log = print, task: Task | None = None, on_eval: OnEval | None = None,
-          resume: Path | None = None, sensors: Sensors | None = None) -> TrainResult:
+          resume: Path | None = None, sensors: Sensors | None = None, init_from: Path | None = None) -> TrainResult:
     """Train as configured and planned; returns where the run went and how it ended.
-    `resume`: a run directory to continue from its newest readable checkpoint; `sensors`: fake telemetry
-    and battery readings (tests)."""
+    `resume`: a run directory to continue from its newest readable checkpoint, or a checkpoint to continue
+    from exactly; `init_from`: weights a new run starts from (INIT_FROM); `sensors`: fake telemetry and
+    battery readings (tests)."""
     trainer = Trainer(config, plan, hardware, run_dir=run_dir, log=log, task=task, on_eval=on_eval, resume=resume,
-                      sensors=sensors)
+                      sensors=sensors, init_from=init_from)
     try:
         return trainer.fit()
     finally:

@@ -85,6 +85,50 @@ def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | Non
     return path, resume, lock
 
 
+def resume_point(source: Path, config: Config, log=print) -> tuple[Path, int]:
+    """RESUME_FROM: (the checkpoint to continue, its effective batch), checked as the resume search checks a
+    run: a run directory gives its newest readable checkpoint, a checkpoint file (or sharded directory) itself;
+    a finished run, an unreadable or foreign checkpoint, a config that differs in training math, or a run a
+    live process holds is a KfitError naming the path and the fix. Reads only."""
+    source = Path(source).expanduser()
+    what = f"RESUME_FROM={source}"
+    if not source.exists():
+        raise KfitError(f"{what}: no such run directory or checkpoint: name a run directory (under "
+                        "CONFIG_OUTPUT_DIR) or one of its checkpoint-<step>.pt files")
+    run_dir = checkpoint.run_of(source)
+    if checkpoint.finished_checkpoint(run_dir) or source.name in (checkpoint.FINAL, checkpoint.FINAL_SHARDED):
+        raise KfitError(f"{what}: that run has finished ({checkpoint.finished_checkpoint(run_dir).name}): "
+                        f"INIT_FROM={source} starts a new run from its weights")
+    if run_dir == source:
+        found = checkpoint.latest_valid(run_dir, log, checkpoint_problem)
+        if found is None:
+            raise KfitError(f"{what} holds no readable checkpoint-<step>.pt: name a run directory that saved "
+                            "one, or start afresh without RESUME_FROM")
+        path, state = found
+    else:
+        path = source
+        try:
+            state = checkpoint.load_checkpoint(path)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to replace
+            raise KfitError(f"{what} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}): name "
+                            f"another checkpoint, or the run directory ({run_dir}) for its newest readable one"
+                            ) from None
+        problem = checkpoint_problem(state)
+        if problem is not None or not isinstance(state.get("config"), str):
+            raise KfitError(f"{what} is not a kfit checkpoint ({problem or 'it holds no config'}): name a "
+                            "checkpoint-<step>.pt of a run, or its directory")
+    differences = checkpoint.identity_differences(state.get("config", ""), config.text)
+    if differences:
+        raise KfitError(f"{what}: its config differs in training math ({'; '.join(differences[:3])}"
+                        f"{f'; {len(differences) - 3} more' if len(differences) > 3 else ''}): train with the "
+                        f"run's own config (KCONFIG_CONFIG={run_dir / 'config'}), or start a new run from its "
+                        f"weights with INIT_FROM={path}")
+    holder = fileio.lock_holder(run_dir)
+    if holder is not None:
+        raise checkpoint.in_use_error(run_dir, holder)
+    return path, int(state["progress"]["window_size"])
+
+
 def versions() -> dict:
     return {"torch": str(torch.__version__), "python": platform.python_version(),
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
@@ -239,12 +283,15 @@ class StoppedToResume(TrainingInterrupted):
         self.signum, self.step, self.path, self.exit_code = None, step, path, exit_code
 
 
-def resume_command(config: Config) -> str:
+def resume_command(config: Config, run_dir: Path | None = None) -> str:
     """The command that continues this run: the config file it was read from, unless it is ./.config,
-    and RESUME=1 when CONFIG_RESUME is off."""
+    and RESUME=1 when CONFIG_RESUME is off; RESUME_FROM=<run_dir> for a run started from INIT_FROM's
+    weights, which the resume search passes by."""
     command = "make train"
     if config.source and Path(config.source).resolve() != Path(".config").resolve():
         command += f" KCONFIG_CONFIG={shlex.quote(str(config.source))}"
+    if run_dir is not None and (Path(run_dir) / checkpoint.INIT_RECORD).is_file():
+        return command + f" RESUME_FROM={shlex.quote(str(run_dir))}"
     return command + ("" if config.resume else " RESUME=1")
 
 

@@ -44,7 +44,8 @@ from ..step import autocast_for, configure_backends, make_optimizer, seed_everyt
 from ..task import Task, load_task
 from .resume import (StopSignals, auto_interval_s, checkpoint_due, checkpoint_problem, checkpoint_state,
                      claim_run_directory, load_state, output_directory, sharded_tensors)
-from . import ladder
+from . import best, ladder
+from .initial import load_initial, not_both
 from .schedule import lr_at
 from .windows import Progress, epoch_micro_batches, loader, rank_batches
 
@@ -56,7 +57,11 @@ class Stepper:
 
     def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
                  run_dir: Path | None = None, log: Log = print, task: Task | None = None,
-                 resume: Path | None = None) -> None:
+                 resume: Path | None = None, init_from: Path | None = None) -> None:
+        """resume: a run directory to continue from its newest readable checkpoint (the resume search's pick),
+        or a checkpoint file or sharded directory to continue from exactly (RESUME_FROM, checked by
+        resume.resume_point); init_from: weights a new run starts from (INIT_FROM, initial.py)."""
+        not_both(resume, init_from)
         self.rank = distributed.current() if torch.distributed.is_initialized() else distributed.SINGLE
         self.config, self.plan, self.hardware = config, plan, hardware
         self.log = log if self.rank.is_main else (lambda line: None)
@@ -66,12 +71,19 @@ class Stepper:
         configure_backends(plan)
         self.device = distributed.device_for(self.rank, plan.device_type)
         self.task = task or load_task(config)  # a data error first: before anything is written
+        # then what else the user can get wrong, still before the run directory exists
+        best.check_metric(config, self.task.info.kind, config.model)
+        self.initial = load_initial(init_from, self.task) if init_from is not None else None
+        resume_dir = checkpoint.run_of(resume) if resume is not None else None
+        chosen = Path(resume) if resume is not None and Path(resume) != resume_dir else None
         # rank 0 claims the run directory (a new one, named by the time, or the one to resume), locked against
         # a second `make train` there; every rank writes into that one and resumes what rank 0 decided
         self.lock, claim = None, None
         if self.rank.is_main:
             try:
-                claimed, resume, self.lock = claim_run_directory(config, run_dir, resume, self.log)
+                # a chosen checkpoint's run in use by another process is refused, never swapped for a new run
+                named = run_dir if chosen is None else (run_dir or resume_dir)
+                claimed, resume, self.lock = claim_run_directory(config, named, resume_dir, self.log)
                 claim = (claimed, resume, None)
             except KfitError as err:  # refused on every rank, not only here
                 claim = (None, None, str(err))
@@ -84,6 +96,12 @@ class Stepper:
         if resume is not None:  # a relaunch after out-of-memory under FSDP: its rungs shape the model and its shards
             plan = self.plan = ladder.reapply(config, plan, marker_rungs(resume), hardware)
         self.model = self.task.build(plan.gradient_checkpointing).to(self.device)
+        if self.initial is not None:  # before sharding: names and shapes of the whole model (checked already)
+            self.model.load_state_dict(self.initial.weights)
+            self.deferred.append(("init_from", self.initial.message(), self.initial.record()))
+            if self.rank.is_main:
+                checkpoint.write_json_atomic(self.run_dir / checkpoint.INIT_RECORD, self.initial.record())
+            self.initial.weights = None
         self.parameters = count_parameters(self.model)
         self.sharded = parallel.is_sharded(plan.strategy) and self.rank.active
         if self.sharded:  # before the optimizer: fully_shard replaces the parameters
@@ -98,7 +116,7 @@ class Stepper:
         self.inject = Injector()
         self.monitor: Monitor | None = None
         if resume is not None:
-            self.restore(resume)
+            self.restore(resume, chosen)
         self.ddp = None
         module = self.model
         if self.rank.active and not self.sharded:
@@ -351,9 +369,10 @@ class Stepper:
         """Whether this rank takes part in saving: rank 0, or every rank of a sharded run."""
         return self.rank.is_main or self.sharded
 
-    def restore(self, run_dir: Path) -> None:
-        """Continue the run in run_dir from its newest readable checkpoint."""
-        found = checkpoint.latest_valid(run_dir, self.log, checkpoint_problem)
+    def restore(self, run_dir: Path, chosen: Path | None = None) -> None:
+        """Continue the run in run_dir from `chosen` (RESUME_FROM's, checked), else its newest readable checkpoint."""
+        found = ((chosen, checkpoint.load_checkpoint(chosen)) if chosen is not None else
+                 checkpoint.latest_valid(run_dir, self.log, checkpoint_problem))
         if found is None and not (Path(run_dir) / checkpoint.OOM_MARKER).is_file():
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return
@@ -371,8 +390,23 @@ class Stepper:
                 if state["scaler"] and self.scaler.is_enabled():  # a scaler the fp16 rung enabled: its scale back
                     self.scaler.load_state_dict(state["scaler"])
             self.resumed_from = path
+            if self.rank.is_main:
+                self.drop_later(run_dir, path)
         self.run_dir = Path(run_dir)  # without a checkpoint: out of memory before the first, restarted here
         self.apply_oom_marker()
+
+    def drop_later(self, run_dir: Path, resumed: Path) -> None:
+        """Checkpoints later than the one resumed (an older one RESUME_FROM chose, or unreadable newer ones)
+        belong to steps this run takes again: the rotation would keep them over its new ones and the resume
+        search would take them. Best-<step> files outside the resumed ranking go too (best.py)."""
+        p = self.progress
+        later = [path for step, path in checkpoint.periodic_checkpoints(run_dir) if step > p.step]
+        for path in later:
+            checkpoint.remove(path)
+        later += checkpoint.prune_best(run_dir, [step for step, _ in p.best])
+        if later:
+            self.log(f"note: resuming from {resumed.name}: removed {', '.join(sorted(q.name for q in later))}, "
+                     "saved after it")
 
     def replan(self, old: dict) -> None:
         """Resuming on another device than the checkpoint's (its GPU lost, say): this run's own plan's

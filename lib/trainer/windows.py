@@ -87,3 +87,7 @@ class Progress:
     interval_loss: float = 0.0  # sample-weighted loss since the last log line
     interval_samples: int = 0
     rungs: list[str] = field(default_factory=list)  # out-of-memory ladder rungs taken, in order (ladder.py)
+    # judged by CONFIG_CHECKPOINT_BEST_METRIC after each evaluation (best.py)
+    best: list[list] = field(default_factory=list)  # [step, value] of the best-<step> checkpoints, best first
+    early_best: list | None = None  # early stopping: [step, value] of the best evaluation so far
+    stale_evals: int = 0  # evaluations since early_best without improvement
