@@ -142,6 +142,7 @@ def exec_torchrun(nproc: int, script: Path, env: dict[str, str], threads: int | 
 _SIGNAL_EXIT = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_RANK_EXCEPTION = re.compile(r"^\[rank\d+\]:")  # torch prefixes a rank's uncaught exception with its rank
 
 
 class TorchrunOutput:
@@ -160,6 +161,9 @@ class TorchrunOutput:
         self.signal: int | None = None
         self.root: dict[str, int] = {}
         self.failure: str | None = None  # torchrun's own exception otherwise
+        # ranks' uncaught exceptions, shown at the end unless a killed rank explains them: when a rank dies,
+        # the others fail in their next collective ("Connection reset by peer") with tracebacks of their own
+        self.rank_exceptions: list[str] = []
 
     def feed(self, line: str) -> None:
         if self.block is not None:  # a traceback's first frame tells whose it is
@@ -176,6 +180,9 @@ class TorchrunOutput:
         if self.suppressing:
             self.kept.append(line)
             self._read_report(line)
+            return
+        if _RANK_EXCEPTION.match(line):
+            self.rank_exceptions.append(line)
             return
         if line.startswith("Traceback (most recent call last):"):
             self.block = [line]
@@ -209,9 +216,15 @@ class TorchrunOutput:
             self.failure = line.strip()
 
     def close(self, log_path: Path | None) -> None:
-        """Flush; torchrun's own lines are appended to log_path (when there are any)."""
+        """Flush; torchrun's own lines are appended to log_path (when there are any), and so are the ranks'
+        exceptions when a rank was killed (the error line names it; theirs are its consequence)."""
         if self.block:
             self.out.writelines(self.block)
+        if self.root.get("exitcode", 0) < 0:
+            self.kept += self.rank_exceptions
+        else:
+            self.out.writelines(self.rank_exceptions)
+        self.rank_exceptions = []
         self.out.flush()
         if self.kept and log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -206,6 +206,15 @@ def test_torchrun_output_keeps_its_own_lines_and_reads_the_root_cause(tmp_path, 
     output, shown = _read(RANK_TRACEBACK)  # a rank's traceback is a bug to show, not torchrun's noise
     assert shown == RANK_TRACEBACK and output.kept == []
 
+    # a surviving rank's collective fails once its peer is killed: its traceback is the kill's consequence
+    collateral = "".join(f"[rank0]: {line}" for line in
+                         ["Traceback (most recent call last):\n", '  File "lib/distributed.py", line 357, in all_sum\n',
+                          "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer\n"])
+    output, shown = _read(collateral + KILLED_RANK)
+    assert shown == "" and collateral in "".join(output.kept)
+    output, shown = _read(collateral)  # no rank was killed: the rank's own exception is shown
+    assert shown == collateral
+
 
 def _train_and_stop(tmp_path, make_config, stop) -> tuple[subprocess.CompletedProcess, int]:
     """`kfit train` with GPUS=2 (gloo) until step 3, then `stop(launcher, ranks)`; the result and the launcher's
