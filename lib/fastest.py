@@ -40,11 +40,7 @@ def _speed_reason(choice, ranked, share: int, cap: int, source: str) -> str:
     best = ranked[0]
     said = [choice]
     if best is not choice:
-        # only the CPU's rule keeps a smaller one (choose.py)
-        smaller = choice.micro_batch < best.micro_batch and choice.gradient_checkpointing == best.gradient_checkpointing
-        why += (f"; {best.describe()} is within {TIE:.0%}, and the smaller micro-batch is kept (on a CPU a flat "
-                "time per sample favours the smaller working set)" if smaller else
-                f"; {best.describe()} is within {TIE:.0%}, and the larger micro-batch is kept")
+        why += f"; {best.describe()} is within {TIE:.0%}, and the larger micro-batch is kept"
         said.append(best)
     same = [c for c in ranked if c.gradient_checkpointing == choice.gradient_checkpointing]
     for label, found in (("runner-up", next((c for c in ranked if c not in said), None)),
@@ -94,7 +90,7 @@ def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolic
                 add(_Option(other.gradient_checkpointing, policy.choose(config=other, **choose)), alt)
             except PlanError:
                 pass  # the other setting does not fit at all
-    best, ranked = fastest(ranked, config.gradient_checkpointing, cpu=model.device.kind == "cpu")
+    best, ranked = fastest(ranked, config.gradient_checkpointing)
     model, option = models[best.gradient_checkpointing]
     cap = min(option.choice.max_micro, share)
     return best, option, model, _speed_reason(best, ranked, share, cap, model.source)

@@ -266,24 +266,12 @@ def test_resolve_takes_a_faster_micro_batch_that_does_not_divide_the_target(cach
     assert "fastest predicted" in plan.reasons["micro_batch"] and "128 x 4" in plan.reasons["micro_batch"]
     assert "2 x 171 + 170" in plan.reasons["grad_accum"]
     assert plan.predicted_step_seconds == pytest.approx(heavy.seconds(171, 3, 512))
-    # samples cost the same at any size and nothing else counts: every candidate ties; on a CPU the smallest
-    # of at least half the largest is kept (choose.py), never a slide down to a few samples
+    # samples cost the same at any size and nothing else counts: every candidate ties, the largest is kept
     flat = StepTimeModel(counts=fake_counts(per_sample=Phase(flops=1e6), optimizer=Phase()),
                          device=dataclasses.replace(FAKE_CPU, step_overhead_s=0.0), precision="fp32")
     monkeypatch.setattr(steptime, "step_time_model", lambda *a, **k: flat)
     plan = resolve(lenet, resolve_hardware(gpu="cpu"), ModelDescription("lenet5"), policy=FixedPolicy(512))
-    assert (plan.micro_batch, plan.grad_accum) == (256, 2)
-
-
-def test_near_ties_go_to_the_larger_micro_batch_on_a_gpu_and_one_halving_down_on_a_cpu():
-    top, half, third = (Candidate(512, 1, False, 1.0, 512.0), Candidate(256, 2, False, 1.02, 502.0),
-                        Candidate(171, 3, False, 1.025, 499.5))  # all within TIE of the best
-    assert fastest([half, top, third], False)[0] is top
-    assert fastest([half, top, third], False, cpu=True)[0] is half  # 171 is below half of 512
-    slow = Candidate(256, 2, False, 1.1, 465.0)  # 9% slower: no tie, on a CPU too
-    assert fastest([slow, top], False, cpu=True)[0] is top
-    best = Candidate(128, 4, False, 1.0, 512.0)  # a tie far below half the best's size is not taken
-    assert fastest([best, Candidate(32, 16, False, 1.01, 507.0)], False, cpu=True)[0] is best
+    assert (plan.micro_batch, plan.grad_accum) == (512, 1)
 
 
 def test_the_trainer_records_predicted_against_measured_and_calibrates(cache, lenet, tmp_path):
@@ -320,14 +308,13 @@ def test_real_micro_batches_are_timed_within_the_budget():
                               estimate=lambda b: 10.0, budget_s=0.5) == ({}, None)  # nothing affordable
 
 
-def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_the_larger():
+def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_measured_sizes():
     base = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
     measured = dataclasses.replace(base, measured={16: 0.16, 32: 0.30})
     assert measured.micro_seconds(64) == pytest.approx(0.60) and measured.micro_seconds(128) == pytest.approx(1.2)
     assert measured.measured_covers(32) and not measured.measured_covers(33) and base.measured_covers(4096)
     inside = Candidate(32, 4, False, 1.0, 128.0, measured=True)
     past = Candidate(128, 1, False, 0.99, 129.3, measured=False)  # 1% faster by the held figure: a tie
-    # the held figure understates the larger micro-batch (timing stopped early): the larger, on a CPU too
-    assert fastest([past, inside], False)[0] is past and fastest([past, inside], False, cpu=True)[0] is past
+    assert fastest([past, inside], False)[0] is inside
     clear = Candidate(128, 1, False, 0.9, 142.2, measured=False)  # 11% faster: no tie
     assert fastest([clear, inside], False)[0] is clear

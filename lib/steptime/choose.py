@@ -7,24 +7,10 @@ short when it does not divide S; the trainer weighs it by its samples).
 Every divisor of S up to C is among them, and any other micro-batch with the
 same k runs the same number of micro-batches, less evenly. Predicted
 throughputs within `TIE` of the best count as a tie, broken towards the
-configured checkpointing setting, then towards the larger micro-batch (fewer
-launches, and the roofline's optimism about small batches stays unused),
-except on a CPU within the sizes timed there (or with none timed): where the time per
-sample has flattened, the smallest tied micro-batch of at least half the
-largest tied one, since the larger working set buys nothing and sits nearest
-to the caches' and glibc's cliffs. Measured on this 2-core CPU (LeNet-5,
-effective batch 512, one thread): 512 x 1 and 256 x 2 ran at the same speed
-alone (36.6 and 37.1 ms a step), but after steps at other sizes in the same
-process (the trainer's evaluation, a sweep) 512 x 1 took 48-60 ms for the
-next 15 steps and 256 x 2 still 37-38 ms; in five make bench-throughput runs
-512 ran at 0.64-1.00 of the sweep's best, 256 at 0.95-1.00. Halving at most
-keeps a flat prediction from sliding down to a few samples. Past the timed
-sizes the time per sample is only held (model.py), which understates a larger
-micro-batch where timing stopped early (a slow model, a busy machine): ties
-there go to the larger one. Preferring timed sizes instead kept ResNet-18 at
-micro-batch 8 of a target of 128 after a busy machine timed only 1-8 (9
-samples/s against 23 at 128 in make bench-throughput), and GPT-2-tiny and the
-custom transformer at 32 of 64 (0.74-0.93 of the best).
+configured checkpointing setting, then a micro-batch within the sizes timed
+on this device (past them the time per sample is only held, not known), then
+the larger micro-batch (fewer launches, and the roofline's optimism about
+small batches stays unused).
 """
 
 from __future__ import annotations
@@ -79,15 +65,11 @@ def candidates(model: StepTimeModel, *, share: int, cap: int, world_size: int,
     return out
 
 
-def fastest(options: list[Candidate], configured_checkpointing: bool,
-            cpu: bool = False) -> tuple[Candidate, list[Candidate]]:
-    """(the choice, every option fastest first) under the tie rule above; `cpu`: the device is a CPU."""
+def fastest(options: list[Candidate], configured_checkpointing: bool) -> tuple[Candidate, list[Candidate]]:
+    """(the choice, every option fastest first) under the tie rule above."""
     ranked = sorted(options, key=lambda c: -c.samples_per_second)
     best = ranked[0].samples_per_second
     near = [c for c in ranked if c.samples_per_second >= best * (1 - TIE)]
-    preferred = any(c.gradient_checkpointing == configured_checkpointing for c in near)
-    near = [c for c in near if (c.gradient_checkpointing == configured_checkpointing) == preferred]
-    largest = max(near, key=lambda c: c.micro_batch)
-    if cpu and largest.measured:
-        return min((c for c in near if 2 * c.micro_batch >= largest.micro_batch), key=lambda c: c.micro_batch), ranked
-    return largest, ranked
+    choice = max(near, key=lambda c: (c.gradient_checkpointing == configured_checkpointing, c.measured,
+                                      c.micro_batch))
+    return choice, ranked
