@@ -76,8 +76,11 @@ def test_batch_one_too_big_is_a_plan_error_with_numbers_and_advice(gpt2_tiny):
     assert "CONFIG_MEMORY_PROFILE_EXTREME" in text
 
 
-def test_repeated_resolves_with_derived_configs_hit_the_cache(gpt2_tiny):
-    policy = PlannerPolicy()  # its own trace counter, the session's cache
+def test_repeated_resolves_with_derived_configs_hit_the_cache(tmp_path, gpt2_tiny, monkeypatch):
+    # its own trace counter and caches: the session's are shared with another pytest worker, whose writes
+    # (a step-time calibration, say) between the two plans once made the second trace 3 more sizes
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path))
+    policy = PlannerPolicy(cache_dir=str(tmp_path))
     hardware = resolve_hardware(gpu="a10g", free_gb=1.0)
     first = plan(gpt2_tiny, hardware, policy)
     traced = policy.predictor.traces
