@@ -130,14 +130,20 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _run(command: str, what: str, example: str = "") -> Path:
+    """RUN=, which export and sample need."""
+    run = os.environ.get("RUN")
+    if not run:
+        raise KfitError(f"RUN= is missing: name {what}, e.g. 'make {command} "
+                        f"RUN=runs/gpt2-tiny-20261123-101500{example}'")
+    return Path(run)
+
+
 def cmd_export(args) -> int:
     from ..export import export
 
-    run = os.environ.get("RUN")
-    if not run:
-        raise KfitError("RUN= is missing: name a run directory (under CONFIG_OUTPUT_DIR) or a checkpoint, "
-                        "e.g. 'make export RUN=runs/gpt2-tiny-20261123-101500'")
-    path = export(Path(run), Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    run = _run("export", "a run directory (under CONFIG_OUTPUT_DIR) or a checkpoint")
+    path = export(run, Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     print(f"Exported {path} (the model's state_dict: safetensors.torch.load_file(path)), with config and "
           f"plan.json beside it")
     return 0
@@ -146,11 +152,8 @@ def cmd_export(args) -> int:
 def cmd_sample(args) -> int:
     from ..sample import sample
 
-    run = os.environ.get("RUN")
-    if not run:
-        raise KfitError("RUN= is missing: name a GPT-2 run directory, a checkpoint or an exported "
-                        "model.safetensors, e.g. 'make sample RUN=runs/gpt2-tiny-20261123-101500 PROMPT=\"def \"'")
-    text, about = sample(Path(run), os.environ.get("PROMPT", ""),
+    run = _run("sample", "a GPT-2 run directory, a checkpoint or an exported model.safetensors", ' PROMPT="def "')
+    text, about = sample(run, os.environ.get("PROMPT", ""),
                          max_tokens=env_number("MAX_TOKENS", int, 200, minimum=1),
                          temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0),
                          top_k=env_number("TOP_K", int, 200, minimum=0) or None,
