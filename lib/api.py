@@ -204,7 +204,7 @@ def train_planned(config: "Config", machine: "HardwareProfile", *, rank=None, lo
     torchrun job (`rank`, set up). `resume(plan)` names the run to continue, or None; on rank 0 only.
     `env`: NNODES for the plan, as processes(). `init_from`: weights a new run starts from (INIT_FROM)."""
     from . import distributed
-    from .hardware.allocator import RETENTION_FACTOR, needs_returning, return_freed_memory
+    from .hardware.allocator import RETENTION_FACTOR, keep_freed_memory, needs_returning, return_freed_memory
     from .hyperparams import compile_line, summary_line, with_predictions
     from .probe import maybe_probe
     from .task import load_task
@@ -231,6 +231,8 @@ def train_planned(config: "Config", machine: "HardwareProfile", *, rank=None, lo
         log(f"Memory: the predicted peak x {RETENTION_FACTOR} (glibc keeps freed memory) exceeds the budget: "
             + ("freed tensors go back to the system (slower steps, RAM within budget)" if returned
                else "this C library cannot be told to return freed memory; RAM may exceed the budget"))
+    elif plan.device_type == "cpu":
+        keep_freed_memory()  # steps reuse the heap, as the planner's timed steps did (lib/hardware/allocator.py)
     run = distributed.broadcast(resume(plan) if rank.is_main else None)
     return train_loop(config, plan, machine, task=task, resume=run, log=log,
                       init_from=Path(os.fspath(init_from)) if init_from is not None else None)

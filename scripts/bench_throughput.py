@@ -16,7 +16,8 @@ runs 171 + 171 + 170), each weighted by its samples. The points are measured in
 interleaved rounds (other processes' load then falls on every point alike);
 each point's time is the median of its steps, warm-up excluded.
 Step time: the plan's prediction (lib.steptime) with no calibration, against
-the later rounds; then lib.steptime.calibrate with the first round's steps at
+the later rounds; then lib.steptime.calibrate with the first round's steps (as many as the trainer
+times, lib.trainer.timing) at
 the plan's micro-batch, the plan re-resolved, and its prediction against the
 later rounds (never the steps it was calibrated with).
 Intra-op threads: lib.threads' decision for the machine as each case starts.
@@ -44,6 +45,7 @@ import torch  # noqa: E402
 
 from lib import config as kconfig  # noqa: E402
 from lib.step import autocast_for, make_optimizer, seed_everything  # noqa: E402
+from lib.trainer import timing  # noqa: E402
 from lib.trainer.windows import rank_batches  # noqa: E402
 
 SWEEP = (8, 16, 32, 64, 128, 256, 512)
@@ -51,7 +53,10 @@ SWEEP = (8, 16, 32, 64, 128, 256, 512)
 # thread, under load): a 512-sample step takes 15-30 s, so it runs at 128 to keep the bench near 4 minutes.
 CASES = {"lenet5": {}, "resnet18": {"TARGET_EFFECTIVE_BATCH": 128}, "gpt2-tiny": {}, "custom-transformer": {}}
 ROUND_S = 0.4  # each point runs at least this long per round (at least one step)
-CALIBRATION_S = 1.5  # the plan's point in the first round: the steps lib.steptime.calibrate gets
+# The plan's point in the first round runs the steps lib.steptime.calibrate gets: as many as the trainer
+# times for it (lib.trainer.timing: at least STEPS steps and MIN_SECONDS of them).
+CALIBRATION_S = timing.MIN_SECONDS
+CALIBRATION_STEPS = timing.STEPS
 CASE_BUDGET_S = 25.0  # no round starts after a case has measured this long, once it has MIN_ROUNDS
 MIN_ROUNDS = 3  # the first calibrates; the others are compared with the predictions
 MAX_ROUNDS = 10
@@ -91,6 +96,9 @@ class Runner:
     """A case's model and optimizer, taking real optimizer steps."""
 
     def __init__(self, config, plan, task) -> None:
+        from lib.hardware.allocator import keep_freed_memory
+
+        keep_freed_memory()  # the C heap as the trainer's process has it (lib.api.train_planned)
         seed_everything(config.seed)
         self.config, self.plan, self.task = config, plan, task
         self.model = task.build(plan.gradient_checkpointing)
@@ -122,15 +130,16 @@ class Runner:
         self.optimizer.step()
         return time.perf_counter() - start
 
-    def measure(self, point: Point, min_seconds: float = ROUND_S) -> list[float]:
-        """One round at `point`: a warm-up micro-batch the first time, then steps for min_seconds (at least one)."""
+    def measure(self, point: Point, min_seconds: float = ROUND_S, min_steps: int = 1) -> list[float]:
+        """One round at `point`: a warm-up micro-batch the first time, then steps for min_seconds (at least
+        min_steps)."""
         if point.micro not in self.warm:
             self._micro_batch(point.micro, 1.0)
             self.optimizer.zero_grad(set_to_none=True)
             self.warm.add(point.micro)
         times: list[float] = []
         batches = point.batches
-        while not times or sum(times) < min_seconds:
+        while len(times) < min_steps or sum(times) < min_seconds:
             times.append(self.step(batches))
         point.steps.append(times)
         return times
@@ -143,10 +152,11 @@ def sweep_points(window: int, plan_micro: int, world_size: int = 1) -> list[Poin
 
 
 def measure_case(config, plan, task, *, rounds: int = MIN_ROUNDS, budget_s: float = CASE_BUDGET_S,
-                 round_s: float = ROUND_S, calibration_s: float = CALIBRATION_S, after_first=None) -> dict[int, Point]:
+                 round_s: float = ROUND_S, calibration_s: float = CALIBRATION_S,
+                 calibration_steps: int = CALIBRATION_STEPS, after_first=None) -> dict[int, Point]:
     """Interleaved rounds over the sweep (and the plan's micro-batch) at the plan's effective batch per process.
 
-    after_first(points) runs after round one (where the plan's point ran for calibration_s) and may return
+    after_first(points) runs after round one (where the plan's point ran the calibration's steps) and may return
     a micro-batch to add (a re-resolved plan's).
     """
     window, world_size = plan.effective_batch, plan.world_size
@@ -158,7 +168,10 @@ def measure_case(config, plan, task, *, rounds: int = MIN_ROUNDS, budget_s: floa
         order = sorted(points) if done % 2 == 0 else sorted(points, reverse=True)
         for micro in order:
             first_at_plan = done == 0 and micro == plan.micro_batch
-            runner.measure(points[micro], max(round_s, calibration_s) if first_at_plan else round_s)
+            if first_at_plan:
+                runner.measure(points[micro], max(round_s, calibration_s), calibration_steps)
+            else:
+                runner.measure(points[micro], round_s)
         done += 1
         if done == 1 and after_first is not None:
             extra = after_first(points)

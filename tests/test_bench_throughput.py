@@ -39,6 +39,7 @@ def test_measures_real_steps_and_prints_table_and_summary(tmp_path):
     plan = resolve(config, resolve_hardware(gpu="cpu"), ModelDescription.from_config(config))
     calls = []
     points = bench.measure_case(config, plan, load_task(config), rounds=2, budget_s=0.0, round_s=0.0, calibration_s=0.0,
+                                calibration_steps=1,
                                 after_first=lambda pts: calls.append(sorted(pts)) or 16)
     assert calls == [[8, 16]] and sorted(points) == [8, 16]
     assert all(len(p.steps) == 2 and all(len(r) == 1 and r[0] > 0 for r in p.steps) for p in points.values())

@@ -311,34 +311,44 @@ import importlib.util, sys
 spec = importlib.util.spec_from_file_location("allocator", sys.argv[1])
 allocator = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(allocator)
-applied = allocator.return_freed_memory() if sys.argv[2] == "set" else None
+calls = {"return": allocator.return_freed_memory, "keep": allocator.keep_freed_memory}
+applied = [calls[mode]() for mode in sys.argv[2].split(",") if mode in calls]
 rss = lambda: next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")) / 1024
 base = rss()
-blocks = [b"x" * (96 * 1024) for _ in range(400)]  # 37.5 MiB in blocks under glibc's default 128 KiB threshold
+size = int(sys.argv[3])
+blocks = [b"x" * size for _ in range(40 * 1024 * 1024 // size)]  # 40 MiB
 del blocks[:-1]  # the last one stays, on top of the heap
-print(applied, rss() - base)
+print(all(applied), rss() - base)
 '''
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
-def test_return_freed_memory_gives_freed_blocks_back_on_glibc():
+def test_the_c_heap_returns_or_keeps_freed_blocks_as_set_on_glibc():
     path = Path(allocator.__file__)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "KFIT_KEEP"))}
 
-    def retained(mode):
-        out = subprocess.run([sys.executable, "-c", RETENTION, str(path), mode], capture_output=True, text=True,
-                             env=env, check=True).stdout.split()
+    def retained(mode, size):
+        out = subprocess.run([sys.executable, "-c", RETENTION, str(path), mode, str(size)], capture_output=True,
+                             text=True, env=env, check=True).stdout.split()
         return out[0], float(out[1])
 
-    (applied, kept), (_, default) = retained("set"), retained("default")
+    small, large = 96 * 1024, 1024 * 1024  # under glibc's default 128 KiB mmap threshold, and over it
+    (applied, returned), (_, default) = retained("return", small), retained("default", small)
     assert applied == "True"
-    assert kept < 4 < 20 < default
+    assert returned < 4 < 20 < default
+    (applied, kept), (_, default_large) = retained("keep", large), retained("default", large)
+    assert applied == "True"
+    assert default_large < 4 < 30 < kept  # mmapped and unmapped by default; kept on the heap for the next step
+    applied, after = retained("keep,return", large)
+    assert applied == "True" and after < 4  # keeping first, then returning: return wins and hands it back
 
 
 def test_return_freed_memory_is_harmless_off_glibc(monkeypatch):
     monkeypatch.setattr(allocator, "_applied", None)
+    monkeypatch.setattr(allocator, "_mode", None)
     monkeypatch.setattr(allocator, "_glibc", lambda: None)
     assert allocator.return_freed_memory() is False
+    assert allocator.keep_freed_memory() is False
     assert allocator.trim() is False
     monkeypatch.setattr(allocator, "_applied", None)
     monkeypatch.setenv("KFIT_KEEP_MALLOC", "1")

@@ -274,9 +274,11 @@ def test_resolve_takes_a_faster_micro_batch_that_does_not_divide_the_target(cach
     assert (plan.micro_batch, plan.grad_accum) == (512, 1)
 
 
-def test_the_trainer_records_predicted_against_measured_and_calibrates(cache, lenet, tmp_path):
-    from lib.trainer import train
+def test_the_trainer_records_predicted_against_measured_and_calibrates(cache, lenet, tmp_path, monkeypatch):
+    from lib.trainer import timing, train
     from lib.trainer.timing import SKIP, STEPS
+
+    monkeypatch.setattr(timing, "MIN_SECONDS", 0.0)  # STEPS steps, however short
 
     config = kc.derive(lenet, {"DEVICE_CPU": True, "TARGET_EFFECTIVE_BATCH": 32, "MAX_STEPS": SKIP + STEPS + 1,
                                "EPOCHS": 1, "OUTPUT_DIR": str(tmp_path / "runs"), "MONITOR": False})
@@ -293,11 +295,34 @@ def test_the_trainer_records_predicted_against_measured_and_calibrates(cache, le
     assert after.calibrated and after.seconds == pytest.approx(timed[0]["measured_step_seconds"])
 
 
+def test_short_steps_are_timed_for_min_seconds(monkeypatch):
+    from types import SimpleNamespace
+
+    from lib.trainer import timing
+
+    monkeypatch.setattr(timing, "STEPS", 10)
+    events = []
+    plan = SimpleNamespace(micro_batch=8, grad_accum=1, precision="fp32", gradient_checkpointing=False,
+                           cpu_offload=False, compile=False, predicted_step_seconds=0.1, reasons={})
+    timer = timing.StepTimer(None, None, lambda *a, **k: events.append(k), calibrate=False)
+    monkeypatch.setattr(timing, "MIN_SECONDS", 3.0)
+    for _ in range(timing.SKIP + 10):
+        timer.record(plan, 0.25)
+    assert not events  # ten steps of 0.25 s: short of MIN_SECONDS
+    timer.record(plan, 0.25)
+    timer.record(plan, 0.25)
+    assert events[-1]["steps_timed"] == 12
+    slow = timing.StepTimer(None, None, lambda *a, **k: events.append(k), calibrate=False)
+    for _ in range(timing.SKIP + 10):
+        slow.record(plan, 1.0)
+    assert events[-1]["steps_timed"] == 10  # long steps: STEPS of them
+
+
 def test_real_micro_batches_are_timed_within_the_budget():
     from lib.steptime.measure import affordable, power_sizes, time_micro_batches
 
     assert power_sizes(100) == [1, 2, 4, 8, 16, 32, 64] and power_sizes(1) == [1]
-    assert affordable([1, 2, 4, 8], lambda b: 0.01 * b, 0.75) == [8, 4]  # largest first, as the budget allows
+    assert affordable([2, 4, 8], lambda b: 0.01 * b, 0.06) and not affordable([4, 8], lambda b: 0.01 * b, 0.06)
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
     mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # noqa: E731
     task = fake_task(mlp, (16,))

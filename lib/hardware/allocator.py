@@ -37,9 +37,24 @@ LeNet-5's loss to about -35%, not ResNet-18's. No threshold between 64 KiB and
 4 MiB: half the saving for most of the price; 32 MiB: no saving). Use it where
 fitting in RAM matters more than speed.
 
-It respects MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ set by the user, and
-does nothing off glibc (macOS, Windows, musl) or when KFIT_KEEP_MALLOC=1. Call it
-once, at the start of the process, before the first large allocation.
+Where RAM is not short, `keep_freed_memory()` does the opposite, as torch's
+CUDA caching allocator (and jemalloc or tcmalloc, which Intel's guide for
+PyTorch on CPUs preloads) does: the mmap threshold fixed at glibc's own maximum
+(32 MiB) and no trimming, so a step's tensors come from heap memory the process
+already holds instead of pages the kernel must zero and fault in again. glibc's
+adaptive threshold reaches the same place only some of the time: LeNet-5 batch
+512 here ran at a median 39-49 ms per step with the defaults (minimum 21-32:
+the same process moves between the two states), 22-25 ms with it; ResNet-18
+batch 32 462-512 against 500-549 ms (three fresh processes each way; GPT-2-tiny
+batch 32 within noise, 233-273 against 227-245). The peak RSS moves little (a
+step's peak is reached every step either way: LeNet-5 402-406 MiB both ways,
+ResNet-18 721-739 against 703-709); over a step pair it reached at most 2.19x
+the prediction against 2.02x with the defaults (make bench-memory with
+KFIT_BENCH_HEAP=keep), and memory is not handed back between phases of a run.
+
+Both respect MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ / MALLOC_MMAP_MAX_
+set by the user, and do nothing off glibc (macOS, Windows, musl) or when
+KFIT_KEEP_MALLOC=1 (glibc's defaults). return_freed_memory() wins over keep_freed_memory().
 """
 
 from __future__ import annotations
@@ -53,11 +68,17 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 64 * 1024
 TRIM_THRESHOLD_BYTES = 1024 * 1024
 
-# glibc's defaults held RSS at most 2.02x what torch held (BERT fp32 batch 128: 258 MiB for a
-# 163.5 MiB peak, measured by make bench-memory with KFIT_KEEP_MALLOC=1).
-RETENTION_FACTOR = 2.1
+# What a CPU run's process may hold over the predicted peak unless freed memory is returned: glibc's
+# defaults held RSS at most 2.02x what torch held (BERT fp32 batch 128: 258 MiB for a 163.5 MiB peak,
+# make bench-memory with KFIT_KEEP_MALLOC=1), keep_freed_memory() at most 2.19x (LeNet-5 fp32 batch
+# 1024: 159.0 MiB for 72.6; KFIT_BENCH_HEAP=keep, 42 cases, 2026-11-23).
+RETENTION_FACTOR = 2.25
+KEEP_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+KEEP_TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt takes an int: never trim in practice
+USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_")
 
-_applied: bool | None = None
+_applied: bool | None = None  # return_freed_memory's result
+_mode: str | None = None  # "return" or "keep": the last setting glibc took
 
 CUDA_ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch reads either (the second since 2.9)
 EXPANDABLE = "expandable_segments:True"
@@ -88,7 +109,7 @@ def use_expandable_segments(environ=None) -> bool:
 
 
 def needs_returning(predicted_peak: int | None, budget: int | None) -> bool:
-    """Whether a CPU run must hand freed memory back to fit its budget: glibc's retention can take the
+    """Whether a CPU run must hand freed memory back to fit its budget: the heap's retention can take the
     process to RETENTION_FACTOR x the predicted peak, and return_freed_memory() costs 40-65% of a
     step's speed, so it is set only where that retention would not fit."""
     return bool(predicted_peak and budget and predicted_peak * RETENTION_FACTOR > budget)
@@ -105,25 +126,48 @@ def _glibc():
         return None
 
 
+def _set(settings: tuple[tuple[int, int, str], ...]) -> bool:
+    """mallopt each (param, value, env) the user has not set; False off glibc, under KFIT_KEEP_MALLOC=1,
+    when the user set any of glibc's malloc variables, or when glibc refused a value."""
+    libc = _glibc()
+    if libc is None or os.environ.get("KFIT_KEEP_MALLOC") == "1" or any(v in os.environ for v in USER_ENV):
+        return False
+    ok = True
+    for param, value, _env in settings:
+        ok = libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1 and ok
+    return ok
+
+
 def return_freed_memory() -> bool:
-    """Set glibc so that freed tensors leave the process; True when glibc took the settings.
+    """Set glibc so that freed tensors leave the process, and hand back what it kept; True when glibc
+    took the settings.
 
     Idempotent (the first call's result is kept); False and harmless off glibc.
     """
-    global _applied
+    global _applied, _mode
     if _applied is not None:
         return _applied
-    libc = _glibc()
-    if libc is None or os.environ.get("KFIT_KEEP_MALLOC") == "1":
-        _applied = False
+    _applied = _set(((M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, "MALLOC_MMAP_THRESHOLD_"),
+                     (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES, "MALLOC_TRIM_THRESHOLD_")))
+    if _applied:
+        _mode = "return"
+        trim()  # what keep_freed_memory() held
+    return _applied
+
+
+def keep_freed_memory() -> bool:
+    """Set glibc to keep freed memory for the next step (see the module's docstring); True when glibc took
+    it. Does nothing once return_freed_memory() has been applied: fitting in RAM comes first."""
+    global _mode
+    if _mode == "return":
         return False
-    ok = True
-    for param, value, env in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES, "MALLOC_MMAP_THRESHOLD_"),
-                              (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES, "MALLOC_TRIM_THRESHOLD_")):
-        if env not in os.environ:  # glibc read the user's own setting at start: keep it
-            ok = libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1 and ok
-    _applied = ok
-    return ok
+    if _mode == "keep":
+        return True
+    if _set(((M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD_BYTES, "MALLOC_MMAP_THRESHOLD_"),
+             (M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD_BYTES, "MALLOC_TRIM_THRESHOLD_"))):
+        _mode = "keep"
+        return True
+    return False
 
 
 def trim() -> bool:

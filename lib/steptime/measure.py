@@ -4,10 +4,13 @@ A roofline says a larger micro-batch is never slower per sample; on a CPU
 that is false (LeNet-5 at 512 ran at about 0.7x of 128-256 here: the
 activations fall out of the caches). So where real steps are cheap, a few
 are timed: powers of two up to the largest micro-batch the plan may use,
-largest first, as many as the predicted cost of a few runs of each fits
-`BUDGET_S` (seconds in all), timed round-robin so that a busy machine slows
-them all alike. The model, optimizer and batch are the
-trainer's (lib.step, lib.task), seeded by CONFIG_SEED. Results are cached per
+smallest first, each with a warm-up and one timed run, while the next size's
+cost (guessed from the last one timed, at the same time per sample) fits
+`BUDGET_S` (seconds in all); then more rounds of all of them while the budget
+lasts, round-robin so that a busy machine slows them all alike. The model,
+optimizer and batch are the trainer's (lib.step, lib.task), seeded by
+CONFIG_SEED, and the C heap keeps freed memory as a CPU training process's
+does (lib.hardware.allocator.keep_freed_memory). Results are cached per
 machine, model, precision and checkpointing in
 <cache dir>/steptime/measured-<key>.json, with the sizes left out, so a
 machine measures a model once; later plans there cost nothing.
@@ -22,11 +25,14 @@ from typing import Callable
 from ..config import Config
 
 BUDGET_S = 3.0
-# Sizes are timed in rounds, one run of each per round after a warm-up run of each, so a busy
-# machine slows them all alike; REPEATS rounds, more (up to MAX_REPEATS) while half the budget lasts,
-# fewer (one at least) where the estimate was optimistic and the budget ran out. The fastest run of
-# each size counts: other processes only ever slow a run down.
+# Sizes are timed smallest first, a warm-up and one timed run each (PLANNED_RUNS), then in rounds, one
+# run of each per round, so a busy machine slows them all alike: REPEATS rounds, more (up to MAX_REPEATS)
+# while half the budget lasts, fewer where the budget runs out. The fastest run of each size counts: other
+# processes only ever slow a run down. Choosing sizes up front, largest first by an estimate rescaled at
+# micro-batch 1, timed 1 and 16 of ResNet-18's 1-128 here (the rescale is ~2.5x pessimistic at 64, where
+# the time per sample is lower), so 32-64, 9% faster, were only extrapolated; the ladder timed 1-32.
 REPEATS = 3
+PLANNED_RUNS = 2
 MAX_REPEATS = 20
 START_RATIO = 1.5  # a training step reaches less than the matmul peak: assume 1.5x the roofline at first
 
@@ -36,15 +42,9 @@ def power_sizes(limit: int) -> list[int]:
     return [2**k for k in range(max(1, limit).bit_length()) if 2**k <= limit]
 
 
-def affordable(sizes: list[int], estimate: Callable[[int], float], budget_s: float) -> list[int]:
-    """The sizes to time, largest first, whose REPEATS + 1 runs fit the budget together."""
-    chosen, cost = [], 0.0
-    for size in sorted(sizes, reverse=True):
-        each = estimate(size) * START_RATIO * (REPEATS + 1)
-        if cost + each <= budget_s:
-            chosen.append(size)
-            cost += each
-    return chosen
+def affordable(sizes: list[int], estimate: Callable[[int], float], budget_s: float) -> bool:
+    """Whether the smallest size's PLANNED_RUNS runs fit the budget by the roofline (x START_RATIO)."""
+    return bool(sizes) and estimate(min(sizes)) * START_RATIO * PLANNED_RUNS <= budget_s
 
 
 def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpointing: bool,
@@ -52,22 +52,25 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
                        budget_s: float = BUDGET_S) -> tuple[dict[int, float], float | None]:
     """(seconds of forward+backward by size, seconds of one optimizer step), timed on the CPU.
 
-    Only the sizes `affordable` within the budget by `estimate(size)` (one forward+backward) are timed.
+    Nothing is timed where the smallest size is not `affordable` by `estimate(size)` (one forward+backward).
     """
+    from ..hardware.allocator import keep_freed_memory
     from ..step import autocast_for, make_optimizer, seed_everything
 
     if not affordable(sizes, estimate, budget_s):
         return {}, None
+    keep_freed_memory()  # the C heap as a CPU run has it (lib.api.train_planned), unless RAM is short there
     started = time.perf_counter()
     seed_everything(config.seed)
     model = task.build(gradient_checkpointing)
     model.train()
     optimizer = make_optimizer(config, model)
     autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))
-    batches = {size: task.example_batch(size) for size in sizes}
+
+    batches: dict[int, tuple] = {}
 
     def run(size: int) -> float:
-        x, y = batches[size]
+        x, y = batches[size] if size in batches else batches.setdefault(size, task.example_batch(size))
         start = time.perf_counter()
         model.zero_grad(set_to_none=True)
         with autocast:
@@ -75,26 +78,20 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
         loss.backward()
         return time.perf_counter() - start
 
-    # The roofline can be several times off on a CPU (ResNet-18's convolutions: about 5x slow, so only
-    # micro-batches 1-2 looked affordable): one timed micro-batch of the smallest size rescales the
-    # estimate. Per sample, the smallest size is the slowest, so the rescaled estimate stays on the safe side.
-    smallest = min(sizes)
-    run(smallest)
-    ratio = run(smallest) / max(estimate(smallest), 1e-9)
-    left = budget_s - (time.perf_counter() - started)
-    chosen = affordable(sizes, lambda size: estimate(size) * ratio / START_RATIO, left)
-    batches = {size: batches[size] for size in chosen}
-    warm = []
-    for size in chosen:  # a warm-up run each, largest first; the estimate was optimistic if the budget went
-        run(size)
-        warm.append(size)
-        if time.perf_counter() - started > budget_s:
-            break
-    best = {size: float("inf") for size in warm}
-    rounds = 0
-    while rounds < 1 or (time.perf_counter() - started < budget_s and (
-            rounds < REPEATS or (rounds < MAX_REPEATS and time.perf_counter() - started < budget_s / 2))):
-        for size in warm:
+    def elapsed() -> float:
+        return time.perf_counter() - started
+
+    best: dict[int, float] = {}
+    for size in sorted(sizes):
+        if best:  # the next size at the last one's time per sample: on a CPU it rarely falls much further
+            last = max(best)
+            if elapsed() + best[last] * size / last * PLANNED_RUNS > budget_s:
+                break
+        run(size)  # warm-up: the allocator grows, oneDNN builds its primitives for the new shapes
+        best[size] = run(size)
+    rounds = 1
+    while elapsed() < budget_s and (rounds < REPEATS or (rounds < MAX_REPEATS and elapsed() < budget_s / 2)):
+        for size in best:
             best[size] = min(best[size], run(size))
         rounds += 1
     optimizer.step()  # creates the optimizer state; the next steps are timed

@@ -1,9 +1,9 @@
 """Predicted against measured step time: the first steps of a run time the plan, and calibrate it.
 
-The first STEPS optimizer steps after SKIP warm-up ones (one more with torch.compile: the first compiles)
-are timed. Their median and the plan's predicted_step_seconds go to metrics.jsonl as one
-"step_time" event, and lib.steptime.calibrate stores them for this machine and model, so the next
-plan here predicts from them. A run shorter than that reports what it timed when it ends.
+The optimizer steps after SKIP warm-up ones (one more with torch.compile: the first compiles) are timed,
+at least STEPS of them and at least MIN_SECONDS of steps (at most MAX_STEPS). Their median and the
+plan's predicted_step_seconds go to metrics.jsonl as one "step_time" event, and lib.steptime.calibrate
+stores them for this machine and model, so the next plan here predicts from them. A run shorter than that reports what it timed when it ends.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ from ..plan import Plan
 
 SKIP = 2  # the first steps also grow the allocator, pick cuDNN/cuBLAS kernels and warm the data loader
 STEPS = 10  # on an H100 a host-bound step (GPT-2-tiny) moved 20-30% between steps: a median of 10 holds
+# A shared CPU's speed drifts over seconds (make bench-throughput, 2 cores: the same step's median moved
+# 10-25% between rounds a few seconds apart), so short steps are timed for MIN_SECONDS in all: LeNet-5's
+# 10 steps are a quarter of a second.
+MIN_SECONDS = 3.0
+MAX_STEPS = 500
 
 
 class StepTimer:
@@ -36,7 +41,8 @@ class StepTimer:
         if self.plan is None or _step_shape(plan) != _step_shape(self.plan):
             self.plan, self.times = plan, []
         self.times.append(seconds)
-        if len(self.times) >= self.skip + STEPS:
+        timed = self.times[self.skip:]
+        if len(timed) >= MAX_STEPS or (len(timed) >= STEPS and sum(timed) >= MIN_SECONDS):
             self.report()
 
     @property
