@@ -31,16 +31,14 @@ def _other_checkpointing(config: Config, choice: BatchChoice, share: int) -> boo
     return config.model in CHECKPOINTING_MODELS and (config.gradient_checkpointing or choice.max_micro < share)
 
 
-def _speed_reason(choice, ranked, share: int, cap: int, source: str) -> str:
+def _speed_reason(choice, ranked, share: int, cap: int, source: str, tie: float) -> str:
     """Why this micro-batch: the choice, a near-tie it won, the runner-up, the largest that fits, the
     largest that divides the share (the rule before step-time prediction), each with its samples/s."""
-    from .steptime import TIE
-
     why = f"fastest predicted of {len(ranked)} candidates ({source}): {choice.describe()}"
     best = ranked[0]
     said = [choice]
     if best is not choice:
-        why += f"; {best.describe()} is within {TIE:.0%}, and the larger micro-batch is kept"
+        why += f"; {best.describe()} is within {tie:.0%}, and the larger micro-batch is kept"
         said.append(best)
     same = [c for c in ranked if c.gradient_checkpointing == choice.gradient_checkpointing]
     for label, found in (("runner-up", next((c for c in ranked if c not in said), None)),
@@ -59,7 +57,7 @@ def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolic
                    choose: dict, strategy: str = "none", local_world_size: int | None = None):
     """(candidate, its option, its step-time model, reason) with the highest predicted samples/s among the
     micro-batches (and checkpointing settings) that fit; None where the device's speed is unknown."""
-    from .steptime import candidates, fastest, step_time_model
+    from .steptime import MEASURED_TIE, TIE, candidates, fastest, step_time_model
 
     share = target // world_size
     ranked, models = [], {}
@@ -90,10 +88,11 @@ def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolic
                 add(_Option(other.gradient_checkpointing, policy.choose(config=other, **choose)), alt)
             except PlanError:
                 pass  # the other setting does not fit at all
-    best, ranked = fastest(ranked, config.gradient_checkpointing)
+    tie = MEASURED_TIE if any(m.measured for m, _ in models.values()) else TIE
+    best, ranked = fastest(ranked, config.gradient_checkpointing, tie)
     model, option = models[best.gradient_checkpointing]
     cap = min(option.choice.max_micro, share)
-    return best, option, model, _speed_reason(best, ranked, share, cap, model.source)
+    return best, option, model, _speed_reason(best, ranked, share, cap, model.source, tie)
 
 
 def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, speed_model=None) -> Plan:
