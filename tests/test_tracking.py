@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -74,14 +75,25 @@ def test_wandb_offline_run_reads_back(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     run(tmp_path, "wandb")
     [path] = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
-    history, config = [], {}
-    for record in wandb_records(path):
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            history.append({".".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item})
-        elif kind == "run":
-            assert record.run.display_name == "gpt2-tiny-test" and record.run.project == "kfit-test"
-            config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
+
+    def read():
+        history, config = [], {}
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "history":
+                history.append({".".join(i.nested_key) or i.key: json.loads(i.value_json)
+                                for i in record.history.item})
+            elif kind == "run":
+                assert record.run.display_name == "gpt2-tiny-test" and record.run.project == "kfit-test"
+                config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
+        return history, config
+
+    # W&B's service process writes the file; on a loaded machine (the full suite on 2 cores) it was seen
+    # still unwritten right after run.finish() returned once
+    deadline = time.monotonic() + 30
+    while len((found := read())[0]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    history, config = found
     assert [(h["_step"], h.get("loss"), h.get("eval_loss")) for h in history] == [(1, 2.5, None), (2, 2.0, 1.9)]
     assert config["CONFIG_LEARNING_RATE"] == "0.001" and config["plan.micro_batch"] == "8"
 
