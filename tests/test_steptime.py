@@ -319,7 +319,10 @@ def test_short_steps_are_timed_for_min_seconds(monkeypatch):
 
 
 def test_real_micro_batches_are_timed_within_the_budget():
-    from lib.steptime.measure import affordable, power_sizes, time_micro_batches
+    from lib.steptime.measure import BUDGET_S, MAX_BUDGET_S, affordable, budget_for, power_sizes, time_micro_batches
+
+    assert budget_for(None) == budget_for(60) == BUDGET_S and budget_for(600) == 6.0  # 1% of a long run
+    assert budget_for(10 * 3600) == MAX_BUDGET_S
 
     assert power_sizes(100) == [1, 2, 4, 8, 16, 32, 64] and power_sizes(1) == [1]
     assert affordable([2, 4, 8], lambda b: 0.01 * b, 0.06) and not affordable([4, 8], lambda b: 0.01 * b, 0.06)

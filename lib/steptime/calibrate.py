@@ -34,7 +34,7 @@ from ..threads import using_threads
 from .comm import communication_for
 from .count import StepCounter, read_json, step_key, task_for, write_json
 from .device import Device, device_for
-from .measure import BUDGET_S, power_sizes, time_micro_batches
+from .measure import START_RATIO, budget_for, power_sizes, time_micro_batches
 from .model import StepTimeModel, window_sizes
 
 CALIBRATION_FILE = "calibration.json"
@@ -70,6 +70,16 @@ def _hash(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def _run_estimate(model: StepTimeModel, config: Config, micro_batch: int) -> float:
+    """The configured run's forward+backward seconds by the roofline (x measure.START_RATIO) at `micro_batch`:
+    what sets how long timing it may take (measure.budget_for). The roofline is optimistic on a CPU."""
+    samples = model.counts.train_samples * max(1, config.epochs)
+    if config.max_steps:
+        samples = min(samples, config.max_steps * (config.target_effective_batch or micro_batch))
+    seconds = samples * model.roofline_micro_seconds(micro_batch) / micro_batch * START_RATIO
+    return min(seconds, config.time_limit_s) if config.time_limit_s else seconds
+
+
 def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: str, checkpointing: bool,
               measure_up_to: int | None, directory: Path) -> StepTimeModel:
     """The model with this machine's real micro-batch timings, taking the missing ones when asked and cheap."""
@@ -84,7 +94,8 @@ def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: s
         sizes = sorted(set(wanted) | set(micro))
         micro, optimizer_s = time_micro_batches(config, task_for(config), precision=precision,
                                                 gradient_checkpointing=checkpointing, sizes=sizes,
-                                                estimate=model.roofline_micro_seconds, budget_s=BUDGET_S)
+                                                estimate=model.roofline_micro_seconds,
+                                                budget_s=budget_for(_run_estimate(model, config, max(sizes))))
         skipped = set(sizes) - set(micro)
         write_json(path, {"micro": {str(k): v for k, v in micro.items()}, "skipped": sorted(skipped),
                           "optimizer_s": optimizer_s, "time": time.time()})

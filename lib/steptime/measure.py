@@ -6,8 +6,8 @@ activations fall out of the caches). So where real steps are cheap, a few
 are timed: powers of two up to the largest micro-batch the plan may use,
 smallest first, each with a warm-up and one timed run, while the next size's
 cost (guessed from the last one timed, at the same time per sample) fits
-`BUDGET_S` (seconds in all); then more rounds of all of them while the budget
-lasts, round-robin so that a busy machine slows them all alike. The model,
+the budget (`budget_for`: BUDGET_S seconds in all, more for a long run); then
+more rounds of all of them while the budget lasts, round-robin so that a busy machine slows them all alike. The model,
 optimizer and batch are the trainer's (lib.step, lib.task), seeded by
 CONFIG_SEED, and the C heap keeps freed memory as a CPU training process's
 does (lib.hardware.allocator.keep_freed_memory). Results are cached per
@@ -25,6 +25,10 @@ from typing import Callable
 from ..config import Config
 
 BUDGET_S = 3.0
+# A long run affords more: RUN_FRACTION of its estimated length, up to MAX_BUDGET_S. With 3 s the ladder
+# reached ResNet-18's (32 px) micro-batch 16-32 of 128 here, with 10 s 64-128.
+RUN_FRACTION = 0.01
+MAX_BUDGET_S = 10.0
 # Sizes are timed smallest first, a warm-up and one timed run each (PLANNED_RUNS), then in rounds, one
 # run of each per round, so a busy machine slows them all alike: REPEATS rounds, more (up to MAX_REPEATS)
 # while half the budget lasts, fewer where the budget runs out. The fastest run of each size counts: other
@@ -40,6 +44,11 @@ START_RATIO = 1.5  # a training step reaches less than the matmul peak: assume 1
 def power_sizes(limit: int) -> list[int]:
     """1, 2, 4, ... up to `limit`."""
     return [2**k for k in range(max(1, limit).bit_length()) if 2**k <= limit]
+
+
+def budget_for(run_seconds: float | None) -> float:
+    """Seconds of timing for a run estimated at `run_seconds` (None: unknown)."""
+    return min(MAX_BUDGET_S, max(BUDGET_S, RUN_FRACTION * (run_seconds or 0.0)))
 
 
 def affordable(sizes: list[int], estimate: Callable[[int], float], budget_s: float) -> bool:
@@ -89,8 +98,9 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
                 break
         run(size)  # warm-up: the allocator grows, oneDNN builds its primitives for the new shapes
         best[size] = run(size)
-    rounds = 1
-    while elapsed() < budget_s and (rounds < REPEATS or (rounds < MAX_REPEATS and elapsed() < budget_s / 2)):
+    rounds = 1  # more only where a whole round still fits the budget
+    while elapsed() + sum(best.values()) <= budget_s and (
+            rounds < REPEATS or (rounds < MAX_REPEATS and elapsed() < budget_s / 2)):
         for size in best:
             best[size] = min(best[size], run(size))
         rounds += 1
