@@ -209,7 +209,9 @@ def set_threads(config, hardware) -> tuple[int, str]:
     from lib.hardware.host import cpu_load
     from lib.threads import decide_cpu_threads
 
-    threads, why = decide_cpu_threads(config, "cpu", hardware, 1, idle_cores=cpu_load().idle_cores)
+    # a 1 s sample: 0.2 s once caught 0.3 of a core busy between cases (none while they ran), and one thread
+    idle = cpu_load(1.0).idle_cores
+    threads, why = decide_cpu_threads(config, "cpu", hardware, 1, idle_cores=idle)
     torch.set_num_threads(threads)
     return threads, why
 
