@@ -496,4 +496,13 @@ def test_step_time_is_judged_on_the_calibrated_error(tmp_path):
     assert steptime_check.judge("cuda", bad).status == "fail"
     assert steptime_check.judge("cpu", bad).status == "pass"  # a shared CPU's tolerance
     assert steptime_check.judge("cuda", {"a": {"not_run": "time budget"}}).status == "fail"
+    from types import SimpleNamespace
+
+    from lib.trainer import timing
+
+    steps = steptime_check.steps_for
+    assert steps(SimpleNamespace(predicted_step_seconds=0.03)) == timing.SKIP + 2 + 100  # 3 s of 30 ms steps
+    assert steps(SimpleNamespace(predicted_step_seconds=1.0)) == steptime_check.STEPS  # 10 steps are 3 s and more
+    assert steps(SimpleNamespace(predicted_step_seconds=1e-4)) == steptime_check.MAX_STEPS
+    assert steps(SimpleNamespace(predicted_step_seconds=None)) == steptime_check.STEPS
 
