@@ -27,8 +27,8 @@ from .errors import ConfigError, KfitError
 if TYPE_CHECKING:
     from .config import Config
     from .hardware import HardwareProfile
-    from .hyperparams import ModelDescription
-    from .plan import Plan
+    from .plan import ModelDescription, Plan
+    from .planning import Settings
     from .trainer import TrainResult
 
 # Not `plan` or `hardware`: the package's submodules have those names (kfit.plan, kfit.hardware), and the
@@ -73,33 +73,34 @@ def _machine(gpu, hw, free_gb, gpus) -> "HardwareProfile":
     return resolve_hardware(hw=os.fspath(hw) if hw is not None else None, gpu=gpu, free_gb=free_gb, gpus=gpus)
 
 
-def processes(config: "Config", machine: "HardwareProfile", world_size: int | None = None,
-              env: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """(training processes, machines) as `kfit train` would run them: `world_size` if given, else GPUS,
-    CONFIG_NPROC or one per identical GPU (lib.distributed.process_count) on each of NNODES machines; GPUS
-    and NNODES from `env` (the command line passes os.environ, WORLD_SIZE included)."""
+def processes(config: "Config", machine: "HardwareProfile", world_size: int | None = None, *,
+              gpus: int | None = None, nodes: int = 1) -> tuple[int, int]:
+    """(training processes, machines) as `kfit train` would run them: `world_size` if given, else `gpus`
+    (GPUS=), CONFIG_NPROC or one per identical GPU (lib.distributed.process_count) on each of `nodes`
+    machines."""
     from . import distributed
-    from .env import env_number
-    from .hyperparams import decide_device
+    from .planning.decisions import decide_device
 
-    env = {} if env is None else env
-    nodes = distributed.nodes_range(env)[1]  # an elastic range plans for its largest
-    if world_size is None:
-        world_size = env_number("WORLD_SIZE", int, minimum=1, env=env)
     if world_size is None:
         device_type, _ = decide_device(config, machine)
-        world_size = distributed.process_count(config, machine, device_type, env)[0] * nodes
+        world_size = distributed.process_count(config, machine, device_type, gpus)[0] * nodes
     return world_size, nodes if world_size % nodes == 0 else 1
 
 
-def plan_for(config: "Config", machine: "HardwareProfile", world_size: int | None = None,
-             env: Mapping[str, str] | None = None) -> "tuple[ModelDescription, Plan]":
-    """(model description, plan) for a config on a machine, as training would resolve it."""
-    from .hyperparams import ModelDescription, resolve
+def plan_for(config: "Config", machine: "HardwareProfile", world_size: int | None = None, *,
+             gpus: int | None = None, nodes: int = 1, settings: "Settings | None" = None
+             ) -> "tuple[ModelDescription, Plan]":
+    """(model description, plan) for a config on a machine, as training would resolve it, for `world_size`
+    processes (else as processes() counts them). settings: what the surroundings say (lib.planning.Settings;
+    default: this process's environment's)."""
+    from .planning import PlanRequest, Settings, resolve_request
+    from .plan import ModelDescription
 
     model = ModelDescription.from_config(config)
-    world_size, nodes = processes(config, machine, world_size, env)
-    return model, resolve(config, machine, model, world_size, nodes=nodes)
+    world_size, nodes = processes(config, machine, world_size, gpus=gpus, nodes=nodes)
+    settings = settings if settings is not None else Settings.from_environment()
+    return model, resolve_request(PlanRequest(config, machine, model, world_size=world_size, nodes=nodes,
+                                              settings=settings))
 
 
 def resolve_plan(config: "Config", hardware: "HardwareProfile | None" = None, *, gpu: str | None = None,
@@ -113,7 +114,7 @@ def resolve_plan(config: "Config", hardware: "HardwareProfile | None" = None, *,
         hardware = _machine(gpu, hw, free_gb, gpus)
     elif gpu or hw or free_gb is not None:
         raise KfitError("give either a hardware profile or gpu/hw/free_gb, not both")
-    return plan_for(config, hardware, world_size, {"GPUS": str(gpus)} if gpus else {})[1]
+    return plan_for(config, hardware, world_size, gpus=gpus)[1]
 
 
 def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, resume: bool = False,
@@ -136,7 +137,8 @@ def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, re
         config = kconfig.derive(config, {"OUTPUT_DIR": os.fspath(output_dir)})
     pick = run_to_resume(config, resume=resume, resume_from=resume_from, init_from=init_from, log=log)
     here = usable_hardware(config, resolve_hardware(), warn=log)
-    return train_planned(config, here, log=log, resume=pick, init_from=init_from)
+    model, plan = plan_for(config, here, 1)
+    return train_planned(config, here, plan, model, log=log, resume=pick, init_from=init_from)
 
 
 def run_to_resume(config: "Config", *, resume: bool, resume_from: "str | os.PathLike | None" = None,
@@ -197,26 +199,23 @@ def usable_hardware(config: "Config", machine: "HardwareProfile", warn: Callable
     return resolve_hardware(gpu="cpu")
 
 
-def train_planned(config: "Config", machine: "HardwareProfile", *, rank=None, log: Callable[[str], None] = print,
-                  resume: "Callable[[Plan], Path | None]", env: Mapping[str, str] | None = None,
+def train_planned(config: "Config", machine: "HardwareProfile", plan: "Plan", model: "ModelDescription", *,
+                  rank=None, log: Callable[[str], None] = print, resume: "Callable[[Plan], Path | None]",
                   init_from: "str | os.PathLike | None" = None) -> "TrainResult":
-    """Plan, confirm the plan on the device (the probe), then train: one process, or one rank of a
-    torchrun job (`rank`, set up). `resume(plan)` names the run to continue, or None; on rank 0 only.
-    `env`: NNODES for the plan, as processes(). `init_from`: weights a new run starts from (INIT_FROM)."""
+    """Confirm `plan` on the device (the probe), then train: one process, or one rank of a torchrun job
+    (`rank`, set up). The plan was resolved once, by the launching process. `resume(plan)` names the run to
+    continue, or None; on rank 0 only. `init_from`: weights a new run starts from (INIT_FROM)."""
     from . import distributed
     from .hardware.allocator import RETENTION_FACTOR, keep_freed_memory, needs_returning, return_freed_memory
-    from .hyperparams import compile_line, summary_line, with_predictions
+    from .planning.render import start_lines
+    from .planning.throughput import with_predictions
     from .probe import maybe_probe
     from .task import load_task
     from .trainer import train as train_loop
 
     rank = rank or distributed.SINGLE
-    model, plan = plan_for(config, machine, rank.world_size, env)
-    log(summary_line(plan, machine, model))
-    log(compile_line(plan))
-    log(f"CPU threads: {plan.cpu_threads} ({plan.reasons['cpu_threads']})")
-    for note in plan.notes:
-        log(f"Note: {note}")
+    for line in start_lines(plan, machine, model):
+        log(line)
     task = load_task(config)
     if plan.effective_batch > len(task.train):
         log(f"warning: the effective batch {plan.effective_batch} is larger than the training set "

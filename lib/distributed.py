@@ -27,12 +27,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 import torch.distributed as dist
 
-from .env import env_number
+from .env import env_number, environ
 from .errors import KfitError
 from .hardware.host import usable_cores
 from .threads import cores_per_process
@@ -61,14 +61,16 @@ class Rank:
 SINGLE = Rank()
 
 
-def under_torchrun(env=os.environ) -> bool:
+def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
+    env = environ() if env is None else env
     return "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "RANK" in env)
 
 
-def process_count(config, hardware, device_type: str, env=os.environ) -> tuple[int, str]:
-    """Training processes on this machine, and why: GPUS= wins, then NPROC_MANUAL, then AUTO."""
-    gpus = env_number("GPUS", int, None, env, minimum=1)
+def process_count(config, hardware, device_type: str, gpus: int | None = None) -> tuple[int, str]:
+    """Training processes on this machine, and why: `gpus` (GPUS=) wins, then NPROC_MANUAL, then AUTO."""
     if gpus is not None:
+        if gpus < 1:
+            raise KfitError(f"GPUS='{gpus}' is too small: give a whole number >= 1")
         return gpus, f"GPUS={gpus}"
     if config.nproc_mode == "manual":
         return config.nproc, f"CONFIG_NPROC={config.nproc}"
@@ -77,7 +79,7 @@ def process_count(config, hardware, device_type: str, env=os.environ) -> tuple[i
     return 1, "AUTO: one process"
 
 
-def nodes_range(env=os.environ) -> tuple[int, int]:
+def nodes_range(env: Mapping[str, str]) -> tuple[int, int]:
     """NNODES as (min, max) machines: N is (N, N), MIN:MAX an elastic range."""
     text = (env.get("NNODES") or "1").strip()
     low, _, high = text.partition(":")
@@ -91,7 +93,7 @@ def nodes_range(env=os.environ) -> tuple[int, int]:
     return first, last
 
 
-def torchrun_command(nproc: int, script: Path, env=os.environ) -> list[str]:
+def torchrun_command(nproc: int, script: Path, env: Mapping[str, str]) -> list[str]:
     """The torchrun command line that runs `script train` in nproc processes on this machine."""
     low, high = nodes_range(env)
     nnodes = high
@@ -326,8 +328,9 @@ def run_torchrun(nproc: int, script: Path, env: dict[str, str], *, threads: int 
     return code
 
 
-def current(env=os.environ) -> Rank:
+def current(env: Mapping[str, str] | None = None) -> Rank:
     """This process's rank, from torchrun's environment."""
+    env = environ() if env is None else env
     if not under_torchrun(env):
         return SINGLE
     return Rank(rank=env_number("RANK", int, 0, env), local_rank=env_number("LOCAL_RANK", int, 0, env),

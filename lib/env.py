@@ -13,8 +13,14 @@ TRUE = ("1", "y", "yes", "true", "on")
 FALSE = ("0", "n", "no", "false", "off")
 
 
+def environ() -> Mapping[str, str]:
+    """This process's environment: the one place in lib/ outside the command line that reads it (what torchrun
+    tells a rank, the cache directory, fault injection, and the variables the command line passes down)."""
+    return os.environ
+
+
 def _get(name: str, env: Mapping[str, str] | None) -> str | None:
-    value = (os.environ if env is None else env).get(name)
+    value = (environ() if env is None else env).get(name)
     return value.strip() if value and value.strip() else None
 
 
@@ -36,6 +42,11 @@ def env_number(name: str, kind: type[int] | type[float] = int, default=None, env
     if minimum is not None and number < minimum:
         raise KfitError(f"{name}={value!r} is too small: give {whole}{at_least}")
     return number
+
+
+def env_text(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The variable's text, stripped, or None when unset or empty."""
+    return _get(name, env)
 
 
 def env_choice(name: str, choices: Sequence[str], default: str, env: Mapping[str, str] | None = None) -> str:
@@ -65,7 +76,7 @@ def cache_dir() -> "Path":
     """kfit's cache: $KFIT_CACHE_DIR, else $XDG_CACHE_HOME/kfit, else ~/.cache/kfit (traces, measurements)."""
     from pathlib import Path
 
-    if os.environ.get("KFIT_CACHE_DIR"):
-        return Path(os.environ["KFIT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    if env_text("KFIT_CACHE_DIR"):
+        return Path(env_text("KFIT_CACHE_DIR"))
+    base = env_text("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "kfit"

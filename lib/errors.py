@@ -24,3 +24,13 @@ class HardwareError(KfitError):
 
 class PlanError(KfitError):
     """A configuration that cannot run on the given hardware."""
+
+
+class NoFitError(PlanError):
+    """The memory planner predicts that not even micro-batch 1 fits: `what` says how far over the budget it is,
+    `helps` what would help, `hint` a sentence after them (the message joins the three)."""
+
+    def __init__(self, what: str, helps: list[str] | tuple[str, ...] = (), hint: str = "") -> None:
+        self.what, self.helps, self.hint = what, tuple(helps), hint
+        super().__init__(what + (". What would help, with the predicted peak at micro-batch 1 where known: "
+                                 + "; ".join(self.helps) if self.helps else "") + hint)

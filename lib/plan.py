@@ -7,7 +7,7 @@ them without importing each other.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Protocol
 
 from .config import Config
@@ -79,6 +79,17 @@ class Plan:
         d["notes"] = list(self.notes)
         return d
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Plan":
+        """The plan to_dict() wrote (plan.json, the launcher's plan for its ranks); a ValueError for anything else."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a plan is a JSON object, not {type(data).__name__}")
+        names = {f.name for f in fields(cls)}
+        try:
+            return cls(**{**{k: v for k, v in data.items() if k in names}, "notes": tuple(data.get("notes", ()))})
+        except TypeError as err:
+            raise ValueError(f"not a plan: {err}") from None
+
 
 @dataclass(frozen=True)
 class BatchChoice:
@@ -95,7 +106,7 @@ class BatchChoice:
 
 
 class BatchPolicy(Protocol):
-    """How AUTO mode sizes the micro-batch: lib.planner.PlannerPolicy (default) or hyperparams.TierPolicy."""
+    """How AUTO mode sizes the micro-batch: lib.planning.memory_policy.PlannerPolicy (default) or lib.planning.tiers.TierPolicy."""
 
     name: str
 

@@ -142,7 +142,7 @@ class Progress:
             self._bar = tqdm(total=total, desc=label, file=sys.stderr, unit=unit, leave=False)
 
     def _traces(self) -> int:
-        from .planner import PLANNER, PlannerPolicy
+        from .planning.memory_policy import PLANNER, PlannerPolicy
 
         policy = PLANNER if self._policy is None else self._policy
         return policy.predictor.traces if isinstance(policy, PlannerPolicy) else 0
@@ -195,7 +195,7 @@ SCALE_OUT = (("gpt2", "CONFIG_GPT2_PRESET_774M=y", "a10g", 4), ("gpt2", "CONFIG_
 
 
 def scale_out_rows(policy=None) -> list[MatrixRow]:
-    """The SCALE_OUT plans: each process's share of a model a replica would not fit (lib.strategy picks DDP
+    """The SCALE_OUT plans: each process's share of a model a replica would not fit (lib.planning.strategy picks DDP
     or a sharded strategy), with progress like plan_matrix."""
     from .hardware import resolve_hardware
 
@@ -347,7 +347,7 @@ def _peak_curve(points: list[tuple[int, int]], plan: Plan, width: int = 500, hei
 
 def _curve_points(config: kconfig.Config, plan: Plan) -> list[tuple[int, int]]:
     """Predicted peaks at the batch sizes the planner traced (all cached), plus 1 and the chosen one."""
-    from .planner import PLANNER
+    from .planning.memory_policy import PLANNER
 
     predictor = PLANNER.predictor
     batches = predictor.cached_batches(config, device_type=plan.device_type, precision=plan.precision)
@@ -386,7 +386,7 @@ def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
     """Write the self-contained HTML report: the matrix, then per defconfig its plan on `focus`."""
     import jinja2
 
-    from .planner import PLANNER
+    from .planning.memory_policy import PLANNER
 
     cards = []
     shown = [r for r in rows if r.machine == focus and r.plan is not None and r.plan.predicted_peak_bytes is not None]

@@ -18,13 +18,11 @@ load of its moment: none is made.
 from __future__ import annotations
 
 import contextlib
-import os
-from typing import Iterator, Mapping
+from typing import Iterator
 
 import torch
 
 from .config import Config
-from .env import env_number
 from .hardware import HardwareProfile
 
 # Other processes' use below this many cores (daemons, a shell) does not take a core away.
@@ -48,20 +46,19 @@ def _idle(hardware: HardwareProfile, idle_cores: float | None) -> tuple[float, s
 
 
 def decide_cpu_threads(config: Config, device_type: str, hardware: HardwareProfile, world_size: int, *,
-                       idle_cores: float | None, env: Mapping[str, str] = os.environ) -> tuple[int, str]:
+                       idle_cores: float | None, omp_threads: int | None = None) -> tuple[int, str]:
     """Intra-op threads per training process, and why.
 
     world_size: the training processes sharing this machine's cores. idle_cores:
     usable cores that other processes leave idle (host.cpu_load().idle_cores), None when
     not measured (a profile from JSON or the catalog): then every usable core counts as idle.
-    CONFIG_CPU_THREADS wins, then OMP_NUM_THREADS in the environment (which the torchrun
-    launcher sets for its ranks from this same decision), then the rule.
+    CONFIG_CPU_THREADS wins, then `omp_threads`: OMP_NUM_THREADS in the environment (which the torchrun
+    launcher sets for its ranks from this same decision; lib.planning.Settings reads it), then the rule.
     """
     if config.cpu_threads:
         return config.cpu_threads, f"MANUAL: CONFIG_CPU_THREADS={config.cpu_threads}"
-    omp = env_number("OMP_NUM_THREADS", int, None, env)
-    if omp is not None and omp > 0:
-        return omp, f"AUTO: OMP_NUM_THREADS={omp} in the environment"
+    if omp_threads is not None and omp_threads > 0:
+        return omp_threads, f"AUTO: OMP_NUM_THREADS={omp_threads} in the environment"
     processes = max(1, world_size)
     idle, load = _idle(hardware, idle_cores)
     per_process = cores_per_process(idle, processes)

@@ -93,7 +93,7 @@ def wall_times(names: list[str]) -> list[dict]:
 
 def batch_table(names: list[str]) -> list[str]:
     from lib.hyperparams import ModelDescription, TierPolicy
-    from lib.planner import PLANNER
+    from lib.planning.memory_policy import PLANNER
     from lib.report import machines, plan_matrix
 
     targets = dict(machines())

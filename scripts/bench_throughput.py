@@ -207,11 +207,13 @@ def predicted_seconds(config, hardware, plan) -> float | None:
 
 def set_threads(config, hardware) -> tuple[int, str]:
     from lib.hardware.host import cpu_load
+    from lib.planning import Settings
     from lib.threads import decide_cpu_threads
 
     # a 1 s sample: 0.2 s once caught 0.3 of a core busy between cases (none while they ran), and one thread
     idle = cpu_load(1.0).idle_cores
-    threads, why = decide_cpu_threads(config, "cpu", hardware, 1, idle_cores=idle)
+    threads, why = decide_cpu_threads(config, "cpu", hardware, 1, idle_cores=idle,
+                                      omp_threads=Settings.from_environment().omp_threads)
     torch.set_num_threads(threads)
     return threads, why
 

@@ -15,7 +15,8 @@ from lib.hardware.runtime import is_device_lost
 from lib.hyperparams import ModelDescription, resolve
 from lib.oom import OutOfMemory
 from lib.task import load_task
-from lib.trainer import Trainer, ladder
+from lib.planning import ladder
+from lib.trainer import Trainer
 from lib.trainer.conditions import Sensors
 from lib.trainer.resume import BATTERY_EXIT, DEVICE_LOST_EXIT, StoppedToResume, auto_interval_s
 from tests.test_bad_input import KFIT  # scripts/kfit.py's main, as make runs it

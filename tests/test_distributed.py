@@ -38,13 +38,13 @@ def test_torchrun_command_for_one_and_several_machines():
 def test_process_count(make_config):
     config = make_config("")
     four = resolve_hardware(gpu="h100", gpus=4)
-    assert distributed.process_count(config, four, "cuda", {}) == (4, "AUTO: 4 identical GPUs")
-    assert distributed.process_count(config, CPU, "cpu", {})[0] == 1
-    assert distributed.process_count(config, CPU, "cpu", {"GPUS": "2"}) == (2, "GPUS=2")
+    assert distributed.process_count(config, four, "cuda") == (4, "AUTO: 4 identical GPUs")
+    assert distributed.process_count(config, CPU, "cpu")[0] == 1
+    assert distributed.process_count(config, CPU, "cpu", 2) == (2, "GPUS=2")
     manual_config = make_config("CONFIG_NPROC_MANUAL=y\nCONFIG_NPROC=3\n")
-    assert distributed.process_count(manual_config, four, "cuda", {})[0] == 3
+    assert distributed.process_count(manual_config, four, "cuda")[0] == 3
     with pytest.raises(KfitError, match="GPUS='0' is too small: give a whole number >= 1"):
-        distributed.process_count(config, CPU, "cpu", {"GPUS": "0"})
+        distributed.process_count(config, CPU, "cpu", 0)
 
 
 def test_each_rank_plans_for_its_own_gpu_and_mixed_models_for_the_smallest(make_config):

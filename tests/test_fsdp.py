@@ -21,7 +21,8 @@ from lib.export import export, load_exported
 from lib.hyperparams import ModelDescription, resolve
 from lib.models import build_model
 from lib.steptime.comm import BUS_EFFICIENCY, Communication
-from lib.strategy import candidates, pick
+from lib.planning import ChooseArgs
+from lib.planning.strategy import candidates, pick
 from lib.trainer import Trainer
 from lib.trainer.windows import rank_batches
 from tests.test_trainer import CPU
@@ -148,7 +149,8 @@ class _Policy:
 
 def test_auto_keeps_ddp_while_a_replica_fits_and_shards_when_it_does_not(tmp_path):
     config = kc.make_defconfig("gpt2-tiny", out=tmp_path / "a")
-    choose = dict(world_size=4)
+    choose = ChooseArgs(hardware=None, model=None, device_type="cpu", compile=False, compile_mode=None,
+                        precision="fp32", world_size=4, target=256, local_world_size=4)
     no_speed = lambda strategy, choice: None  # noqa: E731
     policy = _Policy({"ddp": 16, "fsdp_grad_op": 24, "fsdp": 32})
     assert pick(config, policy, choose, world_size=4, nodes=1, target=256, speed=no_speed)[0] == "ddp"
@@ -169,7 +171,9 @@ def test_forced_ddp_that_does_not_fit_names_fsdp(tmp_path):
     (tmp_path / "ddp").write_text("CONFIG_PARALLEL_DDP=y\n")
     config = kc.make_defconfig("gpt2-tiny", [str(tmp_path / "ddp")], out=tmp_path / "c")
     with pytest.raises(PlanError, match="FSDP would fit.*CONFIG_PARALLEL_FSDP"):
-        pick(config, _Policy({"ddp": 0, "fsdp": 4}), dict(world_size=4), world_size=4, nodes=1, target=64,
+        pick(config, _Policy({"ddp": 0, "fsdp": 4}), ChooseArgs(hardware=None, model=None, device_type="cpu",
+             compile=False, compile_mode=None, precision="fp32", world_size=4, target=64, local_world_size=4),
+             world_size=4, nodes=1, target=64,
              speed=lambda s, c: None)
 
 

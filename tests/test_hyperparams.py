@@ -11,9 +11,9 @@ from lib import config as kc
 from lib.errors import PlanError
 from lib.hardware import from_catalog, gib, resolve_hardware
 from lib.hyperparams import (
-    MEMORY_TIERS, MODEL_SCALE, ModelDescription, TierPolicy, apply_hyperparams,
-    calculate_gradient_accumulation, resolve, summary_line,
+    ModelDescription, TierPolicy, apply_hyperparams, calculate_gradient_accumulation, resolve, summary_line,
 )
+from lib.planning.tiers import MEMORY_TIERS, MODEL_SCALE
 
 GIB = 2**30
 

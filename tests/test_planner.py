@@ -12,7 +12,7 @@ from lib.errors import PlanError
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, TierPolicy, resolve
 from lib.memory.predict import PeakCurve, affine_runs
-from lib.planner import PLANNER, PlannerPolicy, memory_budget
+from lib.planning.memory_policy import PLANNER, PlannerPolicy, memory_budget
 
 GIB = 2**30
 

@@ -50,7 +50,7 @@ def test_planner_matrix_row_shows_peak_against_budget():
 def test_matrix_progress_goes_to_stderr_and_names_what_is_traced(tmp_path, capsys, monkeypatch):
     import io
 
-    from lib.planner import PlannerPolicy
+    from lib.planning.memory_policy import PlannerPolicy
 
     policy = PlannerPolicy(cache_dir=str(tmp_path))  # cold: every plan traces
     targets = [m for m in machines() if m[0] in ("t4", "cpu")]

@@ -37,7 +37,7 @@ def config(tmp_path_factory):
     (2, 5.0, 1, 2),  # idle beyond the profile's cores is capped
 ])
 def test_cpu_threads_are_idle_cores_per_process(config, cores, idle, processes, expected):
-    threads, why = decide_cpu_threads(config, "cpu", with_cores(CPU, cores), processes, idle_cores=idle, env={})
+    threads, why = decide_cpu_threads(config, "cpu", with_cores(CPU, cores), processes, idle_cores=idle)
     assert threads == expected
     assert why.startswith("AUTO: ") and f"{processes} process(es)" in why
     assert ("not measured" in why) == (idle is None)
@@ -46,17 +46,17 @@ def test_cpu_threads_are_idle_cores_per_process(config, cores, idle, processes, 
 def test_manual_setting_and_environment_win(config):
     manual = kc.derive(config, {"CPU_THREADS": 3})
     assert manual.cpu_threads == 3 and config.cpu_threads == 0
-    assert decide_cpu_threads(manual, "cpu", CPU, 1, idle_cores=0.0, env={"OMP_NUM_THREADS": "7"}) == (
+    assert decide_cpu_threads(manual, "cpu", CPU, 1, idle_cores=0.0, omp_threads=7) == (
         3, "MANUAL: CONFIG_CPU_THREADS=3")
     threads, why = decide_cpu_threads(config, "cpu", with_cores(CPU, 16), 1, idle_cores=16.0,
-                                      env={"OMP_NUM_THREADS": "1"})
+                                      omp_threads=1)
     assert (threads, why) == (1, "AUTO: OMP_NUM_THREADS=1 in the environment")
 
 
 def test_gpu_keeps_a_few_threads_beside_the_loader_workers(config):
-    threads, why = decide_cpu_threads(config, "cuda", with_cores(H100, 16), 1, idle_cores=16.0, env={})
+    threads, why = decide_cpu_threads(config, "cuda", with_cores(H100, 16), 1, idle_cores=16.0)
     assert threads == 4 and "4 for data loader workers" in why
-    assert decide_cpu_threads(config, "cuda", with_cores(H100, 16), 8, idle_cores=16.0, env={})[0] == 1
+    assert decide_cpu_threads(config, "cuda", with_cores(H100, 16), 8, idle_cores=16.0)[0] == 1
     assert decide_loader_workers(config, "cuda", with_cores(H100, 16), 1, idle_cores=16.0)[0] == 4
     assert decide_loader_workers(config, "cuda", with_cores(H100, 16), 1, idle_cores=2.0)[0] == 1
     assert decide_loader_workers(config, "cuda", with_cores(H100, 16), 8, idle_cores=16.0)[0] == 1

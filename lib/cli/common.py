@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -11,6 +10,7 @@ from typing import Callable
 from .. import api, config as kconfig
 from ..env import env_number
 from ..errors import KfitError
+from .invocation import Invocation
 
 
 def run_main(main: Callable[[], int | None]) -> int:
@@ -31,14 +31,14 @@ def hardware_from_env(allow_simulated: bool = True):
     GPUS= then means the number of training processes (see lib.distributed), not simulated GPUs."""
     from ..hardware import resolve_hardware
 
-    hw, gpu = os.environ.get("HW") or None, os.environ.get("GPU") or None
+    run = Invocation.from_environment()
+    hw, gpu = run.hw, run.gpu
     if not allow_simulated and (hw or gpu):
         raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
                         "(use 'make plan HW=... / GPU=...' to see another machine's plan)")
     # GPUS=N is N training processes everywhere (lib.distributed.process_count); on a simulated machine
     # (GPU=) it also gives that machine N of its GPU
-    hardware = resolve_hardware(hw=hw, gpu=gpu, free_gb=env_number("FREE_GB", float),
-                                gpus=env_number("GPUS", int) if allow_simulated and gpu else None)
+    hardware = resolve_hardware(hw=hw, gpu=gpu, free_gb=run.free_gb, gpus=run.gpus if allow_simulated and gpu else None)
     # torch is imported by now: its ~170k objects never become garbage, so the collector stops walking
     # them (a collection falls due at once after the import, and exit walks them again: ~0.1 s and
     # ~0.3 s of a cached plan, measured by make bench-plan). A command's own process only.
@@ -86,11 +86,14 @@ def config_to_plan() -> tuple["kconfig.Config", str | None]:
 
 
 def processes(config, hardware, world_size: int | None = None) -> tuple[int, int]:
-    """(training processes, machines) as 'make train' would run them, from the environment (WORLD_SIZE=,
+    """(training processes, machines) as 'make train' would run them, from the command's variables (WORLD_SIZE=,
     GPUS=, NNODES=): lib.api.processes. So a plan previewed with the arguments of a run is the plan that runs."""
-    return api.processes(config, hardware, world_size, os.environ)
+    run = Invocation.from_environment()
+    return api.processes(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes)
 
 
 def plan_for(config, hardware, world_size: int | None = None):
     """(model description, plan) for a config on a machine, as training would resolve it."""
-    return api.plan_for(config, hardware, world_size, os.environ)
+    run = Invocation.from_environment()
+    return api.plan_for(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes,
+                        settings=run.settings)

@@ -8,15 +8,19 @@ after saving a checkpoint. After 3, 4, 130 and 143, 'make train' resumes.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from ..api import train_planned, usable_hardware  # noqa: F401  (usable_hardware: for tests)
 from .common import ensure_config, hardware_from_env, plan_for
-from ..env import env_bool, env_number
+from ..env import env_number
 from ..errors import KfitError
+from ..planning.decisions import decide_device
 from .flags import command
+from .invocation import PLAN_VARIABLE, Invocation
 
 
 
@@ -33,19 +37,14 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def _path(name: str) -> str | None:
-    value = os.environ.get(name, "").strip()
-    return value or None
-
-
-def resume_from(config, log=print):
+def resume_from(config, run: Invocation, log=print):
     """The run to continue, as a function of the plan: RESUME_FROM's run or checkpoint (checked now, before
     any work); none with INIT_FROM (a new run); else the latest unfinished one in OUTPUT_DIR with a matching
     config and effective batch, unless CONFIG_RESUME=n or RESUME=0 (RESUME=1 resumes even when CONFIG_RESUME=n)."""
     from ..api import run_to_resume
 
-    return run_to_resume(config, resume=env_bool("RESUME", config.resume), resume_from=_path("RESUME_FROM"),
-                         init_from=_path("INIT_FROM"), log=log)
+    return run_to_resume(config, resume=config.resume if run.resume is None else run.resume,
+                         resume_from=run.resume_from, init_from=run.init_from, log=log)
 
 
 def _oom_relaunch(config, since: float) -> str | None:
@@ -59,6 +58,51 @@ def _oom_relaunch(config, since: float) -> str | None:
             f"micro-batch {marker['micro_batch']} (the same effective batch)")
 
 
+def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str) -> int:
+    """Run `plan` in torchrun's processes: the plan goes to every rank as a file (KFIT_PLAN), so no rank
+    resolves it again."""
+    from .. import distributed
+    from ..parallel import is_sharded
+
+    nnodes = run.planned_nodes
+    print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why}); "
+          f"{plan.cpu_threads} CPU thread(s) each")
+    # the threads are decided here, before any rank starts: a rank would count its siblings as load
+    # a sharded run that ran out of memory is relaunched at half the micro-batch: no rank can redo a step
+    relaunch = is_sharded(plan.strategy) and config.oom_recovery
+    fd, path = tempfile.mkstemp(prefix="kfit-plan-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(plan.to_dict(), out)
+        return distributed.run_torchrun(
+            nproc, _rank_script(), {**os.environ, PLAN_VARIABLE: path}, threads=plan.cpu_threads,
+            relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
+            attempts=(config.oom_max_halvings or 0) if relaunch else 0)
+    finally:
+        os.unlink(path)
+
+
+def _handed_plan(config, hardware, run: Invocation, world_size: int, log):
+    """In a rank: the launcher's plan; resolved here only where there is none (torchrun started by hand) or
+    an elastic restart changed the world size, and then said."""
+    from ..plan import ModelDescription, Plan
+
+    if run.plan_path:
+        try:
+            with open(run.plan_path) as handed:
+                plan = Plan.from_dict(json.load(handed))
+        except (OSError, ValueError) as err:
+            raise KfitError(f"{PLAN_VARIABLE}={run.plan_path}: the launcher's plan cannot be read ({err}); "
+                            "start the run with 'make train'") from None
+        if plan.world_size == world_size:
+            return ModelDescription.from_config(config), plan
+        log(f"note: {world_size} processes joined, the launcher planned for {plan.world_size}: re-planning for "
+            f"{world_size} (an elastic restart)")
+    else:
+        log("note: no plan from a kfit launcher (torchrun started by hand?): resolving it in every rank")
+    return plan_for(config, hardware, world_size)
+
+
 def cmd_train(args) -> int:
     import torch
 
@@ -68,42 +112,33 @@ def cmd_train(args) -> int:
     from ..trainer import TrainingInterrupted
 
     hardware = hardware_from_env(allow_simulated=False)
-    # every variable is checked before a config is written or a process launched
-    env_bool("RESUME")
-    nnodes = distributed.nodes_range()[1]
-    world_size = env_number("WORLD_SIZE", int, 1, minimum=1)
+    run = Invocation.from_environment()  # every variable is checked before a config is written or a process launched
     config = ensure_config()
     # RESUME_FROM is checked before any process is launched (torchrun's rank 0 checks it again, and resumes)
-    pick = resume_from(config) if distributed.current().is_main else None
+    pick = resume_from(config, run) if distributed.current().is_main else None
     if not distributed.under_torchrun():
-        if world_size > 1:
-            raise KfitError(f"WORLD_SIZE={world_size} is set, but kfit was not started by torchrun: "
-                            f"unset it and use 'make train GPUS={world_size}', which launches "
+        if run.world_size is not None and run.world_size > 1:
+            raise KfitError(f"WORLD_SIZE={run.world_size} is set, but kfit was not started by torchrun: "
+                            f"unset it and use 'make train GPUS={run.world_size}', which launches "
                             "torchrun ('make plan WORLD_SIZE=N' shows what N processes would run)")
         hardware = usable_hardware(config, hardware, _stderr)
-        _, plan = plan_for(config, hardware, world_size=1)  # the config is validated before any launch
-        nproc, why = distributed.process_count(config, hardware, plan.device_type)
-        if nproc > 1 or nnodes > 1:  # one process on each of several machines is torchrun's too
-            _, launch = plan_for(config, hardware, world_size=nproc * nnodes)  # refuses a world size it cannot take
-            print(f"Launching {nproc} training processes per machine on {nnodes} machine(s) with torchrun ({why}); "
-                  f"{launch.cpu_threads} CPU thread(s) each")
-            # the threads are decided here, before any rank starts: a rank would count its siblings as load
-            # a sharded run that ran out of memory is relaunched at half the micro-batch: no rank can redo a step
-            relaunch = is_sharded(launch.strategy) and config.oom_recovery
-            return distributed.run_torchrun(
-                nproc, _rank_script(), dict(os.environ), threads=launch.cpu_threads,
-                relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
-                attempts=(config.oom_max_halvings or 0) if relaunch else 0)
+        device_type, _ = decide_device(config, hardware)
+        nproc, why = distributed.process_count(config, hardware, device_type, run.gpus)
+        # the one resolve of this launch: it validates the config (and refuses a world size it cannot take)
+        # before any process starts, and every rank trains it
+        model, plan = plan_for(config, hardware, nproc * run.planned_nodes)
+        if nproc > 1 or run.planned_nodes > 1:  # one process on each of several machines is torchrun's too
+            return _launch(config, hardware, model, plan, run, nproc, why)
     rank = distributed.current()
     say = print if rank.is_main else (lambda *a, **k: None)
     if rank.active:
         hardware = usable_hardware(config, hardware, _stderr if rank.is_main else (lambda line: None), rank.local_rank)
-        _, plan = plan_for(config, hardware, rank.world_size)
+        model, plan = _handed_plan(config, hardware, run, rank.world_size, say)
         rank = distributed.setup(plan.device_type)
         hardware = distributed.hardware_for_rank(hardware, rank)
     try:
-        result = train_planned(config, hardware, rank=rank, log=say, env=os.environ,
-                               resume=pick or (lambda plan: None), init_from=_path("INIT_FROM"))
+        result = train_planned(config, hardware, plan, model, rank=rank, log=say,
+                               resume=pick or (lambda plan: None), init_from=run.init_from)
     except TrainingInterrupted as stop:
         return stop.exit_code
     except FloatingPointError as err:

@@ -9,10 +9,9 @@ from dataclasses import replace
 import torch
 
 from .gpt2 import GPT2, GPT2Config
-from .lenet import LeNet5
-from .resnet import resnet18, resnet50
+from .registry import BUILT_IN, MODELS, spec_for
 
-MODEL_NAMES = ("lenet5", "resnet18", "resnet50", "gpt2")
+MODEL_NAMES = BUILT_IN
 
 # Shape of each published GPT-2 size; block_size, vocab_size and dropout come from build_model.
 GPT2_PRESETS: dict[str, GPT2Config] = {
@@ -42,18 +41,18 @@ def build_model(
 
     Build under `with torch.device("meta"):` to get shapes and counts without allocating memory.
     """
-    if name == "lenet5":
-        return LeNet5(num_classes, in_channels, image_size)
-    if name in ("resnet18", "resnet50"):
-        factory = resnet18 if name == "resnet18" else resnet50
-        return factory(num_classes, in_channels, image_size, grad_checkpointing)
-    if name == "gpt2":
+    spec = MODELS.get(name)
+    if spec is None or spec.builder is None:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    gpt2_config = None
+    if spec.data == "text":
         if gpt2_preset not in GPT2_PRESETS:
             choices = ", ".join(GPT2_PRESETS)
             raise ValueError(f"unknown gpt2 preset {gpt2_preset!r}; choose one of {choices}")
-        config = replace(GPT2_PRESETS[gpt2_preset], block_size=block_size, vocab_size=vocab_size, dropout=dropout)
-        return GPT2(config, grad_checkpointing)
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        gpt2_config = replace(GPT2_PRESETS[gpt2_preset], block_size=block_size, vocab_size=vocab_size,
+                              dropout=dropout)
+    return spec.builder(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                        gpt2_config=gpt2_config, grad_checkpointing=grad_checkpointing)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -61,4 +60,4 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODEL_NAMES", "GPT2_PRESETS", "GPT2", "GPT2Config", "build_model", "count_parameters"]
+__all__ = ["MODEL_NAMES", "MODELS", "GPT2_PRESETS", "GPT2", "GPT2Config", "build_model", "count_parameters", "spec_for"]

@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: s
     skipped = set(data.get("skipped", []))
     optimizer_s = data.get("optimizer_s")
     wanted = [s for s in power_sizes(measure_up_to or 0) if s not in micro and s not in skipped]
-    if measure_up_to and wanted and os.environ.get(MEASURE_ENV, "1") != "0":
+    if measure_up_to and wanted:
         # all sizes again, in one set of rounds: timings taken at different times do not compare
         sizes = sorted(set(wanted) | set(micro))
         micro, optimizer_s = time_micro_batches(config, task_for(config), precision=precision,

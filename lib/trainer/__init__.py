@@ -2,7 +2,7 @@
 
   loop.py        Trainer: the epoch loop, its logging, evaluations, checkpoints and stops; train()
   stepper.py     Stepper, the Trainer's base: the model, optimizer and one optimizer step (DDP, out-of-memory redo)
-  ladder.py      the out-of-memory ladder: checkpointing, then autocast, then offload, once halving is done
+  (the out-of-memory ladder past halving is lib/planning/ladder.py)
   conditions.py  heat and battery: pause until the GPU cools, checkpoint more often or stop on a low battery
   windows.py     which samples a step sees: the epoch order, windows, per-rank micro-batches; Progress
   resume.py      checkpoint contents, RNG state, the run directory, stopping on SIGTERM/SIGINT (or by itself:

@@ -44,7 +44,8 @@ from ..step import autocast_for, configure_backends, make_optimizer, seed_everyt
 from ..task import Task, load_task
 from .resume import (StopSignals, auto_interval_s, checkpoint_due, checkpoint_problem, checkpoint_state,
                      claim_run_directory, load_state, output_directory, sharded_tensors)
-from . import best, ladder
+from . import best
+from ..planning import ladder
 from .initial import load_initial, not_both
 from .schedule import lr_at
 from .windows import Progress, epoch_micro_batches, loader, rank_batches

@@ -8,13 +8,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import Config
-from .errors import PlanError
-from .hardware import HardwareProfile
-from .plan import BatchChoice, BatchPolicy, Plan
-
-# Models whose builders take a gradient-checkpointing switch (lib/models).
-CHECKPOINTING_MODELS = ("gpt2", "resnet18", "resnet50")
+from ..config import Config
+from ..errors import PlanError
+from ..hardware import HardwareProfile
+from ..models.registry import can_checkpoint
+from ..plan import BatchChoice, BatchPolicy, Plan
+from .request import ChooseArgs
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class _Option:
 def _other_checkpointing(config: Config, choice: BatchChoice, share: int) -> bool:
     """Whether the other checkpointing setting could help: the model has it, and it is on (recomputing
     costs time) or memory caps the micro-batch below the share (it would let a larger one fit)."""
-    return config.model in CHECKPOINTING_MODELS and (config.gradient_checkpointing or choice.max_micro < share)
+    return can_checkpoint(config.model) and (config.gradient_checkpointing or choice.max_micro < share)
 
 
 def _speed_reason(choice, ranked, share: int, cap: int, source: str, tie: float) -> str:
@@ -52,21 +51,22 @@ def _speed_reason(choice, ranked, share: int, cap: int, source: str, tie: float)
     return why
 
 
-def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolicy, choice: BatchChoice, *,
-                   device_type: str, precision: str, tf32: bool, compile_on: bool, world_size: int, target: int,
-                   choose: dict, strategy: str = "none", local_world_size: int | None = None):
+def choose_fastest(config: Config, policy: BatchPolicy, choice: BatchChoice, args: ChooseArgs, *, tf32: bool,
+                   measure: bool = True):
     """(candidate, its option, its step-time model, reason) with the highest predicted samples/s among the
-    micro-batches (and checkpointing settings) that fit; None where the device's speed is unknown."""
-    from .steptime import MEASURED_TIE, TIE, candidates, fastest, step_time_model
+    micro-batches (and checkpointing settings) that fit under `args` (its strategy included); None where the
+    device's speed is unknown. measure: time real micro-batches on this CPU where not cached yet."""
+    from ..steptime import MEASURED_TIE, TIE, candidates, fastest, step_time_model
 
+    hardware, world_size, target = args.hardware, args.world_size, args.target
     share = target // world_size
     ranked, models = [], {}
 
     def model_for(checkpointing: bool):
-        return step_time_model(config, hardware, device_type=device_type, precision=precision, tf32=tf32,
-                               compile=compile_on, gradient_checkpointing=checkpointing, world_size=world_size,
-                               measure_up_to=min(choice.max_micro, share), strategy=strategy,
-                               local_world_size=local_world_size)
+        return step_time_model(config, hardware, device_type=args.device_type, precision=args.precision, tf32=tf32,
+                               compile=args.compile, gradient_checkpointing=checkpointing, world_size=world_size,
+                               measure_up_to=min(choice.max_micro, share) if measure else None,
+                               strategy=args.strategy, local_world_size=args.local_world_size)
 
     def add(option: _Option, model) -> None:
         models[option.checkpointing] = (model, option)
@@ -85,7 +85,7 @@ def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolic
                            gradient_checkpointing=other.gradient_checkpointing)
         if max(c.samples_per_second for c in bound) > max(c.samples_per_second for c in ranked):
             try:
-                add(_Option(other.gradient_checkpointing, policy.choose(config=other, **choose)), alt)
+                add(_Option(other.gradient_checkpointing, args.choose(policy, other)), alt)
             except PlanError:
                 pass  # the other setting does not fit at all
     tie = MEASURED_TIE if any(m.measured for m, _ in models.values()) else TIE
@@ -98,8 +98,8 @@ def choose_fastest(config: Config, hardware: HardwareProfile, policy: BatchPolic
 def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, speed_model=None) -> Plan:
     """The plan with its predicted step time, throughput, run time and energy (lib.steptime), and why;
     as it was, with a note, where the device's speed is unknown."""
-    from .steptime import model_for_plan, plan_predictions
-    from .steptime.calibrate import for_gradient_sync
+    from ..steptime import model_for_plan, plan_predictions
+    from ..steptime.calibrate import for_gradient_sync
 
     try:
         speed_model = for_gradient_sync(speed_model, plan) or model_for_plan(config, hardware, plan)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from .config import Config
-from .errors import PlanError
-from .parallel import LABELS, SHARDED, SYMBOLS
-from .plan import BatchChoice, BatchPolicy
+from ..config import Config
+from ..errors import NoFitError, PlanError
+from ..parallel import LABELS, SHARDED, SYMBOLS
+from ..plan import BatchChoice, BatchPolicy
+from .request import ChooseArgs
 
 MIN_MICRO_BATCH = 8
 AUTO_ORDER = ("ddp", "fsdp_grad_op", "fsdp", "hsdp")
@@ -46,24 +47,23 @@ def candidates(config: Config, world_size: int, nodes: int) -> tuple[tuple[str, 
     return tuple(s for s in AUTO_ORDER if s != "hsdp" or nodes > 1), "AUTO"
 
 
-def _first_clause(err: PlanError) -> str:
-    return str(err).split(". What would help")[0]
-
-
-def pick(config: Config, policy: BatchPolicy, choose: dict, *, world_size: int, nodes: int, target: int,
+def pick(config: Config, policy: BatchPolicy, choose: ChooseArgs, *, world_size: int, nodes: int, target: int,
          speed: Speed) -> tuple[str, BatchChoice, object, str]:
-    """(strategy, its batch choice, its choose_fastest result or None, why). `choose` holds the keyword
-    arguments of policy.choose but the strategy. Raises PlanError when no candidate fits."""
+    """(strategy, its batch choice, its choose_fastest result or None, why). Raises PlanError when no
+    candidate fits."""
     options, why = candidates(config, world_size, nodes)
     share = math.ceil(target / world_size)
     if len(options) == 1:
         strategy = options[0]
         try:
-            choice = policy.choose(config=config, **choose, strategy=strategy)
+            choice = choose.choose(policy, config, strategy)
         except PlanError as err:
             if strategy != "ddp":
                 raise
-            raise PlanError(f"{err}{_sharded_hint(config, policy, choose)}") from None
+            hint = _sharded_hint(config, policy, choose)
+            if isinstance(err, NoFitError):
+                raise NoFitError(err.what, err.helps, err.hint + hint) from None
+            raise PlanError(f"{err}{hint}") from None
         found = speed(strategy, choice)
         return strategy, choice, found[1] if found else None, why
 
@@ -71,9 +71,9 @@ def pick(config: Config, policy: BatchPolicy, choose: dict, *, world_size: int, 
     fitted: list[tuple[str, BatchChoice, tuple | None]] = []
     for strategy in options:
         try:
-            choice = policy.choose(config=config, **choose, strategy=strategy)
+            choice = choose.choose(policy, config, strategy)
         except PlanError as err:
-            failures.append(f"{strategy}: {_first_clause(err)}")
+            failures.append(f"{strategy}: {err.what if isinstance(err, NoFitError) else err}")
             continue
         if strategy == "ddp" and choice.max_micro >= min(share, MIN_MICRO_BATCH):
             found = speed(strategy, choice)
@@ -95,13 +95,13 @@ def pick(config: Config, policy: BatchPolicy, choose: dict, *, world_size: int, 
     return strategy, choice, found[1] if found else None, f"AUTO: {LABELS[strategy]}: {how}; " + "; ".join(failures)
 
 
-def _sharded_hint(config: Config, policy: BatchPolicy, choose: dict) -> str:
+def _sharded_hint(config: Config, policy: BatchPolicy, choose: ChooseArgs) -> str:
     """For a DDP plan that does not fit: whether FSDP full shard would, with its micro-batch."""
     try:
-        choice = policy.choose(config=config, **choose, strategy="fsdp")
+        choice = choose.choose(policy, config, "fsdp")
     except PlanError:
-        return (f". Sharding with FSDP ({SYMBOLS['fsdp']}) does not fit at {choose['world_size']} processes "
+        return (f". Sharding with FSDP ({SYMBOLS['fsdp']}) does not fit at {choose.world_size} processes "
                 "either")
     return (f". FSDP would fit: with {SYMBOLS['fsdp']} (or CONFIG_PARALLEL_AUTO) each of the "
-            f"{choose['world_size']} processes holds 1/{choose['world_size']} of the parameters, gradients and "
+            f"{choose.world_size} processes holds 1/{choose.world_size} of the parameters, gradients and "
             f"optimizer state, and micro-batches up to {choice.max_micro} fit ({choice.reason})")

@@ -17,13 +17,14 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .config import Config
-from .errors import PlanError
-from .hardware import HardwareProfile, format_size, gib
-from .plan import BatchChoice
+from ..config import Config
+from ..errors import NoFitError
+from ..hardware import HardwareProfile, format_size, gib
+from ..models.registry import can_checkpoint
+from ..plan import BatchChoice
 
 if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
-    from .memory import MemoryPredictor, Prediction
+    from ..memory import MemoryPredictor, Prediction
 
 PROFILES = {0.5: "conservative", 0.75: "balanced", 0.95: "extreme"}
 DEFAULT_PROFILE = 0.75
@@ -62,7 +63,7 @@ class PlannerPolicy:
     @property
     def predictor(self) -> "MemoryPredictor":
         if not self._predictor:
-            from .memory import MemoryPredictor
+            from ..memory import MemoryPredictor
 
             self._predictor.append(MemoryPredictor(self.cache_dir))
         return self._predictor[0]
@@ -83,8 +84,8 @@ class PlannerPolicy:
                                      compile_mode=compile_mode, **sharding)
         cap = train.largest_fitting(budget, limit)
         if cap == 0:
-            raise PlanError(self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision,
-                                         sharding))
+            raise self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision,
+                                         sharding)
         reason = f"predicted peak {_fmt(train.at(cap))} at {cap} fits the budget {_fmt(budget)} ({budget_why})"
         if cap == share:
             reason += f"; {cap} is the whole per-process share of the target (the search stops there)"
@@ -111,14 +112,14 @@ class PlannerPolicy:
                            budget_bytes=budget, eval_peak_bytes=eval_peak, predict=train.prediction)
 
     def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
-                precision: str, sharding: dict) -> str:
+                precision: str, sharding: dict) -> NoFitError:
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in one.breakdown.items() if v >= 2**20)
         label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
         helps = []
         if precision == "fp32":
             bf16 = self.predictor.predict(config, batch=1, device_type=device_type, precision="bf16", **sharding)
             helps.append(f"bf16 autocast (CONFIG_PRECISION_BF16 or _AUTO on a bf16 GPU): {_fmt(bf16.peak_bytes)}")
-        if not config.gradient_checkpointing and config.model in ("gpt2", "resnet18", "resnet50"):
+        if not config.gradient_checkpointing and can_checkpoint(config.model):
             ckpt = self.predictor.predict(config, batch=1, device_type=device_type, precision=precision,
                                           gradient_checkpointing=True, **sharding)
             helps.append(f"gradient checkpointing (CONFIG_GRADIENT_CHECKPOINTING=y): {_fmt(ckpt.peak_bytes)}")
@@ -132,9 +133,8 @@ class PlannerPolicy:
         helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
         if sharding:
             label += f" ({sharding['strategy']} over {sharding['world_size']} processes)"
-        return (f"{label} does not fit even at micro-batch 1: the predicted peak is {_fmt(one.peak_bytes)} "
-                f"({parts}) but the budget is {_fmt(budget)} ({budget_why}). What would help, with the "
-                "predicted peak at micro-batch 1 where known: " + "; ".join(helps))
+        return NoFitError(f"{label} does not fit even at micro-batch 1: the predicted peak is "
+                          f"{_fmt(one.peak_bytes)} ({parts}) but the budget is {_fmt(budget)} ({budget_why})", helps)
 
 
 PLANNER = PlannerPolicy()  # shared, so its in-process trace memo serves every resolve() of a process

@@ -1,0 +1,47 @@
+"""One typed reading of a command's variables: the flags (lib/cli/flags.py puts each into the environment, as make
+passes its variables) and the environment, parsed once, checked, and frozen. What lib/api.py, lib/distributed.py
+and lib/planning take comes from here as plain arguments; the environment is written again only to launch
+torchrun (the ranks' plan path, OMP_NUM_THREADS)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .. import distributed
+from ..env import env_bool, env_number, env_text
+from ..planning import Settings
+
+# The variable that hands the launcher's plan to its ranks: a path to the plan as JSON (Plan.to_dict()).
+PLAN_VARIABLE = "KFIT_PLAN"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    gpus: int | None = None  # GPUS=: training processes on this machine (a simulated machine's GPUs with GPU=)
+    world_size: int | None = None  # WORLD_SIZE=: set by torchrun in a rank; `plan --world-size N` to preview
+    nodes: tuple[int, int] = (1, 1)  # NNODES= as (min, max) machines
+    resume: bool | None = None  # RESUME=
+    resume_from: str | None = None
+    init_from: str | None = None
+    hw: str | None = None
+    gpu: str | None = None
+    free_gb: float | None = None
+    plan_path: str | None = None  # KFIT_PLAN: the launcher's plan, in a rank
+    settings: Settings = field(default_factory=Settings)
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] | None = None) -> "Invocation":
+        env = os.environ if env is None else env
+        return cls(gpus=env_number("GPUS", int, None, env, minimum=1),
+                   world_size=env_number("WORLD_SIZE", int, None, env, minimum=1),
+                   nodes=distributed.nodes_range(env), resume=env_bool("RESUME", None, env),
+                   resume_from=env_text("RESUME_FROM", env), init_from=env_text("INIT_FROM", env),
+                   hw=env_text("HW", env), gpu=env_text("GPU", env), free_gb=env_number("FREE_GB", float, None, env),
+                   plan_path=env_text(PLAN_VARIABLE, env), settings=Settings.from_environment(env))
+
+    @property
+    def planned_nodes(self) -> int:
+        """The machines a plan is made for: an elastic range plans for its largest."""
+        return self.nodes[1]

@@ -1,0 +1,75 @@
+"""Every model kfit can train, by name, and what the rest of kfit needs to know about it.
+
+The one answer to "which models support gradient checkpointing", "what data does it train on" and "how many
+samples per step does the tier policy give it": the config's choices, the planner, the out-of-memory ladder,
+the reports and lib/task.py all read a `ModelSpec` from here. Importing this module imports no torch: the
+builders import their model modules when called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    data: str  # images | text | custom (the factory brings its own)
+    # whether the builder takes a gradient-checkpointing switch; a custom model has one when the module it
+    # builds has a `grad_checkpointing` attribute (known once built: see can_checkpoint)
+    supports_checkpointing: bool
+    tier_scale: float  # the tier policy: samples per step relative to GPT-2
+    builder: Callable[..., object] | None = None  # (**build arguments) -> torch.nn.Module; None: custom
+
+
+def _lenet5(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False, **_):
+    from .lenet import LeNet5
+
+    return LeNet5(num_classes, in_channels, image_size)  # too small to need checkpointing
+
+
+def _resnet(depth: int):
+    def build(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False, **_):
+        from . import resnet
+
+        factory = resnet.resnet18 if depth == 18 else resnet.resnet50
+        return factory(num_classes, in_channels, image_size, grad_checkpointing)
+    return build
+
+
+def _gpt2(gpt2_config, grad_checkpointing: bool = False, **_):
+    from .gpt2 import GPT2
+
+    return GPT2(gpt2_config, grad_checkpointing)
+
+
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    ModelSpec("lenet5", "images", supports_checkpointing=False, tier_scale=4.0, builder=_lenet5),
+    ModelSpec("resnet18", "images", supports_checkpointing=True, tier_scale=2.0, builder=_resnet(18)),
+    ModelSpec("resnet50", "images", supports_checkpointing=True, tier_scale=1.5, builder=_resnet(50)),
+    ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2),
+    # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
+    ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=1.0),
+)}
+
+BUILT_IN = tuple(name for name, spec in MODELS.items() if spec.builder is not None)
+
+
+def spec_for(name: str) -> ModelSpec:
+    """The model called `name`; a ConfigError naming the choices for another name."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
+
+
+def can_checkpoint(name: str, model: object | None = None) -> bool:
+    """Whether gradient checkpointing can be switched on for this model: a built-in that supports it, or a
+    built custom model with a `grad_checkpointing` attribute."""
+    spec = MODELS.get(name)
+    if spec is not None and spec.supports_checkpointing:
+        return True
+    return model is not None and hasattr(model, "grad_checkpointing")

@@ -1,0 +1,19 @@
+"""The plan, from request to last change: kfit's one owner of the training plan.
+
+    request.py        PlanRequest (config, hardware, model, world size, Settings), ChooseArgs
+    decisions.py      device, precision, compile, TF32, cuDNN; the batch split; FSDP's gradient sync
+    memory_policy.py  the memory planner: the largest micro-batch whose predicted peak fits the budget
+    tiers.py          the tier policy, and which policy a config selects
+    throughput.py     the fastest micro-batch under the cap (lib.steptime); every plan's predicted time
+    strategy.py       DDP or which FSDP strategy
+    ladder.py         the out-of-memory ladder: halving and rungs, before training and during it
+    resolve.py        the resolver: a PlanRequest -> Plan
+    render.py         the lines a plan prints
+
+Imports are light: torch is imported where a prediction needs it.
+"""
+
+from .request import ChooseArgs, PlanRequest, Settings
+from .resolve import resolve, resolve_request
+
+__all__ = ["ChooseArgs", "PlanRequest", "Settings", "resolve", "resolve_request"]

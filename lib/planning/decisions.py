@@ -1,0 +1,140 @@
+"""The plan's decisions before the batch: device, precision, compile, TF32, cuDNN's benchmark; and after it,
+how a target effective batch splits into micro-batch x accumulation x processes, and when FSDP syncs gradients.
+
+Each returns its value with the reason the plan shows beside it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import Config
+from ..errors import PlanError
+from ..hardware import GPUInfo, HardwareProfile
+
+
+# GPUs where torch.compile is known to misbehave.
+COMPILE_DENY = {
+    "W7900": "known ROCm torch.compile issues on the Radeon PRO W7900",
+    "MI210": "torch.compile stability issues on the Instinct MI210",
+}
+
+
+def decide_device(config: Config, hardware: HardwareProfile) -> tuple[str, str]:
+    accel = hardware.accelerator
+    if config.device == "cpu":
+        return "cpu", "CONFIG_DEVICE_CPU: training on the CPU as configured"
+    if config.device == "cuda":
+        if accel not in ("cuda", "rocm"):
+            why = "; ".join(hardware.notes) or "this machine has no CUDA or ROCm GPU that torch can use"
+            raise PlanError(f"CONFIG_DEVICE_CUDA is set but {why}. Select CONFIG_DEVICE_AUTO (falls back to "
+                            "the CPU) or CONFIG_DEVICE_CPU, or install a CUDA/ROCm build of torch (README).")
+        return "cuda", f"CONFIG_DEVICE_CUDA: {hardware.primary_gpu.name}"
+    if accel in ("cuda", "rocm"):
+        return "cuda", f"AUTO: {accel.upper()} GPU {hardware.primary_gpu.name} found"
+    if accel == "mps":
+        return "mps", "AUTO: Apple MPS found"
+    return "cpu", "AUTO: no GPU that torch can use" + (f" ({'; '.join(hardware.notes)})" if hardware.notes else "")
+
+
+def decide_precision(config: Config, device_type: str, gpu: GPUInfo | None) -> tuple[str, str]:
+    if config.precision == "bf16" and device_type == "cuda" and not gpu.supports_bf16:
+        raise PlanError(f"CONFIG_PRECISION_BF16 is set but {gpu.name} does not support bfloat16. "
+                        "Select CONFIG_PRECISION_AUTO (fp16 with gradient scaling here) or CONFIG_PRECISION_FP16.")
+    if config.precision != "auto":
+        return config.precision, f"CONFIG_PRECISION_{config.precision.upper()} as configured"
+    if device_type == "cuda":
+        if gpu.supports_bf16:
+            return "bf16", f"AUTO: {gpu.name} supports bfloat16"
+        return "fp16", f"AUTO: {gpu.name} lacks bfloat16: float16 with a gradient scaler"
+    if device_type == "mps":
+        return "fp32", "AUTO: float32 on Apple MPS (autocast there is limited)"
+    return "fp32", "AUTO: float32 on the CPU"
+
+
+def auto_detect_compile(config: Config, device_type: str, gpu: GPUInfo | None) -> tuple[bool, str | None, str]:
+    """Whether to torch.compile, the mode, and why."""
+    if config.compile_mode == "manual":
+        if config.compile_model:
+            return True, config.compile_kind, f"MANUAL: CONFIG_COMPILE_MODEL=y, mode {config.compile_kind}"
+        return False, None, "MANUAL: CONFIG_COMPILE_MODEL is not set"
+    if device_type == "cpu":
+        return False, None, ("Disabled (CPU: torch.compile was measured slower than eager for these models "
+                             "on CPUs, after a 20+ s first compile)")
+    if device_type == "mps":
+        return False, None, "Disabled (Apple MPS: torch.compile support is immature)"
+    for key, why in COMPILE_DENY.items():
+        if key in gpu.name.upper():
+            return False, None, f"Disabled (GPU '{gpu.name}' is on the deny list: {why})"
+    if gpu.vendor == "nvidia" and (gpu.compute_capability or (0, 0)) < (7, 0):
+        cc = ".".join(map(str, gpu.compute_capability or (0, 0)))
+        return False, None, f"Disabled (GPU '{gpu.name}' has compute capability {cc}; Triton needs 7.0+)"
+    return True, "default", f"Enabled (GPU '{gpu.name}' has good torch.compile support)"
+
+
+def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool, str]:
+    if config.tf32 == "auto":
+        tf32 = bool(on_gpu and gpu.supports_tf32)
+        return tf32, "AUTO: " + (f"{gpu.name} has TF32 tensor cores" if tf32 else "no TF32 hardware")
+    return config.tf32 == "on", f"CONFIG_TF32_{config.tf32.upper()}"
+
+
+def calculate_gradient_accumulation(target: int, max_micro: int, world_size: int = 1) -> tuple[int, int, str]:
+    """Split a target effective batch into (micro-batch, accumulation), and explain.
+
+    When the target divides evenly among the processes, the effective batch is
+    exactly the target: the micro-batch is the largest divisor of the
+    per-process share that fits. Otherwise the micro-batch and accumulation
+    that come closest are used, and the reason says how far off.
+    """
+    if world_size < 1 or max_micro < 1 or target < 1:
+        raise ValueError("target, max_micro and world_size must be >= 1")
+    if target % world_size == 0:
+        share = target // world_size
+        micro = next(m for m in range(min(max_micro, share), 0, -1) if share % m == 0)
+        why = f"{share} per process / micro-batch {micro}"
+        if 2 * micro < min(max_micro, share):
+            why += (f"; the target has no divisor between {min(max_micro, share) // 2} and "
+                    f"{min(max_micro, share)}, so the micro-batch is small: a target such as "
+                    f"{math.ceil(share / max_micro) * max_micro * world_size} would run faster")
+        return micro, share // micro, why
+    if target < world_size:
+        raise PlanError(f"the target effective batch {target} is smaller than the {world_size} processes: "
+                        f"each process needs at least one sample; raise CONFIG_TARGET_EFFECTIVE_BATCH")
+    best = None
+    for micro in range(min(max_micro, target // world_size), 0, -1):
+        accum = max(1, round(target / (micro * world_size)))
+        error = abs(micro * accum * world_size - target)
+        if best is None or error < best[0]:
+            best = (error, micro, accum)
+    _, micro, accum = best
+    effective = micro * accum * world_size
+    return micro, accum, (f"the target {target} is not divisible by the world size {world_size}: "
+                          f"closest is {micro} x {accum} x {world_size} = {effective} "
+                          f"({(effective - target) / target:+.1%})")
+
+
+# FSDP2 keeps the gradients a process computes under set_requires_gradient_sync(False) whole (unsharded) until
+# the sync: in the reduce dtype, fp32, for every parameter.
+UNSHARDED_GRADIENT_BYTES = 4
+
+
+def decide_gradient_sync(at, memory: dict) -> tuple[str, str, dict]:
+    """Under FSDP with accumulation: reduce-scatter once per step when the whole gradients the earlier
+    micro-batches keep fit beside the predicted peak, else after every micro-batch. Returns (gradient_sync,
+    why, the memory fields with that term)."""
+    whole = UNSHARDED_GRADIENT_BYTES * at.trace.parameters
+    budget = memory["budget_bytes"]
+    if budget is None or memory["predicted_peak_bytes"] + whole <= budget:
+        breakdown = {**memory["memory_breakdown"], "accumulated_gradients": whole}
+        return "step", (f"once per step: the {whole / 2**20:,.0f} MiB of whole fp32 gradients kept between "
+                        "micro-batches fit the budget"), {
+            **memory, "predicted_peak_bytes": memory["predicted_peak_bytes"] + whole, "memory_breakdown": breakdown}
+    return "micro_batch", (f"after every micro-batch: keeping {whole / 2**20:,.0f} MiB of whole fp32 gradients "
+                           "between micro-batches would not fit the budget"), memory
+
+
+def decide_cudnn_benchmark(config: Config, on_gpu: bool) -> tuple[bool, str]:
+    if config.cudnn_benchmark == "auto":
+        return on_gpu, "AUTO: " + ("fixed input shapes on a GPU" if on_gpu else "not a CUDA device")
+    return config.cudnn_benchmark == "on", f"CONFIG_CUDNN_BENCHMARK_{config.cudnn_benchmark.upper()}"

@@ -1,0 +1,217 @@
+"""The resolver: a PlanRequest (config, hardware, model, world size, settings) -> Plan.
+
+Order matters: device, then precision, compile and TF32 (the batch depends on whether compile is on), then the
+largest micro-batch that fits from a swappable batch policy, then (the memory planner) the micro-batch up to it,
+and gradient checkpointing on or off, with the highest samples/s that lib.steptime predicts, and gradient
+accumulation so that
+
+    effective batch = micro-batch x accumulation x world size
+
+equals the target (a micro-batch that does not divide a process's share makes the last one of each step
+short). World size is the number of training processes (WORLD_SIZE under torchrun), not the number of GPUs in
+the machine. Every plan ends with its predicted step time, samples/s, run time and energy (`with_predictions`).
+Where not even micro-batch 1 is predicted to fit, the out-of-memory ladder's rungs are taken before training
+(ladder.pre_training).
+
+Nothing here detects hardware or reads the environment: what the surroundings say comes in the request's
+Settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..config import Config
+from ..errors import NoFitError, PlanError
+from ..hardware import HardwareProfile
+from ..parallel import is_sharded
+from ..plan import BatchChoice, BatchPolicy, ModelDescription, Plan
+from ..threads import decide_cpu_threads, decide_loader_workers, using_threads
+from . import ladder
+from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
+                        decide_gradient_sync, decide_precision, decide_tf32)
+from .request import PlanRequest, Settings
+from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
+from .throughput import choose_fastest, with_predictions
+from .tiers import policy_for
+
+
+def resolve_request(request: PlanRequest) -> Plan:
+    """The plan for the request, sharing the model as lib.planning.strategy decides. Where the memory planner
+    predicts that not even micro-batch 1 fits, the out-of-memory ladder's rungs that the config allows are
+    taken before training (`_on_the_ladder`), as training would take them after running out of memory."""
+    if request.settings.resolve_log:  # tests count resolves per launch
+        with open(request.settings.resolve_log, "a") as log:
+            log.write(f"{os.getpid()} {request.config.model} world_size={request.world_size}\n")
+    try:
+        return _resolve(request)
+    except NoFitError as err:
+        return _on_the_ladder(request, err)
+
+
+def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
+            policy: BatchPolicy | None = None, nodes: int = 1, settings: Settings | None = None) -> Plan:
+    """resolve_request() from its parts; settings default to the process environment's (Settings)."""
+    return resolve_request(PlanRequest(config, hardware, model, world_size=world_size, nodes=nodes, policy=policy,
+                                       settings=settings if settings is not None else Settings.from_environment()))
+
+
+def _on_the_ladder(request: PlanRequest, no_fit: NoFitError) -> Plan:
+    """The plan with the fewest of the ladder's rungs under which micro-batch 1 is predicted to fit; `no_fit`
+    (the planner's refusal, with what would help) when none does."""
+    config, hardware = request.config, request.hardware
+    device_type, _ = decide_device(config, hardware)
+    gpu = hardware.primary_gpu if device_type == "cuda" else None
+    precision, _ = decide_precision(config, device_type, gpu)
+    taken: list[str] = []
+    keys: dict[str, str] = {}
+    for name, what, rung_config in ladder.pre_training(config, device_type=device_type, precision=precision,
+                                                       supports_bf16=gpu is None or gpu.supports_bf16):
+        taken.append(what)
+        keys[name] = what
+        try:
+            plan = _resolve(dataclasses.replace(request, config=rung_config))
+        except NoFitError:
+            continue
+        why = f"out-of-memory ladder: micro-batch 1 is predicted not to fit without {', '.join(taken)}"
+        reasons = {**plan.reasons, "oom_ladder": f"before training: {', '.join(taken)}"}
+        for name in keys:
+            reasons["gradient_checkpointing" if name == "checkpointing" else "precision"] = f"AUTO, {why}"
+        note = f"the memory planner predicts that not even micro-batch 1 fits as configured: {why} " \
+               "(CONFIG_OOM_LADDER_*)"
+        return dataclasses.replace(plan, notes=(*plan.notes, note), reasons=reasons)
+    raise no_fit
+
+
+def _resolve(request: PlanRequest) -> Plan:
+    """resolve_request() as configured, without the ladder.
+
+    The planner reads and writes its trace cache, and lib.steptime its counts, CPU figures and (on this
+    machine's CPU, once, where request.settings.measure) real micro-batch timings, which only changes how
+    long this takes.
+    """
+    config, hardware, model = request.config, request.hardware, request.model
+    world_size, nodes, policy = request.world_size, request.nodes, request.policy
+    if world_size < 1:
+        raise PlanError(f"world size must be at least 1, got {world_size}")
+    if nodes < 1 or world_size % nodes:
+        raise PlanError(f"{world_size} processes cannot be spread evenly over {nodes} machines")
+    notes: list[str] = []
+    reasons: dict[str, str] = {}
+    hardware, mixed = hardware.for_processes(world_size // nodes)  # mixed GPUs: the smallest, for every process
+    if mixed:
+        notes.append(mixed)
+
+    device_type, reasons["device"] = decide_device(config, hardware)
+    gpu = hardware.primary_gpu if device_type in ("cuda", "mps") else None
+    on_gpu = device_type == "cuda"
+    precision, reasons["precision"] = decide_precision(config, device_type, gpu)
+    compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
+    tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
+    idle = hardware.cpu.idle_cores  # step timings taken while planning run at the threads training will
+    cpu_threads, reasons["cpu_threads"] = decide_cpu_threads(config, device_type, hardware, world_size,
+                                                             idle_cores=idle,
+                                                             omp_threads=request.settings.omp_threads)
+    workers, reasons["workers"] = decide_loader_workers(config, device_type, hardware, world_size, idle_cores=idle)
+    timing_threads = cpu_threads if device_type == "cpu" else None
+
+    if device_type == "cuda" and world_size > hardware.identical_gpu_count and hardware.identical_gpu_count:
+        notes.append(f"{world_size} processes but only {hardware.identical_gpu_count} identical GPU(s): "
+                     "processes will share GPUs or use different models")
+
+    memory: dict = {}
+    sync = "step"
+    checkpointing = config.gradient_checkpointing
+    speed_model = None
+    offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
+    if config.hyperparam_mode == "manual":
+        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes)
+        strategy = options[0]
+        if len(options) > 1:
+            reasons["strategy"] = "AUTO without the memory planner (MANUAL batch): DDP"
+        micro, accum = config.batch_size, config.gradient_accumulation
+        target = None
+        policy_name = "manual"
+        reasons["micro_batch"] = "MANUAL: CONFIG_BATCH_SIZE"
+        reasons["grad_accum"] = "MANUAL: CONFIG_GRADIENT_ACCUMULATION"
+        if config.eval_batch_size:
+            eval_batch, reasons["eval_batch"] = config.eval_batch_size, "MANUAL: CONFIG_EVAL_BATCH_SIZE"
+        else:
+            eval_batch = 2 * micro
+            reasons["eval_batch"] = "twice the micro-batch: evaluation keeps no activations for backward"
+        effective = micro * accum * world_size
+    else:
+        target = config.target_effective_batch
+        policy = policy or policy_for(config)
+        policy_name = policy.name
+        choose = ChooseArgs(hardware=hardware, model=model, device_type=device_type, compile=compile_on,
+                            compile_mode=compile_mode, precision=precision, world_size=world_size, target=target,
+                            local_world_size=world_size // nodes, cpu_offload=offload)
+
+        def speed(strategy: str, choice: BatchChoice):
+            """The memory planner: the fastest micro-batch that fits under `strategy`, with its samples/s."""
+            if choice.predict is None or target % world_size:
+                return None
+            try:
+                with using_threads(timing_threads):
+                    fast = choose_fastest(config, policy, choice, choose.with_strategy(strategy), tf32=tf32,
+                                          measure=request.settings.measure)
+            except Exception as err:  # noqa: BLE001 - a step-time failure must not stop planning
+                note = (f"step time not predicted ({type(err).__name__}: {err}); the micro-batch is the "
+                        "largest that divides the target")
+                if note not in notes:
+                    notes.append(note)
+                return None
+            return (fast[0].samples_per_second, fast) if fast is not None else None
+
+        strategy, choice, fast, reasons["strategy"] = pick_strategy(
+            config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed)
+        cap, reasons["micro_batch"] = choice.max_micro, choice.reason
+        if fast is not None:
+            best, option, speed_model, why = fast
+            micro, accum, checkpointing, choice = best.micro_batch, best.grad_accum, option.checkpointing, option.choice
+            share = target // world_size
+            reasons["micro_batch"] = f"{choice.reason}; {why}"
+            last = share - (accum - 1) * micro
+            reasons["grad_accum"] = f"{share} per process / micro-batch {micro}" + (
+                f": {accum - 1} x {micro} + {last} (the short one weighs its samples)" if last != micro else "")
+            effective = target
+        else:
+            micro, accum, reasons["grad_accum"] = calculate_gradient_accumulation(target, cap, world_size)
+            if micro < cap:
+                reasons["micro_batch"] += f"; {micro} used (largest that divides the target)"
+            effective = micro * accum * world_size
+        eval_batch, reasons["eval_batch"] = choice.eval_batch, choice.eval_reason
+        if choice.predict is not None:
+            at = choice.predict(micro)
+            memory = dict(max_micro_batch=choice.max_micro, predicted_peak_bytes=at.peak_bytes,
+                          budget_bytes=choice.budget_bytes, memory_breakdown=at.breakdown,
+                          eval_predicted_peak_bytes=choice.eval_peak_bytes)
+            if is_sharded(strategy) and accum > 1:
+                sync, reasons["gradient_sync"], memory = decide_gradient_sync(at, memory)
+    if checkpointing != config.gradient_checkpointing:
+        reasons["gradient_checkpointing"] = (
+            f"AUTO: {'on' if checkpointing else 'off'} against CONFIG_GRADIENT_CHECKPOINTING="
+            f"{'y' if config.gradient_checkpointing else 'n'}: predicted faster (see micro-batch)")
+    else:
+        reasons["gradient_checkpointing"] = f"CONFIG_GRADIENT_CHECKPOINTING={'y' if checkpointing else 'n'}"
+
+    cudnn_benchmark, reasons["cudnn_benchmark"] = decide_cudnn_benchmark(config, on_gpu)
+    if compile_on and device_type == "cpu":
+        notes.append("torch.compile on a CPU was measured slower than eager for small models here")
+    if hardware.on_battery:
+        notes.append("running on battery: training will be slower and drain it; plug in for long runs")
+
+    plan = Plan(
+        mode=config.hyperparam_mode, policy=policy_name, device_type=device_type, accelerator=(
+            hardware.accelerator if device_type != "cpu" else "cpu"),
+        device_name=gpu.name if gpu else hardware.cpu.name, world_size=world_size,
+        micro_batch=micro, grad_accum=accum, effective_batch=effective, target_effective_batch=target,
+        eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
+        grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
+        gradient_checkpointing=checkpointing, num_workers=workers, cpu_threads=cpu_threads,
+        pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), strategy=strategy, nodes=nodes,
+        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, **memory)
+    with using_threads(timing_threads):
+        return with_predictions(config, hardware, plan, speed_model)
