@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import lib.hardware  # noqa: F401  (expandable segments, as kfit runs)
 import torch
 
