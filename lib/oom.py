@@ -27,6 +27,7 @@ import os
 import torch
 
 from .errors import KfitError
+from .env import environ
 from .hardware import empty_device_cache, reset_peak_memory
 
 _OOM_TEXTS = ("out of memory", "defaultcpuallocator: can't allocate memory", "hiperroroutofmemory")
@@ -68,7 +69,8 @@ def halve(micro_batch: int, halvings: int, max_halvings: int, where: str) -> int
 class Injector:
     """Test-only faults, configured from the environment (see the module docstring)."""
 
-    def __init__(self, env=os.environ) -> None:
+    def __init__(self, env=None) -> None:
+        env = environ() if env is None else env
         steps = env.get("KFIT_INJECT_OOM", "").replace(" ", "")
         above = env.get("KFIT_INJECT_OOM_ABOVE", "").strip()
         lost = env.get("KFIT_INJECT_DEVICE_LOST", "").replace(" ", "")

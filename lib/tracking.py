@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from .errors import KfitError
+from .env import environ
 
 SINKS = {  # sink -> (the module it needs, the pip command)
     "tensorboard": ("tensorboard", "pip install tensorboard"),
@@ -157,7 +158,7 @@ class Tracking:
                 elif sink == "wandb":
                     sinks.append(WandbSink(run_dir, run_name, params, project))
                 elif sink == "mlflow":
-                    uri = (os.environ.get("MLFLOW_TRACKING_URI")
+                    uri = (environ().get("MLFLOW_TRACKING_URI")
                            or f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}")
                     sinks.append(MlflowSink(run_name, params, project, uri))
             except Exception as err:  # noqa: BLE001 - a tracker's own failure (login, server, store) is one line

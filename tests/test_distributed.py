@@ -119,12 +119,47 @@ def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_p
     previewed = _kfit(tmp_path, Path(config.source), "plan", GPUS="2", FORMAT="json")
     assert previewed.returncode == 0, previewed.stderr
     plan = json.loads(previewed.stdout)
-    trained = _kfit(tmp_path, Path(config.source), "train", GPUS="2")
+    resolves = tmp_path / "resolves.log"
+    trained = _kfit(tmp_path, Path(config.source), "train", GPUS="2", KFIT_RESOLVE_LOG=str(resolves))
     assert trained.returncode == 0, trained.stdout + trained.stderr
+    # one resolve in the launcher, none in the two ranks: they train the plan it hands them
+    [launcher] = resolves.read_text().splitlines()
+    assert launcher.endswith(" lenet5 world_size=2") and "re-planning" not in trained.stdout
     [line] = [x for x in trained.stdout.splitlines() if x.startswith("Hyperparams:")]
     assert plan["world_size"] == 2
     assert (f"batch={plan['micro_batch']}, grad_acc={plan['grad_accum']} (effective={plan['effective_batch']}, "
             in line), (plan, line)
+
+
+def test_one_process_train_resolves_its_plan_once(make_config, tmp_path):
+    config = make_config("CONFIG_MAX_STEPS=1\nCONFIG_TARGET_EFFECTIVE_BATCH=64\n")
+    resolves = tmp_path / "resolves.log"
+    trained = _kfit(tmp_path, Path(config.source), "train", KFIT_RESOLVE_LOG=str(resolves))
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    [line] = resolves.read_text().splitlines()
+    assert line.endswith(" lenet5 world_size=1") and "Done: 1 steps" in trained.stdout
+
+
+def test_a_rank_trains_the_plan_its_launcher_hands_it(make_config, tmp_path, monkeypatch):
+    """A rank reads the launcher's plan (KFIT_PLAN) instead of resolving; a damaged file is one clear error, and
+    a world size the launcher did not plan for (an elastic restart) is re-planned, said."""
+    from lib.cli.invocation import Invocation
+    from lib.cli.train import _handed_plan
+
+    config = make_config("CONFIG_TARGET_EFFECTIVE_BATCH=64\n")
+    model = ModelDescription.from_config(config)
+    plan = resolve(config, CPU, model, 2)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    lines = []
+    assert _handed_plan(config, CPU, Invocation(plan_path=str(path)), 2, lines.append) == (model, plan)
+    assert lines == []
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    _, replanned = _handed_plan(config, CPU, Invocation(plan_path=str(path)), 4, lines.append)
+    assert replanned.world_size == 4 and "re-planning for 4 (an elastic restart)" in lines[0]
+    path.write_text("[]")
+    with pytest.raises(KfitError, match="KFIT_PLAN=.*the launcher's plan cannot be read"):
+        _handed_plan(config, CPU, Invocation(plan_path=str(path)), 2, lines.append)
 
 
 # --------------------------------------------------------------------------

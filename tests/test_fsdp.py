@@ -341,11 +341,15 @@ def test_out_of_memory_under_fsdp_relaunches_at_half_the_micro_batch(tmp_path, r
                              capture_output=True, text=True, timeout=300)
     micro = json.loads(planned.stdout)["micro_batch"]  # the planner's pick among near-ties: 4 or 8 here
     assert micro >= 2, planned.stdout
-    env = env_for(config, GPUS="2", KFIT_INJECT_OOM_ABOVE=str(micro - 1))
+    resolves = tmp_path / "resolves.log"
+    env = env_for(config, GPUS="2", KFIT_INJECT_OOM_ABOVE=str(micro - 1), KFIT_RESOLVE_LOG=str(resolves))
     result = subprocess.run(KFIT + ["train"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     half = micro // 2
     assert f"under FSDP: relaunching from the last checkpoint at micro-batch {half}" in result.stdout, result.stdout
+    # planned once, by the launcher: the ranks, relaunched ones included, take its plan and halve it themselves
+    [launcher] = resolves.read_text().splitlines()
+    assert launcher.endswith(" gpt2 world_size=2")
     [run_dir] = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / checkpoint.OOM_MARKER).read_text())["micro_batch"] == half
     state = checkpoint.load_checkpoint(checkpoint.finished_checkpoint(run_dir))

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -260,3 +264,46 @@ def test_where_nothing_fits_the_plan_takes_the_out_of_memory_ladder_before_train
         resolve(forbidden, ram(22.7), model)
     with pytest.raises(PlanError, match="does not fit even at micro-batch 1"):  # no rung is enough
         resolve(config, ram(18), model)
+
+
+def test_a_script_of_another_repository_calls_apply_hyperparams_on_its_own_config(tmp_path, capsys):
+    """As a training script elsewhere does: its own config object (symbol names without CONFIG_), one call,
+    and the micro-batch, accumulation and compile are set on it, with the start lines printed."""
+    script = tmp_path / "train_elsewhere.py"
+    script.write_text(
+        "import types\n"
+        "from lib.hyperparams import apply_hyperparams\n"
+        "config = types.SimpleNamespace(HYPER_PARAM_AUTO='y', TARGET_EFFECTIVE_BATCH=256, COMPILE_AUTO='y',\n"
+        "                               COMPILE_MODEL='n', BATCH_SIZE=None, EPOCHS=1, LEARNING_RATE='1e-3')\n"
+        "plan = apply_hyperparams(config, verbose=True, model_type='lenet5')\n"
+        "print('applied', config.BATCH_SIZE, config.GRADIENT_ACCUMULATION, config.COMPILE_MODEL,\n"
+        "      config.EFFECTIVE_BATCH, plan.effective_batch)\n")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "KFIT_STEPTIME_MEASURE": "0"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Hyperparams: AUTO mode - CPU: ") and "model=lenet5" in lines[0]
+    assert lines[1].startswith("Compile: Disabled (CPU")
+    _, micro, accum, compile_on, effective, planned = lines[-1].split()
+    assert int(micro) * int(accum) >= 256 and effective == planned == "256"
+    assert f"batch={micro}, grad_acc={accum} (effective=256, target=256)" in lines[0]
+    assert compile_on == "n"  # a .config's 'y'/'n' stays a string
+
+
+def test_apply_hyperparams_takes_the_scripts_values_strictly(make_config):
+    from types import SimpleNamespace
+
+    from lib.errors import ConfigError
+
+    config = SimpleNamespace(TARGET_EFFECTIVE_BATCH=64, HYPER_PARAM_AUTO=True)
+    plan = apply_hyperparams(config, verbose=False, model_type="lenet5", hardware=CPU)
+    assert plan.effective_batch == 64 and config.BATCH_SIZE * config.GRADIENT_ACCUMULATION >= 64
+    assert config.COMPILE_MODEL is False  # a bool where the script had none
+    with pytest.raises(ConfigError, match="TARGET_EFFECTIVE_BATCH"):
+        apply_hyperparams(SimpleNamespace(TARGET_EFFECTIVE_BATCH=-3), verbose=False, model_type="lenet5",
+                          hardware=CPU)
+    with pytest.raises(ConfigError, match="name the model"):
+        apply_hyperparams(SimpleNamespace(), verbose=False, hardware=CPU)

@@ -37,6 +37,7 @@ from ..memory import MemoryPredictor
 
 from .measure import measure_cpu
 from .report import Context, Result, failed, passed
+from ..env import environ
 
 STEPS = 20
 GiB, MiB = 2**30, 2**20
@@ -71,16 +72,16 @@ def run_training(config, plan, hardware):
 
 @contextlib.contextmanager
 def environ(**values: str):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    saved = {k: environ().get(k) for k in values}
+    environ().update(values)
     try:
         yield
     finally:
         for k, v in saved.items():
             if v is None:
-                os.environ.pop(k, None)
+                environ().pop(k, None)
             else:
-                os.environ[k] = v
+                environ()[k] = v
 
 
 # --------------------------------------------------------------------------

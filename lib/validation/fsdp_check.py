@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .memory_check import LABELS, OVER_TOLERANCE, UNDER_TOLERANCE
 from .report import Context, Result, failed, passed
+from ..env import environ
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENCE_STEPS = 5
@@ -126,7 +127,7 @@ def check_fsdp(ctx: Context, predictor=None) -> Result:
     out = ctx.workdir / "fsdp.json"
     request.write_text(json.dumps({"device": ctx.device, "cases": planned,
                                    "equivalence_config": str(config_file("gpt2-tiny"))}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    env = {**environ(), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), environ().get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(key, None)
@@ -249,7 +250,7 @@ def worker(request_path: Path, out: Path) -> None:
 
     request = json.loads(request_path.read_text())
     cuda = request["device"] == "cuda"
-    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
+    device = torch.device(f"cuda:{int(environ()['LOCAL_RANK'])}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")

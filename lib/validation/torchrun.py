@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .report import Context, Result, failed, passed
+from ..env import environ
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP_STEPS = 5
@@ -46,7 +47,7 @@ def judge(report: dict, returncode: int, output: str, seconds: float) -> Result:
 
 def check_torchrun(ctx: Context) -> Result:
     out = ctx.workdir / "torchrun.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    env = {**environ(), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), environ().get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1", "KFIT_VALIDATE_DEVICE": ctx.device}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(key, None)
@@ -70,8 +71,8 @@ def worker(out: Path) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    cuda = os.environ.get("KFIT_VALIDATE_DEVICE") == "cuda"
-    local_rank = int(os.environ["LOCAL_RANK"])
+    cuda = environ().get("KFIT_VALIDATE_DEVICE") == "cuda"
+    local_rank = int(environ()["LOCAL_RANK"])
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)

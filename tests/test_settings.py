@@ -1,0 +1,35 @@
+"""Where kfit reads its surroundings: the command line parses the environment once (lib/cli/invocation.py), and
+lib/env.py is the one settings module the rest of lib/ asks; nothing else in lib/ reads os.environ."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+LIB = Path(__file__).resolve().parent.parent / "lib"
+ALLOWED = {LIB / "env.py"}  # plus everything under lib/cli/
+
+
+def environment_reads(path: Path, root: Path = LIB.parent) -> list[str]:
+    """`os.environ`, `os.getenv`, `os.putenv` and `from os import environ/getenv` in one file, with line numbers."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" \
+                and node.attr in ("environ", "getenv", "putenv", "environb"):
+            found.append(f"{path.relative_to(root)}:{node.lineno} os.{node.attr}")
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and \
+                any(a.name in ("environ", "getenv") for a in node.names):
+            found.append(f"{path.relative_to(root)}:{node.lineno} from os import")
+    return sorted(found, key=lambda f: int(f.split(":")[1].split()[0]))
+
+
+def test_only_the_command_line_and_the_settings_module_read_the_environment():
+    offenders = [read for path in sorted(LIB.rglob("*.py")) if path not in ALLOWED and "cli" not in path.parts
+                 for read in environment_reads(path)]
+    assert offenders == []
+
+
+def test_the_check_finds_a_read(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import os\nA = os.environ.get('X')\nfrom os import getenv\n")
+    assert environment_reads(sample, tmp_path) == ["sample.py:2 os.environ", "sample.py:3 from os import"]
