@@ -88,7 +88,7 @@ def test_a_refused_generated_config_changes_nothing(target, tmp_path, monkeypatc
     def refuse(kconf, source):
         raise ConfigError('CONFIG_LEARNING_RATE="x" is not a number')
 
-    monkeypatch.setattr(generate, "_typed", refuse)
+    monkeypatch.setattr(generate, "typed_config", refuse)
     with pytest.raises(ConfigError, match=rf"{target}: CONFIG_LEARNING_RATE"):
         getattr(kc, target)(out)
     assert unchanged(out, b"# the user's file\n")
@@ -124,7 +124,7 @@ def test_randconfig_redraws_then_refuses_and_changes_nothing(tmp_path, monkeypat
         calls.append(source)
         raise ConfigError("CONFIG_HPO_MIN_RESOURCE=5 must not exceed CONFIG_HPO_MAX_RESOURCE=3")
 
-    monkeypatch.setattr(generate, "_typed", refuse)
+    monkeypatch.setattr(generate, "typed_config", refuse)
     monkeypatch.setattr(generate, "RANDCONFIG_DRAWS", 3)
     with pytest.raises(ConfigError, match=r"KCONFIG_SEED=0x5.*3 draws.*HPO_MIN_RESOURCE"):
         kc.randconfig(5, out)

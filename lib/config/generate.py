@@ -21,9 +21,9 @@ from typing import Callable
 import kconfiglib
 
 from ..errors import ConfigError, KfitError
-from .kconfig import _load_strict, _new_kconfig, _write_atomic
-from .operations import _load_existing, config_path, fragment_file
-from .typed import ONE_OF, Config, _typed
+from .kconfig import load_strict, new_kconfig, write_config
+from .operations import load_existing, config_path, fragment_file
+from .typed import ONE_OF, Config, typed_config
 
 # randconfig redraws (from the same seeded generator, so a seed still names one config) when a draw breaks
 # a rule Kconfig cannot express (typed.py): the kernel's randconfig only ever writes valid configs.
@@ -36,12 +36,12 @@ def _write_checked(kconf: kconfiglib.Kconfig, out: Path, label: str) -> Config:
         draft = Path(tmp) / "config"
         kconf.write_config(str(draft), save_old=False)
         try:
-            checked = _load_strict([draft])
-            config = _typed(checked, str(out))
+            checked = load_strict([draft])
+            config = typed_config(checked, str(out))
         except ConfigError as err:
             message = str(err).replace(str(draft), label)
             raise ConfigError(message if label in message else f"{label}: {message}") from None
-    _write_atomic(checked, out)
+    write_config(checked, out)
     return config
 
 
@@ -51,7 +51,7 @@ def _write_checked(kconf: kconfiglib.Kconfig, out: Path, label: str) -> Config:
 
 def alldefconfig(out: Path | None = None) -> Config:
     """Every symbol at its default (kconfiglib's alldefconfig.py)."""
-    return _write_checked(_new_kconfig(), out or config_path(), "alldefconfig")
+    return _write_checked(new_kconfig(), out or config_path(), "alldefconfig")
 
 
 def _allno_y(kconf: kconfiglib.Kconfig) -> set[str]:
@@ -65,7 +65,7 @@ def _allno_y(kconf: kconfiglib.Kconfig) -> set[str]:
 
 def allnoconfig(out: Path | None = None) -> Config:
     """As many bool symbols n as the Kconfig (and the reader) allow (kconfiglib's allnoconfig.py)."""
-    kconf = _new_kconfig()
+    kconf = new_kconfig()
     keep = _allno_y(kconf)
     kconf.warn = False  # n assigned to int, string and prompt-less symbols is ignored, as intended
     for sym in kconf.unique_defined_syms:
@@ -76,7 +76,7 @@ def allnoconfig(out: Path | None = None) -> Config:
 
 def allyesconfig(out: Path | None = None) -> Config:
     """As many bool symbols y as the Kconfig allows; choices at their defaults (kconfiglib's allyesconfig.py)."""
-    kconf = _new_kconfig()
+    kconf = new_kconfig()
     kconf.warn = False  # see allnoconfig
     for sym in kconf.unique_defined_syms:
         sym.set_value(1 if sym.choice else 2)  # 1 (m) is ignored in y-mode choices: they keep their default
@@ -146,7 +146,7 @@ def randconfig(seed: int, out: Path | None = None) -> Config:
     label = f"randconfig (KCONFIG_SEED=0x{seed:X})"
     last = None
     for _ in range(RANDCONFIG_DRAWS):
-        kconf = _new_kconfig()
+        kconf = new_kconfig()
         _randomize(kconf, rng)
         try:
             return _write_checked(kconf, out or config_path(), label)
@@ -167,8 +167,8 @@ def oldconfig(path: Path | None = None, ask: Callable[[kconfiglib.MenuNode], Non
     is written unless the result is valid.
     """
     path = path or config_path()
-    kconf = _load_existing(path)
-    _typed(kconf, str(path))  # refuse a broken config before asking anything
+    kconf = load_existing(path)
+    typed_config(kconf, str(path))  # refuse a broken config before asking anything
     if ask is not None:
         _ask_new(kconf, ask, str(path))
     return _write_checked(kconf, path, str(path))
@@ -197,7 +197,7 @@ def _ask_until_valid(kconf, node, ask, source: str) -> None:
         if not asked or sym.user_value is None:
             return
         try:
-            _typed(kconf, source)
+            typed_config(kconf, source)
             return
         except ConfigError as err:
             if not re.search(rf"\bCONFIG_{re.escape(sym.name)}\b", str(err)):
@@ -214,6 +214,6 @@ def merge_fragment(name: str, path: Path | None = None, notes: list[str] | None 
     """Merge defconfigs/fragments/<name> (or a file) onto the current config, as the kernel's
     `make kvm_guest.config`: the config and each fragment value must take, or nothing is written."""
     path = path or config_path()
-    _load_existing(path)  # the config itself must be valid (and exist) before anything merges onto it
-    kconf = _load_strict([path, fragment_file(name)], notes)
+    load_existing(path)  # the config itself must be valid (and exist) before anything merges onto it
+    kconf = load_strict([path, fragment_file(name)], notes)
     return _write_checked(kconf, path, str(path))

@@ -1,7 +1,7 @@
 """Strict loading of the Kconfig tree and config files, and atomic writing.
 
 kconfiglib only warns about an unknown symbol, a malformed or out-of-range
-number, or an assignment whose dependencies are unmet; `_load_strict` turns
+number, or an assignment whose dependencies are unmet; `load_strict` turns
 every such case into a ConfigError naming the symbol, the file and the reason.
 """
 
@@ -21,7 +21,7 @@ ROOT = data_root()  # the checkout, or the installed package's copy of the tree 
 KCONFIG = ROOT / "Kconfig"
 
 
-def _new_kconfig() -> kconfiglib.Kconfig:
+def new_kconfig() -> kconfiglib.Kconfig:
     kconf = kconfiglib.Kconfig(str(KCONFIG), warn_to_stderr=False)
     if kconf.warnings:  # a broken Kconfig tree is our bug, not the user's
         raise ConfigError("Kconfig tree has problems:\n  " + "\n  ".join(kconf.warnings))
@@ -77,7 +77,7 @@ def _why_not(sym: kconfiglib.Symbol, requested: str) -> str:
     return f"kconfiglib resolved it to '{sym.str_value}'"
 
 
-def _display(sym: kconfiglib.Symbol, value: str) -> str:
+def assignment_line(sym: kconfiglib.Symbol, value: str) -> str:
     if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE) and value == "n":
         return f"# CONFIG_{sym.name} is not set"
     if sym.orig_type == kconfiglib.STRING:
@@ -85,7 +85,7 @@ def _display(sym: kconfiglib.Symbol, value: str) -> str:
     return f"CONFIG_{sym.name}={value}"
 
 
-def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconfiglib.Kconfig:
+def load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconfiglib.Kconfig:
     """Load files in order (the first replaces, the rest merge) and require every value to take.
 
     Each file's values must take at the point it is merged. A later fragment may
@@ -94,7 +94,7 @@ def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconf
     superseded value is reported in `notes`, as the kernel's merge_config does,
     not refused.
     """
-    kconf = _new_kconfig()
+    kconf = new_kconfig()
     requested: dict[str, tuple[kconfiglib.Symbol, str, Path]] = {}
     errors: list[str] = []
     for i, path in enumerate(files):
@@ -109,19 +109,19 @@ def _load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconf
         for sym in kconf.unique_defined_syms:
             if sym.user_value is not None and (i == 0 or before[sym.name] != sym.user_value):
                 requested[sym.name] = (sym, _user_str(sym), path)
-        errors += [f"{src}: {_display(sym, value)} did not take: {_why_not(sym, value)}"
+        errors += [f"{src}: {assignment_line(sym, value)} did not take: {_why_not(sym, value)}"
                    for sym, value, src in _not_taken(requested.values()) if src == path]
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
     if notes is not None:
-        notes += [f"{src}: {_display(sym, value)} no longer applies after the later fragments "
+        notes += [f"{src}: {assignment_line(sym, value)} no longer applies after the later fragments "
                   f"({_why_not(sym, value)})" for sym, value, src in _not_taken(requested.values())]
     return kconf
 
 
 def _contradictions(path: Path) -> list[str]:
     """Assignments within one file that contradict each other (only the last would silently win)."""
-    kconf = _new_kconfig()
+    kconf = new_kconfig()
     kconf.warn_assign_override = True
     kconf.load_config(str(path))
     found = [w.replace("warning: ", "", 1) for w in kconf.warnings if "set more than once" in w]
@@ -146,14 +146,14 @@ def _not_taken(requests):
 # Writing
 
 
-def _config_text(kconf: kconfiglib.Kconfig) -> str:
+def config_text(kconf: kconfiglib.Kconfig) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config"
         kconf.write_config(str(path), save_old=False)
         return path.read_text()
 
 
-def _write_atomic(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False) -> None:
+def write_config(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False) -> None:
     """Write atomically (lib.fileio.write_atomic: through a symlinked .config, keeping its permissions),
     keeping the previous file as <out>.old like the kernel."""
     if out.exists() and not minimal:

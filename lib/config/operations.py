@@ -1,6 +1,6 @@
 """The operations behind the make targets, and changing values programmatically.
 
-Every operation loads through `_load_strict` and builds the typed Config before
+Every operation loads through `load_strict` and builds the typed Config before
 it writes anything, so nothing reaches disk unless the whole result is valid.
 """
 
@@ -15,8 +15,8 @@ from typing import Callable, Mapping, Sequence
 import kconfiglib
 
 from ..errors import ConfigError
-from .kconfig import ROOT, _display, _load_strict, _new_kconfig, _write_atomic, require_config_file
-from .typed import Config, _typed
+from .kconfig import ROOT, assignment_line, load_strict, new_kconfig, require_config_file, write_config
+from .typed import Config, typed_config
 
 DEFCONFIG_DIR = ROOT / "defconfigs"
 FRAGMENT_DIR = DEFCONFIG_DIR / "fragments"
@@ -32,17 +32,17 @@ def config_path() -> Path:
     return path
 
 
-def _load_existing(path: Path) -> kconfiglib.Kconfig:
+def load_existing(path: Path) -> kconfiglib.Kconfig:
     if not path.exists():
         raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' or 'make menuconfig' first "
                           "(see 'make help' for the defconfigs)")
-    return _load_strict([path])
+    return load_strict([path])
 
 
 def read_config(path: Path | str | None = None) -> Config:
     """Read and validate a .config (or any config file) into a Config. Changes nothing on disk."""
     path = Path(path) if path is not None else config_path()
-    return _typed(_load_existing(path), str(path))
+    return typed_config(load_existing(path), str(path))
 
 
 def defconfig_names() -> list[str]:
@@ -79,39 +79,39 @@ def make_defconfig(name: str, fragments: Sequence[str] = (), out: Path | None = 
     """
     out = out or config_path()
     files = [defconfig_file(name)] + [fragment_file(f) for f in fragments]
-    kconf = _load_strict(files, notes)
-    config = _typed(kconf, str(out))
-    _write_atomic(kconf, out)
+    kconf = load_strict(files, notes)
+    config = typed_config(kconf, str(out))
+    write_config(kconf, out)
     return config
 
 
 def defconfig_config(name: str) -> Config:
     """The Config a defconfig would write, built in memory (its source is the defconfig file). Writes nothing."""
     path = defconfig_file(name)
-    return _typed(_load_strict([path]), str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path))
+    return typed_config(load_strict([path]), str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path))
 
 
 def olddefconfig(path: Path | None = None) -> Config:
     """Validate the existing .config and rewrite it with defaults for new symbols."""
     path = path or config_path()
-    kconf = _load_existing(path)
-    config = _typed(kconf, str(path))  # typed checks (numbers in strings) before anything is written
-    _write_atomic(kconf, path)
+    kconf = load_existing(path)
+    config = typed_config(kconf, str(path))  # typed checks (numbers in strings) before anything is written
+    write_config(kconf, path)
     return config
 
 
 def savedefconfig(path: Path | None = None, out: Path = Path("defconfig")) -> Path:
     """Write the minimal config that reproduces the current one (as the kernel's savedefconfig)."""
     path = path or config_path()
-    kconf = _load_existing(path)
-    _typed(kconf, str(path))
-    _write_atomic(kconf, out, minimal=True)
+    kconf = load_existing(path)
+    typed_config(kconf, str(path))
+    write_config(kconf, out, minimal=True)
     return out
 
 
 def minimal_config_text(path: Path) -> str:
     """What savedefconfig would write for a config file."""
-    kconf = _load_strict([path])
+    kconf = load_strict([path])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "defconfig"
         kconf.write_min_config(str(out))
@@ -120,13 +120,13 @@ def minimal_config_text(path: Path) -> str:
 
 def listnewconfig(path: Path | None = None) -> list[str]:
     """Visible symbols the config does not set yet, as 'CONFIG_X=default' lines (as the kernel prints)."""
-    kconf = _load_existing(path or config_path())
+    kconf = load_existing(path or config_path())
     new = []
     for sym in kconf.unique_defined_syms:
         if sym.user_value is None and sym.visibility and any(n.prompt for n in sym.nodes):
             if sym.choice is not None and sym.choice.user_selection is not None:
                 continue  # the choice was answered by another member
-            new.append(_display(sym, sym.str_value))
+            new.append(assignment_line(sym, sym.str_value))
     return new
 
 
@@ -136,7 +136,7 @@ def listnewconfig(path: Path | None = None) -> list[str]:
 
 def _assignment_lines(assignments: Mapping[str, object]) -> str:
     """.config lines for {symbol: value}; names may carry the CONFIG_ prefix, values are Python or text."""
-    kconf = _new_kconfig()
+    kconf = new_kconfig()
     lines = []
     for name, value in assignments.items():
         name = name.removeprefix("CONFIG_")
@@ -150,7 +150,7 @@ def _assignment_lines(assignments: Mapping[str, object]) -> str:
         text = str(value)
         if sym.orig_type == kconfiglib.STRING:
             text = text.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(_display(sym, text))
+        lines.append(assignment_line(sym, text))
     return "\n".join(lines) + "\n"
 
 
@@ -161,10 +161,10 @@ def _merged(base_text: str, assignments: Mapping[str, object], source: str,
         base.write_text(base_text)
         change.write_text(_assignment_lines(assignments))
         try:
-            kconf = _load_strict([base, change], notes)
+            kconf = load_strict([base, change], notes)
         except ConfigError as err:  # name the user's file and "the requested change", not temp paths
             raise ConfigError(str(err).replace(str(change), "requested change").replace(str(base), source)) from None
-        return kconf, _typed(kconf, source)
+        return kconf, typed_config(kconf, source)
 
 
 def derive(config: Config, assignments: Mapping[str, object]) -> Config:
@@ -186,7 +186,7 @@ def apply_assignments(path: Path, assignments: Mapping[str, object], notes: list
         raise ConfigError(f"{path}: no such file: run 'make <name>-defconfig' first")
     require_config_file(path)
     kconf, config = _merged(path.read_text(), assignments, str(path), notes)
-    _write_atomic(kconf, path)
+    write_config(kconf, path)
     return config
 
 
@@ -233,11 +233,11 @@ def edit_config(path: Path, edit: Callable[[Path], None], notes: list[str] | Non
     if not copy.is_file():
         return None
     try:
-        kconf = _load_existing(copy)
-        config = _typed(kconf, str(path))
+        kconf = load_existing(copy)
+        config = typed_config(kconf, str(path))
     except ConfigError as err:
         raise ConfigError(f"{err}\n{path} is unchanged; the edited copy is kept in {copy}: run "
                           f"'make menuconfig' again to fix it there, or delete it to start from {path}") from None
-    _write_atomic(kconf, path)
+    write_config(kconf, path)
     copy.unlink()
     return config

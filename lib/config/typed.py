@@ -16,7 +16,7 @@ from typing import Mapping
 import kconfiglib
 
 from ..errors import ConfigError
-from .kconfig import _config_text
+from .kconfig import config_text
 
 
 @dataclass(frozen=True)
@@ -312,7 +312,7 @@ def _adaptation(kconf) -> dict:
     return a
 
 
-def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
+def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = _str(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
         raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
@@ -393,6 +393,6 @@ def _typed(kconf: kconfiglib.Kconfig, source: str) -> Config:
         **_adaptation(kconf),
         **_checkpoint_control(kconf),
         source=source,
-        text=_config_text(kconf),
+        text=config_text(kconf),
         symbols={s.name: s.str_value for s in kconf.unique_defined_syms},
     )
