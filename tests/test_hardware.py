@@ -14,7 +14,7 @@ from lib import hardware
 from lib.errors import HardwareError, KfitError
 from lib.hardware import CPUInfo, GPUInfo, HardwareProfile, catalog, gib
 from lib.hardware.detection import _detect, _query_torch_gpus, _rocm_bf16
-from lib.hardware.nvml import _query_nvml
+from lib.hardware.nvml import query_nvml
 
 GiB = 2**30
 MiB = 2**20
@@ -720,8 +720,8 @@ def test_no_nvml_is_a_silent_cpu_profile(err, recwarn):
 def test_real_pynvml_on_this_machine_is_silent():
     import pynvml
 
-    assert _query_nvml(pynvml) is None
-    assert _query_nvml(None) is None
+    assert query_nvml(pynvml) is None
+    assert query_nvml(None) is None
 
 
 def test_free_memory_from_nvml_by_uuid_without_a_cuda_context():

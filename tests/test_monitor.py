@@ -157,7 +157,7 @@ def test_throttling_from_nvml_gives_exactly_one_warning(tmp_path, monkeypatch):
     h100 = hardware.resolve_hardware(gpu="h100")
     nvml = fake_pynvml([("NVIDIA H100 80GB HBM3", 80 * 2**30, 70 * 2**30)],
                        telemetry=dict(util=99, temp=91, power_mw=700_000, reasons=0x20 | 0x40))
-    monkeypatch.setattr("lib.hardware.telemetry._load_pynvml", lambda: nvml)
+    monkeypatch.setattr("lib.hardware.telemetry.load_pynvml", lambda: nvml)
     lines = []
     m = monitor(tmp_path, h100, lines, device=torch.device("cuda", 0), interval_s=0.001).start()
     _wait_for(lambda: nvml.calls.count("reasons") >= 5)  # throttled at every reading
@@ -174,7 +174,7 @@ def test_throttling_from_nvml_gives_exactly_one_warning(tmp_path, monkeypatch):
 
 
 def test_without_nvml_telemetry_is_off_with_one_note(tmp_path, monkeypatch):
-    monkeypatch.setattr("lib.hardware.telemetry._load_pynvml", lambda: None)
+    monkeypatch.setattr("lib.hardware.telemetry.load_pynvml", lambda: None)
     lines = []
     with monitor(tmp_path, hardware.resolve_hardware(gpu="h100"), lines, device=torch.device("cuda", 0)) as m:
         run_steps(m, 10)

@@ -18,10 +18,10 @@ import re
 import warnings
 from typing import Any
 
-from .host import _disk_free, detect_cpu, on_battery
-from .nvml import _load_pynvml, _nvml_free, _NvmlReport, _query_nvml, _uuid_key
+from .host import detect_cpu, disk_free, on_battery
+from .nvml import NvmlReport, load_pynvml, nvml_free, query_nvml, uuid_key
 from .profile import GiB, CPUInfo, GPUInfo, HardwareProfile, gib
-from .runtime import _safe_call
+from .runtime import safe_call
 
 
 def _rocm_bf16(arch: str) -> bool:
@@ -38,7 +38,7 @@ def _rocm_bf16(arch: str) -> bool:
 
 
 def _query_torch_gpus(
-    torch_mod: Any, *, nvml: _NvmlReport | None = None, cpu: CPUInfo | None = None
+    torch_mod: Any, *, nvml: NvmlReport | None = None, cpu: CPUInfo | None = None
 ) -> tuple[tuple[GPUInfo, ...], tuple[str, ...]]:
     """The GPUs this torch can train on, and notes about devices it had to skip.
 
@@ -51,9 +51,9 @@ def _query_torch_gpus(
     version = getattr(torch_mod, "version", None)
     hip = getattr(version, "hip", None)
     notes: list[str] = []
-    if cuda is not None and _safe_call(getattr(cuda, "is_available", None), default=False):
-        count = int(_safe_call(getattr(cuda, "device_count", None), default=0) or 0)
-        nvml_by_uuid = {_uuid_key(d.uuid): d for d in (nvml.devices if nvml else ()) if d.uuid}
+    if cuda is not None and safe_call(getattr(cuda, "is_available", None), default=False):
+        count = int(safe_call(getattr(cuda, "device_count", None), default=0) or 0)
+        nvml_by_uuid = {uuid_key(d.uuid): d for d in (nvml.devices if nvml else ()) if d.uuid}
         gpus: list[GPUInfo] = []
         for i in range(count):
             try:
@@ -66,7 +66,7 @@ def _query_torch_gpus(
                     "run nvidia-smi (or rocm-smi) to check it, or hide it with CUDA_VISIBLE_DEVICES"
                 )
                 continue
-            free = None if hip else _nvml_free(nvml, nvml_by_uuid, props, i, count)
+            free = None if hip else nvml_free(nvml, nvml_by_uuid, props, i, count)
             if free is None:
                 # Only without NVML: mem_get_info creates a CUDA context (~0.5 GiB) on
                 # GPU i that lives as long as the process, once per rank under torchrun.
@@ -117,11 +117,11 @@ def _query_torch_gpus(
 
     backends = getattr(torch_mod, "backends", None)
     mps = getattr(backends, "mps", None)
-    if mps is not None and _safe_call(getattr(mps, "is_available", None), default=False):
+    if mps is not None and safe_call(getattr(mps, "is_available", None), default=False):
         cpu = cpu or detect_cpu()
         total = cpu.ram_total_bytes  # unified memory
         free = cpu.ram_available_bytes
-        recommended = _safe_call(getattr(getattr(torch_mod, "mps", None), "recommended_max_memory", None))
+        recommended = safe_call(getattr(getattr(torch_mod, "mps", None), "recommended_max_memory", None))
         if isinstance(recommended, int) and not isinstance(recommended, bool) and recommended > 0:
             # Metal's recommended working set; the RAM other programs use is not
             # in it, so take whichever is smaller.
@@ -148,7 +148,7 @@ def _parse_version(v: str | None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _unusable_gpu_note(torch_mod: Any, nvml: _NvmlReport | None) -> str | None:
+def _unusable_gpu_note(torch_mod: Any, nvml: NvmlReport | None) -> str | None:
     """Why NVML sees NVIDIA GPUs that this torch cannot use, and the fix."""
     if nvml is None:
         return None
@@ -211,7 +211,7 @@ def _gpu_notes(gpus: tuple[GPUInfo, ...]) -> list[str]:
     return notes
 
 
-def _torch_versions(torch_mod: Any) -> tuple[str, str | None, str | None]:
+def torch_versions(torch_mod: Any) -> tuple[str, str | None, str | None]:
     version = getattr(torch_mod, "version", None)
     cuda = getattr(version, "cuda", None)
     hip = getattr(version, "hip", None)
@@ -221,7 +221,7 @@ def _torch_versions(torch_mod: Any) -> tuple[str, str | None, str | None]:
 def _detect(torch_mod: Any, pynvml_mod: Any, disk_path: str = ".") -> HardwareProfile:
     """detect() with the modules passed in, so tests can hand over fakes."""
     cpu = detect_cpu()
-    nvml = _query_nvml(pynvml_mod)
+    nvml = query_nvml(pynvml_mod)
     # torch reports some GPU trouble only as a warning (e.g. "NVIDIA B200 with
     # CUDA capability sm_100 is not compatible with the current PyTorch
     # installation"); turn those into notes instead of printing them, and drop
@@ -241,11 +241,11 @@ def _detect(torch_mod: Any, pynvml_mod: Any, disk_path: str = ".") -> HardwarePr
             if text not in all_notes:
                 all_notes.append(text)
     all_notes.extend(_gpu_notes(gpus))
-    torch_version, cuda_version, hip_version = _torch_versions(torch_mod)
+    torch_version, cuda_version, hip_version = torch_versions(torch_mod)
     return HardwareProfile(
         gpus=gpus,
         cpu=cpu,
-        disk_free_bytes=_disk_free(disk_path),
+        disk_free_bytes=disk_free(disk_path),
         on_battery=on_battery(),
         torch_version=torch_version,
         cuda_version=cuda_version,
@@ -265,4 +265,4 @@ def detect(disk_path: str = ".") -> HardwareProfile:
     """
     import torch
 
-    return _detect(torch, _load_pynvml(), disk_path)
+    return _detect(torch, load_pynvml(), disk_path)

@@ -227,7 +227,7 @@ def detect_cpu() -> CPUInfo:
     )
 
 
-def _disk_free(path: str) -> int:
+def disk_free(path: str) -> int:
     """Free bytes on the filesystem holding path (or its nearest existing parent,
     so a run directory that does not exist yet still works)."""
     import psutil

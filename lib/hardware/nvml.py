@@ -9,7 +9,7 @@ from typing import Any
 from . import catalog
 
 
-def _load_pynvml() -> Any:
+def load_pynvml() -> Any:
     try:
         import pynvml
     except Exception:  # noqa: BLE001 - not installed or broken: no NVML
@@ -26,7 +26,7 @@ class _NvmlDevice:
 
 
 @dataclass(frozen=True)
-class _NvmlReport:
+class NvmlReport:
     devices: tuple[_NvmlDevice, ...]
     driver_cuda: tuple[int, int] | None  # highest CUDA version the driver supports
     problem: str | None = None  # NVML loaded but says the GPUs are unusable
@@ -36,7 +36,7 @@ def _text(v: Any) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _query_nvml(pynvml_mod: Any) -> _NvmlReport | None:
+def query_nvml(pynvml_mod: Any) -> NvmlReport | None:
     """What NVML sees, or None when there is no usable NVML (no library, no
     driver, no module): that is the normal state of a machine without NVIDIA
     GPUs and is not worth a word.  Never raises."""
@@ -50,7 +50,7 @@ def _query_nvml(pynvml_mod: Any) -> _NvmlReport | None:
         if mismatch is not None and isinstance(e, mismatch):
             # The kernel module and the user-space driver differ: GPUs exist but
             # nothing can use them until the new driver is loaded.
-            return _NvmlReport(
+            return NvmlReport(
                 devices=(),
                 driver_cuda=None,
                 problem="the NVIDIA kernel driver and its user-space library have different versions "
@@ -88,7 +88,7 @@ def _query_nvml(pynvml_mod: Any) -> _NvmlReport | None:
             driver_cuda = (v // 1000, (v % 1000) // 10)
         except (nvml_error, AttributeError, TypeError, ValueError):
             pass
-        return _NvmlReport(devices=tuple(devices), driver_cuda=driver_cuda)
+        return NvmlReport(devices=tuple(devices), driver_cuda=driver_cuda)
     except Exception:
         return None
     finally:
@@ -98,19 +98,19 @@ def _query_nvml(pynvml_mod: Any) -> _NvmlReport | None:
             pass
 
 
-def _uuid_key(u: str | None) -> str | None:
+def uuid_key(u: str | None) -> str | None:
     if not u:
         return None
     u = u.strip().lower()
     return u[4:] if u.startswith("gpu-") else u
 
 
-def _nvml_free(nvml: _NvmlReport | None, by_uuid: dict, props: Any, i: int, count: int) -> int | None:
+def nvml_free(nvml: NvmlReport | None, by_uuid: dict, props: Any, i: int, count: int) -> int | None:
     """Free bytes of torch's GPU i as NVML reports it, less the context training
     will create (catalog.CONTEXT_RESERVE_BYTES), so an idle card reads like
     its catalog entry.  Matched by UUID (torch and NVML may order GPUs
     differently), else by position when the counts agree; None without a match."""
-    match = by_uuid.get(_uuid_key(str(getattr(props, "uuid", "") or "")))
+    match = by_uuid.get(uuid_key(str(getattr(props, "uuid", "") or "")))
     if match is None and nvml and len(nvml.devices) == count:
         match = nvml.devices[i]
     if match is None or match.free_bytes is None:

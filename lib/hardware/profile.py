@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import HardwareError
 
-from .strict import _bad, _bool, _check_keys, _describe, _int, _list, _number, _str
+from .strict import bad_key, check_keys, describe_value, read_bool, read_int, read_list, read_number, read_str
 
 GiB = 2**30
 VENDORS = ("nvidia", "amd", "apple")
@@ -144,21 +144,21 @@ _PROFILE_FIELDS = tuple(f.name for f in dataclasses.fields(HardwareProfile))
 
 
 def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
-    _check_keys(origin, where, d, _GPU_FIELDS)
+    check_keys(origin, where, d, _GPU_FIELDS)
     k = lambda name: f"{where}.{name}"  # noqa: E731
-    index = _int(origin, k("index"), d["index"])
+    index = read_int(origin, k("index"), d["index"])
     if index != position:
-        raise _bad(origin, k("index"), f"must be {position} (GPUs are listed in torch device order), got {index}")
-    vendor = _str(origin, k("vendor"), d["vendor"])
+        raise bad_key(origin, k("index"), f"must be {position} (GPUs are listed in torch device order), got {index}")
+    vendor = read_str(origin, k("vendor"), d["vendor"])
     if vendor not in VENDORS:
-        raise _bad(origin, k("vendor"), f"must be one of {', '.join(VENDORS)}, got {vendor!r}")
-    backend = _str(origin, k("backend"), d["backend"])
+        raise bad_key(origin, k("vendor"), f"must be one of {', '.join(VENDORS)}, got {vendor!r}")
+    backend = read_str(origin, k("backend"), d["backend"])
     if backend != _BACKEND_OF_VENDOR[vendor]:
-        raise _bad(origin, k("backend"), f"must be {_BACKEND_OF_VENDOR[vendor]!r} for vendor {vendor!r}, got {backend!r}")
-    total = _int(origin, k("total_bytes"), d["total_bytes"], minimum=1)
-    free = _int(origin, k("free_bytes"), d["free_bytes"])
+        raise bad_key(origin, k("backend"), f"must be {_BACKEND_OF_VENDOR[vendor]!r} for vendor {vendor!r}, got {backend!r}")
+    total = read_int(origin, k("total_bytes"), d["total_bytes"], minimum=1)
+    free = read_int(origin, k("free_bytes"), d["free_bytes"])
     if free > total:
-        raise _bad(origin, k("free_bytes"), f"({free}) must not exceed total_bytes ({total})")
+        raise bad_key(origin, k("free_bytes"), f"({free}) must not exceed total_bytes ({total})")
     cc_raw = d["compute_capability"]
     cc: tuple[int, int] | None
     if cc_raw is None:
@@ -169,43 +169,43 @@ def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
             or len(cc_raw) != 2
             or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in cc_raw)
         ):
-            raise _bad(origin, k("compute_capability"), f"must be [major, minor] or null, got {_describe(cc_raw)}")
+            raise bad_key(origin, k("compute_capability"), f"must be [major, minor] or null, got {describe_value(cc_raw)}")
         cc = (cc_raw[0], cc_raw[1])
     if vendor == "nvidia" and cc is None:
-        raise _bad(origin, k("compute_capability"), "must be [major, minor] for an NVIDIA GPU (e.g. [9, 0] for an H100)")
+        raise bad_key(origin, k("compute_capability"), "must be [major, minor] for an NVIDIA GPU (e.g. [9, 0] for an H100)")
     if vendor != "nvidia" and cc is not None:
-        raise _bad(origin, k("compute_capability"), f"must be null for vendor {vendor!r} (it is an NVIDIA notion)")
-    bf16 = _bool(origin, k("supports_bf16"), d["supports_bf16"])
-    tf32 = _bool(origin, k("supports_tf32"), d["supports_tf32"])
+        raise bad_key(origin, k("compute_capability"), f"must be null for vendor {vendor!r} (it is an NVIDIA notion)")
+    bf16 = read_bool(origin, k("supports_bf16"), d["supports_bf16"])
+    tf32 = read_bool(origin, k("supports_tf32"), d["supports_tf32"])
     if tf32 and (cc is None or cc < (8, 0)):
-        raise _bad(origin, k("supports_tf32"), "can only be true for an NVIDIA GPU with compute capability >= 8.0")
+        raise bad_key(origin, k("supports_tf32"), "can only be true for an NVIDIA GPU with compute capability >= 8.0")
     return GPUInfo(
         index=index,
-        name=_str(origin, k("name"), d["name"]),
+        name=read_str(origin, k("name"), d["name"]),
         vendor=vendor,
         backend=backend,
         total_bytes=total,
         free_bytes=free,
         compute_capability=cc,
-        arch=_str(origin, k("arch"), d["arch"]),
+        arch=read_str(origin, k("arch"), d["arch"]),
         supports_bf16=bf16,
         supports_tf32=tf32,
     )
 
 
 def _cpu_from_dict(origin: str, d: Any) -> CPUInfo:
-    _check_keys(origin, "cpu", d, _CPU_FIELDS, optional=("idle_cores",))
-    ram_total = _int(origin, "cpu.ram_total_bytes", d["ram_total_bytes"], minimum=1)
-    ram_avail = _int(origin, "cpu.ram_available_bytes", d["ram_available_bytes"])
+    check_keys(origin, "cpu", d, _CPU_FIELDS, optional=("idle_cores",))
+    ram_total = read_int(origin, "cpu.ram_total_bytes", d["ram_total_bytes"], minimum=1)
+    ram_avail = read_int(origin, "cpu.ram_available_bytes", d["ram_available_bytes"])
     if ram_avail > ram_total:
-        raise _bad(origin, "cpu.ram_available_bytes", f"({ram_avail}) must not exceed ram_total_bytes ({ram_total})")
+        raise bad_key(origin, "cpu.ram_available_bytes", f"({ram_avail}) must not exceed ram_total_bytes ({ram_total})")
     return CPUInfo(
-        name=_str(origin, "cpu.name", d["name"]),
-        physical_cores=_int(origin, "cpu.physical_cores", d["physical_cores"], minimum=1),
-        logical_cores=_int(origin, "cpu.logical_cores", d["logical_cores"], minimum=1),
+        name=read_str(origin, "cpu.name", d["name"]),
+        physical_cores=read_int(origin, "cpu.physical_cores", d["physical_cores"], minimum=1),
+        logical_cores=read_int(origin, "cpu.logical_cores", d["logical_cores"], minimum=1),
         ram_total_bytes=ram_total,
         ram_available_bytes=ram_avail,
-        idle_cores=_number(origin, "cpu.idle_cores", d.get("idle_cores"), optional=True),
+        idle_cores=read_number(origin, "cpu.idle_cores", d.get("idle_cores"), optional=True),
     )
 
 
@@ -215,27 +215,27 @@ DETAILS_KEY = "details"
 
 
 def _profile_from_dict(d: Any, *, origin: str) -> HardwareProfile:
-    _check_keys(origin, "", d, _PROFILE_FIELDS + (DETAILS_KEY,), optional=(DETAILS_KEY,))
+    check_keys(origin, "", d, _PROFILE_FIELDS + (DETAILS_KEY,), optional=(DETAILS_KEY,))
     if d.get(DETAILS_KEY) is not None and not isinstance(d[DETAILS_KEY], dict):
-        raise _bad(origin, DETAILS_KEY, "must be a JSON object or null (what check-hardware measured)")
+        raise bad_key(origin, DETAILS_KEY, "must be a JSON object or null (what check-hardware measured)")
     gpus = tuple(
-        _gpu_from_dict(origin, f"gpus[{i}]", g, i) for i, g in enumerate(_list(origin, "gpus", d["gpus"]))
+        _gpu_from_dict(origin, f"gpus[{i}]", g, i) for i, g in enumerate(read_list(origin, "gpus", d["gpus"]))
     )
     backends = {g.backend for g in gpus}
     if len(backends) > 1:
-        raise _bad(origin, "gpus", f"mixes backends ({', '.join(sorted(backends))}); one torch build drives one backend")
+        raise bad_key(origin, "gpus", f"mixes backends ({', '.join(sorted(backends))}); one torch build drives one backend")
     notes = []
-    for i, n in enumerate(_list(origin, "notes", d["notes"])):
-        notes.append(_str(origin, f"notes[{i}]", n))
+    for i, n in enumerate(read_list(origin, "notes", d["notes"])):
+        notes.append(read_str(origin, f"notes[{i}]", n))
     return HardwareProfile(
         gpus=gpus,
         cpu=_cpu_from_dict(origin, d["cpu"]),
-        disk_free_bytes=_int(origin, "disk_free_bytes", d["disk_free_bytes"]),
-        on_battery=_bool(origin, "on_battery", d["on_battery"], optional=True),
-        torch_version=_str(origin, "torch_version", d["torch_version"]),
-        cuda_version=_str(origin, "cuda_version", d["cuda_version"], optional=True),
-        hip_version=_str(origin, "hip_version", d["hip_version"], optional=True),
-        source=_str(origin, "source", d["source"]),
+        disk_free_bytes=read_int(origin, "disk_free_bytes", d["disk_free_bytes"]),
+        on_battery=read_bool(origin, "on_battery", d["on_battery"], optional=True),
+        torch_version=read_str(origin, "torch_version", d["torch_version"]),
+        cuda_version=read_str(origin, "cuda_version", d["cuda_version"], optional=True),
+        hip_version=read_str(origin, "hip_version", d["hip_version"], optional=True),
+        source=read_str(origin, "source", d["source"]),
         notes=tuple(notes),
     )
 

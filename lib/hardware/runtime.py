@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 
-def _safe_call(fn: Any, default: Any = None) -> Any:
+def safe_call(fn: Any, default: Any = None) -> Any:
     if fn is None:
         return default
     try:
@@ -96,7 +96,7 @@ def gpu_unusable_reason(index: int = 0, *, torch_mod: Any = None) -> str | None:
     if torch_mod is None:
         import torch as torch_mod
     cuda = torch_mod.cuda
-    if not _safe_call(cuda.is_available, default=False) or not _safe_call(cuda.device_count, default=0):
+    if not safe_call(cuda.is_available, default=False) or not safe_call(cuda.device_count, default=0):
         return None
     try:
         torch_mod.ones(1, device=f"cuda:{index}").add_(1)

@@ -16,8 +16,8 @@ from typing import Any
 from ..errors import HardwareError
 
 from . import catalog
-from .detection import _torch_versions, detect
-from .host import _disk_free, detect_cpu, on_battery
+from .detection import detect, torch_versions
+from .host import detect_cpu, disk_free, on_battery
 from .profile import GiB, CPUInfo, GPUInfo, HardwareProfile, gib, load_profile
 
 
@@ -36,7 +36,7 @@ def _gpu_count(value: Any) -> int:
 def _this_torch() -> tuple[str, str | None, str | None]:
     import torch
 
-    return _torch_versions(torch)
+    return torch_versions(torch)
 
 
 def from_catalog(
@@ -85,7 +85,7 @@ def from_catalog(
     return HardwareProfile(
         gpus=tuple(dataclasses.replace(gpu, index=i) for i in range(count)),
         cpu=cpu if cpu is not None else detect_cpu(),
-        disk_free_bytes=_disk_free(disk_path),
+        disk_free_bytes=disk_free(disk_path),
         on_battery=None,
         torch_version=torch_version,
         cuda_version=cuda_version,
@@ -102,7 +102,7 @@ def _cpu_only(disk_path: str) -> HardwareProfile:
     return HardwareProfile(
         gpus=(),
         cpu=detect_cpu(),
-        disk_free_bytes=_disk_free(disk_path),
+        disk_free_bytes=disk_free(disk_path),
         on_battery=on_battery(),
         torch_version=torch_version,
         cuda_version=cuda_version,

@@ -11,22 +11,22 @@ from ..errors import HardwareError
 _FIX = "fix the value, or regenerate the file with 'make check-hardware FORMAT=json > FILE'"
 
 
-def _bad(origin: str, key: str, problem: str) -> HardwareError:
+def bad_key(origin: str, key: str, problem: str) -> HardwareError:
     return HardwareError(f"{origin}: key '{key}' {problem}; {_FIX}.")
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
     text = repr(value)
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{type(value).__name__} {text}"
 
 
-def _check_keys(origin: str, where: str, d: Any, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+def check_keys(origin: str, where: str, d: Any, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
     """d is an object with every key of `fields` (those in `optional` may be left out) and no other."""
     if not isinstance(d, dict):
         label = f"'{where}'" if where else "the top level"
-        raise HardwareError(f"{origin}: {label} must be a JSON object, got {_describe(d)}; {_FIX}.")
+        raise HardwareError(f"{origin}: {label} must be a JSON object, got {describe_value(d)}; {_FIX}.")
     prefix = f"{where}." if where else ""
     missing = [k for k in fields if k not in d and k not in optional]
     if missing:
@@ -44,42 +44,42 @@ def _check_keys(origin: str, where: str, d: Any, fields: tuple[str, ...], option
         )
 
 
-def _int(origin: str, key: str, v: Any, *, minimum: int = 0) -> int:
+def read_int(origin: str, key: str, v: Any, *, minimum: int = 0) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(origin, key, f"must be an integer, got {_describe(v)}")
+        raise bad_key(origin, key, f"must be an integer, got {describe_value(v)}")
     if v < minimum:
-        raise _bad(origin, key, f"must be >= {minimum}, got {v}")
+        raise bad_key(origin, key, f"must be >= {minimum}, got {v}")
     return v
 
 
-def _str(origin: str, key: str, v: Any, *, optional: bool = False) -> str | None:
+def read_str(origin: str, key: str, v: Any, *, optional: bool = False) -> str | None:
     if v is None and optional:
         return None
     if not isinstance(v, str):
         want = "a string or null" if optional else "a string"
-        raise _bad(origin, key, f"must be {want}, got {_describe(v)}")
+        raise bad_key(origin, key, f"must be {want}, got {describe_value(v)}")
     return v
 
 
-def _bool(origin: str, key: str, v: Any, *, optional: bool = False) -> bool | None:
+def read_bool(origin: str, key: str, v: Any, *, optional: bool = False) -> bool | None:
     if v is None and optional:
         return None
     if not isinstance(v, bool):
         want = "true, false or null" if optional else "true or false"
-        raise _bad(origin, key, f"must be {want}, got {_describe(v)}")
+        raise bad_key(origin, key, f"must be {want}, got {describe_value(v)}")
     return v
 
 
-def _number(origin: str, key: str, v: Any, *, optional: bool = False) -> float | None:
+def read_number(origin: str, key: str, v: Any, *, optional: bool = False) -> float | None:
     if v is None and optional:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
         want = "a number >= 0 or null" if optional else "a number >= 0"
-        raise _bad(origin, key, f"must be {want}, got {_describe(v)}")
+        raise bad_key(origin, key, f"must be {want}, got {describe_value(v)}")
     return float(v)
 
 
-def _list(origin: str, key: str, v: Any) -> list:
+def read_list(origin: str, key: str, v: Any) -> list:
     if not isinstance(v, (list, tuple)):
-        raise _bad(origin, key, f"must be a list, got {_describe(v)}")
+        raise bad_key(origin, key, f"must be a list, got {describe_value(v)}")
     return list(v)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .nvml import _load_pynvml
-from .runtime import _safe_call
+from .nvml import load_pynvml
+from .runtime import safe_call
 
 # Clock-event (formerly "throttle") reason bits, from nvml.h; the others (idle,
 # application clocks, sync boost, display) are not a problem worth a warning.
@@ -34,7 +34,7 @@ class GpuTelemetry:
     def open(cls, index: int = 0, *, pynvml_mod: Any = None, torch_mod: Any = None) -> GpuTelemetry | None:
         """Telemetry of torch's CUDA device ``index``, or None when NVML is not
         available (no driver, no nvidia-ml-py, not an NVIDIA GPU)."""
-        nvml = pynvml_mod if pynvml_mod is not None else _load_pynvml()
+        nvml = pynvml_mod if pynvml_mod is not None else load_pynvml()
         if nvml is None:
             return None
         try:
@@ -44,7 +44,7 @@ class GpuTelemetry:
         try:
             return cls(nvml, cls._handle(nvml, index, torch_mod), index)
         except Exception:  # noqa: BLE001
-            _safe_call(nvml.nvmlShutdown)
+            safe_call(nvml.nvmlShutdown)
             return None
 
     @staticmethod
@@ -53,7 +53,7 @@ class GpuTelemetry:
         # numbers all of them by PCI bus: the UUID names the same card in both.
         if torch_mod is None:
             import torch as torch_mod
-        uuid = _safe_call(lambda: str(torch_mod.cuda.get_device_properties(index).uuid))
+        uuid = safe_call(lambda: str(torch_mod.cuda.get_device_properties(index).uuid))
         if uuid:
             try:
                 return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
@@ -66,25 +66,25 @@ class GpuTelemetry:
         gpu_util_pct, temp_c, power_w, gpu_mem_used_bytes, throttle (list of names),
         sm_clock_mhz, mem_clock_mhz, sm_clock_max_mhz."""
         n, h, out = self._nvml, self._handle, {}
-        util = _safe_call(lambda: n.nvmlDeviceGetUtilizationRates(h))
+        util = safe_call(lambda: n.nvmlDeviceGetUtilizationRates(h))
         if util is not None:
             out["gpu_util_pct"] = int(util.gpu)
-        temp = _safe_call(lambda: n.nvmlDeviceGetTemperature(h, getattr(n, "NVML_TEMPERATURE_GPU", 0)))
+        temp = safe_call(lambda: n.nvmlDeviceGetTemperature(h, getattr(n, "NVML_TEMPERATURE_GPU", 0)))
         if temp is not None:
             out["temp_c"] = int(temp)
-        power = _safe_call(lambda: n.nvmlDeviceGetPowerUsage(h))
+        power = safe_call(lambda: n.nvmlDeviceGetPowerUsage(h))
         if power is not None:
             out["power_w"] = round(power / 1000, 1)  # NVML reports milliwatts
-        mem = _safe_call(lambda: n.nvmlDeviceGetMemoryInfo(h))
+        mem = safe_call(lambda: n.nvmlDeviceGetMemoryInfo(h))
         if mem is not None:
             out["gpu_mem_used_bytes"] = int(mem.used)  # every process, contexts included
         for key, clock, query in (("sm_clock_mhz", "NVML_CLOCK_SM", "nvmlDeviceGetClockInfo"),
                                   ("mem_clock_mhz", "NVML_CLOCK_MEM", "nvmlDeviceGetClockInfo"),
                                   ("sm_clock_max_mhz", "NVML_CLOCK_SM", "nvmlDeviceGetMaxClockInfo")):
-            mhz = _safe_call(lambda: getattr(n, query)(h, getattr(n, clock)))
+            mhz = safe_call(lambda: getattr(n, query)(h, getattr(n, clock)))
             if mhz is not None:
                 out[key] = int(mhz)
-        bits = _safe_call(lambda: self._reasons(h)) if self._reasons else None
+        bits = safe_call(lambda: self._reasons(h)) if self._reasons else None
         if bits is not None:
             out["throttle"] = [name for bit, name in _THROTTLE_BITS.items() if int(bits) & bit]
         return out
@@ -92,10 +92,10 @@ class GpuTelemetry:
     def power(self) -> tuple[float | None, float | None]:
         """(enforced power limit, current draw) in watts; None where NVML does not say."""
         n, h = self._nvml, self._handle
-        limit = _safe_call(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
-        draw = _safe_call(lambda: n.nvmlDeviceGetPowerUsage(h))
+        limit = safe_call(lambda: n.nvmlDeviceGetEnforcedPowerLimit(h))
+        draw = safe_call(lambda: n.nvmlDeviceGetPowerUsage(h))
         return (round(limit / 1000, 1) if limit is not None else None,  # NVML reports milliwatts
                 round(draw / 1000, 1) if draw is not None else None)
 
     def close(self) -> None:
-        _safe_call(self._nvml.nvmlShutdown)
+        safe_call(self._nvml.nvmlShutdown)
