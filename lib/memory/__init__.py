@@ -2,12 +2,15 @@
 
     trace.py     the fake-tensor trace of one process's step (what is traced, how, and its breakdown);
                  a DDP rank runs the same step
+    fake.py      the fake copy of a model every fake-tensor trace starts from (also lib/steptime/count.py's)
     sharded.py   the per-process trace of a sharded step (FSDP2: fsdp, fsdp_grad_op, hsdp) at a world
-                 size, with FSDPMemTracker and the fake process group, in a child process
+                 size, with FSDPMemTracker and the fake process group
+    sharded_process.py  the child process that runs sharded.py's trace (ShardedTracer, its parent's side)
     cache.py     where traces are cached and the fingerprint that keys them (the strategy, world size,
                  mesh and CPU offload only for a sharded step)
     predict.py   the device's own overhead terms, the strategy's (DDP's buffers, CPU offload),
-                 Prediction, MemoryPredictor, largest_fitting
+                 Prediction, MemoryPredictor, StepCurve
+    curve.py     a peak against the batch size (PeakCurve: exact on proven lines), largest_fitting
 
 MemoryPredictor.trace / predict / curve / cached_batches take the data-parallel setup as keywords,
 `strategy="none"`, `world_size=1`, `local_world_size=None` (= world_size: one machine) and
@@ -15,12 +18,14 @@ MemoryPredictor.trace / predict / curve / cached_batches take the data-parallel 
 """
 
 from .cache import FORMAT, default_cache_dir, fingerprint, model_fingerprint, parallel_key
+from .curve import largest_fitting
 from .predict import (
     ATTENTION_WORKSPACE_SHARE, BLAS_HANDLES, BLAS_LT_WORKSPACE_BYTES, BLAS_WORKSPACE_BYTES, FRAGMENTATION_BASE_BYTES,
-    FRAGMENTATION_SHARE, MemoryPredictor, Prediction, device_overheads, fragmentation_share, largest_fitting,
-    optimizer_state_bytes, parallel_overheads,
+    FRAGMENTATION_SHARE, MemoryPredictor, Prediction, device_overheads, fragmentation_share, optimizer_state_bytes,
+    parallel_overheads,
 )
-from .sharded import ShardedTracer, trace_sharded_step
+from .sharded import trace_sharded_step
+from .sharded_process import ShardedTracer
 from .trace import CATEGORIES, MiB, Trace, conv_workspace, step_optimizer, trace_step, training_steps
 
 __all__ = [

@@ -56,10 +56,11 @@ def _file_hash(path: str | os.PathLike | None) -> str | None:
 @functools.lru_cache(maxsize=2)
 def _code_hash(sharded: bool = False) -> str:
     """kfit's own code that shapes a trace: this package, the optimizer and loss, the built-in models;
-    for a sharded trace also the strategies' shard_model (lib/parallel.py), else not sharded.py."""
+    for a sharded trace also the strategies' shard_model (lib/parallel.py), else not sharded*.py."""
     package = Path(__file__).resolve().parent
     lib = package.parent
-    files = [*sorted(p for p in package.glob("*.py") if sharded or p.name != "sharded.py"), lib / "step.py",
+    own = sorted(p for p in package.glob("*.py") if sharded or not p.name.startswith("sharded"))
+    files = [*own, lib / "step.py",
              lib / "task.py", *sorted((lib / "models").glob("*.py")), *([lib / "parallel.py"] if sharded else [])]
     digest = hashlib.sha256()
     for path in files:

@@ -50,6 +50,7 @@ from typing import Callable
 import torch
 
 from ..config import Config
+from .fake import fake_copy, model_features
 
 MiB = 2**20
 
@@ -86,36 +87,6 @@ class Trace:
     @classmethod
     def from_json(cls, d: dict) -> "Trace":
         return cls(**{**d, "features": tuple(d["features"])})
-
-
-def _fake_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap every parameter and buffer for a fake CPU tensor of the same shape (ties kept).
-
-    Must run inside FakeTensorMode. nn.Module._apply cannot do this: it tries
-    torch.utils.swap_tensors, which refuses fake tensors (they hold weakrefs).
-    """
-    made: dict[int, torch.Tensor] = {}
-
-    def fake(t: torch.Tensor, parameter: bool) -> torch.Tensor:
-        if id(t) not in made:
-            new = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
-            made[id(t)] = torch.nn.Parameter(new, t.requires_grad) if parameter else new
-        return made[id(t)]
-
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                module._parameters[name] = fake(p, True)
-        for name, b in module._buffers.items():
-            if b is not None:
-                module._buffers[name] = fake(b, False)
-    return model
-
-
-def _features(model: torch.nn.Module) -> tuple[str, ...]:
-    """Which per-model device terms apply: "attention" (by module type or name, e.g. GPT-2's attn)."""
-    names = {type(m).__name__.lower() for m in model.modules()}
-    return ("attention",) if any("attention" in n or "attn" in n for n in names) else ()
 
 
 def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> torch.optim.Optimizer:
@@ -404,12 +375,12 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
     x1, y1 = task.example_batch(1)  # shapes and dtypes; fake tensors need no values
     with torch.device("meta"):  # the built-in models initialise nothing here
         model = task.build(gradient_checkpointing and train)
-    features = _features(model)
+    features = model_features(model)
     parameters = sum(p.numel() for p in model.parameters())
     # The trace runs on the CPU (see the module docstring): CPU autocast, with CUDA's float32 casts for a GPU
     autocast = TracedAutocast(precision, device_type)
     with FakeTensorMode():
-        model = _fake_copy(model)
+        model = fake_copy(model)
         tracker = _peak_tracker(device_type)
 
         def batch_tensors():  # made inside the tracker: the batch is on the device during the step

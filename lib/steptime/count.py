@@ -161,7 +161,7 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
 
     from ..memory import step_optimizer
     from ..memory.autocast import TracedAutocast
-    from ..memory.trace import _fake_copy
+    from ..memory.fake import fake_copy
 
     x1, y1 = task.example_batch(1)
     with torch.device("meta"):
@@ -171,7 +171,7 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
     counter = _Counter()
     phases: dict[str, Phase] = {}
     with FakeTensorMode():
-        model = _fake_copy(model)
+        model = fake_copy(model)
         model.train()
         optimizer = step_optimizer(config, model, device_type)
         x = torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype)
