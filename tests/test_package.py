@@ -55,7 +55,7 @@ def test_the_wheel_holds_the_package_and_its_data(wheel):
     code = {f"kfit/{f}" for f in _files(ROOT / "lib") if f.endswith(".py") and not f.startswith("_data/")}
     assert code - names == set(), "modules missing from the wheel"
     for data in ("templates/plan_report.html.j2", "templates/lr_finder.html.j2", "templates/recommend.html.j2",
-                 "data/digits.csv.gz"):
+                 "data/digits.csv.gz", "hardware/gpus.json"):
         assert f"kfit/{data}" in names
     tree = {f"kfit/_data/{name}/{f}" for name in ("kconfigs", "defconfigs") for f in _files(ROOT / name)}
     assert tree and tree | {"kfit/_data/Kconfig"} <= names, sorted(tree - names)
