@@ -49,7 +49,6 @@ import os
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -62,11 +61,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from bench_memory_instruments import PeakRSS, allocator_peak, rss  # noqa: E402  (allocator_peak: test_memory too)
 from kfit_env import run_main  # noqa: E402
 from lib import config as kconfig  # noqa: E402
 from lib.env import env_choice  # noqa: E402
 from lib.errors import KfitError  # noqa: E402
-from lib.validation.measure import quiet_stderr  # noqa: E402
 
 # model -> micro-batches; "outside" and "hf-*" are custom-model factories (below)
 CASES = {"lenet5": (512, 1024, 2048), "resnet18": (8, 16, 32), "gpt2-tiny": (8, 16, 32),
@@ -163,77 +162,6 @@ def config_for(name: str, workdir: Path):
 # The measuring process (--measure): one case, a fresh interpreter
 
 
-def _status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-class PeakRSS:
-    """Peak resident memory over a block: the kernel's VmHWM (reset first) on Linux, else psutil sampling."""
-
-    def __enter__(self):
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current RSS
-            self._sampler = None
-        except OSError:
-            import psutil
-
-            process, self._stop = psutil.Process(), threading.Event()
-            self._samples = [process.memory_info().rss]
-
-            def sample():
-                while not self._stop.wait(0.001):
-                    self._samples.append(process.memory_info().rss)
-
-            self._sampler = threading.Thread(target=sample, daemon=True)
-            self._sampler.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._sampler is None:
-            self.peak = _status_bytes("VmHWM")
-        else:
-            self._stop.set()
-            self._sampler.join()
-            self.peak = max(self._samples)
-
-
-def _rss() -> int:
-    rss = _status_bytes("VmRSS")
-    if rss is None:
-        import psutil
-
-        rss = psutil.Process().memory_info().rss
-    return rss
-
-
-def allocator_peak(run) -> int:
-    """torch.profiler's memory events around run(), which builds everything it uses: the CPU allocator's peak."""
-    from torch._C._profiler import _EventType
-
-    with quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                profile_memory=True) as prof:
-        run()
-    allocations, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag == _EventType.Allocation:
-            allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
-    live = peak = 0
-    for _, size in sorted(allocations):
-        live += size
-        peak = max(peak, live)
-    return peak
-
-
 def measure(case: dict, mesh=None) -> dict:
     """One case's figures in this process; `mesh` (a rank under torchrun): shard the model on it first."""
     from lib.hardware.allocator import trim
@@ -271,7 +199,7 @@ def measure(case: dict, mesh=None) -> dict:
             torch.cuda.empty_cache()
         trim()
 
-    base = _rss()
+    base = rss()
     with PeakRSS() as first:  # the first pair pays what a process pays once (kernels, thread pools, imports)
         pair()
     first_growth = first.peak - base
@@ -284,7 +212,7 @@ def measure(case: dict, mesh=None) -> dict:
         pair()
         return {"measured": torch.cuda.max_memory_reserved(), "allocated": torch.cuda.max_memory_allocated(),
                 "seconds": time.perf_counter() - start}
-    base, start = _rss(), time.perf_counter()
+    base, start = rss(), time.perf_counter()
     with PeakRSS() as steady:
         pair()
     seconds = time.perf_counter() - start
