@@ -1,4 +1,4 @@
-# Tuning: the LR range test and the Optuna search (lib/lr_finder.py, lib/hpo.py).
+# Tuning: the LR range test and the Optuna search (lib/lr_finder.py, lib/hpo/).
 # Command-line variables (BATCH=, RUNS=, APPLY=, TRIALS=, HPO_STORAGE=, HPO_STUDY=, DEFCONFIG=) reach kfit as
 # environment.
 

@@ -1,0 +1,226 @@
+"""Running the study: each trial's plan (capped by one probe before the first), its training with the pruner
+told every evaluation, the line per finished trial, and what hpo-status and hpo-apply read back."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+import optuna
+import torch
+
+from ..config import Config
+from ..errors import KfitError
+from ..hyperparams import ModelDescription, Plan, resolve
+from .space import assignments, check_space, describe, sample, trial_config
+from .storage import (HEARTBEAT_GRACE_S, no_experimental_warning, open_study, redact, storage_label, storage_url,
+                      study_dir)
+
+Log = Callable[[str], None]
+# Failures that end one trial (recorded as FAIL) but not the study.
+TRIAL_FAILURES = (FloatingPointError, torch.OutOfMemoryError)
+
+
+def new_trial_dir(directory: Path, number: int) -> Path:
+    """directory/trial-NNNN, created now; never an existing one (left by an earlier study of this name whose
+    database was deleted), which training would overwrite: that one gets trial-NNNN-2, -3..."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name, n = f"trial-{number:04d}", 1
+    while True:
+        path = directory / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+
+
+def plan_of(config: Config, hardware) -> Plan:
+    """A trial's plan: one process (trials do not run under torchrun)."""
+    return resolve(config, hardware, ModelDescription.from_config(config), 1)
+
+
+# Optimizers by the state they keep, most first: the probe runs the trial that needs the most memory.
+_HEAVIEST_FIRST = ("adamw", "adam", "sgd")
+
+
+def probe_once(config: Config, hardware, task, log: Log = print) -> dict | None:
+    """Before the first trial: the probe (lib/probe.py, as CONFIG_PROBE_* says) of the trial that needs the most
+    memory, the largest effective batch with the optimizer that keeps the most state; its largest micro-batch
+    and evaluation batch that fit cap every trial (`capped`). None where the config does not probe here."""
+    from ..probe import confirm
+
+    params = {"optimizer": next(o for o in _HEAVIEST_FIRST if o in config.hpo_optimizers),
+              "learning_rate": config.hpo_lr_max, "weight_decay": config.hpo_wd_max,
+              "effective_batch": max(config.hpo_batch_sizes)}
+    cfg = trial_config(config, params, "probe")
+    result = confirm(cfg, plan_of(cfg, hardware), hardware, task, log=log)
+    if result is not None:
+        log(f"Probe: every trial's micro-batch at most {result['max_micro']}, eval batch at most "
+            f"{result['eval_batch']} (probed once, {describe(params)})")
+    return result
+
+
+def capped(plan: Plan, probed: dict | None) -> Plan:
+    """A trial's plan under the probe's caps: the same effective batch, in micro-batches that fit."""
+    if probed is None:
+        return plan
+    from ..probe import apply
+
+    return apply(plan, {"max_micro": probed["max_micro"], "eval_batch": min(plan.eval_batch, probed["eval_batch"])},
+                 "once before the trials")
+
+
+def objective(config: Config, hardware, task, *, storage: str | None = None, log: Log = print,
+              probed: dict | None = None) -> Callable[[optuna.Trial], float]:
+    from ..trainer import train
+
+    directory = study_dir(config, storage)
+
+    def attempt(trial: optuna.Trial) -> float:
+        params = sample(trial, config)
+        run_dir = new_trial_dir(directory, trial.number)
+        cfg = trial_config(config, params, run_dir.name)
+        plan = capped(plan_of(cfg, hardware), probed)
+        for name, value in (("micro_batch", plan.micro_batch), ("grad_accum", plan.grad_accum),
+                            ("effective_batch", plan.effective_batch), ("eval_batch", plan.eval_batch),
+                            ("policy", plan.policy), ("run_dir", str(run_dir))):
+            trial.set_user_attr(name, value)
+        log(f"trial {trial.number}: {describe(params)} -> micro-batch {plan.micro_batch} x {plan.grad_accum} "
+            f"accumulation, eval batch {plan.eval_batch}"
+            + (f" (in {run_dir.name}: an earlier study of this name left trial-{trial.number:04d})"
+               if run_dir.name != f"trial-{trial.number:04d}" else ""))
+
+        def on_eval(step: int, epoch: int, metrics: dict) -> None:
+            loss = metrics["eval_loss"]
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"evaluation loss became {loss} at epoch {epoch}")
+            trial.report(loss, epoch)
+            for name in ("accuracy", "perplexity"):
+                if name in metrics:
+                    trial.set_user_attr(name, metrics[name])
+            # After the last epoch the trial is done: its result counts in full, pruned or not.
+            if epoch < cfg.epochs and trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at epoch {epoch} (eval loss {loss:.4f})")
+
+        return train(cfg, plan, hardware, run_dir=run_dir, log=lambda line: None, task=task,
+                     on_eval=on_eval).final_eval["eval_loss"]
+
+    def run(trial: optuna.Trial) -> float:
+        try:
+            return attempt(trial)
+        except (*TRIAL_FAILURES, KeyboardInterrupt) as err:  # Optuna records the trial as FAIL but keeps no reason
+            trial.set_user_attr("error", str(err) or "interrupted (SIGINT)")  # a bare KeyboardInterrupt: Ctrl-C
+            raise
+
+    return run
+
+
+def trial_line(trial: optuna.trial.FrozenTrial) -> str:
+    """One line per finished trial, as `make hpo` prints them."""
+    state = trial.state.name.lower()
+    seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete else 0
+    if trial.state == optuna.trial.TrialState.COMPLETE:
+        extra = f"eval loss {trial.value:.4f}"
+        if "accuracy" in trial.user_attrs:
+            extra += f", accuracy {trial.user_attrs['accuracy']:.2%}"
+    elif trial.state == optuna.trial.TrialState.PRUNED:
+        extra = f"at epoch {trial.last_step} (eval loss {trial.intermediate_values[trial.last_step]:.4f})" \
+            if trial.last_step is not None else ""
+    else:
+        extra = trial.user_attrs.get("error", "")
+    return f"trial {trial.number} {state} in {seconds:.1f}s: {extra}"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, through the trainer) stopped the study; the message says what was kept."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def run_study(config: Config, hardware, *, trials: int, timeout: float | None = None, storage: str | None = None,
+              task=None, log: Log = print) -> optuna.Study:
+    """Run `trials` more trials (or until `timeout` seconds) of the config's study; returns the study."""
+    from ..task import load_task
+
+    study = open_study(config, storage)
+    url = storage_url(config, storage)
+    check_space(study, config, storage_label(url, bool(storage)))
+    task = task or load_task(config)  # loaded once; every trial reuses the data
+    probed = probe_once(config, hardware, task, log) if trials else None
+    # a line per finished trial always; on a terminal Optuna's own bar (stderr) shows the one running too
+    try:
+        study.optimize(objective(config, hardware, task, storage=storage, log=log, probed=probed),
+                       n_trials=trials, timeout=timeout or None, catch=TRIAL_FAILURES,
+                       callbacks=[lambda study, trial: log(trial_line(trial))],
+                       show_progress_bar=bool(trials) and sys.stderr.isatty())
+    except KeyboardInterrupt as stop:  # Optuna has recorded the trial it cut short as failed
+        n = counts(study)
+        raise Interrupted(redact(f"study '{study.study_name}' keeps its {n['complete']} complete and {n['pruned']} "
+                                 f"pruned trial(s) in {url} (a trial cut short is recorded as failed); 'make hpo' "
+                                 "continues it"),
+                          getattr(stop, "exit_code", 130)) from None
+    return study
+
+
+def counts(study: optuna.Study) -> dict[str, int]:
+    states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
+    return {name: states.count(name) for name in ("complete", "pruned", "fail", "running", "waiting")}
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return min(complete, key=lambda t: t.value) if complete else None
+
+
+def fail_stale_trials(study: optuna.Study) -> list[int]:
+    """Mark failed the running trials without a heartbeat for HEARTBEAT_GRACE_S (their worker was killed or
+    lost), as Optuna does only when a worker starts its next trial; returns their numbers."""
+    running = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    if not running:
+        return []
+    with no_experimental_warning():
+        optuna.storages.fail_stale_trials(study)
+    return sorted(t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                  if t.number in running)
+
+
+def status_lines(study: optuna.Study, storage: str) -> list[str]:
+    """What `make hpo-status` prints: progress, pace, and the best trial with its plan."""
+    stale = fail_stale_trials(study)
+    n = counts(study)
+    trials = study.get_trials(deepcopy=False)
+    lines = [f"Study '{study.study_name}' in {redact(storage)}: {len(trials)} trials: {n['complete']} complete, "
+             f"{n['pruned']} pruned, {n['fail']} failed, {n['running']} running"
+             + (f", {n['waiting']} queued" if n["waiting"] else "")]
+    if stale:
+        lines.append(f"  trial(s) {', '.join(map(str, stale))}: no heartbeat for over {HEARTBEAT_GRACE_S // 60} "
+                     "minutes (the worker was killed or lost): marked failed")
+    done = [t for t in trials if t.datetime_complete]
+    busy = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in done)
+    if busy > 0:
+        lines.append(f"  {len(done) / busy * 60:.1f} trials per minute of trial time; "
+                     f"{n['pruned'] / len(done):.0%} of finished trials pruned")
+    best = best_trial(study)
+    if best is None:
+        return lines + ["  no complete trial yet"]
+    a = best.user_attrs
+    lines += [f"  best: trial {best.number}, eval loss {best.value:.4f}"
+              + (f", accuracy {a['accuracy']:.2%}" if "accuracy" in a else "")
+              + (f", perplexity {a['perplexity']:.2f}" if "perplexity" in a else ""),
+              f"    {describe(best.params)}",
+              f"    plan: micro-batch {a.get('micro_batch')} x accumulation {a.get('grad_accum')} = "
+              f"{a.get('effective_batch')}, eval batch {a.get('eval_batch')} (policy {a.get('policy')})",
+              f"    run: {a.get('run_dir')}"]
+    return lines
+
+
+def best_assignments(study: optuna.Study) -> dict:
+    best = best_trial(study)
+    if best is None:
+        raise KfitError(f"study '{study.study_name}' has no complete trial yet: run 'make hpo' first")
+    return assignments(best.params)
