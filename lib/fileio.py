@@ -4,7 +4,8 @@
 beside the real target, fsynced, given the permissions the replaced file had, renamed over it.
 `try_lock` / `lock_holder`: an flock on DIR/.lock, which the kernel drops when its process dies, so a
 crashed holder's lock is simply taken over; the holder's PID is written in the file for messages.
-Layer 1 (docs/architecture.md): it imports nothing from lib.
+Layer 1 (docs/architecture.md): it imports nothing from lib but lib.units, whose `format_bytes` it
+re-exports for the callers that import it from here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import IO, Callable
+
+from .units import format_bytes  # noqa: F401  (fileio.format_bytes: lib/checkpoint.py, lib/monitor.py, the trainer)
 
 # A write that failed for want of room: a full disk, a full quota, the file size limit (ulimit -f).
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -57,10 +60,6 @@ def write_atomic(path: Path | str, data: bytes | Callable[[str], None]) -> None:
             pass
         raise
     fsync_dir(real.parent)
-
-
-def format_bytes(n: int) -> str:
-    return f"{n / 2**30:.2f}GiB" if n >= 2**30 else f"{n / 2**20:.0f}MiB"
 
 
 def fsync_dir(path: Path | str) -> None:

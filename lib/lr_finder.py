@@ -52,6 +52,7 @@ import torch
 
 from .errors import KfitError
 from .progress import Bar
+from .units import gib
 
 EDGE_FACTOR = 3.0
 
@@ -183,8 +184,8 @@ def memory_warning(plan, hardware, batch: int) -> str | None:
         limit = budget or (gpu.total_bytes if gpu else hardware.cpu.ram_available_bytes)
         scaled = peak * batch / plan.micro_batch
         if scaled > NEAR_MEMORY * limit:
-            return (f"batch {batch}: predicted peak {scaled / 2**30:.2f}GiB is {scaled / limit:.0%} of the "
-                    f"{'memory budget' if budget else 'device memory'} ({limit / 2**30:.2f}GiB): it may run out "
+            return (f"batch {batch}: predicted peak {gib(scaled):.2f}GiB is {scaled / limit:.0%} of the "
+                    f"{'memory budget' if budget else 'device memory'} ({gib(limit):.2f}GiB): it may run out "
                     f"of memory; lower BATCH=")
         return None
     if batch > plan.micro_batch:

@@ -38,6 +38,7 @@ from typing import Callable
 from .config import Config
 from .errors import PlanError
 from .plan import Plan
+from .units import format_bytes
 
 STATE_BYTES_PER_PARAMETER = 16  # fp32 weights + gradients + AdamW's exp_avg and exp_avg_sq
 TRAINING_FLOPS_PER_PARAMETER_TOKEN = 6  # forward 2, backward 4
@@ -287,7 +288,7 @@ def render_page(recs: list[Recommendation], *, score_value: float, definition: s
                        "peak": round(min(100.0, 100 * plan.predicted_peak_bytes / free_bytes), 2)}
 
     def size(n: int | None) -> str:
-        return "-" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+        return "-" if n is None else format_bytes(n, 1, sep=" ")
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)

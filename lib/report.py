@@ -15,8 +15,9 @@ from pathlib import Path
 
 from . import config as kconfig
 from .errors import KfitError
-from .hardware import HardwareProfile, catalog, format_size, from_catalog, gib, resolve_hardware
+from .hardware import HardwareProfile, catalog, from_catalog, resolve_hardware
 from .hyperparams import ModelDescription, Plan, resolve
+from .units import GiB, format_bytes, gib
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 COLORS = {"parameters": "#4e79a7", "buffers": "#9c755f", "gradients": "#f28e2b", "optimizer_state": "#e15759",
@@ -34,7 +35,7 @@ CATEGORY_ORDER = (*COLORS, *OVERHEAD_COLORS)  # one order for every bar and lege
 def size(n: int | None) -> str:
     if n is None:
         return "-"
-    return format_size(n)
+    return format_bytes(n, 1)
 
 
 def memory_lines(plan: Plan, width: int = 30) -> list[str]:
@@ -246,9 +247,10 @@ def format_matrix(rows: list[MatrixRow]) -> str:
 
 
 def _binary_size(n: int | None) -> str:
+    """For the HTML page: '1.23 GiB', '37.1 MiB'; a negative term (CPU offload's) a GiB or more in GiB too."""
     if n is None:
         return "-"
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return "-" + format_bytes(-n, 1, sep=" ") if n <= -GiB else format_bytes(n, 1, sep=" ")
 
 
 def _color(name: str) -> str:

@@ -6,7 +6,7 @@ returned by :func:`resolve_hardware`, so any machine can be simulated.
 
 Who owns what:
 
-* ``profile``   GPUInfo, CPUInfo, HardwareProfile, units (gib, format_size), JSON and load_profile
+* ``profile``   GPUInfo, CPUInfo, HardwareProfile, format_size (lib.units.format_bytes), JSON and load_profile
 * ``strict``    the strict readers behind HardwareProfile.from_dict
 * ``host``      CPU, RAM, disk and battery (psutil)
 * ``nvml``      what the NVIDIA driver sees (NVML), without a CUDA context
@@ -24,9 +24,10 @@ from .allocator import use_expandable_segments
 
 use_expandable_segments()  # before anything here starts CUDA (allocator.py says why)
 
+from ..units import GiB, gib
 from .detection import detect
 from .host import detect_cpu, on_battery
-from .profile import BACKENDS, VENDORS, GiB, CPUInfo, GPUInfo, HardwareProfile, format_size, gib, load_profile
+from .profile import BACKENDS, VENDORS, CPUInfo, GPUInfo, HardwareProfile, format_size, load_profile
 from .runtime import device_memory, empty_device_cache, gpu_unusable_reason, reset_peak_memory
 from .simulate import from_catalog, resolve_hardware
 from .telemetry import THROTTLE_KIND, GpuTelemetry

@@ -103,9 +103,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HardwareError
-
-MiB = 2**20
-GiB = 2**30
+from ..units import MiB
 
 # See "Default free memory" above.
 CONTEXT_RESERVE_BYTES = 768 * MiB

@@ -18,9 +18,10 @@ import re
 import warnings
 from typing import Any
 
+from ..units import GiB, gib
 from .host import detect_cpu, disk_free, on_battery
 from .nvml import NvmlReport, load_pynvml, nvml_free, query_nvml, uuid_key
-from .profile import GiB, CPUInfo, GPUInfo, HardwareProfile, gib
+from .profile import CPUInfo, GPUInfo, HardwareProfile
 from .runtime import safe_call
 
 

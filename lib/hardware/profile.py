@@ -19,24 +19,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import HardwareError
+from ..units import format_bytes, gib
 
 from .strict import bad_key, check_keys, describe_value, read_bool, read_int, read_list, read_number, read_str
 
-GiB = 2**30
 VENDORS = ("nvidia", "amd", "apple")
 BACKENDS = ("cuda", "rocm", "mps")
 _BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "apple": "mps"}
 MAX_PROFILE_BYTES = 2**20  # a saved profile is a few KiB: HW= naming anything larger is a mistake
 
 
-def gib(n_bytes: int | float) -> float:
-    """Bytes as GiB (2**30), the unit kfit prints and reads."""
-    return n_bytes / GiB
-
-
 def format_size(n_bytes: int, mb_decimals: int = 1) -> str:
-    """Bytes for plans and reports: '1.23GB' from a GiB up, else '37.1MB' (GB and MB are 2**30 and 2**20)."""
-    return f"{gib(n_bytes):.2f}GiB" if n_bytes >= GiB else f"{n_bytes / 2**20:.{mb_decimals}f}MiB"
+    """lib.units.format_bytes with one MiB decimal by default: '1.23GiB' from a GiB up, else '37.1MiB'.
+    Kept for the callers that import it from lib.hardware (the planner, the command line)."""
+    return format_bytes(n_bytes, mb_decimals)
 
 
 @dataclass(frozen=True)

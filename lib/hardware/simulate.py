@@ -14,11 +14,12 @@ import math
 from typing import Any
 
 from ..errors import HardwareError
+from ..units import GiB, gib
 
 from . import catalog
 from .detection import detect, torch_versions
 from .host import detect_cpu, disk_free, on_battery
-from .profile import GiB, CPUInfo, GPUInfo, HardwareProfile, gib, load_profile
+from .profile import CPUInfo, GPUInfo, HardwareProfile, load_profile
 
 
 def _positive_number(name: str, value: Any) -> float:
