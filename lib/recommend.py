@@ -180,7 +180,7 @@ def recommend_gpt2(base: Config, shapes: list[Shape], *, plan: Callable[[Config]
         if not wanted:
             low, high = mode.parameters
             span = f"{low / 1e6:g}M-{high / 1e6:g}M" if high else f"{low / 1e6:g}M+"
-            rec.out_of_reach = (f"no model in the seed's {span} range trains {mode.tokens_per_parameter} tokens per "
+            rec.out_of_reach = (f"no model in this mode's {span} range trains {mode.tokens_per_parameter} tokens per "
                                 f"parameter within {mode.max_hours:g} h in {mode.share:.0%} of this machine's memory; "
                                 f"the largest that does: {shape.parameters / 1e6:.1f}M ({shape.preset})")
         return rec

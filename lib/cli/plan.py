@@ -49,7 +49,7 @@ def format_plan(plan, config, hardware, model) -> str:
         lines.append(f"  {name:<{width}}  {value:<18} {why}")
     lines += memory_lines(plan)
     lines += [f"  note: {n}" for n in plan.notes]
-    return "\n".join(lines)  # the seed's one-line summary is training's start line: the table says it all here
+    return "\n".join(lines)  # the one-line summary is training's start line: the table says it all here
 
 
 def time_rows(plan) -> list[tuple[str, str, str]]:

@@ -17,6 +17,7 @@ import kconfiglib
 from ..errors import ConfigError
 from .kconfig import ROOT, assignment_line, load_strict, new_kconfig, require_config_file, write_config
 from .typed import Config, typed_config
+from ..env import env_text
 
 DEFCONFIG_DIR = ROOT / "defconfigs"
 FRAGMENT_DIR = DEFCONFIG_DIR / "fragments"
@@ -25,7 +26,7 @@ DEFAULT_DEFCONFIG = "lenet5"
 
 def config_path() -> Path:
     """The .config in use: $KCONFIG_CONFIG as in the kernel, else ./.config."""
-    path = Path(os.environ.get("KCONFIG_CONFIG") or ".config")
+    path = Path(env_text("KCONFIG_CONFIG") or ".config")
     if path.is_dir():  # refused before any command reads it, or moves the directory aside to write it
         raise ConfigError(f"KCONFIG_CONFIG={path} is a directory, not a config file: name a file in it, "
                           f"e.g. KCONFIG_CONFIG={path / '.config'}")

@@ -23,6 +23,7 @@ from .host import detect_cpu, disk_free, on_battery
 from .nvml import NvmlReport, load_pynvml, nvml_free, query_nvml, uuid_key
 from .profile import CPUInfo, GPUInfo, HardwareProfile
 from .runtime import safe_call
+from ..env import environ
 
 
 def _rocm_bf16(arch: str) -> bool:
@@ -168,7 +169,7 @@ def _unusable_gpu_note(torch_mod: Any, nvml: NvmlReport | None) -> str | None:
         return f"{seen} but this torch {torch_ver} is a ROCm build: install a CUDA build of torch{fit} (see README)"
     if not torch_cuda:
         return f"{seen} but this torch {torch_ver} is a CPU-only build: install a CUDA build of torch{fit} (see README)"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = environ().get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
         return f"{seen} but CUDA_VISIBLE_DEVICES={visible!r} hides them: unset it or list the GPUs to use"
     wanted = _parse_version(torch_cuda)

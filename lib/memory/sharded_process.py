@@ -36,6 +36,7 @@ from ..config import Config
 from ..errors import PlanError
 from .sharded import trace_sharded_step
 from .trace import Trace
+from ..env import environ
 
 ROOT = Path(__file__).resolve().parents[2]  # what holds this package (a checkout, or site-packages): the child's path
 
@@ -154,7 +155,7 @@ class ShardedTracer:
         self._abort = [False]  # kill rather than wait: a reply may still be on its way
 
     def _start(self) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES and not k.startswith("TORCHELASTIC_")}
+        env = {k: v for k, v in environ().items() if k not in _RANK_VARIABLES and not k.startswith("TORCHELASTIC_")}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
         self._log = tempfile.TemporaryFile(prefix="kfit-sharded-trace-")  # binary: shared with the child
         self._process = subprocess.Popen(
