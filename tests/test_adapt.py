@@ -19,8 +19,10 @@ from lib.planning import ladder
 from lib.trainer import Trainer
 from lib.trainer.conditions import Sensors
 from lib.trainer.resume import BATTERY_EXIT, DEVICE_LOST_EXIT, StoppedToResume, auto_interval_s
-from tests.test_bad_input import KFIT  # scripts/kfit.py's main, as make runs it
-from tests.test_trainer import CPU, assert_same_weights, make_config, manual, one_thread, run  # noqa: F401 (fixtures)
+from tests.helpers import CPU, assert_same_weights, kfit_script, manual, run
+
+KFIT = kfit_script()  # scripts/kfit.py's main, as make runs it
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def events(run_dir, kind: str) -> list[dict]:

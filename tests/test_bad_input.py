@@ -23,22 +23,14 @@ from typing import Callable
 import pytest
 
 from lib import config as kconfig
+from tests.helpers import kfit_script
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cretPW"
 # What make would carry in from the developer's shell; each row sets its own.
 CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "FORMAT", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE", "RESUME", "NNODES",
            "NODE_RANK", "OUT", "TRIALS", "BATCH", "APPLY", "HPO_STORAGE", "HPO_STUDY", "RUN", "DEVICE", "STEPS")
-
-
-def _kfit():
-    spec = importlib.util.spec_from_file_location("kfit_cli", ROOT / "scripts" / "kfit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-KFIT = _kfit()
+KFIT = kfit_script()  # scripts/kfit.py loaded as a module
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from lib.hardware import resolve_hardware
 from lib.hyperparams import resolve
 from lib.plan import ModelDescription
 from lib.task import load_task
-from tests.test_trainer import one_thread  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench_throughput as bench  # noqa: E402

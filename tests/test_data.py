@@ -1,9 +1,7 @@
 """Tests for lib.data: tiny synthetic data sets in tmp_path plus the two embedded ones."""
 
-import gzip
 import json
 import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -14,49 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 import lib.data.digits
 from lib.data import BatchSplit, DatasetInfo, load_image_data, load_text_data
 from lib.errors import DataError
-
-MNIST_NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-
-
-def idx_bytes(array: np.ndarray, magic: int) -> bytes:
-    return struct.pack(f">I{array.ndim}I", magic, *array.shape) + array.astype(np.uint8).tobytes()
-
-
-def write(path: Path, data: bytes, gz: bool = False) -> Path:
-    if gz:
-        path = path.with_name(path.name + ".gz")
-        data = gzip.compress(data)
-    path.write_bytes(data)
-    return path
-
-
-def make_mnist(root: Path, gz: bool = False, n_train: int = 50, n_test: int = 20) -> Path:
-    rng = np.random.default_rng(0)
-    root.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("test", n_test)):
-        images, labels = MNIST_NAMES[split]
-        write(root / images, idx_bytes(rng.integers(0, 256, (n, 28, 28)), 0x803), gz)
-        write(root / labels, idx_bytes(np.arange(n) % 10, 0x801), gz)
-    return root
-
-
-def make_cifar(root: Path, classes: int, n: int = 12) -> Path:
-    rng = np.random.default_rng(1)
-    if classes == 10:
-        folder, names, key = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(
-            1, 6)] + ["test_batch"], b"labels"
-    else:
-        folder, names, key = root / "cifar-100-python", ["train", "test"], b"fine_labels"
-    folder.mkdir(parents=True)
-    for name in names:
-        batch = {b"data": rng.integers(0, 256, (n, 3072)).astype(np.uint8),
-                 key: [i % classes for i in range(n)]}
-        if classes == 100:
-            batch[b"coarse_labels"] = [0] * n
-        (folder / name).write_bytes(pickle.dumps(batch))
-    return folder
-
+from tests.helpers import idx_bytes, make_cifar, make_mnist, write
 
 def assert_data_error(path: Path, call, *args) -> str:
     with pytest.raises(DataError) as info:

@@ -18,7 +18,9 @@ from lib.checkpoint import FINAL, load_checkpoint
 from lib.errors import KfitError
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
-from tests.test_trainer import CPU, make_config, manual, one_thread, run  # noqa: F401 (fixtures)
+from tests.helpers import CPU, manual, run
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "kfit.py"

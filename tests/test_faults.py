@@ -23,8 +23,9 @@ from lib.hyperparams import ModelDescription, resolve
 from lib.monitor import Monitor
 from lib.trainer import Trainer
 from lib.trainer.resume import checkpoint_problem
-from tests.test_resume import KFIT, ROOT, kfit_env, write_config
-from tests.test_trainer import CPU, one_thread  # noqa: F401 - the autouse fixture: one CPU thread
+from tests.helpers import CPU, KFIT, ROOT, kfit_env, write_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one CPU thread
 
 # LeNet at effective batch 16, a checkpoint every 4 steps; stopped at step 10 by `interrupted_run`.
 BASE = ("CONFIG_DEVICE_CPU=y\nCONFIG_EPOCHS=10\nCONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_LOG_INTERVAL=1\n"

@@ -25,7 +25,7 @@ from lib.planning import ChooseArgs
 from lib.planning.strategy import candidates, pick
 from lib.trainer import Trainer
 from lib.trainer.windows import rank_batches
-from tests.test_trainer import CPU
+from tests.helpers import CPU
 
 ROOT = Path(__file__).resolve().parent.parent
 KFIT = [sys.executable, str(ROOT / "scripts" / "kfit.py")]

@@ -15,6 +15,8 @@ from lib.errors import HardwareError, KfitError
 from lib.hardware import CPUInfo, GPUInfo, HardwareProfile, catalog, gib
 from lib.hardware.detection import _detect, _query_torch_gpus, _rocm_bf16
 from lib.hardware.nvml import query_nvml
+from tests.helpers import (FakeDriverNotLoaded, FakeLibraryNotFound, FakeLibRmVersionMismatch,
+                           FakeNVMLError, fake_pynvml)
 
 GiB = 2**30
 MiB = 2**20
@@ -26,87 +28,6 @@ V100 = ("Tesla V100-SXM2-16GB", 16945512448, 7, 0)
 # --------------------------------------------------------------------------
 # Fakes with the API surface lib.hardware uses
 # --------------------------------------------------------------------------
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-class FakeLibraryNotFound(FakeNVMLError):
-    pass
-
-
-class FakeDriverNotLoaded(FakeNVMLError):
-    pass
-
-
-class FakeLibRmVersionMismatch(FakeNVMLError):
-    pass
-
-
-def fake_pynvml(devices=(), *, init_error=None, cuda_driver=12040, telemetry=None):
-    """devices: (name, total_bytes, free_bytes) per GPU, as NVML reports them.
-
-    telemetry: the readings every GPU reports (util, temp, power_mw, reasons);
-    change mod.telemetry to change them.  A key left out is NVML_ERROR_NOT_SUPPORTED."""
-    calls = []
-    mod = types.SimpleNamespace(
-        NVMLError=FakeNVMLError,
-        NVMLError_LibraryNotFound=FakeLibraryNotFound,
-        NVMLError_DriverNotLoaded=FakeDriverNotLoaded,
-        NVMLError_LibRmVersionMismatch=FakeLibRmVersionMismatch,
-        NVML_TEMPERATURE_GPU=0,
-        calls=calls,
-        telemetry=dict(telemetry or {}),
-    )
-
-    def reading(key, wrap=lambda v: v):
-        def query(h, *args):
-            calls.append(key)
-            if key not in mod.telemetry:
-                raise FakeNVMLError("Not Supported")
-            return wrap(mod.telemetry[key])
-        return query
-
-    mod.nvmlDeviceGetUtilizationRates = reading("util", lambda v: types.SimpleNamespace(gpu=v, memory=v // 2))
-    mod.nvmlDeviceGetTemperature = reading("temp")
-    mod.nvmlDeviceGetPowerUsage = reading("power_mw")
-    mod.nvmlDeviceGetEnforcedPowerLimit = reading("power_limit_mw")
-    mod.nvmlDeviceGetCurrentClocksEventReasons = reading("reasons")
-
-    def by_uuid(uuid):
-        calls.append(("uuid", uuid))
-        for h in range(len(devices)):
-            if mod.nvmlDeviceGetUUID(h) == uuid:
-                return h
-        raise FakeNVMLError("Not Found")
-
-    mod.nvmlDeviceGetHandleByUUID = by_uuid
-
-    def nvmlInit():
-        calls.append("init")
-        if init_error is not None:
-            raise init_error
-
-    def nvmlShutdown():
-        calls.append("shutdown")
-
-    mod.nvmlInit = nvmlInit
-    mod.nvmlShutdown = nvmlShutdown
-    mod.nvmlDeviceGetCount = lambda: len(devices)
-    def by_index(i):
-        if not 0 <= i < len(devices):
-            raise FakeNVMLError("Invalid Argument")
-        return i
-
-    mod.nvmlDeviceGetHandleByIndex = by_index
-    mod.nvmlDeviceGetName = lambda h: devices[h][0]
-    mod.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
-    mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
-        total=devices[h][1], free=devices[h][2], used=devices[h][1] - devices[h][2]
-    )
-    mod.nvmlSystemGetCudaDriverVersion = lambda: cuda_driver
-    return mod
 
 
 def fake_torch(devices=(), *, cuda="12.6", hip=None, version="2.13.0+cu126", mps=False, mem_get_info=True):

@@ -26,7 +26,7 @@ from lib import lr_finder
 from lib.hyperparams import TierPolicy
 from lib.report import machines, plan_matrix, render_report
 
-from .test_lr_finder import least_squares, minibatches
+from tests.helpers import fake_plan, least_squares, minibatches
 
 ROOT = Path(__file__).resolve().parent.parent
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -186,8 +186,6 @@ def recommend_page(tmp_path_factory) -> Path:
 
     from lib import config as kconfig
     from lib.recommend import MODES, Recommendation, render_page, warnings_for
-
-    from .test_recommend import fake_plan
 
     base = kconfig.defconfig_config("gpt2")
     recs = []

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from lib import config as kc
 from lib import lr_finder
+from tests.helpers import least_squares, minibatches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,29 +29,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def least_squares(L: float, kappa: float, seed: int, n: int = 4096, d: int = 16, noise: float = 0.5):
-    """X, y whose mean-squared-error loss has Hessian eigenvalues spread evenly (in log) over [L/kappa, L].
-
-    For MSE = mean((Xw - y)^2) the Hessian is 2 X^T X / n; X = U diag(s) V^T with orthonormal U, V
-    puts its eigenvalues at 2 s^2 / n, so s = sqrt(h n / 2) for the wanted eigenvalues h.
-    """
-    g = torch.Generator().manual_seed(seed)
-    U, _ = torch.linalg.qr(torch.randn(n, d, generator=g))
-    V, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
-    h = L / kappa * kappa ** torch.linspace(0, 1, d)
-    X = U @ torch.diag((h * n / 2).sqrt()) @ V.T
-    y = X @ torch.randn(d, 1, generator=g) + noise * torch.randn(n, 1, generator=g)
-    return X, y
-
-
-def minibatches(X, y, batch: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        order = torch.randperm(len(X), generator=g)
-        for i in range(0, len(X) - batch + 1, batch):
-            yield X[order[i:i + batch]], y[order[i:i + batch]]
 
 
 @pytest.fixture(scope="module")

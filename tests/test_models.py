@@ -199,7 +199,7 @@ def test_custom_model_mistakes_are_one_error_line_in_every_command(case, command
     from pathlib import Path
 
     from lib import config as kc
-    from tests.test_task import MISTAKES
+    from tests.helpers import MISTAKES
 
     if case == "builtin":
         factory, needles = "os:getcwd", ("built into Python",)

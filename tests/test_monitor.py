@@ -15,7 +15,7 @@ import torch
 
 from lib import hardware
 from lib.monitor import Monitor
-from tests.test_hardware import fake_pynvml
+from tests.helpers import fake_pynvml
 
 CPU = torch.device("cpu")
 TRAIN_KEYS = {"step", "epoch", "loss", "lr", "samples_per_s", "mem_bytes", "mem_peak_bytes", "time"}

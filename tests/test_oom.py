@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from lib.oom import Injector, OutOfMemory, halve, is_oom
-from tests.test_trainer import assert_same_weights, make_config, manual, one_thread, run  # noqa: F401 (fixtures)
+from tests.helpers import assert_same_weights, manual, run
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def test_recognises_cuda_rocm_and_cpu_allocator_errors():

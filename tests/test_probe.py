@@ -11,7 +11,9 @@ from lib import probe
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
 from lib.task import load_task
-from tests.test_trainer import CPU, make_config, one_thread  # noqa: F401 (fixtures)
+from tests.helpers import CPU
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(autouse=True)

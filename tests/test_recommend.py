@@ -13,9 +13,10 @@ import pytest
 
 from lib import config as kconfig
 from lib.errors import PlanError
-from lib.plan import Plan
 from lib.recommend import (MODES, SCORE_HIGH, SCORE_LOW, DataSource, Recommendation, Shape, compute_hours,
                            data_warning, recommend_gpt2, score, state_fits, steps_for, token_budget, warnings_for)
+
+from tests.helpers import fake_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSERVATIVE, BALANCED, EXTREME = MODES
@@ -44,19 +45,6 @@ def test_the_score_is_a_log_scale_between_a_laptop_cpu_and_eight_h100s():
     # one H100, bf16: 989 TFLOP/s x 60% = 5.934e14: 10 x ln(29670) / ln(237360) = 8.32
     assert score(989e12 * 0.6) == 8.3
     assert score((SCORE_LOW * SCORE_HIGH) ** 0.5) == 5.0  # the geometric middle
-
-
-def fake_plan(step_seconds=0.1, fail=()):
-    def plan(config):
-        if config.gpt2_preset in fail:
-            raise PlanError(f"{config.gpt2_preset} does not fit. What would help: less")
-        return Plan(mode="auto", policy="planner", device_type="cpu", accelerator="cpu", device_name="cpu",
-                    world_size=1, micro_batch=8, grad_accum=64, effective_batch=512, target_effective_batch=512,
-                    eval_batch=8, compile=False, compile_mode=None, precision="fp32", grad_scaler=False, tf32=False,
-                    cudnn_benchmark=False, gradient_checkpointing=False, num_workers=0, cpu_threads=1,
-                    pin_memory=False, model="gpt2", predicted_step_seconds=step_seconds, predicted_run_seconds=100.0,
-                    predicted_energy_kwh=100.0 * 50 / 3.6e6)
-    return plan
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,30 +12,13 @@ import pytest
 import torch
 
 from lib import checkpoint
-from lib import config as kc
 
-ROOT = Path(__file__).resolve().parent.parent
-KFIT = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
+from tests.helpers import KFIT, kfit_env, write_config
 
 # LeNet at effective batch 16: long enough (300 steps) to be signalled mid-run, a few seconds in all.
 RUN = ("CONFIG_DEVICE_CPU=y\nCONFIG_EPOCHS=10\nCONFIG_MAX_STEPS=300\nCONFIG_TARGET_EFFECTIVE_BATCH=16\n"
        "CONFIG_LOG_INTERVAL=1\nCONFIG_EVAL_INTERVAL=100\nCONFIG_OUTPUT_DIR=\"runs\"\n"
        "CONFIG_CHECKPOINT_INTERVAL_STEPS=y\nCONFIG_CHECKPOINT_EVERY_STEPS=4\nCONFIG_CHECKPOINT_KEEP=3\n")
-
-
-def write_config(tmp_path: Path, text: str, name: str = ".config") -> Path:
-    (tmp_path / "fragment").write_text(text)
-    kc.make_defconfig("lenet5", [str(tmp_path / "fragment")], out=tmp_path / name)
-    return tmp_path / name
-
-
-def kfit_env(config: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("GPUS", "WORLD_SIZE", "RESUME", "KFIT_INJECT_OOM")}
-    # One thread: beside other test processes on few cores, two spinning OpenMP threads per run were
-    # measured 30x slower. All three runs use the same setting, so their losses stay comparable bit for bit.
-    return {**env, "KCONFIG_CONFIG": str(config), "OMP_NUM_THREADS": "1", **extra}
-
-
 def losses_by_step(run_dir: Path) -> dict[int, float]:
     """Step -> loss; a step logged twice (recomputed after resuming from an older checkpoint) keeps the last."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

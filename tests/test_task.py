@@ -12,6 +12,7 @@ from lib import config as kc
 from lib.errors import ConfigError
 from lib.models.custom import build_custom
 from lib.task import load_task
+from tests.helpers import MISTAKES
 
 FACTORY = textwrap.dedent('''
     import torch
@@ -103,41 +104,6 @@ def test_custom_model_trains_through_the_one_loop(tmp_path, user_module):
 # --------------------------------------------------------------------------
 # A mistake in a custom model is one error naming the factory (issue 16, defect 7)
 
-PARTS = '''
-import torch, torch.nn as nn, torch.nn.functional as F
-
-def make_batch(n, g):
-    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
-
-def loss_fn(out, y):
-    return F.cross_entropy(out, y)
-'''
-
-MISTAKES = {
-    # module source, factory, what the error must say (beside CONFIG_CUSTOM_MODEL_FACTORY="module:factory")
-    "raises": ("def build():\n    raise ValueError('no weights file')\n", "build",
-               ("calling", "ValueError: no weights file", "kfit_mistake_raises.py:2)", "takes no arguments")),
-    "syntax": ("def build(:\n", "build", ("importing", "SyntaxError: invalid syntax", "kfit_mistake_syntax.py:1)",
-                                          "fix the module")),
-    "import": ("import kfit_no_such_package\n", "build", ("ModuleNotFoundError", "kfit_no_such_package",
-                                                           "kfit_mistake_import.py:1)", "install")),
-    "no-parameters": (PARTS + "def build():\n    return nn.Identity(), make_batch, loss_fn\n", "build",
-                      ("(Identity) has no trainable parameters", "requires_grad")),
-    "vector-loss": (PARTS + "def build():\n    return nn.Linear(8, 4), make_batch, "
-                    "lambda out, y: F.cross_entropy(out, y, reduction='none')\n", "build",
-                    ("loss_fn returned a tensor of shape [2], not a scalar", "mean")),
-    "detached-loss": (PARTS + "def build():\n    return nn.Linear(8, 4), make_batch, "
-                      "lambda out, y: F.cross_entropy(out.detach(), y)\n", "build",
-                      ("does not depend on the model's parameters", ".detach()")),
-    "shapes": (PARTS + "def build():\n    return nn.Linear(5, 4), make_batch, loss_fn\n", "build",
-               ("forward (Linear) on inputs of shape [2, 8] (float32)", "RuntimeError: mat1 and mat2 shapes",
-                "accept make_batch's inputs")),
-    "loss-raises": (PARTS + "def bad_loss(out, y):\n    return out.view(3, -1).sum()\n"
-                    "def build():\n    return nn.Linear(8, 4), make_batch, bad_loss\n", "build",
-                    ("loss_fn(outputs, targets) raised RuntimeError", "kfit_mistake_loss_raises.py:10)")),
-    "batch-raises": (PARTS + "def build():\n    return nn.Linear(8, 4), lambda n, g: 1 / 0, loss_fn\n", "build",
-                     ("make_batch(96, generator) raised ZeroDivisionError", "kfit_mistake_batch_raises.py:10)")),
-}
 
 
 @pytest.fixture

@@ -8,48 +8,13 @@ import json
 import pytest
 import torch
 
-from lib import config as kc
 from lib.checkpoint import load_checkpoint, save_checkpoint
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
 from lib.trainer import Trainer, epoch_micro_batches, lr_at
+from tests.helpers import CPU, assert_same_weights, make_cifar, make_mnist, manual, run
 
-CPU = resolve_hardware(gpu="cpu")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Beside other test processes on few cores, two spinning OpenMP threads made these tiny runs up to 30x
-    slower (measured); results compared within a test all use the same setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def make_config(tmp_path):
-    def build(text: str, base: str = "lenet5"):
-        n = len(list(tmp_path.glob("fragment*")))
-        fragment = tmp_path / f"fragment{n}"
-        fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\n' + text)
-        return kc.make_defconfig(base, [str(fragment)], out=tmp_path / f"config{n}")
-    return build
-
-
-def run(config, **kwargs):
-    plan = resolve(config, CPU, ModelDescription.from_config(config))
-    trainer = Trainer(config, plan, CPU, log=lambda line: None, **kwargs)
-    return trainer, trainer.fit()
-
-
-def manual(batch: int, accum: int, extra: str = "") -> str:
-    return f"CONFIG_HYPER_PARAM_MANUAL=y\nCONFIG_BATCH_SIZE={batch}\nCONFIG_GRADIENT_ACCUMULATION={accum}\n{extra}"
-
-
-def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, atol: float) -> None:
-    for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
-        torch.testing.assert_close(p, q, atol=atol, rtol=1e-4, msg=name)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 # Gentle rates: in a chaotic stretch of training (SGD at 0.05 here) float rounding differences
@@ -189,8 +154,6 @@ def test_missing_data_directory_is_a_clear_error_before_anything_is_written(make
 
 @pytest.mark.parametrize("fmt,base", [("MNIST", "lenet5"), ("CIFAR10", "resnet18")])
 def test_trains_from_a_local_dataset_directory(make_config, tmp_path, fmt, base):
-    from tests.test_data import make_cifar, make_mnist
-
     root = make_mnist(tmp_path / "mnist") if fmt == "MNIST" else make_cifar(tmp_path / "cifar", 10)
     config = make_config(f'CONFIG_DATASET_DIR=y\nCONFIG_DATA_DIR="{root}"\nCONFIG_DATASET_FORMAT_{fmt}=y\n'
                          "CONFIG_MAX_STEPS=2\nCONFIG_TARGET_EFFECTIVE_BATCH=8\n", base=base)
