@@ -63,8 +63,6 @@ import ctypes
 import os
 import sys
 
-from ..env import environ as process_environ
-
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 64 * 1024
@@ -93,7 +91,7 @@ def _user_allocator_conf(environ) -> str | None:
 def expandable_segments(environ=None) -> bool:
     """Whether kfit's CUDA processes run the caching allocator with expandable segments: on Linux
     unless the user configured the allocator, else as the user's setting says."""
-    environ = process_environ() if environ is None else environ
+    environ = os.environ if environ is None else environ
     conf = _user_allocator_conf(environ)
     if conf is None:
         return sys.platform.startswith("linux")  # torch supports them there only
@@ -104,7 +102,7 @@ def expandable_segments(environ=None) -> bool:
 def use_expandable_segments(environ=None) -> bool:
     """Turn expandable segments on for this process and its children, unless the user configured the
     allocator; True when they are on. Takes effect only before the process first uses CUDA."""
-    environ = process_environ() if environ is None else environ
+    environ = os.environ if environ is None else environ
     if _user_allocator_conf(environ) is None and sys.platform.startswith("linux"):
         environ[CUDA_ALLOC_ENV[0]] = EXPANDABLE
     return expandable_segments(environ)
@@ -132,7 +130,7 @@ def _set(settings: tuple[tuple[int, int, str], ...]) -> bool:
     """mallopt each (param, value, env) the user has not set; False off glibc, under KFIT_KEEP_MALLOC=1,
     when the user set any of glibc's malloc variables, or when glibc refused a value."""
     libc = _glibc()
-    if libc is None or process_environ().get("KFIT_KEEP_MALLOC") == "1" or any(v in process_environ() for v in USER_ENV):
+    if libc is None or os.environ.get("KFIT_KEEP_MALLOC") == "1" or any(v in os.environ for v in USER_ENV):
         return False
     ok = True
     for param, value, _env in settings:

@@ -37,7 +37,7 @@ from ..memory import MemoryPredictor
 
 from .measure import measure_cpu
 from .report import Context, Result, failed, passed
-from ..env import environ
+from ..env import environ as process_environ
 
 STEPS = 20
 GiB, MiB = 2**30, 2**20
@@ -72,16 +72,16 @@ def run_training(config, plan, hardware):
 
 @contextlib.contextmanager
 def environ(**values: str):
-    saved = {k: environ().get(k) for k in values}
-    environ().update(values)
+    saved = {k: process_environ().get(k) for k in values}
+    process_environ().update(values)
     try:
         yield
     finally:
         for k, v in saved.items():
             if v is None:
-                environ().pop(k, None)
+                process_environ().pop(k, None)
             else:
-                environ()[k] = v
+                process_environ()[k] = v
 
 
 # --------------------------------------------------------------------------
