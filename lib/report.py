@@ -17,6 +17,7 @@ from . import config as kconfig
 from .errors import KfitError
 from .hardware import HardwareProfile, catalog, from_catalog, resolve_hardware
 from .hyperparams import ModelDescription, Plan, resolve
+from .planning.render import size
 from .units import GiB, format_bytes, gib
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -30,26 +31,6 @@ OVERHEAD_COLORS = {"host_heap": "#bab0ac", "sharded_host_heap": "#d7b5a6", "blas
                    "cpu_offload": "#8cd17d"}
 OVERHEAD_COLOR = "#bab0ac"
 CATEGORY_ORDER = (*COLORS, *OVERHEAD_COLORS)  # one order for every bar and legend on the page
-
-
-def size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    return format_bytes(n, 1)
-
-
-def memory_lines(plan: Plan, width: int = 30) -> list[str]:
-    """The planner's prediction as text: peak vs budget, then one bar per breakdown category."""
-    if plan.predicted_peak_bytes is None:
-        return []
-    share = plan.predicted_peak_bytes / plan.budget_bytes
-    lines = [f"  memory: predicted peak {size(plan.predicted_peak_bytes)} at micro-batch {plan.micro_batch} = "
-             f"{share:.0%} of the budget {size(plan.budget_bytes)}; evaluation at {plan.eval_batch}: "
-             f"{size(plan.eval_predicted_peak_bytes)}"]
-    for name, value in plan.memory_breakdown.items():
-        bar = "#" * max(1, round(width * value / plan.predicted_peak_bytes)) if value else ""
-        lines.append(f"    {name:<24} {size(value):>9}  {bar}")
-    return lines
 
 
 # --------------------------------------------------------------------------

@@ -88,3 +88,15 @@ def load_task(config: Config) -> Task:
                            image_size=info.image_size, grad_checkpointing=gradient_checkpointing)
 
     return Task(info=info, train=train, eval=test, build=build, loss=cross_entropy)
+
+
+_LAST: dict[str, Task] = {}  # one slot: planning traces one model at a time, and its data is loaded once
+
+
+def task_once(config: Config, key: str) -> Task:
+    """load_task(config), kept for the next call with the same `key` (the model's fingerprint): the memory
+    tracer, the sharded tracer's child and the step-time counter all plan from one loaded task."""
+    if key not in _LAST:
+        _LAST.clear()
+        _LAST[key] = load_task(config)
+    return _LAST[key]

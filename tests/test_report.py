@@ -15,9 +15,10 @@ import pytest
 from lib import config as kc
 from lib.hardware import catalog, from_catalog, resolve_hardware
 from lib.hyperparams import ModelDescription, TierPolicy, resolve
+from lib.planning.render import memory_lines
 from lib.report import (
     _breakdown_bar, _breakdown_legend, _peak_curve, format_matrix, hardware_warnings, machines,
-    memory_lines, plan_matrix, recommendations, render_report,
+    plan_matrix, recommendations, render_report,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

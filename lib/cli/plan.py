@@ -12,59 +12,7 @@ from .common import config_to_plan, hardware_from_env, plan_for
 from .flags import MACHINE, command
 from .. import config as kconfig
 from ..errors import KfitError
-
-
-def format_plan(plan, config, hardware, model) -> str:
-    from ..report import memory_lines
-
-    target = f" (target {plan.target_effective_batch})" if plan.target_effective_batch else " (MANUAL)"
-    rows = [
-        ("device", f"{plan.device_type} ({plan.device_name})", plan.reasons["device"]),
-        ("precision", plan.precision + (" + grad scaler" if plan.grad_scaler else ""), plan.reasons["precision"]),
-        ("compile", f"on ({plan.compile_mode})" if plan.compile else "off", plan.reasons["compile"]),
-        ("micro-batch", str(plan.micro_batch), plan.reasons["micro_batch"]),
-        ("grad accumulation", str(plan.grad_accum), plan.reasons["grad_accum"]),
-        ("effective batch", f"{plan.effective_batch}{target}",
-         f"{plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es)"
-         + (", the last micro-batch short" if plan.micro_batch * plan.grad_accum * plan.world_size
-            != plan.effective_batch else "")),
-        ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
-         plan.reasons.get("strategy", "")),
-        *([("gradient sync", f"per {plan.gradient_sync.replace('_', '-')}", plan.reasons["gradient_sync"])]
-          if "gradient_sync" in plan.reasons else []),
-        ("eval batch", str(plan.eval_batch), plan.reasons["eval_batch"]),
-        ("tf32", "on" if plan.tf32 else "off", plan.reasons["tf32"]),
-        ("cudnn benchmark", "on" if plan.cudnn_benchmark else "off", plan.reasons["cudnn_benchmark"]),
-        ("loader workers", f"{plan.num_workers}{' + pinned memory' if plan.pin_memory else ''}",
-         plan.reasons["workers"]),
-        ("cpu threads", str(plan.cpu_threads), plan.reasons["cpu_threads"]),
-        ("checkpointing", "on" if plan.gradient_checkpointing else "off",
-         plan.reasons.get("gradient_checkpointing", "")),
-        *time_rows(plan),
-    ]
-    lines = [f"Plan for {config.source} ({model.name}{'-' + model.preset if model.preset else ''}) "
-             f"on {hardware.source} hardware, policy {plan.policy}:"]
-    width = max(len(r[0]) for r in rows)
-    for name, value, why in rows:
-        lines.append(f"  {name:<{width}}  {value:<18} {why}")
-    lines += memory_lines(plan)
-    lines += [f"  note: {n}" for n in plan.notes]
-    return "\n".join(lines)  # the one-line summary is training's start line: the table says it all here
-
-
-def time_rows(plan) -> list[tuple[str, str, str]]:
-    """The predicted step time, throughput, run time and energy (lib.steptime), or why there are none."""
-    from ..monitor import format_seconds
-
-    why = plan.reasons.get("step_time", "")
-    if plan.predicted_step_seconds is None:
-        return [("step time", "unknown", why)] if why else []
-    energy = (f"{plan.predicted_energy_kwh:.2g} kWh" if plan.predicted_energy_kwh is not None else "unknown")
-    return [("step time", f"{plan.predicted_step_seconds * 1e3:.1f} ms", why),
-            ("throughput", f"{plan.predicted_samples_per_second:,.0f} samples/s", "over all processes"),
-            ("run time", format_seconds(plan.predicted_run_seconds), "the configured epochs/steps, evaluations "
-             "included (CONFIG_TIME_LIMIT caps it)"),
-            ("energy", energy, "the device's power limit x the run time (an upper bound)")]
+from ..planning.render import format_plan, time_rows  # noqa: F401  (time_rows: for scripts/cli_plan.py)
 
 
 def cmd_plan(args) -> int:

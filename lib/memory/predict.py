@@ -203,18 +203,6 @@ class Prediction:
 # The predictor and its cache
 
 
-_TASK: dict[str, object] = {}  # the last task loaded, by model fingerprint: data is loaded once
-
-
-def _task_for(config: Config, key: str):
-    from ..task import load_task
-
-    if key not in _TASK:
-        _TASK.clear()
-        _TASK[key] = load_task(config)
-    return _TASK[key]
-
-
 @contextlib.contextmanager
 def _tracing(config: Config, batch: int, parallel: dict | None, train: bool):
     """On a terminal, say on stderr which step is being traced (a cold trace of a large model takes seconds
@@ -292,7 +280,9 @@ class MemoryPredictor:
             if str(batch) not in self._entries(key):
                 with _tracing(config, batch, parallel, train):
                     if parallel is None:
-                        task = _task_for(config, json.dumps(contents["model"], sort_keys=True))
+                        from ..task import task_once
+
+                        task = task_once(config, json.dumps(contents["model"], sort_keys=True))
                         result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
                                             gradient_checkpointing=ckpt, train=train)
                     else:  # in a child process: the fake process group must not replace this process's own

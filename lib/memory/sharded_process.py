@@ -51,11 +51,10 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 class _Child:
-    """What the serving process keeps between requests: configs by text, tasks by model fingerprint."""
+    """What the serving process keeps between requests: configs by text (the task: lib.task.task_once)."""
 
     def __init__(self) -> None:
         self.configs: dict[tuple[str, str], Config] = {}
-        self.tasks: dict[str, object] = {}
 
     def config(self, text: str, source: str) -> Config:
         from ..config import read_config
@@ -69,14 +68,11 @@ class _Child:
         return self.configs[(text, source)]
 
     def task(self, config: Config):
-        from ..task import load_task
+        from ..task import task_once
         from .cache import model_fingerprint
 
         key = json.dumps(model_fingerprint(config), sort_keys=True)
-        if key not in self.tasks:
-            self.tasks.clear()  # data is loaded once per model, as predict._task_for
-            self.tasks[key] = load_task(config)
-        return self.tasks[key]
+        return task_once(config, key)
 
     def handle(self, request: dict) -> dict:
         if request.get("cwd"):

@@ -14,14 +14,15 @@ stretches they prove, so a cached plan traces nothing even when the budget moves
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import functools
 from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import NoFitError
-from ..hardware import HardwareProfile, format_size, gib
+from ..hardware import HardwareProfile, gib
 from ..models.registry import can_checkpoint
 from ..plan import BatchChoice
+from ..units import format_bytes
 
 if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
     from ..memory import MemoryPredictor, Prediction
@@ -48,25 +49,28 @@ def memory_budget(config: Config, hardware: HardwareProfile, device_type: str) -
     return int(free * share), f"{gib(free):.1f}GiB {where} x {profile_label(config)}"
 
 
-def _fmt(n: int) -> str:
-    return format_size(n, mb_decimals=0)
+_fmt = format_bytes  # sizes in the planner's reasons: 15MiB, 1.23GiB
 
 
-@dataclass(frozen=True)
 class PlannerPolicy:
-    """Largest micro-batch whose predicted peak fits free memory x the memory profile."""
+    """Largest micro-batch whose predicted peak fits free memory x the memory profile.
 
-    name: str = "planner"
-    cache_dir: str | None = None  # None: lib.memory.default_cache_dir() at each use
-    _predictor: list = field(default_factory=list, compare=False, repr=False)
+    It holds its memory predictor, made on first use, whose in-process memo of traces serves every plan the
+    policy makes; cache_dir None: lib.memory.default_cache_dir() at each use."""
 
-    @property
+    name = "planner"
+
+    def __init__(self, cache_dir: str | None = None) -> None:
+        self.cache_dir = cache_dir
+
+    def __repr__(self) -> str:
+        return f"PlannerPolicy(cache_dir={self.cache_dir!r})"
+
+    @functools.cached_property
     def predictor(self) -> "MemoryPredictor":
-        if not self._predictor:
-            from ..memory import MemoryPredictor
+        from ..memory import MemoryPredictor
 
-            self._predictor.append(MemoryPredictor(self.cache_dir))
-        return self._predictor[0]
+        return MemoryPredictor(self.cache_dir)
 
     def choose(self, *, config: Config, hardware: HardwareProfile, model, device_type: str, compile: bool,
                compile_mode: str | None, precision: str, world_size: int, target: int, strategy: str = "none",

@@ -196,18 +196,11 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
 # The cache
 
 
-_TASK: dict[str, object] = {}  # the last task loaded, by model fingerprint: data is loaded once
-
-
 def task_for(config: Config):
     from ..memory import model_fingerprint
-    from ..task import load_task
+    from ..task import task_once
 
-    key = json.dumps(model_fingerprint(config), sort_keys=True)
-    if key not in _TASK:
-        _TASK.clear()
-        _TASK[key] = load_task(config)
-    return _TASK[key]
+    return task_once(config, json.dumps(model_fingerprint(config), sort_keys=True))
 
 
 @functools.lru_cache(maxsize=2)
