@@ -12,6 +12,7 @@ from typing import Mapping
 from .. import distributed
 from ..env import env_bool, env_number, env_text
 from ..planning import Settings
+from .slurm import with_slurm
 
 # The variable that hands the launcher's plan to its ranks: a path to the plan as JSON (Plan.to_dict()).
 PLAN_VARIABLE = "KFIT_PLAN"
@@ -33,7 +34,7 @@ class Invocation:
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> "Invocation":
-        env = os.environ if env is None else env
+        env = with_slurm(os.environ if env is None else env)  # inside a SLURM job: its nodes, rank and host
         return cls(gpus=env_number("GPUS", int, None, env, minimum=1),
                    world_size=env_number("WORLD_SIZE", int, None, env, minimum=1),
                    nodes=distributed.nodes_range(env), resume=env_bool("RESUME", None, env),

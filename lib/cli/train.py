@@ -21,6 +21,7 @@ from ..errors import KfitError
 from ..planning.decisions import decide_device
 from .flags import command
 from .invocation import PLAN_VARIABLE, Invocation
+from .slurm import with_slurm
 
 
 
@@ -75,7 +76,7 @@ def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str
         with os.fdopen(fd, "w") as out:
             json.dump(plan.to_dict(), out)
         return distributed.run_torchrun(
-            nproc, _rank_script(), {**os.environ, PLAN_VARIABLE: path}, threads=plan.cpu_threads,
+            nproc, _rank_script(), {**with_slurm(os.environ), PLAN_VARIABLE: path}, threads=plan.cpu_threads,
             relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
             attempts=(config.oom_max_halvings or 0) if relaunch else 0)
     finally:

@@ -1,0 +1,70 @@
+"""Inside a SLURM allocation, `make train` on every node (`srun --ntasks-per-node=1 make train`) takes the node
+count, this node's rank and the rendezvous host from SLURM's environment, as it would from NNODES=, NODE_RANK=
+and MASTER_ADDR=. Anything the user sets explicitly wins."""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from ..errors import KfitError
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """SLURM's compressed host list as host names: 'gpu[01-03,07],login' -> gpu01, gpu02, gpu03, gpu07, login
+    (zero padding kept, as `scontrol show hostnames` prints them)."""
+    hosts, depth, part = [], 0, ""
+    for char in text.strip() + ",":
+        if char == "," and depth == 0:
+            if part:
+                hosts.extend(_expand_one(part))
+            part = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            raise KfitError(f"SLURM_JOB_NODELIST={text!r}: unbalanced brackets")
+        part += char
+    if depth:
+        raise KfitError(f"SLURM_JOB_NODELIST={text!r}: unbalanced brackets")
+    return hosts
+
+
+def _expand_one(part: str) -> list[str]:
+    if "[" not in part:
+        return [part]
+    prefix, _, rest = part.partition("[")
+    inside, _, suffix = rest.partition("]")
+    names = []
+    for item in inside.split(","):
+        match = _RANGE.match(item)
+        if match is None:
+            raise KfitError(f"SLURM host list item {item!r} in {part!r} is not a number or a range")
+        first, last = match.group(1), match.group(2) or match.group(1)
+        width = len(first)
+        names += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(first), int(last) + 1)]
+    return names
+
+
+def slurm_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """NNODES, NODE_RANK, MASTER_ADDR and RDZV_ID as SLURM's environment gives them, or {} outside a job."""
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return {}
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    listed = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    found = {"RDZV_ID": f"slurm-{job}"}
+    if nodes:
+        found["NNODES"] = nodes
+    if nodes and nodes != "1":
+        if env.get("SLURM_NODEID") is not None:
+            found["NODE_RANK"] = env["SLURM_NODEID"]
+        if listed:
+            found["MASTER_ADDR"] = expand_hostlist(listed)[0]
+    return found
+
+
+def with_slurm(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment with SLURM's answers filled in where the user set nothing."""
+    return {**slurm_variables(env), **env}

@@ -1,0 +1,40 @@
+"""Inside a SLURM allocation kfit takes the node count, node rank and rendezvous host from SLURM's variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lib import distributed
+from lib.cli.invocation import Invocation
+from lib.cli.slurm import expand_hostlist, slurm_variables, with_slurm
+from lib.errors import KfitError
+
+JOB = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
+       "SLURM_JOB_NODELIST": "gpu[07-08]"}
+
+
+def test_host_lists_expand_as_scontrol_prints_them():
+    assert expand_hostlist("gpu[01-03,07],login") == ["gpu01", "gpu02", "gpu03", "gpu07", "login"]
+    assert expand_hostlist("node9") == ["node9"]
+    assert expand_hostlist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
+    for bad in ("gpu[01-03", "gpu[x]", "gpu]01["):
+        with pytest.raises(KfitError, match="SLURM"):
+            expand_hostlist(bad)
+
+
+def test_a_slurm_job_sets_nodes_rank_and_host_unless_the_user_did():
+    assert slurm_variables({}) == {}
+    assert slurm_variables(JOB) == {"RDZV_ID": "slurm-4711", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "gpu07"}
+    assert slurm_variables({**JOB, "SLURM_JOB_NUM_NODES": "1"}) == {"RDZV_ID": "slurm-4711", "NNODES": "1"}
+    assert with_slurm({**JOB, "MASTER_ADDR": "10.0.0.9"})["MASTER_ADDR"] == "10.0.0.9"
+    run = Invocation.from_environment(JOB)
+    assert run.nodes == (2, 2) and run.planned_nodes == 2
+
+
+def test_the_torchrun_command_in_a_slurm_job_names_its_first_node():
+    command = distributed.torchrun_command(4, Path("kfit.py"), with_slurm(JOB))
+    at = command.index("--nnodes")
+    assert command[at:at + 8] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "gpu07",
+                                  "--master-port", "29500"]
