@@ -73,6 +73,7 @@ class Plan:
     predicted_samples_per_second: float | None = None  # over all processes
     predicted_run_seconds: float | None = None  # the configured epochs / steps (time limit), evaluations included
     predicted_energy_kwh: float | None = None  # the device's power limit x the run's time
+    predicted_mfu: float | None = None  # model FLOPs utilisation: counted FLOPs/s over the datasheet peak
 
     def to_dict(self) -> dict:
         d = asdict(self)

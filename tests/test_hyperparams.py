@@ -307,3 +307,23 @@ def test_apply_hyperparams_takes_the_scripts_values_strictly(make_config):
                           hardware=CPU)
     with pytest.raises(ConfigError, match="name the model"):
         apply_hyperparams(SimpleNamespace(), verbose=False, hardware=CPU)
+
+
+def test_a_plan_predicts_its_model_flops_utilisation(make_config):
+    """predicted_mfu = counted FLOPs per sample x predicted samples/s over the datasheet peak of the plan's
+    precision, on every GPU; it is in the plan's JSON and its table."""
+    from lib.planning.render import format_plan
+    from lib.steptime.device import GPU_COMPUTE_EFFICIENCY, gpu_device
+
+    config = make_config(base="gpt2-tiny")
+    model = ModelDescription.from_config(config)
+    h100 = from_catalog("h100")
+    plan = resolve(config, h100, model, 1)
+    per_sample, rate = re.match(r"([\d.,]+) GFLOP per sample x ([\d.,]+) samples/s", plan.reasons["mfu"]).groups()
+    peak = gpu_device("h100").flops(plan.precision, plan.tf32) / GPU_COMPUTE_EFFICIENCY
+    assert plan.predicted_mfu == pytest.approx(float(per_sample) * 1e9 * plan.predicted_samples_per_second / peak,
+                                               rel=1e-2)
+    assert 0 < plan.predicted_mfu < 1 and plan.to_dict()["predicted_mfu"] == plan.predicted_mfu
+    assert f"MFU   {plan.predicted_mfu:.1%}".replace("   ", " ") in " ".join(format_plan(plan, config, h100, model).split())
+    eight = resolve(config, dataclasses.replace(h100, gpus=h100.gpus * 8), model, 8)
+    assert "x 8" in eight.reasons["mfu"]  # every device's peak counts

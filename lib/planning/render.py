@@ -113,4 +113,6 @@ def time_rows(plan: Plan) -> list[tuple[str, str, str]]:
             ("throughput", f"{plan.predicted_samples_per_second:,.0f} samples/s", "over all processes"),
             ("run time", format_seconds(plan.predicted_run_seconds), "the configured epochs/steps, evaluations "
              "included (CONFIG_TIME_LIMIT caps it)"),
-            ("energy", energy, "the device's power limit x the run time (an upper bound)")]
+            ("energy", energy, "the device's power limit x the run time (an upper bound)"),
+            *([("MFU", f"{plan.predicted_mfu:.1%}", plan.reasons.get("mfu", ""))]
+              if plan.predicted_mfu is not None else [])]

@@ -110,4 +110,27 @@ def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, spee
                "kfit knows)")
         return dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why})
     fields, why = plan_predictions(config, plan, speed_model)
-    return dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields)
+    planned = dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields)
+    mfu, mfu_why = model_flops_utilisation(planned, speed_model)
+    return dataclasses.replace(planned, predicted_mfu=mfu, reasons={**planned.reasons, "mfu": mfu_why})
+
+
+def model_flops_utilisation(plan: Plan, speed_model) -> tuple[float | None, str]:
+    """The predicted model FLOPs utilisation: the step's counted FLOPs per sample (matmuls, convolutions and
+    attention: forward and backward, recomputation included under gradient checkpointing) x the predicted
+    samples/s, over the datasheet peak of the plan's precision on every device (a CPU: its measured peak)."""
+    from ..steptime.device import GPU_COMPUTE_EFFICIENCY
+
+    if plan.predicted_samples_per_second is None:
+        return None, "unknown: no predicted throughput"
+    device = speed_model.device
+    per_sample = speed_model.counts.micro_batch(plan.micro_batch).flops / plan.micro_batch
+    reachable = device.flops(plan.precision, plan.tf32)
+    peak = reachable / GPU_COMPUTE_EFFICIENCY if device.kind == "gpu" else reachable
+    devices = plan.world_size if device.kind == "gpu" else 1  # processes on a CPU share its cores
+    mfu = per_sample * plan.predicted_samples_per_second / (peak * devices)
+    where = (f"the {plan.precision}{' TF32' if plan.tf32 and plan.precision == 'fp32' else ''} datasheet peak "
+             f"{peak / 1e12:,.1f} TFLOP/s x {devices}" if device.kind == "gpu"
+             else f"this CPU's measured {plan.precision} peak {peak / 1e9:,.1f} GFLOP/s")
+    return mfu, (f"{per_sample / 1e9:,.3g} GFLOP per sample x {plan.predicted_samples_per_second:,.1f} samples/s "
+                 f"over {where}")
