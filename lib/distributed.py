@@ -145,6 +145,11 @@ _SIGNAL_EXIT = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _RANK_EXCEPTION = re.compile(r"^\[rank\d+\]:")  # torch prefixes a rank's uncaught exception with its rank
+# The c10d store's C++ warning when the machine hosting the rendezvous store leaves first: on a run that
+# finished, another machine's torchrun agent is still in its exit barrier's wait (a race in torchrun, harmless),
+# and prints this line with a C++ stack dump. It goes to torchrun's log, with the frames under it.
+_STORE_WARNING = re.compile(r"^\[[WE]\d{4} [\d:.]+ TCPStore\.cpp:\d+\] \[c10d\]")
+_CPP_DUMP = re.compile(r"^(Exception raised from |frame #\d+: |<omitting python frames>)")
 
 
 class TorchrunOutput:
@@ -166,8 +171,14 @@ class TorchrunOutput:
         # ranks' uncaught exceptions, shown at the end unless a killed rank explains them: when a rank dies,
         # the others fail in their next collective ("Connection reset by peer") with tracebacks of their own
         self.rank_exceptions: list[str] = []
+        self.in_dump = False  # inside a c10d store warning's C++ stack dump
 
     def feed(self, line: str) -> None:
+        if _STORE_WARNING.match(line) or (self.in_dump and _CPP_DUMP.match(line)):
+            self.in_dump = True
+            self.kept.append(line)
+            return
+        self.in_dump = False
         if self.block is not None:  # a traceback's first frame tells whose it is
             self.block.append(line)
             if not line.startswith("  File"):
@@ -261,6 +272,11 @@ def _explain(output: TorchrunOutput, code: int, log_path: Path | None) -> int:
               f"stopped the others{where}; 'make train' resumes from the last checkpoint, if one was saved",
               file=sys.stderr)
         return 128 + number
+    if exitcode == 128 + signal.SIGTERM:  # torchrun stopped its ranks, and nothing here asked it to
+        print(f"error: torchrun stopped the training processes (SIGTERM) without being asked: another machine of "
+              f"the run left or failed{where}; they saved a checkpoint first; 'make train' on every machine resumes "
+              "from it", file=sys.stderr)
+        return exitcode
     if exitcode is not None and exitcode > 0:
         return exitcode  # the rank printed its own error
     if output.failure:
@@ -352,12 +368,28 @@ def setup(device_type: str) -> Rank:
     return rank
 
 
+# What a collective raises when another process of the job is gone (gloo's and NCCL's words, and c10d's store)
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+              "DistNetworkError", "recvValueWithTimeout failed", "Socket Timeout", "remote process exited")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether `error` says another training process (a rank, or a whole machine) stopped under this one."""
+    text = f"{type(error).__name__}: {error}"
+    return isinstance(error, RuntimeError) and any(words in text for words in _PEER_LOST)
+
+
 def teardown() -> None:
     """Leave the process group. Everything holding tensors must be released first: gloo aborts at exit
-    ('terminate called without an active exception') about 1 run in 4 otherwise."""
+    ('terminate called without an active exception') about 1 run in 4 otherwise. With a peer gone the
+    closing barrier cannot complete: the group is left without it."""
     if dist.is_available() and dist.is_initialized():
         gc.collect()
-        dist.barrier()
+        try:
+            dist.barrier()
+        except RuntimeError as err:
+            if not peer_lost(err):
+                raise
         dist.destroy_process_group()
 
 

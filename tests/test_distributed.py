@@ -310,3 +310,14 @@ def test_the_launcher_never_hands_the_ranks_zero_threads():
     for given in ("0", "-2", ""):
         assert distributed._with_threads(2, {"OMP_NUM_THREADS": given}, 3)["OMP_NUM_THREADS"] == "3"
     assert distributed._with_threads(2, {"OMP_NUM_THREADS": "5"}, 3)["OMP_NUM_THREADS"] == "5"  # the user's stays
+
+
+def test_the_store_warning_of_a_finished_multi_node_run_goes_to_the_log():
+    dump = ("[W1124 11:49:25.708396638 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=3): "
+            "Failed to recv, got 0 bytes. Connection was likely closed.\n"
+            "Exception raised from recvBytes at torch/csrc/distributed/c10d/Utils.hpp:787 (most recent call first):\n"
+            "frame #0: c10::Error::Error(c10::SourceLocation) + 0x9d (0x7f in libc10.so)\n"
+            "<omitting python frames>\n"
+            "frame #34: _start + 0x21 (0x55 in python)\n")
+    output, shown = _read(dump + "a rank's line\n")
+    assert shown == "a rank's line\n" and "".join(output.kept) == dump

@@ -1,7 +1,8 @@
 """The train and export commands: fallback, launch under torchrun, probe, resume, train.
 
 Exit status: 0 done; 1 the loss diverged; 2 an error the user can fix; 3 the training
-device failed for good (a checkpoint of the last good step where one could be saved);
+device failed for good (a checkpoint of the last good step where one could be saved), or another process
+of the run (a rank, a machine) stopped;
 4 stopped on low battery (CONFIG_BATTERY_STOP); 130 / 143 stopped by SIGINT / SIGTERM
 after saving a checkpoint. After 3, 4, 130 and 143, 'make train' resumes.
 """
@@ -104,6 +105,10 @@ def _handed_plan(config, hardware, run: Invocation, world_size: int, log):
     return plan_for(config, hardware, world_size)
 
 
+# A process of the run stopped under this one: resumable, like a failed device (exit status 3)
+PEER_LOST_EXIT = 3
+
+
 def cmd_train(args) -> int:
     import torch
 
@@ -146,6 +151,11 @@ def cmd_train(args) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except (torch.OutOfMemoryError, RuntimeError) as err:
+        if distributed.peer_lost(err):
+            print(f"error: rank {rank.rank} lost another training process of the run ({' '.join(str(err).split())[:160]}): "
+                  "a machine or a rank stopped; 'make train' on every machine resumes from the last checkpoint",
+                  file=sys.stderr)
+            return PEER_LOST_EXIT
         if not is_oom(err):
             raise
         what = ("CONFIG_OOM_RECOVERY is off" if not config.oom_recovery else
