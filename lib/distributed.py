@@ -149,6 +149,8 @@ _RANK_EXCEPTION = re.compile(r"^\[rank\d+\]:")  # torch prefixes a rank's uncaug
 # finished, another machine's torchrun agent is still in its exit barrier's wait (a race in torchrun, harmless),
 # and prints this line with a C++ stack dump. It goes to torchrun's log, with the frames under it.
 _STORE_WARNING = re.compile(r"^\[[WE]\d{4} [\d:.]+ TCPStore\.cpp:\d+\] \[c10d\]")
+# a surviving rank's own line when a peer is gone (lib/cli/train.py): the consequence, like its tracebacks
+_PEER_LOST_LINE = re.compile(r"^error: rank \d+ lost another training process")
 _CPP_DUMP = re.compile(r"^(Exception raised from |frame #\d+: |<omitting python frames>)")
 
 
@@ -194,7 +196,7 @@ class TorchrunOutput:
             self.kept.append(line)
             self._read_report(line)
             return
-        if _RANK_EXCEPTION.match(line):
+        if _RANK_EXCEPTION.match(line) or _PEER_LOST_LINE.match(line):
             self.rank_exceptions.append(line)
             return
         if line.startswith("Traceback (most recent call last):"):
