@@ -338,6 +338,9 @@ class Trainer:
         the run (checkpoints.py)."""
         return self.checkpoints.judge(entry, final)
 
+    def save(self, path: Path, final_eval: dict | None = None, keep: int = 0) -> Path:
+        return self.checkpoints.save(path, final_eval, keep)
+
     def save_periodic(self) -> Path:
         return self.checkpoints.save_periodic()
 
