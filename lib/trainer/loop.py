@@ -46,8 +46,8 @@ from .engine import Engine
 from .evaluation import Evaluator
 from .initial import load_initial, not_both
 from .recovery import Recovery
-from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due, output_directory
-from .rundir import RunDirectory, marker_rungs
+from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
+from .rundir import RunDirectory, marker_rungs, output_directory
 from .timing import StepTimer, finish_line, format_seconds
 from .windows import Progress, epoch_micro_batches
 
