@@ -116,7 +116,7 @@ class Conditions:
             return
         self.percent = state.percent if low else None
         if c.battery_stop:
-            self.stop_requested = True  # every rank stops after the next step, when all have agreed (loop.py optimizer_step)
+            self.stop_requested = True  # every rank stops after the next step, when all have agreed (loop.py)
             return
         self.event("battery_low", f"On battery at {state.percent:.0f}% (below CONFIG_BATTERY_LOW_PERCENT="
                    f"{c.battery_low_percent}): a checkpoint every {c.battery_checkpoint_minutes} minute(s) until "
