@@ -32,6 +32,8 @@ import torch
 from .checkpoint import full_disk_is_an_error
 from .fileio import format_bytes
 from .hardware import THROTTLE_KIND, GpuTelemetry, HardwareProfile, device_memory, on_battery
+from .hardware.host import BatteryState, battery_state  # noqa: F401  (re-exported for the trainer)
+from .hardware.runtime import is_device_lost
 
 REDRAW_S = 0.1  # progress-bar refresh period
 BAR_WIDTH = 20
@@ -46,6 +48,19 @@ _THROTTLE_FIX = {
     "thermal": "check cooling, airflow and fan speed (nvidia-smi -q -d TEMPERATURE,PERFORMANCE)",
     "power": "check the power limit and supply (nvidia-smi -q -d POWER,PERFORMANCE)",
 }
+
+
+# The live readings the trainer acts on, through the monitor (the trainer imports no lib.hardware module):
+# the battery (conditions.py's default sensor), a thermal throttle in a GPU reading, a device lost for good.
+def device_lost(error: BaseException) -> bool:
+    """Whether `error` says the device (or this process's context on it) cannot be used again: ECC, lost,
+    a launch failure (lib/hardware/runtime.py)."""
+    return is_device_lost(error)
+
+
+def thermal_throttle(reading: dict) -> bool:
+    """Whether a telemetry reading (Monitor.read_telemetry) names a thermal throttle reason."""
+    return any(THROTTLE_KIND.get(name) == "thermal" for name in reading.get("throttle", ()))
 
 
 def format_duration(seconds: float) -> str:

@@ -12,7 +12,7 @@ Fault injection (environment, read when a run starts):
                               more than 16 samples raises OutOfMemoryError: a
                               device that holds 16 samples, simulated on the CPU,
                               until a rung of the out-of-memory ladder other than
-                              halving has been taken (lib/trainer/ladder.py): the
+                              halving has been taken (lib/planning/ladder.py): the
                               rung made the step fit. KFIT_INJECT_OOM_ABOVE=0 fails
                               every micro-batch until then.
   KFIT_INJECT_DEVICE_LOST=5   the first micro-batch forward of optimizer step 5

@@ -312,7 +312,7 @@ def test_an_unusable_output_dir_is_refused_before_any_work(tmp_path, monkeypatch
     if not Path(value).parent.is_dir():
         pytest.skip(f"{Path(value).parent} does not exist here")
     config = dataclasses.replace(configured(tmp_path)[0], output_dir=value)
-    monkeypatch.setattr("lib.trainer.stepper.load_task", lambda config: pytest.fail("the data was loaded"))
+    monkeypatch.setattr("lib.trainer.loop.load_task", lambda config: pytest.fail("the data was loaded"))
     with pytest.raises(KfitError) as refused:
         trainer(config)
     message = str(refused.value)

@@ -1,12 +1,16 @@
 """The one training loop, for every model, as a package (each module imports its siblings directly):
 
-  loop.py        Trainer: the epoch loop, its logging, evaluations, checkpoints and stops; train()
-  stepper.py     Stepper, the Trainer's base: the model, optimizer and one optimizer step (DDP, out-of-memory redo)
-  (the out-of-memory ladder past halving is lib/planning/ladder.py)
+  loop.py        Trainer: holds the parts below and runs the epochs: logging, evaluations, one step's
+                 agreement across ranks, the stops; train()
+  rundir.py      RunDirectory: its name, claim and lock, run files and plan.json, pruning, the FSDP out-of-memory marker
+  engine.py      Engine: the model, optimizer and scaler; DDP/FSDP/compile; forward/backward over a window; update
+  recovery.py    Recovery: the plan and Progress as out-of-memory changes them (halving, the ladder's rungs, the
+                 FSDP relaunch), or resuming on another device; every change through lib/planning/ladder.py
+  checkpoints.py Checkpoints: save, restore, sharded checkpoints, best-k, the stops that save first
   conditions.py  heat and battery: pause until the GPU cools, checkpoint more often or stop on a low battery
   windows.py     which samples a step sees: the epoch order, windows, per-rank micro-batches; Progress
-  resume.py      checkpoint contents, RNG state, the run directory, stopping on SIGTERM/SIGINT (or by itself:
-                 a lost device, exit 3; a low battery, exit 4), the checkpoint interval
+  resume.py      checkpoint contents, RNG state, RESUME_FROM, stopping on SIGTERM/SIGINT (or by itself: a lost
+                 device, exit 3; a low battery, exit 4), the checkpoint interval
   evaluation.py  the eval split's loss and metric, on rank 0
   best.py        best-k checkpoints and early stopping by CONFIG_CHECKPOINT_BEST_METRIC
   initial.py     INIT_FROM: a new run from trained weights, checked by name and shape
@@ -16,7 +20,8 @@
 
 from .evaluation import Evaluator
 from .loop import OnEval, Trainer, TrainResult, train
-from .resume import TrainingInterrupted, run_directory, versions
+from .resume import TrainingInterrupted, versions
+from .rundir import run_directory
 from .schedule import lr_at
 from .windows import Progress, epoch_micro_batches, split_batches
 

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import Config
-from ..hardware import THROTTLE_KIND
-from ..hardware.host import BatteryState, battery_state
+from ..monitor import BatteryState, battery_state, thermal_throttle
 from .resume import BATTERY_EXIT, StoppedToResume, resume_command
 
 POLL_S = 5.0  # between readings while paused
@@ -37,10 +36,6 @@ class Sensors:
     battery: Callable[[], BatteryState | None] = battery_state
     sleep: Callable[[float], None] = time.sleep
     battery_every_s: float = 60.0
-
-
-def thermal_throttle(reading: dict) -> bool:
-    return any(THROTTLE_KIND.get(name) == "thermal" for name in reading.get("throttle", ()))
 
 
 class Conditions:
@@ -121,7 +116,7 @@ class Conditions:
             return
         self.percent = state.percent if low else None
         if c.battery_stop:
-            self.stop_requested = True  # every rank stops after the next step, when all have agreed (stepper.py)
+            self.stop_requested = True  # every rank stops after the next step, when all have agreed (loop.py)
             return
         self.event("battery_low", f"On battery at {state.percent:.0f}% (below CONFIG_BATTERY_LOW_PERCENT="
                    f"{c.battery_low_percent}): a checkpoint every {c.battery_checkpoint_minutes} minute(s) until "

@@ -1,42 +1,57 @@
-"""The one training loop, for every model. It reads only the Config and the Plan.
+"""The one training loop, for every model. It reads only the Config and the Plan (and the HardwareProfile it
+is handed, for the ladder's bf16 question).
 
-`Trainer` runs epochs of optimizer steps (stepper.py takes each one), with the
-log lines, evaluations (evaluation.py), periodic checkpoints (resume.py) and the
-stops: epochs done, CONFIG_MAX_STEPS, the time limit, early stopping (best.py, which
-also keeps the best-k checkpoints), or SIGTERM/SIGINT after a checkpoint. Which samples each step sees is windows.py's. After each step the
-heat and battery policies run (conditions.py). A device that fails for good
-(is_device_lost: ECC, lost, launch failure) saves the last completed step's
-state where it can still be read and stops with the command that resumes
-(exit 3); resumed on another device, the run plans its micro-batch again.
+`Trainer` holds the parts of a run and runs its epochs of optimizer steps:
+  directory    rundir.py       the run directory: claim, lock, run files, plan.json, pruning
+  engine       engine.py       the model, optimizer and scaler, DDP/FSDP/compile, forward/backward, the update
+  recovery     recovery.py     the plan and Progress: out-of-memory halving, the ladder's rungs, the FSDP marker
+  checkpoints  checkpoints.py  save, restore, sharded checkpoints, best-k, the stops that save first
+with the log lines, evaluations (evaluation.py), periodic checkpoints and the stops: epochs done,
+CONFIG_MAX_STEPS, the time limit, early stopping (best.py), or SIGTERM/SIGINT after a checkpoint. Which samples
+each step sees is windows.py's. After each step the heat and battery policies run (conditions.py). A device
+that fails for good (the monitor's device_lost: ECC, lost, launch failure) saves the last completed step's
+state where it can still be read and stops with the command that resumes (exit 3); resumed on another device,
+the run plans its micro-batch again.
+
+One optimizer step: the engine accumulates this rank's micro-batches of the window; one collective tells
+every rank whether any ran out of memory (or must stop); after out-of-memory the step is redone with the
+same samples as recovery.py changed the plan. Under FSDP out-of-memory cannot be redone in place (one rank
+cannot leave the collectives alone): the rank marks the run directory and the launcher relaunches the run
+from its last checkpoint (mark_oom).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import checkpoint, distributed, tracking
+import torch
+
+from .. import distributed, tracking
 from ..config import Config
 from ..hardware import HardwareProfile
-from ..hardware.runtime import is_device_lost
-from ..monitor import Monitor
+from ..monitor import Monitor, device_lost
+from ..oom import is_oom
 from ..plan import Plan
-from ..task import Task
+from ..step import configure_backends, seed_everything
+from ..task import Task, load_task
 from . import best
-from .evaluation import Evaluator
+from .checkpoints import Checkpoints
 from .conditions import Conditions, Sensors
-from .resume import (DEVICE_LOST_EXIT, MIN_AUTO_INTERVAL_S, StoppedToResume, TrainingInterrupted, resume_command,
-                     write_run_files)
-from .stepper import Log, Stepper
+from .engine import Engine
+from .evaluation import Evaluator
+from .initial import load_initial, not_both
+from .recovery import Recovery
+from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
+from .rundir import RunDirectory, marker_rungs, output_directory
 from .timing import StepTimer, finish_line, format_seconds
-from .windows import epoch_micro_batches
+from .windows import Progress, epoch_micro_batches
 
+Log = Callable[[str], None]
 # Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
 # (optuna.TrialPruned, say) ends training and propagates to the caller of train().
 OnEval = Callable[[int, int, dict], None]
@@ -54,26 +69,108 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
 
 
-class Trainer(Stepper):
-    """A Stepper (the model, its optimizer, one step) and the run around its steps."""
+class Trainer:
+    """The parts of one run (directory, engine, recovery, checkpoints) and the epochs of steps around them."""
 
     def __init__(self, config: Config, plan: Plan, hardware: HardwareProfile, *,
                  run_dir: Path | None = None, log: Log = print, task: Task | None = None,
                  on_eval: OnEval | None = None, resume: Path | None = None, sensors: Sensors | None = None,
                  init_from: Path | None = None) -> None:
+        """resume: a run directory to continue from its newest readable checkpoint (the resume search's pick),
+        or a checkpoint file or sharded directory to continue from exactly (RESUME_FROM, checked by
+        resume.resume_point); init_from: weights a new run starts from (INIT_FROM, initial.py)."""
         tracking.check(config.tracking)  # a missing tracker package stops the run before its directory exists
-        super().__init__(config, plan, hardware, run_dir=run_dir, log=log, task=task, resume=resume,
-                         init_from=init_from)
+        not_both(resume, init_from)
+        self.rank = distributed.current() if torch.distributed.is_initialized() else distributed.SINGLE
+        self.config, self.hardware = config, hardware
+        self.log = log if self.rank.is_main else (lambda line: None)
+        if self.rank.is_main:
+            output_directory(config)  # an unusable CONFIG_OUTPUT_DIR is refused before any work
+        seed_everything(config.seed)
+        configure_backends(plan)
+        self.device = distributed.device_for(self.rank, plan.device_type)
+        self.task = task or load_task(config)  # a data error first: before anything is written
+        # then what else the user can get wrong, still before the run directory exists
+        best.check_metric(config, self.task.info.kind, config.model)
+        initial = load_initial(init_from, self.task) if init_from is not None else None
+        self.directory, resume, chosen = RunDirectory.claim(config, self.rank, run_dir, resume, self.log)
+        self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
+        self.monitor: Monitor | None = None
+        self.recovery = Recovery(config, plan, hardware, self.rank.world_size,
+                                 can_checkpoint=lambda: self.engine.can_checkpoint, apply=self.follow,
+                                 event=self.event, log=self.log)
+        if resume is not None:  # a relaunch after out-of-memory under FSDP: its rungs shape the model and its shards
+            self.recovery.relaunch_rungs(marker_rungs(resume))
+        self.engine = Engine(config, self.plan, self.task, self.rank, self.device,
+                             initial_weights=initial.weights if initial is not None else None)
+        if initial is not None:
+            self.recovery.deferred.append(("init_from", initial.message(), initial.record()))
+            self.directory.write_init_record(initial.record())
+            initial.weights = None
+        self.started = time.perf_counter()
+        self.checkpoints = Checkpoints(config, hardware, self.rank, self.directory, self.engine, self.recovery,
+                                       elapsed=self.elapsed, event=self.event, log=self.log)
+        self.resumed_from = self.checkpoints.restore(chosen) if resume is not None else None
+        self.engine.wrap(self.plan)
+        self.recover_oom = config.oom_recovery and not self.sharded
+        self.windows_per_epoch = len(epoch_micro_batches(len(self.train_split), self.progress.window_size, 0, 0))
+        total = config.epochs * self.windows_per_epoch
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        self.signals = StopSignals()
+        self.checkpoint_now = False
+        self.battery_stop = False  # all ranks agreed to stop for a low battery (conditions.py) after this step
+        self.conditions: Conditions | None = None  # heat and battery, while fit() runs
         self.on_eval = on_eval
         self.sensors = sensors or Sensors()
-        self.evaluator = Evaluator(self.task, config, self.device, self.inject)
-        self.saved_step: int | None = None  # the step of the last periodic checkpoint
+        self.evaluator = Evaluator(self.task, config, self.device, self.engine.inject)
+
+    # -- the parts' state, as the Trainer's own ------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        return self.recovery.plan
+
+    @plan.setter
+    def plan(self, plan: Plan) -> None:
+        self.recovery.plan = plan
+
+    @property
+    def progress(self) -> Progress:
+        return self.recovery.progress
+
+    @progress.setter
+    def progress(self, progress: Progress) -> None:
+        self.recovery.progress = progress
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self.engine.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self.engine.optimizer
+
+    @property
+    def run_dir(self) -> Path:
+        return self.directory.path
+
+    @property
+    def sharded(self) -> bool:
+        return self.engine.sharded
+
+    @property
+    def saves(self) -> bool:
+        """Whether this rank takes part in saving: rank 0, or every rank of a sharded run."""
+        return self.checkpoints.saves
+
+    @property
+    def parameters(self) -> int:
+        return self.engine.parameters
 
     def fit(self) -> TrainResult:
         config, plan, log, p = self.config, self.plan, self.log, self.progress
         main = self.rank.is_main
-        if main:
-            write_run_files(self.run_dir, config, plan, self.hardware)
+        self.directory.write_files(config, plan, self.hardware)
         log(f"Data: {self.info.description}")
         log(f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
             f"{self.parameters:,} parameters, on {plan.device_type} ({plan.precision}); "
@@ -98,10 +195,10 @@ class Trainer(Stepper):
         stop_reason, final = "epochs", {}
         self.signals.install()
         self.model.train()
-        self.started = self.last_checkpoint = self.interval_start = time.perf_counter()
+        self.started = self.checkpoints.last_checkpoint = self.interval_start = time.perf_counter()
         try:
             self.monitor.start()
-            for kind, message, data in self.deferred:
+            for kind, message, data in self.recovery.deferred:
                 self.monitor.event(kind, message, **data)
             if self.resumed_from is not None:
                 # a checkpoint of fewer processes holds a larger micro-batch than this run's share of a window
@@ -114,13 +211,13 @@ class Trainer(Stepper):
                 while p.epoch < config.epochs and stop_reason == "epochs" and p.step < self.total_steps:
                     stop_reason = self.run_epoch(history)
             except RuntimeError as err:
-                if is_device_lost(err):
-                    self.device_lost(err)
+                if device_lost(err):
+                    self.checkpoints.device_lost(err)
                 raise
             if stop_reason == "epochs" and config.max_steps and p.step >= config.max_steps:
                 stop_reason = "max_steps"  # resumed from a checkpoint taken at the last step
             self.timer.finish()
-            seconds, self.feed = self.elapsed(), None
+            seconds, self.engine.feed = self.elapsed(), None
             if self.saves:
                 # early stopping has just evaluated this very step: its metrics are the final ones
                 last = history[-1] if stop_reason == "early_stop" else {}
@@ -129,10 +226,7 @@ class Trainer(Stepper):
                 history.append(final)
                 self.judge(final, final=True)
                 final = {k: v for k, v in final.items() if k not in ("step", "epoch", "final")}
-                path = self.save(checkpoint.final_path(self.run_dir, self.sharded), final)
-                if main:
-                    for _, old in checkpoint.periodic_checkpoints(self.run_dir):
-                        checkpoint.remove(old)  # the finished run's checkpoint supersedes them
+                path = self.checkpoints.save_final(final)
                 why = {"epochs": f"{config.epochs} epoch(s) done", "max_steps": "CONFIG_MAX_STEPS reached",
                        "time_limit": "CONFIG_TIME_LIMIT reached",
                        "early_stop": "CONFIG_EARLY_STOP_PATIENCE reached"}.get(stop_reason, stop_reason)
@@ -140,7 +234,7 @@ class Trainer(Stepper):
                 self.monitor.event("finished", f"Saved {path} ({why}: {p.step} steps, {p.samples:,} samples in "
                                    f"{seconds:.1f}s)", path=str(path), stop_reason=stop_reason)
         finally:
-            self.feed = None
+            self.engine.feed = None
             self.signals.restore()
             self.monitor.close()
             self.release_run_directory()
@@ -168,7 +262,7 @@ class Trainer(Stepper):
         training stops ("max_steps", "time_limit", "early_stop"); raises TrainingInterrupted on SIGTERM or SIGINT."""
         config, p = self.config, self.progress
         windows = epoch_micro_batches(len(self.train_split), p.window_size, config.seed, p.epoch)
-        self.feed = None
+        self.engine.feed = None
         while p.window < len(windows):
             started = time.perf_counter()
             loss, timed_out, signalled = self.optimizer_step(windows, p.window, p.step)
@@ -198,7 +292,7 @@ class Trainer(Stepper):
                 self.conditions.stop_for_battery(p.step, self.save_periodic() if self.saves else None)  # exit 4
             paused = self.conditions.after_step(p.step)  # heat and battery: may pause, or ask to stop
             self.started, self.interval_start = self.started + paused, self.interval_start + paused
-            if self.checkpoint_now and self.saves and p.step < self.total_steps and self.saved_step != p.step:
+            if self.checkpoint_now and self.saves and p.step < self.total_steps and self.checkpoints.saved_step != p.step:
                 path = self.save_periodic()
                 self.monitor.event("checkpoint", f"Checkpoint at step {p.step}: {path.name}", path=str(path))
         stop = False
@@ -222,11 +316,7 @@ class Trainer(Stepper):
         return entry
 
     def evaluate(self) -> dict:
-        return self.evaluator(self.model, self.plan, self.eval_batch_halved)
-
-    def eval_batch_halved(self, before: int, after: int) -> None:
-        self.plan = dataclasses.replace(self.plan, eval_batch=after)
-        self.event("oom_recovery", f"Out of memory in evaluation: eval batch {before} -> {after}", eval_batch=after)
+        return self.evaluator(self.model, self.plan, self.recovery.eval_batch_halved)
 
     def log_eval(self, step: int, epoch: int, final: bool = False, result: dict | None = None) -> dict:
         """Evaluate and report: rank 0 only (the others wait at the next step's collective), or under
@@ -244,78 +334,96 @@ class Trainer(Stepper):
         return entry
 
     def judge(self, entry: dict, final: bool = False) -> bool:
-        """After an evaluation: save it as a best-<step> checkpoint when it is among the best k, and say whether
-        early stopping ends the run (best.py). Rank 0 judges and every rank follows: a sharded save needs all
-        of them. The final evaluation only ranks (under DDP only rank 0 reaches it)."""
-        config, p = self.config, self.progress
-        if not (config.checkpoint_best_keep or config.early_stop_patience):
-            return False
-        verdict = best.judge(config, p, entry["step"], entry) if self.rank.is_main else None
-        if not final or self.sharded:
-            verdict = distributed.broadcast(verdict)
-        entered, stop = verdict
-        if entered and self.saves:
-            metrics = {k: v for k, v in entry.items() if k not in ("step", "epoch", "final")}
-            path = self.save(checkpoint.best_path(self.run_dir, p.step, self.sharded), metrics)
-            if self.rank.is_main:
-                checkpoint.prune_best(self.run_dir, [step for step, _ in p.best])
-                metric = config.checkpoint_best_metric
-                self.monitor.event("best_checkpoint", f"Best checkpoint: {path.name} ({metric} {entry[metric]:.4g}; "
-                                   f"keeping the best {config.checkpoint_best_keep})", path=str(path),
-                                   metric=metric, value=entry[metric])
-        if stop is None or final:
-            return False
-        if self.rank.is_main:
-            self.monitor.event("early_stop", stop, metric=config.checkpoint_best_metric,
-                               best_step=p.early_best[0], best_value=p.early_best[1])
-        return True
+        """After an evaluation: keep it as a best-k checkpoint where it ranks, and whether early stopping ends
+        the run (checkpoints.py)."""
+        return self.checkpoints.judge(entry, final)
+
+    def save(self, path: Path, final_eval: dict | None = None, keep: int = 0) -> Path:
+        return self.checkpoints.save(path, final_eval, keep)
 
     def save_periodic(self) -> Path:
-        path = self.save(checkpoint.periodic_path(self.run_dir, self.progress.step, self.sharded),
-                         keep=self.config.checkpoint_keep)
-        if self.rank.is_main:
-            checkpoint.prune(self.run_dir, self.config.checkpoint_keep)
-        self.last_checkpoint, self.saved_step = time.perf_counter(), self.progress.step
-        return path
-
-    def device_lost(self, err: BaseException) -> None:
-        """The device failed for good: save the last completed step's state where the tensors are still
-        consistent and readable (else the newest checkpoint stands), say how to resume, stop (exit 3)."""
-        p, reason = self.progress, " ".join(str(err).split())[:200]
-        saved = None
-        if self.saves and not self.updating:  # mid-update the tensors are neither the last step's nor this one's
-            try:
-                saved = (p.step, self.save_periodic())
-            except Exception:  # noqa: BLE001 - a lost GPU's tensors cannot be read back
-                saved = None
-        if saved is None and self.rank.is_main:
-            saved = next(iter(checkpoint.periodic_checkpoints(self.run_dir)), None)
-        kept = (f"checkpoint {saved[1].name} holds step {saved[0]}" if saved else
-                "no checkpoint could be saved, so the run starts again")
-        where = (" (CONFIG_DEVICE_AUTO plans again for what the machine has then, e.g. the CPU, with the same "
-                 "effective batch)" if self.config.device == "auto" else
-                 " after fixing or replacing the GPU (or select CONFIG_DEVICE_AUTO to continue on what is left)")
-        message = (f"the training device failed at step {p.step + 1} ({reason}): {kept}; resume with "
-                   f"'{resume_command(self.config, self.run_dir)}'{where}")
-        self.monitor.event("device_lost", message, show=False, error=reason,
-                           path=str(saved[1]) if saved else None, resume_step=saved[0] if saved else 0)
-        if self.rank.is_main:
-            print(f"error: {message}", file=sys.stderr, flush=True)
-        raise StoppedToResume(message, saved[0] if saved else 0, saved[1] if saved else None, DEVICE_LOST_EXIT)
-
-    def resume_hint(self) -> str:
-        """'make train', or with RESUME_FROM for a run started from INIT_FROM's weights (the search passes it by)."""
-        init = (self.run_dir / checkpoint.INIT_RECORD).is_file()
-        return resume_command(self.config, self.run_dir) if init else "make train"
+        return self.checkpoints.save_periodic()
 
     def interrupt(self) -> None:
         """Stop at this step boundary after saving a checkpoint (all ranks agreed on it)."""
-        signum = self.signals.received or signal.SIGTERM
-        path = self.save_periodic() if self.saves else None
-        self.monitor.event("interrupted", f"{signal.Signals(signum).name} received: checkpoint saved at step "
-                           f"{self.progress.step} ({path.name if path else ''}); '{self.resume_hint()}' resumes from it",
-                           signal=signal.Signals(signum).name, path=str(path))
-        raise TrainingInterrupted(signum, self.progress.step, path)
+        self.checkpoints.interrupt(self.signals.received or signal.SIGTERM)
+
+    # -- one optimizer step --------------------------------------------------
+
+    def optimizer_step(self, windows: list[list[int]], position: int, step: int) -> tuple[float, bool, bool]:
+        """One optimizer step over windows[position], redone with the same samples after out-of-memory as
+        recovery.py changed the plan. Returns (mean loss, time limit reached, stop signal) as all ranks agree
+        on them; `checkpoint_now` says whether rank 0 found a periodic checkpoint due (every rank writes its
+        shard under FSDP)."""
+        window, engine = windows[position], self.engine
+        while True:
+            engine.optimizer.zero_grad(set_to_none=True)
+            if engine.feed is None:
+                engine.start_feed(windows, position, self.plan, self.progress.micro_batch)
+            failed, loss_sum = False, 0.0
+            try:
+                loss_sum = engine.accumulate(window, step, self.plan, self.progress.micro_batch).item()
+            except Exception as err:  # noqa: BLE001 - only out-of-memory is recovered; the rest re-raises
+                if self.sharded and self.config.oom_recovery and is_oom(err):
+                    self.mark_oom(step, err)  # the launcher relaunches the run at half the micro-batch
+                if not (self.recover_oom and is_oom(err)):
+                    raise
+                failed, reason = True, " ".join(str(err).split())[:200]
+            timed_out = bool(self.config.time_limit_s and self.elapsed() >= self.config.time_limit_s)
+            due = self.rank.is_main and checkpoint_due(self.config, step + 1, self.checkpoints.last_checkpoint,
+                                                       self.checkpoint_interval_s())
+            # One collective per step: every rank learns whether any ran out of memory or must stop.
+            low_battery = self.conditions is not None and self.conditions.stop_requested
+            oom, loss_sum, time_flag, signal_flag, due_flag, battery_flag = distributed.all_sum(
+                [float(failed), loss_sum, float(timed_out), float(self.signals.received is not None), float(due),
+                 float(low_battery)], self.device)
+            self.checkpoint_now, self.battery_stop = due_flag > 0, battery_flag > 0
+            if not oom:
+                break
+            engine.free()  # out of the except block: its traceback no longer holds the step's tensors
+            self.recovery.after_oom(step, reason if failed else "another rank ran out of memory")
+        engine.update(step, self.total_steps)
+        return loss_sum / len(window), time_flag > 0, signal_flag > 0
+
+    def mark_oom(self, step: int, err: BaseException) -> None:
+        """Under FSDP: record in the run directory what the relaunched run takes (recovery.py), for `make train`
+        to relaunch torchrun with it."""
+        self.directory.write_marker(self.recovery.mark(step, err))
+
+    def follow(self, plan: Plan, rungs: list[str], write: bool) -> None:
+        """Recovery changed the plan: the engine computes steps as it says; plan.json says it (in a run)."""
+        self.engine.follow(plan, rungs)
+        if write and self.monitor is not None:
+            self.directory.write_plan(plan)
+
+    def checkpoint_interval_s(self) -> float | None:
+        """Seconds between periodic checkpoints: the low-battery interval while it applies, else AUTO's (None
+        with CHECKPOINT_INTERVAL_STEPS)."""
+        minutes = self.conditions.checkpoint_minutes if self.conditions is not None else None
+        if minutes:
+            return 60.0 * minutes
+        return auto_interval_s(self.config, self.plan.predicted_run_seconds) \
+            if self.config.checkpoint_interval == "auto" else None
+
+    def event(self, kind: str, message: str, **data) -> None:
+        if self.monitor is not None:
+            self.monitor.event(kind, message, **data)
+        else:  # evaluate() called outside fit()
+            self.log(message)
+
+    def elapsed(self) -> float:
+        return self.progress.elapsed_s + time.perf_counter() - self.started
+
+    def epochs_begun(self) -> int:
+        return self.checkpoints.epochs_begun()
+
+    def release_run_directory(self) -> None:
+        """Let another `make train` take the run directory (the process ending does it too)."""
+        self.directory.release()
+
+    def release(self) -> None:
+        """Drop the model, optimizer and DDP wrapper (before leaving a process group)."""
+        self.engine.release()
 
 
 def train(config: Config, plan: Plan, hardware: HardwareProfile, *, run_dir: Path | None = None,

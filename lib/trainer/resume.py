@@ -7,22 +7,20 @@ uninterrupted one. `StopSignals` turns the first such signal into a request to
 stop at the next step boundary, after a checkpoint (`TrainingInterrupted`).
 The atomic writing and the finding of a run's newest readable checkpoint are
 lib/checkpoint.py's. A run directory is locked by the process writing it
-(`claim_run_directory`): a second `make train` never writes into a live run.
+(rundir.py's `claim_run_directory`): a second `make train` never writes into a live run; RESUME_FROM
+(`resume_point`) refuses one a live process holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import platform
 import random
 import shlex
 import signal
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import IO
 
 import torch
 
@@ -32,57 +30,6 @@ from ..errors import KfitError
 from ..hardware import HardwareProfile
 from ..plan import Plan
 from .windows import Progress
-
-
-def output_directory(config: Config) -> Path:
-    """CONFIG_OUTPUT_DIR with ~ expanded (as CONFIG_DATA_DIR is), refused unless runs can be written there."""
-    path = Path(config.output_dir).expanduser()
-    reason = fileio.unwritable_reason(path)
-    if reason is not None:
-        raise KfitError(f'CONFIG_OUTPUT_DIR="{config.output_dir}" cannot hold runs ({reason}): set CONFIG_OUTPUT_DIR '
-                        "to a directory you can write (or create), e.g. \"runs\"")
-    return path
-
-
-def run_directory(config: Config) -> Path:
-    """RUN_NAME's directory, or a new one named after the model and the time, created here so that two runs
-    started in the same second get one each."""
-    base = output_directory(config)
-    if config.run_name:
-        return base / config.run_name
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
-    base.mkdir(parents=True, exist_ok=True)
-    for n in itertools.count(1):
-        path = base / (f"{label}-{stamp}" if n == 1 else f"{label}-{stamp}-{n}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-
-
-def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | None,
-                        log=print) -> tuple[Path, Path | None, IO]:
-    """(the run directory, the run to resume or None, its lock): the directory locked by this process
-    against a second `make train` (fileio.try_lock). A named directory (RUN_NAME, or `run_dir`) another
-    live process holds is refused; a resume search's pick that one took meanwhile becomes a new run."""
-    lock = fileio.try_lock(resume) if resume is not None else None
-    if resume is not None and lock is None:
-        pid = fileio.lock_holder(resume) or 0
-        if run_dir is not None or config.run_name:
-            raise checkpoint.in_use_error(resume, pid)
-        log(f"note: not resuming {resume}: {checkpoint.holder_name(pid)} has just taken it; this run is a "
-            "separate one")
-        resume = None
-    path = Path(resume or run_dir or run_directory(config))
-    if lock is None:
-        path.mkdir(parents=True, exist_ok=True)
-        lock = fileio.try_lock(path)
-        if lock is None:
-            raise checkpoint.in_use_error(path, fileio.lock_holder(path) or 0)
-    fileio.remove_stale_temporaries(path)  # locked: only writes a kill interrupted leave them
-    return path, resume, lock
 
 
 def resume_point(source: Path, config: Config, log=print) -> tuple[Path, int]:
@@ -132,15 +79,6 @@ def resume_point(source: Path, config: Config, log=print) -> tuple[Path, int]:
 def versions() -> dict:
     return {"torch": str(torch.__version__), "python": platform.python_version(),
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
-
-
-def write_run_files(run_dir: Path, config: Config, plan: Plan, hardware: HardwareProfile) -> None:
-    """The .config, plan and hardware a run was started with, beside its checkpoints."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with checkpoint.full_disk_is_an_error(run_dir / "config"):
-        checkpoint.write_text_atomic(run_dir / "config", config.text)
-        checkpoint.write_json_atomic(run_dir / "plan.json", plan.to_dict())
-        checkpoint.write_json_atomic(run_dir / "hardware.json", hardware.to_dict())
 
 
 # --------------------------------------------------------------------------

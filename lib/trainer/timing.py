@@ -54,13 +54,11 @@ class StepTimer:
             self.report()
 
     def report(self) -> None:
-        from ..steptime import calibrate
-
         self.done = True
         timed = self.times[self.skip:]
         measured, plan = statistics.median(timed), self.plan
         predicted = plan.predicted_step_seconds
-        after = calibrate(self.config, self.hardware, plan, timed) if self.calibrate else None
+        after = calibrate_step_time(self.config, self.hardware, plan, timed) if self.calibrate else None
         text = f"Step time: {measured * 1e3:.1f} ms measured over {len(timed)} steps"
         if predicted:
             text += f", {predicted * 1e3:.1f} ms predicted ({(predicted - measured) / measured:+.0%})"
@@ -70,6 +68,14 @@ class StepTimer:
                    steps_timed=len(timed), micro_batch=plan.micro_batch, grad_accum=plan.grad_accum,
                    predicted_source=plan.reasons.get("step_time"),
                    calibrated_step_seconds=after.seconds if after is not None else None)
+
+
+def calibrate_step_time(config: Config, hardware: HardwareProfile, plan: Plan, timed: list[float]):
+    """The trainer's one call into lib.steptime: store the timed steps' median for this machine and model, so
+    the next plan here predicts from it. Returns lib.steptime's calibration (its `seconds`), or None."""
+    from ..steptime import calibrate
+
+    return calibrate(config, hardware, plan, timed)
 
 
 def _step_shape(plan: Plan) -> tuple:

@@ -1,0 +1,142 @@
+"""The engine: the model, its optimizer and scaler, their wrapping, and the computation of one optimizer step.
+
+It builds the model (with INIT_FROM's weights, before sharding), shards it under FSDP (plan.strategy,
+lib/parallel.py) before the optimizer is made, and once the run's state is restored wraps it in DDP and
+torch.compile. A step is `accumulate` (forward and backward over this rank's micro-batches of a window,
+windows.py) and then `update` (the gradients summed where DDP did not, clipped, the scaler's optimizer step).
+Under DDP with out-of-memory recovery on, every micro-batch runs under no_sync and gradients are summed only
+after all ranks agreed that none ran out of memory; without it DDP syncs during the last backward. Under
+FSDP gradients are reduce-scattered in the last micro-batch's backward only where memory allows
+(plan.gradient_sync), and every rank runs the same number of micro-batches.
+
+The engine reads the plan it is handed on each call: recovery.py owns the plan and changes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+
+from .. import distributed, parallel
+from ..config import Config
+from ..distributed import Rank
+from ..models import count_parameters
+from ..oom import Injector, release
+from ..plan import Plan
+from ..step import autocast_for, make_optimizer
+from ..task import Task
+from .schedule import lr_at
+from .windows import loader, rank_batches
+
+
+class Engine:
+    """The model, optimizer and scaler of one process, and the forward, backward and update of a step."""
+
+    def __init__(self, config: Config, plan: Plan, task: Task, rank: Rank, device: torch.device, *,
+                 initial_weights: dict | None = None) -> None:
+        self.config, self.task, self.rank, self.device = config, task, rank, device
+        self.loss_fn = task.loss
+        self.model = task.build(plan.gradient_checkpointing).to(device)
+        if initial_weights is not None:  # before sharding: names and shapes of the whole model (checked already)
+            self.model.load_state_dict(initial_weights)
+        self.parameters = count_parameters(self.model)
+        self.sharded = parallel.is_sharded(plan.strategy) and rank.active
+        if self.sharded:  # before the optimizer: fully_shard replaces the parameters
+            mesh = parallel.make_mesh(device.type, plan.strategy, rank.world_size, rank.local_world_size)
+            parallel.shard_model(self.model, plan.strategy, mesh, precision=plan.precision,
+                                 cpu_offload=plan.cpu_offload)
+        self.optimizer = make_optimizer(config, self.model)
+        self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
+        self.inject = Injector()
+        self.ddp = None
+        self.forward = self.model
+        self.ddp_sync_last = False
+        self.feed = None  # the loader's iterator over this rank's micro-batches
+        self.updating = False  # inside `update`: the tensors are neither the last step's nor this one's
+
+    def wrap(self, plan: Plan) -> None:
+        """DDP (several processes, not sharded) and torch.compile around the model: after restoring it."""
+        module = self.model
+        if self.rank.active and not self.sharded:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # No buffer broadcast: it is a collective in every forward, and ranks may run different
+            # numbers of micro-batches (uneven slices, or one rank redoing a step after out-of-memory).
+            no_forward_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                               inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+            self.ddp = module = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None, **no_forward_sync)
+        self.forward = torch.compile(module, mode=plan.compile_mode) if plan.compile else module
+        # With recovery on, every micro-batch runs under no_sync and gradients are summed after all ranks
+        # agreed that none ran out of memory; otherwise DDP syncs during the last backward (overlapped).
+        self.ddp_sync_last = self.ddp is not None and not self.config.oom_recovery
+
+    @property
+    def can_checkpoint(self) -> bool:
+        return hasattr(self.model, "grad_checkpointing")  # GPT-2 and ResNet recompute per block or stage
+
+    def follow(self, plan: Plan, rungs: list[str]) -> None:
+        """Compute steps as `plan` says from now on, the ladder's rungs `rungs` taken: checkpointing, a scaler."""
+        if self.can_checkpoint:
+            self.model.grad_checkpointing = plan.gradient_checkpointing
+        if plan.grad_scaler and not self.scaler.is_enabled():
+            self.scaler = torch.amp.GradScaler(plan.device_type, enabled=True)
+        self.inject.adapted = self.inject.adapted or bool(rungs)
+
+    # -- one optimizer step ----------------------------------------------------
+
+    def window_batches(self, window: list[int], micro_batch: int) -> list[tuple[list[int], float]]:
+        return rank_batches(window, self.rank.rank, self.rank.world_size, micro_batch, equal_counts=self.sharded)
+
+    def start_feed(self, windows: list[list[int]], first: int, plan: Plan, micro_batch: int) -> None:
+        """Load this rank's micro-batches from window `first` on, at `micro_batch`."""
+        batches = [b for window in windows[first:] for b, _ in self.window_batches(window, micro_batch)]
+        self.feed = iter(loader(self.task.train, batches, plan))
+
+    def accumulate(self, window: list[int], step: int, plan: Plan, micro_batch: int) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches; returns its sample-weighted loss sum."""
+        batches = self.window_batches(window, micro_batch)
+        # DDP syncing on the last micro-batch and FSDP average over ranks: undo that mean.
+        grad_factor = self.rank.world_size if self.ddp_sync_last or self.sharded else 1
+        total = torch.zeros((), device=self.device)
+        for i, (indices, weight) in enumerate(batches):
+            x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
+            self.inject.check(len(indices), step + 1 if i == 0 else None)
+            last = i == len(batches) - 1
+            if self.sharded:  # reduce-scatter in the last backward only, where memory allows (plan.gradient_sync)
+                self.model.set_requires_gradient_sync(last or plan.gradient_sync == "micro_batch")
+            sync = self.ddp is None or (self.ddp_sync_last and last)
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with autocast_for(plan):
+                    loss = self.loss_fn(self.forward(x), y)
+                self.scaler.scale(loss * (weight * grad_factor)).backward()
+            if weight:
+                total += loss.detach() * len(indices)
+        return total
+
+    def update(self, step: int, total_steps: int) -> None:
+        """The optimizer step after all ranks agreed the gradients are whole: summed where DDP did not, clipped
+        (CONFIG_GRAD_CLIP), at the schedule's learning rate."""
+        self.updating = True  # until the update is done, the tensors are neither the last step's nor this one's
+        if self.ddp is not None and not self.ddp_sync_last:
+            distributed.all_reduce_gradients(list(self.model.parameters()))
+        if self.config.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.config, step, total_steps)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.updating = False
+
+    def free(self) -> None:
+        """After out-of-memory: drop the failed step's gradients and cached blocks, and the prefetched batches
+        (they belong to the old cut)."""
+        self.feed = None
+        release(self.device, self.optimizer)
+
+    def release(self) -> None:
+        """Drop the model, optimizer and DDP wrapper (before leaving a process group)."""
+        self.forward = self.ddp = self.model = self.optimizer = self.feed = None

@@ -1,0 +1,195 @@
+"""The run directory of one run: claimed and locked by rank 0, and what the run writes there besides tensors.
+
+Rank 0 claims the directory (a new one, named by the time, or the one to resume: `claim_run_directory`),
+locked against a second `make train` there; every rank writes into that one and resumes what rank 0 decided.
+Here too: the run files (config, plan.json, hardware.json), plan.json again whenever the plan changes,
+pruning the periodic and best-k checkpoints, dropping the checkpoints later than the one resumed, and the
+out-of-memory marker of an FSDP run (`oom.json`, for `make train` to relaunch it: recovery.py decides what
+it holds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Callable
+
+from .. import checkpoint, distributed, fileio
+from ..config import Config
+from ..distributed import Rank
+from ..errors import KfitError
+from ..hardware import HardwareProfile
+from ..plan import Plan
+
+
+def output_directory(config: Config) -> Path:
+    """CONFIG_OUTPUT_DIR with ~ expanded (as CONFIG_DATA_DIR is), refused unless runs can be written there."""
+    path = Path(config.output_dir).expanduser()
+    reason = fileio.unwritable_reason(path)
+    if reason is not None:
+        raise KfitError(f'CONFIG_OUTPUT_DIR="{config.output_dir}" cannot hold runs ({reason}): set CONFIG_OUTPUT_DIR '
+                        "to a directory you can write (or create), e.g. \"runs\"")
+    return path
+
+
+def run_directory(config: Config) -> Path:
+    """RUN_NAME's directory, or a new one named after the model and the time, created here so that two runs
+    started in the same second get one each."""
+    base = output_directory(config)
+    if config.run_name:
+        return base / config.run_name
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+    base.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = base / (f"{label}-{stamp}" if n == 1 else f"{label}-{stamp}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | None,
+                        log=print) -> tuple[Path, Path | None, IO]:
+    """(the run directory, the run to resume or None, its lock): the directory locked by this process
+    against a second `make train` (fileio.try_lock). A named directory (RUN_NAME, or `run_dir`) another
+    live process holds is refused; a resume search's pick that one took meanwhile becomes a new run."""
+    lock = fileio.try_lock(resume) if resume is not None else None
+    if resume is not None and lock is None:
+        pid = fileio.lock_holder(resume) or 0
+        if run_dir is not None or config.run_name:
+            raise checkpoint.in_use_error(resume, pid)
+        log(f"note: not resuming {resume}: {checkpoint.holder_name(pid)} has just taken it; this run is a "
+            "separate one")
+        resume = None
+    path = Path(resume or run_dir or run_directory(config))
+    if lock is None:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = fileio.try_lock(path)
+        if lock is None:
+            raise checkpoint.in_use_error(path, fileio.lock_holder(path) or 0)
+    fileio.remove_stale_temporaries(path)  # locked: only writes a kill interrupted leave them
+    return path, resume, lock
+
+
+def write_run_files(run_dir: Path, config: Config, plan: Plan, hardware: HardwareProfile) -> None:
+    """The .config, plan and hardware a run was started with, beside its checkpoints."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with checkpoint.full_disk_is_an_error(run_dir / "config"):
+        checkpoint.write_text_atomic(run_dir / "config", config.text)
+        checkpoint.write_json_atomic(run_dir / "plan.json", plan.to_dict())
+        checkpoint.write_json_atomic(run_dir / "hardware.json", hardware.to_dict())
+
+
+class RunDirectory:
+    """`path`, held by this process's `lock` (rank 0's; None on the other ranks and once released)."""
+
+    def __init__(self, path: Path, lock: IO | None, *, main: bool, log: Callable[[str], None] = print) -> None:
+        self.path, self.lock, self.main, self.log = Path(path), lock, main, log
+
+    @classmethod
+    def claim(cls, config: Config, rank: Rank, run_dir: Path | None, resume: Path | None,
+              log: Callable[[str], None] = print) -> tuple[RunDirectory, Path | None, Path | None]:
+        """(the run directory, the run to resume or None, the checkpoint RESUME_FROM chose or None), rank 0
+        deciding for all. `resume`: a run directory (the resume search's pick) or a checkpoint in one."""
+        resume_dir = checkpoint.run_of(resume) if resume is not None else None
+        chosen = Path(resume) if resume is not None and Path(resume) != resume_dir else None
+        lock, claim = None, None
+        if rank.is_main:
+            try:
+                # a chosen checkpoint's run in use by another process is refused, never swapped for a new run
+                named = run_dir if chosen is None else (run_dir or resume_dir)
+                claimed, resume_dir, lock = claim_run_directory(config, named, resume_dir, log)
+                claim = (claimed, resume_dir, None)
+            except KfitError as err:  # refused on every rank, not only here
+                claim = (None, None, str(err))
+        path, resume_dir, refused = distributed.broadcast(claim)
+        if refused is not None:
+            raise KfitError(refused)
+        return cls(path, lock, main=rank.is_main, log=log), resume_dir, chosen
+
+    def release(self) -> None:
+        """Let another `make train` take the run directory (the process ending does it too)."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+    # -- run files ---------------------------------------------------------------
+
+    def write_files(self, config: Config, plan: Plan, hardware: HardwareProfile) -> None:
+        if self.main:
+            write_run_files(self.path, config, plan, hardware)
+
+    def write_plan(self, plan: Plan) -> None:
+        """plan.json again after the plan changed (halving, a ladder rung)."""
+        if self.main:
+            checkpoint.write_json_atomic(self.path / "plan.json", plan.to_dict())
+
+    def write_init_record(self, record: dict) -> None:
+        if self.main:
+            checkpoint.write_json_atomic(self.path / checkpoint.INIT_RECORD, record)
+
+    def started_from_weights(self) -> bool:
+        """Whether the run started from INIT_FROM's weights (the resume search passes it by)."""
+        return (self.path / checkpoint.INIT_RECORD).is_file()
+
+    # -- checkpoints on disk -------------------------------------------------------
+
+    def prune_periodic(self, keep: int) -> None:
+        if self.main:
+            checkpoint.prune(self.path, keep)
+
+    def prune_best(self, steps: list[int]) -> list[Path]:
+        return checkpoint.prune_best(self.path, steps) if self.main else []
+
+    def drop_periodic(self) -> None:
+        """A finished run's checkpoint supersedes its periodic ones."""
+        if self.main:
+            for _, old in checkpoint.periodic_checkpoints(self.path):
+                checkpoint.remove(old)
+
+    def newest_periodic(self) -> tuple[int, Path] | None:
+        return next(iter(checkpoint.periodic_checkpoints(self.path)), None)
+
+    def drop_later(self, step: int, best_steps: list[int], resumed: Path) -> None:
+        """Checkpoints later than the one resumed (an older one RESUME_FROM chose, or unreadable newer ones)
+        belong to steps this run takes again: the rotation would keep them over its new ones and the resume
+        search would take them. Best-<step> files outside the resumed ranking go too (best.py)."""
+        if not self.main:
+            return
+        later = [path for saved, path in checkpoint.periodic_checkpoints(self.path) if saved > step]
+        for path in later:
+            checkpoint.remove(path)
+        later += checkpoint.prune_best(self.path, best_steps)
+        if later:
+            self.log(f"note: resuming from {resumed.name}: removed {', '.join(sorted(q.name for q in later))}, "
+                     "saved after it")
+
+    # -- the out-of-memory marker of a sharded run ---------------------------------
+
+    def write_marker(self, marker: dict) -> None:
+        checkpoint.write_json_atomic(self.path / checkpoint.OOM_MARKER, marker)
+
+    def marker(self) -> dict | None:
+        return read_marker(self.path)
+
+    def has_marker(self) -> bool:
+        return (self.path / checkpoint.OOM_MARKER).is_file()
+
+
+def read_marker(run_dir: Path) -> dict | None:
+    """The out-of-memory marker of a sharded run that ran out of memory (recovery.py's `mark`), or None."""
+    try:
+        marker = json.loads((Path(run_dir) / checkpoint.OOM_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def marker_rungs(run_dir: Path) -> list[str]:
+    """The ladder rungs an out-of-memory marker asks the relaunched run to take."""
+    marker = read_marker(run_dir)
+    return list(marker.get("rungs", [])) if marker is not None else []
