@@ -196,7 +196,8 @@ OVERRIDABLE = frozenset({"plan", "train", "find-lr", "hpo"})
 
 def make_assignments(text: str) -> list[tuple[str, str]]:
     """make's escaped list of command-line variables (MAKEFLAGS' form: a space inside a value as '\\ ', a
-    backslash as '\\\\', '$' as '$$') back into (name, value) pairs, each value exactly as typed."""
+    backslash as '\\\\', '$' as '$$') back into (name, value) pairs in the order given, each value exactly as
+    typed."""
     words, word, i, started = [], [], 0, False
     while i < len(text):
         ch = text[i]
@@ -219,7 +220,7 @@ def make_assignments(text: str) -> list[tuple[str, str]]:
     if started:
         words.append("".join(word))
     pairs = []
-    for item in words:
+    for item in reversed(words):  # make lists the last one given first
         name, sep, value = item.partition("=")
         if sep:
             pairs.append((name.rstrip(":+?!"), value))
