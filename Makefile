@@ -12,12 +12,28 @@ ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 PYTHON ?= python3
 VENV ?= $(ROOT)/.venv
 PY := $(VENV)/bin/python
-KFIT := $(PY) $(ROOT)/scripts/kfit.py
 ENV_STAMP := $(VENV)/.installed
 KCONFIG_CONFIG ?= .config
 # Test workers (pytest-xdist; a test file stays on one worker): 2 halve the suite's time on 2 cores; 0 runs serially.
 PYTEST_JOBS ?= 2
 export KCONFIG_CONFIG
+
+# No variable's value is ever part of a shell command: kfit reads the variables from its environment, and make's
+# command-line ones also from KFIT_OVERRIDES, make's own escaped list of them, each value exactly as typed (so a
+# quote, a backquote or $$(...) in FRAGMENTS= or PROMPT= is text, never a command). A Kconfig symbol set on the
+# command line (make train, EPOCHS set to 2) overrides it for that command (docs/configuration.md). The paths make
+# itself runs (VENV, PYTHON, the checkout) go through q, a single-quoted shell word; a line break in one is
+# refused, since make would cut the command there.
+q = '$(subst ','\'',$(1))'
+define newline
+
+
+endef
+$(foreach v,VENV PYTHON ROOT KCONFIG_CONFIG PYTEST_JOBS,$(if $(findstring $(newline),$(value $(v))),\
+  $(error $(v)= holds a line break: give it on one line)))
+export KFIT_OVERRIDES = $(MAKEOVERRIDES)
+KFIT := $(call q,$(PY)) $(call q,$(ROOT)/scripts/kfit.py)
+RUN_PY := $(call q,$(PY))
 
 # Recipe lines start with $(Q): quiet unless V=1 on the command line, as in the kernel. help and the
 # benchmark's install note keep '@': they only print text, which V=1 would show twice.
@@ -39,9 +55,15 @@ DEFAULT_DEFCONFIG := lenet5
         alldefconfig allnoconfig allyesconfig randconfig \
         plan check-hardware train export sample test clean mrproper distclean
 
-# The environment is built on first use and rebuilt when the requirements change.
-$(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh)
-	$(Q)cd $(ROOT) && scripts/install-deps.sh $(VENV) $(PYTHON)
+# The environment is built on first use and rebuilt when the requirements change, or when a package it needs is
+# gone although the stamp is there (a glob per package: no Python starts on every make); install-deps.sh then
+# checks the imports, and kfit says 'make env' in one line where one is still missing.
+ENV_MODULES := kconfiglib.py torch safetensors optuna sqlalchemy numpy psutil jinja2 tqdm pynvml.py pytest xdist
+ENV_MISSING := $(strip $(if $(wildcard $(ENV_STAMP)),$(foreach m,$(ENV_MODULES),\
+  $(if $(wildcard $(VENV)/lib/python*/site-packages/$(m)),,$(m)))))
+$(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh) $(if $(ENV_MISSING),FORCE)
+	$(if $(ENV_MISSING),@echo $(call q,note: $(VENV) lacks $(ENV_MISSING): installing again) >&2)
+	$(Q)cd $(call q,$(ROOT)) && scripts/install-deps.sh $(call q,$(VENV)) $(call q,$(PYTHON))
 
 env: $(ENV_STAMP) ## Create .venv and install the dependencies (done automatically)
 
@@ -78,16 +100,17 @@ defconfig: $(DEFAULT_DEFCONFIG)-defconfig ## Apply the default defconfig (lenet5
 
 # FRAGMENTS="a b" merges defconfigs/fragments/a and b on top; every value must take.
 # FORCE: pattern rules cannot be .PHONY, and a file named like the target must not stop them.
+# FRAGMENTS reaches kfit as environment (see q above), never as part of the command.
 %-defconfig: FORCE $(ENV_STAMP)
-	$(Q)$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
+	$(Q)$(KFIT) defconfig $(call q,$*)
 
 defconfig-%: FORCE $(ENV_STAMP)
-	$(Q)$(KFIT) defconfig $* --fragments "$(FRAGMENTS)"
+	$(Q)$(KFIT) defconfig $(call q,$*)
 
 # make fp32.config: merge defconfigs/fragments/fp32 onto the current config, as the kernel's
 # 'make kvm_guest.config' (the stem is never empty, so the config file .config itself never matches).
 %.config: FORCE $(ENV_STAMP)
-	$(Q)$(KFIT) mergeconfig $*
+	$(Q)$(KFIT) mergeconfig $(call q,$*)
 
 # --- planning and training -----------------------------------------------
 
@@ -106,9 +129,13 @@ export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<r
 sample: $(ENV_STAMP) ## Text from a trained GPT-2 run (RUN= PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
 	$(Q)$(KFIT) sample
 
+# PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS, which pytest splits as a shell would but runs nothing;
+# the suite's own kfit commands see none of this make's command line.
+test: export PYTEST_ADDOPTS += $(PYTEST_ARGS)
+test: export KFIT_OVERRIDES :=
 test: $(ENV_STAMP) ## Run the test suite (installs Debian's chromium for the HTML checks when missing)
-	$(Q)$(ROOT)/scripts/ensure-chromium.sh
-	$(Q)cd $(ROOT) && $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(Q)$(call q,$(ROOT)/scripts/ensure-chromium.sh)
+	$(Q)cd $(call q,$(ROOT)) && $(RUN_PY) -m pytest -q -n $(call q,$(PYTEST_JOBS)) --dist loadfile
 
 # Each area adds its targets (and their '## ' help lines) in scripts/make/<area>.mk.
 include $(sort $(wildcard $(ROOT)/scripts/make/*.mk))
@@ -116,14 +143,14 @@ include $(sort $(wildcard $(ROOT)/scripts/make/*.mk))
 # --- cleaning --------------------------------------------------------------
 
 clean: ## Remove runs and caches (keeps the config and the environment)
-	rm -rf runs $(ROOT)/.pytest_cache
-	find $(ROOT) -path $(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+	rm -rf runs $(call q,$(ROOT)/.pytest_cache)
+	find $(call q,$(ROOT)) -path $(call q,$(VENV)) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 mrproper: clean ## Also remove the config files (KCONFIG_CONFIG, its .old, menuconfig's copy, ./defconfig)
-	rm -f $(KCONFIG_CONFIG) $(KCONFIG_CONFIG).old $(KCONFIG_CONFIG).menuconfig defconfig
+	rm -f $(foreach f,$(value KCONFIG_CONFIG) $(value KCONFIG_CONFIG).old $(value KCONFIG_CONFIG).menuconfig,$(call q,$(f))) defconfig
 
 distclean: mrproper ## Also remove the virtual environment
-	rm -rf $(VENV)
+	rm -rf $(call q,$(VENV))
 
 FORCE:
 
@@ -131,15 +158,15 @@ help: ## List targets, defconfigs and fragments
 	@echo "kfit: Kconfig-driven training"
 	@echo
 	@echo "Targets:"
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 20
+	@grep -hE '^[a-z-]+:.*## ' $(foreach f,$(MAKEFILE_LIST),$(call q,$(f))) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 20
 	@echo "  <name>-defconfig  Write the config from defconfigs/<name> (also defconfig-<name>)"
 	@echo "  <fragment>.config Merge defconfigs/fragments/<fragment> onto the current config"
 	@echo
 	@echo "Defconfigs (make <name>-defconfig):"
-	@$(foreach d,$(DEFCONFIGS),echo "  $(d)";)
+	@$(foreach d,$(DEFCONFIGS),echo $(call q,  $(d));)
 	@echo
 	@echo "Fragments (make <name>-defconfig FRAGMENTS=\"a b\", or make <fragment>.config):"
-	@$(foreach f,$(FRAGMENT_NAMES),echo "  $(f)";)
+	@$(foreach f,$(FRAGMENT_NAMES),echo $(call q,  $(f));)
 	@echo
 	@echo "Variables: KCONFIG_CONFIG=file  FRAGMENTS=\"a b\"  KCONFIG_SEED=n  V=1  FORMAT=json  TORCH_SPEC=\"torch==... --index-url ...\""
 	@echo "  plan:    HW=profile.json  GPU=<catalog key> FREE_GB=n GPUS=n  WORLD_SIZE=n  OUT=report.html"

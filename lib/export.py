@@ -16,7 +16,10 @@ tied or not, without a loader of kfit's.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -54,9 +57,9 @@ def _readable(path: Path) -> dict:
     return state
 
 
-def model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The whole model's state_dict from a checkpoint of either kind."""
-    state = _readable(path)
+def model_state(path: Path, state: dict | None = None) -> dict[str, torch.Tensor]:
+    """The whole model's state_dict from a checkpoint of either kind (`state`: its contents, already read)."""
+    state = state if state is not None else _readable(path)
     if not state.get("sharded"):
         return state["model"]
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -68,17 +71,79 @@ def model_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def export(run: Path, out: Path | None = None) -> Path:
-    """Write model.pt, config and plan.json of a run's checkpoint into `out` (default: the run directory's
-    export/); returns the model file's path."""
-    path = checkpoint_of(run)
-    weights = model_state(path)
-    meta = checkpoint.load_checkpoint(path)
+    """Write model.safetensors, config and plan.json of a run's checkpoint into `out` (default: the run
+    directory's export/); returns the model file's path. Every failure is a KfitError in one line: a checkpoint
+    a live run rotated away while it was read is looked up once more, then the run is said to be live; an
+    output the OS refuses names the path and the reason."""
+    path, state = _settled(Path(run))
     out = Path(out) if out else (path.parent / "export")
-    out.mkdir(parents=True, exist_ok=True)
-    save_weights(out / MODEL_FILE, weights, {"kfit.checkpoint": str(path), "kfit.step": str(meta.get("step", ""))})
-    checkpoint.write_text_atomic(out / "config", meta["config"])
-    checkpoint.write_text_atomic(out / "plan.json", json.dumps(meta["plan"], indent=2, sort_keys=True) + "\n")
+    try:
+        if out.exists() and not out.is_dir():
+            raise KfitError(f"OUT={out} is a file, not a directory: name a directory (created when missing)")
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _refused(out, err) from None
+    with _export_lock(out):
+        try:
+            for name in (MODEL_FILE, "config", "plan.json"):  # a killed export's (.model.safetensors.*.tmp, 0600)
+                for stale in out.glob(f".{name}.*.tmp"):
+                    stale.unlink(missing_ok=True)
+            save_weights(out / MODEL_FILE, _model_of(path, state),
+                         {"kfit.checkpoint": str(path), "kfit.step": str(state.get("step", ""))})
+            checkpoint.write_text_atomic(out / "config", state["config"])
+            checkpoint.write_text_atomic(out / "plan.json", json.dumps(state["plan"], indent=2, sort_keys=True) + "\n")
+        except OSError as err:
+            raise _refused(out, err) from None
     return out / MODEL_FILE
+
+
+def _settled(run: Path) -> tuple[Path, dict]:
+    """(the checkpoint, its contents) of a run; a run directory whose chosen checkpoint vanished while it was
+    read (a live run rotating its checkpoints) is looked up again once."""
+    for attempt in (1, 2):
+        try:
+            path = checkpoint_of(run)
+        except OSError as err:  # a name the OS refuses (too long, a loop of links, no permission)
+            raise KfitError(f"RUN={run} cannot be read ({err.strerror or err})") from None
+        try:
+            state = _readable(path)
+            if not isinstance(state.get("config"), str) or not isinstance(state.get("plan"), dict):
+                raise KfitError(f"{path} is not a kfit checkpoint (it holds no config and plan): export a checkpoint "
+                                "kfit wrote")
+            return path, state
+        except KfitError:
+            if not run.is_dir() or path.exists() or checkpoint.is_sharded_checkpoint(path):
+                raise
+            if attempt == 2:
+                raise KfitError(f"RUN={run} is training now: its checkpoints were replaced twice while being read; "
+                                "export it when it stops, or name one checkpoint (RUN=<run>/checkpoint.pt)") from None
+    raise AssertionError("unreachable")
+
+
+def _model_of(path: Path, state: dict) -> dict[str, torch.Tensor]:
+    return model_state(path, state) if state.get("sharded") else state["model"]
+
+
+def _refused(out: Path, err: OSError) -> KfitError:
+    where = err.filename or out
+    return KfitError(f"OUT={out}: cannot write the export ({err.strerror or err} at {where}): name a writable "
+                     "directory with room for the model")
+
+
+@contextlib.contextmanager
+def _export_lock(out: Path):
+    """The export directory held by this export (a lock on the directory itself, no file of its own): two exports
+    into one directory never sweep each other's temporaries."""
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise KfitError(f"OUT={out}: another export is writing there now: wait for it, or name another "
+                            "directory") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def save_weights(path: Path, weights: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

@@ -47,5 +47,10 @@ fi
 constraint="$venv/torch-constraint.txt"
 "$venv/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "$constraint"
 "$pip" install -q -c "$constraint" -r requirements.txt -r requirements-test.txt
+# A package pip records as installed but whose files were removed is not reinstalled by pip: say what to do.
+if ! missing=$("$venv/bin/python" -c "import kconfiglib, torch, safetensors, optuna, sqlalchemy, numpy, psutil, jinja2, tqdm, pynvml" 2>&1); then
+    echo "error: $venv is incomplete after installing ($(printf '%s\n' "$missing" | tail -n 1)): remove it with 'rm -rf $venv' and run make again"
+    exit 1
+fi
 touch "$venv/.installed"
 echo "Environment ready in $venv"

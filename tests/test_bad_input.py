@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cretPW"
 # What make would carry in from the developer's shell; each row sets its own.
 CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "FORMAT", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE", "RESUME", "NNODES",
-           "NODE_RANK", "OUT", "TRIALS", "BATCH", "APPLY", "HPO_STORAGE", "HPO_STUDY", "RUN", "DEVICE", "STEPS")
+           "NODE_RANK", "OUT", "TRIALS", "BATCH", "APPLY", "HPO_STORAGE", "HPO_STUDY", "RUN", "DEVICE", "STEPS", "KFIT_OVERRIDES", "KFIT_SET")
 KFIT = kfit_script()  # scripts/kfit.py loaded as a module
 
 
@@ -97,6 +97,16 @@ def make_batch(n, g):
 def loss_fn(out, y):
     return F.cross_entropy(out, y)
 '''
+
+def fake_checkpoint(path: Path, config: bool = True) -> None:
+    """A checkpoint export reads: model state, and the config and plan beside it unless `config` is False."""
+    import torch
+
+    state = {"model": {"w": torch.zeros(2)}, "step": 1}
+    if config:
+        state.update(config="CONFIG_MODEL_LENET5=y\n", plan={})
+    torch.save(state, path)
+
 
 HW_TOP = {"gpus": [], "cpu": {}}
 HPO_URL = f"postgresql://user:{PASSWORD}@127.0.0.1:1/db"
@@ -202,6 +212,29 @@ ROWS = [
         setup=lambda d: ((d / "e").mkdir(), (d / "e" / "config").write_text("CONFIG_MODEL_GPT2=y\n"),
                          (d / "e" / "model.safetensors").write_bytes(b"junk")),
         needles=("not a safetensors file",)),
+    Row("export of a run name the OS refuses", ("export",), env={"RUN": "r" * 300},
+        needles=("cannot be read", "File name too long")),
+    Row("export of a checkpoint without config", ("export",), env={"RUN": "c.pt"},
+        setup=lambda d: fake_checkpoint(d / "c.pt", config=False), needles=("c.pt", "holds no config and plan")),
+    Row("export into a file", ("export",), env={"RUN": "c.pt", "OUT": "afile"},
+        setup=both(lambda d: fake_checkpoint(d / "c.pt"), write("afile", "mine")),
+        needles=("OUT=afile is a file, not a directory",)),
+    Row("export into a path the OS refuses", ("export", "--out", "/proc/kfit-nope"), env={"RUN": "c.pt"},
+        setup=lambda d: fake_checkpoint(d / "c.pt"), needles=("--out: OUT=/proc/kfit-nope", "cannot write")),
+    # -- make's command line and overrides (KFIT_OVERRIDES is make's escaped list, as the Makefile passes it) --
+    Row("make variable holding a quote and backquotes", ("defconfig", "lenet5"),
+        env={"KFIT_OVERRIDES": r'FRAGMENTS=a\"`touch\ x`$$(touch\ y)'}, needles=("unknown fragment 'a\"`touch'",)),
+    Row("make variable holding a line break", ("plan",), env={"KFIT_OVERRIDES": "GPU=h100\ntouch\\ x"},
+        needles=("unknown GPU 'h100\\ntouch x'",)),
+    Row("override that does not take, from make", ("train",), env={"KFIT_OVERRIDES": "LEARNING_RATE=abc"},
+        needles=("command-line override", "CONFIG_LEARNING_RATE")),
+    Row("override out of range", ("plan", "--set", "EPOCHS=0"), needles=("CONFIG_EPOCHS=0", "1..100000")),
+    Row("override of no Kconfig symbol", ("plan", "--set", "MAX_STEP=3"), needles=("MAX_STEP", "CONFIG_MAX_STEPS")),
+    Row("override with a line break", ("plan", "--set", "EPOCHS=2\nCONFIG_SEED=1"), needles=("line break",)),
+    Row("override on a command that writes the config", ("savedefconfig",), env={"KFIT_OVERRIDES": "EPOCHS=2"},
+        needles=("CONFIG_EPOCHS=2", "does not train or plan")),
+    Row("override on export", ("export",), env={"KFIT_OVERRIDES": "EPOCHS=2", "RUN": "runs/x"},
+        needles=("does not train or plan",)),
     # -- runtime adaptation ----------------------------------------------------------------------------
     Row("thermal resume temperature not below the pause one", ("train",),
         setup=both(config_line("CONFIG_THERMAL_WARN=n"),

@@ -130,3 +130,47 @@ def test_new_defconfigs_go_to_the_checkout_or_else_the_working_directory(monkeyp
     monkeypatch.setattr(resources, "CHECKOUT", None)
     assert new_defconfig_dir() == Path("defconfigs")
     assert apply_hint(Path("defconfigs/x")) == "'kfit defconfig defconfigs/x' applies it"
+
+
+def test_make_command_line_is_decoded_as_typed_and_split_into_variables_overrides_and_warnings():
+    """KFIT_OVERRIDES is make's escaped list ($(MAKEOVERRIDES)): spaces as '\\ ', '$' doubled, last given first."""
+    text = r"EPOCHS=2 PROMPT=a\ \"b\"\ $$$$(x)\ \\ FRAGMENTS=cpu-smoke\ fp32"
+    pairs = flags.make_assignments(text)
+    assert pairs == [("FRAGMENTS", "cpu-smoke fp32"), ("PROMPT", 'a "b" $$(x) \\'), ("EPOCHS", "2")]
+    warned = []
+    variables, overrides = flags.overrides_from_make(
+        [*pairs, ("PRECISION", "bf16"), ("MAX_STEP", "3"), ("CUDA_VISIBLE_DEVICES", "0"), ("SEED", "1"),
+         ("CONFIG_SEED", "2")], "train", {"KCONFIG_CONFIG", "RESUME"}, warned.append)
+    assert variables == {"FRAGMENTS": "cpu-smoke fp32", "PROMPT": 'a "b" $$(x) \\', "SEED": "1"}
+    assert overrides == [("EPOCHS", "2"), ("PRECISION_BF16", "y"), ("SEED", "2")]
+    assert len(warned) == 2 and "CONFIG_MAX_STEPS" in warned[0] and "CONFIG_SEED=1" in warned[1]
+
+
+def test_set_overrides_one_command_and_refuses_what_does_not_take(tmp_path, monkeypatch):
+    from lib import config as kconfig
+
+    monkeypatch.chdir(tmp_path)
+    for key in CLEARED | {flags.MAKE_LIST, flags.SET_VARIABLE}:
+        monkeypatch.delenv(key, raising=False)
+    kconfig.make_defconfig("lenet5", out=tmp_path / ".config")
+    before = (tmp_path / ".config").read_bytes()
+
+    def run(*argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(argv))
+        return code, out.getvalue(), err.getvalue()
+
+    code, out, err = run("plan", "--gpu", "cpu", "--format", "json", "--set", "EPOCHS=3", "--set", "CONFIG_SEED=9")
+    assert code == 0, err
+    assert "overrides: CONFIG_EPOCHS=3 CONFIG_SEED=9 (command line; .config unchanged)" in json.loads(out)["notes"]
+    for argv, needle in ((("plan", "--set", "EPOCHS=abc"), "CONFIG_EPOCHS"),
+                         (("plan", "--set", "MAX_STEP=1"), "did you mean CONFIG_MAX_STEPS"),
+                         (("plan", "--set", "EPOCHS=2\nCONFIG_SEED=1"), "line break")):
+        code, out, err = run(*argv)
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    monkeypatch.setenv(flags.MAKE_LIST, "EPOCHS=2")
+    code, out, err = run("savedefconfig")
+    assert code == 2 and "does not train or plan" in err
+    assert (tmp_path / ".config").read_bytes() == before and not (tmp_path / "defconfig").exists()

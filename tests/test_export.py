@@ -99,3 +99,56 @@ def test_runs_that_cannot_be_sampled_say_why(tmp_path):
         sample(tmp_path / MODEL_FILE, "x")
     with pytest.raises(KfitError, match="TEMPERATURE=-1"):
         sample(tmp_path, "x", temperature=-1)
+
+
+# --- output errors, stale temporaries, a live run (issue 32, Low 10) ---------------------------------------
+
+
+def test_export_output_errors_are_one_line_and_stale_temporaries_are_swept(trained, tmp_path):
+    import errno
+    import os
+    from unittest import mock
+
+    _, _, result = trained
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(KfitError, match=r"OUT=.*afile is a file, not a directory"):
+        export(result.run_dir, afile)
+    assert afile.read_text() == "mine"
+    with pytest.raises(KfitError, match=r"OUT=/proc/kfit-nope: cannot write the export"):
+        export(result.run_dir, "/proc/kfit-nope")
+    with pytest.raises(KfitError, match=r"cannot write the export \(File name too long"):
+        export(result.run_dir, tmp_path / ("x" * 300))
+    out = tmp_path / "e"
+    out.mkdir()
+    stale = out / f".{MODEL_FILE}.abc123.tmp"  # what a killed export leaves (mkstemp's mode)
+    stale.write_bytes(b"partial")
+    stale.chmod(0o600)
+    foreign = out / ".notes.tmp"  # not the export's: kept
+    foreign.write_text("x")
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / MODEL_FILE))
+    with mock.patch("lib.export.write_atomic", side_effect=full):
+        with pytest.raises(KfitError, match="No space left on device"):
+            export(result.run_dir, out)
+    assert not stale.exists() and foreign.exists()
+    assert export(result.run_dir, out) == out / MODEL_FILE
+    assert sorted(p.name for p in out.iterdir()) == sorted([".notes.tmp", MODEL_FILE, "config", "plan.json"])
+
+
+def test_export_of_a_live_run_retries_once_then_says_it_is_live(trained, tmp_path, monkeypatch):
+    from lib import export as export_module
+
+    _, _, result = trained
+    real, rotated = export_module.checkpoint_of, {"left": 1}
+
+    def racing(run):  # the checkpoint chosen is rotated away before it is read, `left` times
+        if rotated["left"] > 0:
+            rotated["left"] -= 1
+            return run / "checkpoint-999.pt"
+        return real(run)
+
+    monkeypatch.setattr(export_module, "checkpoint_of", racing)
+    assert export(result.run_dir, tmp_path / "e1").is_file()
+    rotated["left"] = 2
+    with pytest.raises(KfitError, match="is training now"):
+        export(result.run_dir, tmp_path / "e2")

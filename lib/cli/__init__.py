@@ -184,4 +184,13 @@ def main(argv: list[str] | None = None) -> int:
             except KfitError as err:
                 raise flags.name_flag(err, given) from None
 
-    return run_main(run)
+    try:
+        return run_main(run)
+    except ModuleNotFoundError as err:  # an environment whose packages were removed: one line, not a traceback
+        from ..resources import CHECKOUT
+
+        fix = ("run 'make env', or remove the environment ('rm -rf .venv') and run make again" if CHECKOUT else
+               "install kfit again ('pip install --force-reinstall kfit')")
+        print(f"error: the package {err.name!r} kfit needs is missing from {sys.executable}'s environment: {fix}",
+              file=sys.stderr)
+        return 2

@@ -64,25 +64,52 @@ def apply_hint(path: Path) -> str:
 
 
 def ensure_config() -> "kconfig.Config":
-    """Read the .config; on a fresh clone with none, apply the default defconfig and say so."""
+    """Read the .config; on a fresh clone with none, apply the default defconfig and say so. The command line's
+    overrides (make's NAME=value, --set) apply on top, for this command only: the file is never changed."""
     path = kconfig.config_path()
     if not path.exists():
         print(f"No {path} found: applying the default defconfig '{kconfig.DEFAULT_DEFCONFIG}' "
               f"(as 'make {kconfig.DEFAULT_DEFCONFIG}-defconfig' would)")
-        return kconfig.make_defconfig(kconfig.DEFAULT_DEFCONFIG, out=path)
-    return kconfig.read_config(path)
+        config = kconfig.make_defconfig(kconfig.DEFAULT_DEFCONFIG, out=path)
+    else:
+        config = kconfig.read_config(path)
+    config, shown = _overridden(config)
+    if shown:
+        from .. import distributed
+
+        if distributed.current().is_main:
+            print(shown)
+    return config
 
 
 def config_to_plan() -> tuple["kconfig.Config", str | None]:
     """The .config, or without one the default defconfig built in memory and a note saying so:
-    showing a plan must not create the config."""
+    showing a plan must not create the config. The overrides apply as in ensure_config, said in the note."""
     path = kconfig.config_path()
     if path.exists():
-        return kconfig.read_config(path), None
-    name = kconfig.DEFAULT_DEFCONFIG
-    return kconfig.defconfig_config(name), (f"no {path}: this plans the default defconfig '{name}' in memory and "
-                                            f"writes nothing ('make {name}-defconfig' writes it)")
+        config, note = kconfig.read_config(path), None
+    else:
+        name = kconfig.DEFAULT_DEFCONFIG
+        config, note = kconfig.defconfig_config(name), (f"no {path}: this plans the default defconfig '{name}' in "
+                                                        f"memory and writes nothing ('make {name}-defconfig' writes it)")
+    config, shown = _overridden(config)
+    return config, "; ".join(n for n in (shown, note) if n) or None
 
+
+def _overridden(config: "kconfig.Config") -> tuple["kconfig.Config", str | None]:
+    """(config with the command's overrides, the line that shows them) - (config, None) without any. A value that
+    does not take is one error naming the symbol, as in a fragment."""
+    overrides = Invocation.from_environment().overrides
+    if not overrides:
+        return config, None
+    changes = dict(overrides)  # a symbol given twice: the last wins, as in make
+    shown = " ".join(f"CONFIG_{name}={value}" for name, value in changes.items())
+    try:
+        config = kconfig.derive(config, changes)
+    except KfitError as err:
+        reason = " ".join(str(err).replace("invalid configuration:", "").replace("requested change: ", "").split())
+        raise KfitError(f"command-line override {reason} (overrides: {shown})") from None
+    return config, f"overrides: {shown} (command line; {config.source} unchanged)"
 
 
 def processes(config, hardware, world_size: int | None = None) -> tuple[int, int]:

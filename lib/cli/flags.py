@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -97,6 +99,10 @@ def command(sub, name: str, text: str, *variables: str, func=None, help: dict[st
     add(p, *variables, help=help)
     if "FORMAT" in variables:
         p.set_defaults(format=None)  # resolved from --format / FORMAT= when the command runs
+    if name in OVERRIDABLE:
+        p.add_argument("--set", dest="set_overrides", action="append", metavar="NAME=VALUE",
+                       help="override a Kconfig symbol for this command only (CONFIG_ optional; repeat it), checked "
+                       "as a fragment and never written to the config; on make's command line: NAME=VALUE")
     if func is not None:
         p.set_defaults(func=func)
     return p
@@ -104,16 +110,38 @@ def command(sub, name: str, text: str, *variables: str, func=None, help: dict[st
 
 @contextlib.contextmanager
 def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
-    """The flags given, put into os.environ while the command runs (then restored: main() is also called
-    in-process, by tests); yields {variable: flag} for naming them in errors."""
-    given, saved = {}, {}
+    """The flags given, and make's command-line variables (KFIT_OVERRIDES, each value as typed), put into
+    os.environ while the command runs (then restored: main() is also called in-process, by tests); the Kconfig
+    overrides among them, with --set's, into KFIT_SET for Invocation.overrides. Yields {variable: flag} for
+    naming them in errors."""
+    given, values = {}, {}
     for dest, value in vars(args).items():
         if dest.startswith(_DEST) and value is not None:
             name = dest[len(_DEST):]
-            saved[name] = os.environ.get(name)
-            os.environ[name] = ("1" if value else "0") if isinstance(value, bool) else value
+            values[name] = ("1" if value else "0") if isinstance(value, bool) else value
             given[name] = FLAGS[name].option
+    command = getattr(args, "command", "")
+    takes = {dest[len(_DEST):] for dest in vars(args) if dest.startswith(_DEST)}
+    variables, overrides = overrides_from_make(make_assignments(os.environ.get(MAKE_LIST, "")), command, takes,
+                                               lambda line: print(line, file=sys.stderr))
+    overrides += [_set_option(text) for text in getattr(args, "set_overrides", None) or ()]
+    for name, value in overrides:
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise KfitError(f"CONFIG_{name}={value!r}: an override's value cannot hold a line break")
+    if overrides and command not in OVERRIDABLE:
+        shown = " ".join(f"CONFIG_{name}={value}" for name, value in overrides)
+        raise KfitError(f"{shown}: '{command}' does not train or plan from the config, so an override would not "
+                        f"apply: drop it (overrides work with {', '.join(sorted(OVERRIDABLE))}; a fragment or "
+                        "'make menuconfig' changes the config itself)")
+    changes = {**{k: v for k, v in variables.items() if k not in given}, **values, MAKE_LIST: None,
+               SET_VARIABLE: json.dumps(overrides) if overrides else None}
+    saved = {name: os.environ.get(name) for name in changes}
     try:
+        for name, value in changes.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         yield given
     finally:
         for name, value in saved.items():
@@ -123,6 +151,18 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
                 os.environ[name] = value
 
 
+def _set_option(text: str) -> tuple[str, str]:
+    """--set NAME=VALUE: NAME a Kconfig symbol (CONFIG_ optional), or a choice as PRECISION=BF16."""
+    name, sep, value = text.partition("=")
+    found = _symbol_assignment(name.strip(), value, _symbols()) if sep else None
+    if found is None:
+        meant = _near_miss(name.strip().upper(), _symbols())[1] if sep else None
+        hint = f": did you mean CONFIG_{meant}?" if meant else " ('make menuconfig' lists the symbols)"
+        raise KfitError(f"--set {text}: give NAME=VALUE with NAME a Kconfig symbol" + hint if not sep else
+                        f"--set {text}: {name.strip()} is not a Kconfig symbol{hint}")
+    return found
+
+
 def name_flag(err: KfitError, given: dict[str, str]) -> KfitError:
     """A variable's error ("GPUS='x' is not a number ...") for a value that came from a flag, naming the flag."""
     message = str(err)
@@ -130,3 +170,126 @@ def name_flag(err: KfitError, given: dict[str, str]) -> KfitError:
         if message.startswith(f"{name}="):
             return KfitError(f"{option}: {message}")
     return err
+
+
+# --------------------------------------------------------------------------
+# make's command line: `make train EPOCHS=2 FRAGMENTS=...` reaches kfit as one variable, KFIT_OVERRIDES (make's
+# own escaped list of its command-line variables, $(MAKEOVERRIDES)), so no value passes through a shell. Each
+# value is used exactly as typed (make expands nothing in it); a NAME that is a Kconfig symbol is a one-run
+# override of the config (KFIT_SET, as `kfit <command> --set NAME=value` gives it).
+
+MAKE_LIST = "KFIT_OVERRIDES"  # set by the Makefile: $(MAKEOVERRIDES)
+SET_VARIABLE = "KFIT_SET"  # the overrides, as JSON [[name, value], ...]: what torchrun's ranks inherit (invocation.py)
+# Variables of make, the Makefile and the programs it runs other than kfit (install, test, benchmarks, GPU
+# validation): never an override, never warned about.
+MAKE_VARIABLES = frozenset({
+    "V", "PYTHON", "VENV", "PY", "KFIT", "ROOT", "Q", "KFIT_VERBOSE", "PYTEST_JOBS", "PYTEST_ARGS", "PYTEST_ADDOPTS",
+    "TORCH_SPEC", "TORCH_VERSION", "TORCH_ROCM_INDEX", "DEVICE", "QUICK", "STEPS", "REPEATS", "SHELL", "MAKEFLAGS",
+    "MAKEFILES", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKECMDGOALS", "CURDIR", "SUFFIXES", "MAKE", "SET",
+    MAKE_LIST, SET_VARIABLE})
+# Names of other tools' settings a user may put on make's command line: not a near-miss of a kfit symbol.
+FOREIGN = ("KFIT_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "HF_", "WANDB_", "MLFLOW_", "XDG_",
+           "TORCHELASTIC_", "LD_", "PATH", "HOME", "LANG", "LC_", "TERM", "TMP")
+# The commands that read the config through ensure_config / config_to_plan, where an override applies.
+OVERRIDABLE = frozenset({"plan", "train", "find-lr", "hpo"})
+
+
+def make_assignments(text: str) -> list[tuple[str, str]]:
+    """make's escaped list of command-line variables (MAKEFLAGS' form: a space inside a value as '\\ ', a
+    backslash as '\\\\', '$' as '$$') back into (name, value) pairs in the order given, each value exactly as
+    typed."""
+    words, word, i, started = [], [], 0, False
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            word.append(text[i + 1])
+            i, started = i + 2, True
+            continue
+        if ch == "$" and text[i + 1:i + 2] == "$":
+            word.append("$")
+            i, started = i + 2, True
+            continue
+        if ch in " \t":
+            if started:
+                words.append("".join(word))
+            word, started = [], False
+        else:
+            word.append(ch)
+            started = True
+        i += 1
+    if started:
+        words.append("".join(word))
+    pairs = []
+    for item in reversed(words):  # make lists the last one given first
+        name, sep, value = item.partition("=")
+        if sep:
+            pairs.append((name.rstrip(":+?!"), value))
+    return pairs
+
+
+def _symbols() -> dict[str, object]:
+    from ..config.kconfig import new_kconfig
+
+    return {name: sym for name, sym in new_kconfig().syms.items() if sym.nodes}
+
+
+def _symbol_assignment(name: str, value: str, symbols: dict) -> tuple[str, str] | None:
+    """(symbol, value) for NAME=value when NAME names a Kconfig symbol (with or without CONFIG_), or a choice by its
+    members' common prefix (PRECISION=BF16 is CONFIG_PRECISION_BF16=y); None when it names none."""
+    bare = name.removeprefix("CONFIG_")
+    if bare in symbols:
+        return bare, value
+    member = f"{bare}_{value.strip().upper()}"
+    if value.strip() and member in symbols and symbols[member].choice is not None:
+        return member, "y"
+    return None
+
+
+def _near_miss(name: str, symbols: dict) -> tuple[bool, str | None]:
+    """(whether NAME=value looks like a kfit setting, the Kconfig symbol it probably meant or None)."""
+    import difflib
+
+    if not name.isupper() or (name.startswith(FOREIGN) and not name.startswith("CONFIG_")):
+        return False, None
+    bare = name.removeprefix("CONFIG_")
+    close = difflib.get_close_matches(bare, list(symbols), n=1, cutoff=0.75)
+    if not close and len(bare) >= 4:
+        close = sorted((s for s in symbols if bare in s or s in bare), key=lambda s: abs(len(s) - len(bare)))[:1]
+    if close:
+        return True, close[0]
+    return name.startswith("CONFIG_"), None
+
+
+def overrides_from_make(pairs: list[tuple[str, str]], command: str, takes: set[str],
+                        warn) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Split make's command-line variables: ({kfit variable: literal value}, [(symbol, value) overrides]); any
+    other NAME=value that looks like a kfit setting gets one warning naming the symbol it probably meant.
+    `takes`: the variables this command has flags for (a variable that is also a symbol, such as SEED, is the
+    variable where the command takes it, else the symbol)."""
+    symbols: dict | None = None
+    variables, overrides = {}, []
+    for name, value in pairs:
+        if name in FLAGS or name in MAKE_VARIABLES:
+            if name in FLAGS:
+                variables[name] = value
+            if name in takes or name not in FLAGS or name in ("KCONFIG_CONFIG",):
+                continue
+            symbols = symbols if symbols is not None else _symbols()
+            if name in symbols and command in OVERRIDABLE:
+                warn(f"warning: {name}={value} is a variable of another target, not an override: "
+                     f"write CONFIG_{name}={value} to override CONFIG_{name} for this command")
+            continue
+        if not name.replace("_", "").isalnum():
+            continue
+        symbols = symbols if symbols is not None else _symbols()
+        found = _symbol_assignment(name, value, symbols)
+        if found is not None:
+            overrides.append(found)
+            continue
+        looks, meant = _near_miss(name, symbols)
+        if meant is not None:
+            warn(f"warning: {name}={value} is not a kfit variable or Kconfig symbol, so it does nothing: "
+                 f"did you mean CONFIG_{meant} ('{meant}=...' on the command line overrides it for one command)?")
+        elif looks:
+            warn(f"warning: {name}={value} is not a Kconfig symbol, so it does nothing ('make menuconfig' lists them)")
+    return variables, overrides

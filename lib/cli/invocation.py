@@ -5,15 +5,19 @@ torchrun (the ranks' plan path, OMP_NUM_THREADS)."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from .. import distributed
+from ..errors import KfitError
 from ..env import env_bool, env_number, env_text
 from ..planning import Settings
 from .slurm import with_slurm
 
+# The one-command Kconfig overrides, as JSON [[symbol, value], ...] (lib/cli/flags.py writes it).
+SET_VARIABLE = "KFIT_SET"
 # The variable that hands the launcher's plan to its ranks: a path to the plan as JSON (Plan.to_dict()).
 PLAN_VARIABLE = "KFIT_PLAN"
 
@@ -31,6 +35,9 @@ class Invocation:
     free_gb: float | None = None
     plan_path: str | None = None  # KFIT_PLAN: the launcher's plan, in a rank
     settings: Settings = field(default_factory=Settings)
+    # Kconfig symbols set for this command only (make's NAME=value, `--set`), as (symbol, value) in the order
+    # given: KFIT_SET, which lib/cli/flags.py writes and torchrun's ranks inherit
+    overrides: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> "Invocation":
@@ -40,9 +47,21 @@ class Invocation:
                    nodes=distributed.nodes_range(env), resume=env_bool("RESUME", None, env),
                    resume_from=env_text("RESUME_FROM", env), init_from=env_text("INIT_FROM", env),
                    hw=env_text("HW", env), gpu=env_text("GPU", env), free_gb=env_number("FREE_GB", float, None, env),
-                   plan_path=env_text(PLAN_VARIABLE, env), settings=Settings.from_environment(env))
+                   plan_path=env_text(PLAN_VARIABLE, env), settings=Settings.from_environment(env),
+                   overrides=_overrides(env_text(SET_VARIABLE, env)))
 
     @property
     def planned_nodes(self) -> int:
         """The machines a plan is made for: an elastic range plans for its largest."""
         return self.nodes[1]
+
+
+def _overrides(text: str | None) -> tuple[tuple[str, str], ...]:
+    if not text:
+        return ()
+    try:
+        pairs = json.loads(text)
+        return tuple((str(name), str(value)) for name, value in pairs)
+    except (ValueError, TypeError):
+        raise KfitError(f"{SET_VARIABLE}={text[:80]!r} is not the overrides kfit writes ([[symbol, value], ...]): "
+                        f"unset it and give overrides as NAME=value to make or --set to kfit") from None

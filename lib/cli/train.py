@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..api import train_planned, usable_hardware  # noqa: F401  (usable_hardware: for tests)
 from .common import ensure_config, hardware_from_env, plan_for
-from ..env import env_number
+from ..env import env_number, env_text
 from ..errors import KfitError
 from ..planning.decisions import decide_device
 from .flags import command
@@ -189,7 +189,8 @@ def cmd_export(args) -> int:
     from ..export import export
 
     run = _run("export", "a run directory (under CONFIG_OUTPUT_DIR) or a checkpoint")
-    path = export(run, Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    out = env_text("OUT")
+    path = export(run, Path(out).expanduser() if out else None)
     print(f"Exported {path} (the model's state_dict: safetensors.torch.load_file(path)), with config and "
           f"plan.json beside it")
     return 0

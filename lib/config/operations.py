@@ -149,6 +149,8 @@ def _assignment_lines(assignments: Mapping[str, object]) -> str:
         elif isinstance(value, float):
             value = f"{value:.6g}"
         text = str(value)
+        if any(ch in text for ch in "\n\r\0"):  # it would end the line: a second assignment, unchecked
+            raise ConfigError(f"CONFIG_{name}={text!r}: a value cannot hold a line break")
         if sym.orig_type == kconfiglib.STRING:
             text = text.replace("\\", "\\\\").replace('"', '\\"')
         lines.append(assignment_line(sym, text))

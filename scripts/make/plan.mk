@@ -12,11 +12,11 @@ plan-report: $(ENV_STAMP) ## Write the plan matrix and memory charts as HTML (OU
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(ROOT)/requirements-bench.txt $(ENV_STAMP)
 	@echo "Installing the benchmark's packages (requirements-bench.txt)" >&2
-	$(Q)$(VENV)/bin/pip install -q -r $(ROOT)/requirements-bench.txt >&2
-	$(Q)touch $@
+	$(Q)$(call q,$(VENV)/bin/pip) install -q -r $(call q,$(ROOT)/requirements-bench.txt) >&2
+	$(Q)touch $(call q,$@)
 
 bench-memory: $(ENV_STAMP) $(BENCH_STAMP) ## Predicted vs measured peak memory of real training steps (DEVICE=cpu|cuda)
-	$(Q)$(PY) $(ROOT)/scripts/bench_memory.py
+	$(Q)$(RUN_PY) $(call q,$(ROOT))/scripts/bench_memory.py
 
 bench-plan: $(ENV_STAMP) ## Planner wall time (cold, cached) and tier vs planner batch per GPU
-	$(Q)$(PY) $(ROOT)/scripts/bench_plan.py
+	$(Q)$(RUN_PY) $(call q,$(ROOT))/scripts/bench_plan.py

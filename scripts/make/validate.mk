@@ -3,4 +3,4 @@
 .PHONY: validate-gpu
 
 validate-gpu: $(ENV_STAMP) ## Check kfit against this GPU, write docs/validation/<gpu>-<date>.json (DEVICE=cpu OUT= QUICK=1)
-	$(Q)$(PY) $(ROOT)/scripts/validate_gpu.py
+	$(Q)$(RUN_PY) $(call q,$(ROOT))/scripts/validate_gpu.py
