@@ -137,18 +137,29 @@ def test_device_overheads_are_named_and_only_the_host_heap_on_cpu(predictor, con
 
 
 def test_cuda_terms_follow_the_allocator_setting_and_checkpointing(predictor, configs):
-    """Measured on an H100 (lib/memory/predict.py): two cuBLAS workspaces and cuBLASLt's, and a fragmentation
-    share that depends on expandable segments and on checkpointing's recomputation."""
-    from lib.memory import predict
+    """Refitted to the H100 runs (lib/memory/allocator_model.py): two cuBLAS workspaces and cuBLASLt's; the
+    allocator's pages, holes as shares of activations and temporaries (more with checkpointing's
+    recomputation, far more with fixed segments) and autocast's cast cache; cuDNN's benchmark for convolutions."""
+    from lib.memory import allocator_model as m
 
     trace = peak(predictor, configs["gpt2-tiny"], 8).trace
-    act = trace.breakdown["activations"] + trace.breakdown["temporaries"]
+    act, tmp = trace.breakdown["activations"], trace.breakdown["temporaries"]
     terms = {(c, e): device_overheads(trace, "cuda", checkpointed=c, expandable=e)
              for c in (False, True) for e in (False, True)}
     assert all(t["blas_workspace"] == 65 * 2**20 for t in terms.values())
-    frag = {k: t["allocator_fragmentation"] - predict.FRAGMENTATION_BASE_BYTES for k, t in terms.items()}
-    assert frag[False, True] == int(0.06 * act) and frag[True, True] == int(0.35 * act)
-    assert frag[False, False] == frag[True, False] == int(0.65 * act)
+    frag = {k: t["allocator_fragmentation"] for k, t in terms.items()}
+    assert frag[False, True] == m.PAGE_SLACK_BYTES + int(0.014 * act + 0.02 * tmp)
+    assert frag[True, True] == m.PAGE_SLACK_BYTES + int(0.198 * (act + tmp))
+    assert frag[False, False] == frag[True, False] == 32 * 2**20 + int(0.65 * (act + tmp))
+    bf16 = device_overheads(trace, "cuda", expandable=True, precision="bf16")
+    assert bf16["allocator_fragmentation"] - frag[False, True] == m.AUTOCAST_CACHE_BYTES
+    assert "cudnn_benchmark" not in bf16 and terms[False, True]["attention_workspace"] == int(0.01 * act)
+    lenet = peak(predictor, configs["lenet5"], 8).trace
+    assert "conv" in lenet.features and "attention" not in lenet.features
+    batch = lenet.breakdown["batch"]
+    assert device_overheads(lenet, "cuda", precision="fp32")["cudnn_benchmark"] == 3 * batch
+    assert device_overheads(lenet, "cuda", precision="bf16")["cudnn_benchmark"] == int(1.5 * batch)
+    assert device_overheads(lenet, "cpu") == {"host_heap": HOST_HEAP_BYTES}  # the CPU path has no device terms
 
 
 def test_kfit_turns_on_expandable_segments_unless_the_user_set_the_allocator(monkeypatch):

@@ -37,6 +37,11 @@ def fake_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def model_features(model: torch.nn.Module) -> tuple[str, ...]:
-    """Which per-model device terms apply: "attention" (by module type or name, e.g. GPT-2's attn)."""
+    """Which per-model device terms apply: "attention" (by module type or name, e.g. GPT-2's attn), "conv"
+    (a convolution module: cuDNN's benchmark workspaces)."""
     names = {type(m).__name__.lower() for m in model.modules()}
-    return ("attention",) if any("attention" in n or "attn" in n for n in names) else ()
+    attention = any("attention" in n or "attn" in n for n in names)
+    convs = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+             torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+    conv = any(isinstance(m, convs) for m in model.modules())
+    return ("attention",) * attention + ("conv",) * conv
