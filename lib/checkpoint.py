@@ -161,7 +161,7 @@ def load_checkpoint(path: Path) -> dict:
 
 FINAL = "checkpoint.pt"
 FINAL_SHARDED = "checkpoint" + SHARDED_SUFFIX
-# A sharded run that ran out of memory: the micro-batch its relaunch takes (lib/trainer/stepper.py). FSDP's
+# A sharded run that ran out of memory: the micro-batch its relaunch takes (lib/trainer/recovery.py). FSDP's
 # collectives run inside every forward and backward, so one rank cannot redo a step alone as DDP's can.
 OOM_MARKER = "oom.json"
 # A run started from trained weights (INIT_FROM): where they came from. The resume search passes such a run

@@ -299,7 +299,7 @@ def run_torchrun(nproc: int, script: Path, env: dict[str, str], *, threads: int 
 
     It is relaunched (at most `attempts` times) when it failed and `relaunch(launched_at)` gives a reason:
     a sharded run that ran out of memory, which continues from its last checkpoint at half the micro-batch
-    (lib/trainer/stepper.py mark_oom). `threads` as _with_threads'."""
+    (lib/trainer/loop.py mark_oom). `threads` as _with_threads'."""
     command = torchrun_command(nproc, script, env)
     _with_threads(nproc, env, threads)
     log_path = log_path or Path(tempfile.gettempdir()) / f"kfit-torchrun-{os.getpid()}.log"

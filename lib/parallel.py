@@ -1,6 +1,6 @@
 """How several processes share a model: the data-parallel strategies and the one way kfit applies FSDP2.
 
-    ddp            DistributedDataParallel: a full replica per process (lib/trainer/stepper.py)
+    ddp            DistributedDataParallel: a full replica per process (lib/trainer/engine.py)
     fsdp           fully_shard: parameters, gradients, optimizer state sharded (ZeRO-3-like)
     fsdp_grad_op   fully_shard(reshard_after_forward=False): parameters stay gathered from
                    forward to the end of backward (ZeRO-2-like: one all-gather per micro-batch)

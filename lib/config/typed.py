@@ -78,7 +78,7 @@ class Config:
     probe: str  # auto | always | never
     oom_recovery: bool
     oom_max_halvings: int | None
-    # out-of-memory ladder (lib/trainer/ladder.py): the rungs allowed, in the order they are taken
+    # out-of-memory ladder (lib/planning/ladder.py): the rungs allowed, in the order they are taken
     oom_ladder: tuple[str, ...]  # of "checkpointing", "autocast", "offload"
     checkpoint_interval: str  # auto (at most minutes, at most a share of the predicted run) | steps
     checkpoint_minutes: int | None
