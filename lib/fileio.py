@@ -220,6 +220,11 @@ def cache_note(path: Path | str, reason: str, *, then: str = "dropped; measured 
     return line
 
 
+def reset_cache_notes() -> None:
+    """Let cache_note say again what it said (a new plan in a long-lived process; tests)."""
+    _NOTED.clear()
+
+
 CACHE_MAX_BYTES = 64 << 20  # a cache file larger than this is not kfit's
 
 

@@ -49,7 +49,7 @@ def cpu_figures(path: Path) -> dict | None:
     """cpu-<key>.json's figures when every one is a positive number (threads a positive count), else None
     (noted when the file was there)."""
     figures = read_json(path)
-    if not figures:
+    if not figures and not path.is_file():
         return None
     bad = [k for k in CPU_FIELDS if not is_number(figures.get(k), positive=True)]
     if not is_count(figures.get("threads")):

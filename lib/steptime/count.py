@@ -276,7 +276,7 @@ class StepCounter:
             return self._memo[key]
         path = self.cache_dir / f"counts-{key}.json"
         data = read_json(path)
-        if data:
+        if data or path.is_file():  # {} from a file that is there: an empty object, checked (and noted) below
             try:
                 self._memo[key] = Counts.from_json(data)
                 return self._memo[key]
