@@ -32,6 +32,7 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 
+from . import fileio
 from .env import env_number, environ
 from .errors import KfitError
 from .hardware.host import usable_cores
@@ -230,9 +231,11 @@ class TorchrunOutput:
         else:
             self.failure = line.strip()
 
-    def close(self, log_path: Path | None) -> None:
+    def close(self, log_path: Path | None) -> Path | None:
         """Flush; torchrun's own lines are appended to log_path (when there are any), and so are the ranks'
-        exceptions when a rank was killed (the error line names it; theirs are its consequence)."""
+        exceptions when a rank was killed (the error line names it; theirs are its consequence). The log
+        is never appended through a link or to another user's file (the temporary directory is shared:
+        fileio.open_append(owned=True)); then it goes to a new private directory. Returns the log written."""
         if self.block:
             self.out.writelines(self.block)
         if self.root.get("exitcode", 0) < 0:
@@ -243,8 +246,14 @@ class TorchrunOutput:
         self.out.flush()
         if self.kept and log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "a") as log:
+            try:
+                log = fileio.open_append(log_path, owned=True)
+            except OSError:  # a link, a directory or another user's file planted there
+                log_path = Path(tempfile.mkdtemp(prefix="kfit-torchrun-")) / log_path.name
+                log = fileio.open_append(log_path, owned=True)
+            with log:
                 log.writelines(self.kept)
+        return log_path
 
 
 def _die_with_parent() -> None:
@@ -332,7 +341,7 @@ def run_torchrun(nproc: int, script: Path, env: dict[str, str], *, threads: int 
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            output.close(log_path)
+            log_path = output.close(log_path)
         if output.signal and not stopped:  # torchrun itself was signalled, not through kfit
             stopped.append(output.signal)
         if stopped:

@@ -1,23 +1,38 @@
-"""Files that are never seen half-written, and a lock that keeps a directory to one writer.
+"""Files that are never seen half-written, never redirected by a planted link, and a lock that keeps a
+directory to one writer.
 
 `write_atomic` is the one atomic writer (checkpoints, run files, .config, caches): a temporary file
-beside the real target, fsynced, given the permissions the replaced file had, renamed over it.
+created with O_EXCL beside the target, fsynced, given the permissions the replaced file had, renamed
+over it, removed on any failure. Symlinks: `follow_symlinks=True` (the default, for configs: a
+KCONFIG_CONFIG or .config that is a link to a kept config is a feature) writes through a link to its
+target; `follow_symlinks=False` (run directories and caches, whose directories others may share: a
+planted link must not redirect kfit's writes) refuses a link in the target's place with UnsafeFileError,
+one line naming the file. `write_json_atomic` is the JSON form, never following links.
+`open_append` (metrics.jsonl, logs) appends with O_NOFOLLOW to a regular file only.
 `try_lock` / `lock_holder`: an flock on DIR/.lock, which the kernel drops when its process dies, so a
-crashed holder's lock is simply taken over; the holder's PID is written in the file for messages.
-Layer 1 (docs/architecture.md): it imports nothing from lib but lib.units, whose `format_bytes` it
-re-exports for the callers that import it from here.
+crashed holder's lock is simply taken over; the holder's PID is written in the file for messages. The
+lock is opened with O_NOFOLLOW and without O_TRUNC: a link, a directory or any other non-file there is
+refused, and nothing is truncated before the lock is held.
+`read_json_cache` / `cache_note`: the caches' reader (nothing in a cache can raise) and the one note per
+damaged cache file (named) on stderr.
+Layer 1 (docs/architecture.md): it imports nothing from lib but lib.errors and lib.units, whose
+`format_bytes` it re-exports for the callers that import it from here.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
+import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
+from .errors import KfitError
 from .units import format_bytes  # noqa: F401  (fileio.format_bytes: lib/checkpoint.py, lib/monitor.py, the trainer)
 
 # A write that failed for want of room: a full disk, a full quota, the file size limit (ulimit -f).
@@ -27,19 +42,90 @@ LOCK_NAME = ".lock"
 # A lock_holder() check holds the lock (shared) for an instant: a taker retries over this long before
 # concluding that a live process holds it.
 LOCK_WAIT_S = 0.2
+# A temporary file of write_atomic older than this is a killed writer's: swept (sweep_temporaries).
+STALE_TEMPORARY_S = 3600.0
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def write_atomic(path: Path | str, data: bytes | Callable[[str], None]) -> None:
+class UnsafeFileError(KfitError, OSError):
+    """A file kfit will not open or write: a symlink it did not create, a directory or a device in a file's
+    place. A KfitError (one `error:` line naming the file) and an OSError (a cache's writer skips it)."""
+
+
+def unsafe(path: Path | str, what: str) -> UnsafeFileError:
+    return UnsafeFileError(f"{path} is {what}: kfit does not write through it (a link or other file planted "
+                           f"in a run directory or cache could redirect its writes); remove it and run again")
+
+
+def _describe(st: os.stat_result, path: Path | str) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            return "a symbolic link"
+    return "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+
+
+def refuse_link(path: Path | str) -> None:
+    """UnsafeFileError when `path` exists and is not a regular file (a symlink, a directory, a FIFO...)."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise unsafe(path, _describe(st, path))
+
+
+def open_nofollow(path: Path | str, flags: int, mode: int = 0o666) -> int:
+    """os.open with O_NOFOLLOW and O_NONBLOCK (a planted FIFO must not hang kfit), of a regular file only;
+    anything else is an UnsafeFileError naming the file."""
+    try:
+        fd = os.open(path, flags | NOFOLLOW | os.O_NONBLOCK, mode)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            try:
+                raise unsafe(path, _describe(os.lstat(path), path)) from None
+            except FileNotFoundError:
+                pass
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise unsafe(path, _describe(st, path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_append(path: Path | str, *, owned: bool = False) -> IO[str]:
+    """`path` opened to append text (created 0666 less the umask when new), never through a symlink and only
+    when it is a regular file (metrics.jsonl, logs). `owned`: also refuse a file another user owns or with
+    other hard links (a log in a shared directory such as /tmp, where anyone can plant one)."""
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    st = os.fstat(fd)
+    if owned and (st.st_uid != os.geteuid() or st.st_nlink != 1):
+        os.close(fd)
+        raise unsafe(path, "a file of another user or with other hard links")
+    return os.fdopen(fd, "a")
+
+
+def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follow_symlinks: bool = True) -> None:
     """Replace `path` with `data`, or with what `data(temporary_path)` writes there, so that readers and
-    crashes see the old file or the new one, never a mix; the temporary file is removed on any failure.
+    crashes see the old file or the new one, never a mix; the temporary file (O_EXCL, beside the target)
+    is removed on any failure.
 
-    A symlink is written through (its target replaced, the link kept). The new file takes the replaced
-    file's permissions, or 0666 less the umask when new: mkstemp's 0600 would shut out the other users
-    of a shared directory, and silently change a .config's mode."""
-    real = Path(os.path.realpath(path))
+    `follow_symlinks=True` (configs): a symlink is written through (its target replaced, the link kept).
+    `follow_symlinks=False` (run directories, caches): a symlink, directory or other non-file at `path` is
+    refused with UnsafeFileError, and the file is written where `path` names it. The new file takes the
+    replaced file's permissions, or 0666 less the umask when new: mkstemp's 0600 would shut out the other
+    users of a shared directory, and silently change a .config's mode."""
+    if follow_symlinks:
+        real = Path(os.path.realpath(path))
+    else:
+        real = Path(path)
+        refuse_link(real)
     real.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = real.stat().st_mode & 0o7777
+        mode = (real.stat() if follow_symlinks else os.lstat(real)).st_mode & 0o7777
     except FileNotFoundError:
         mode = 0o666 & ~umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
@@ -60,6 +146,12 @@ def write_atomic(path: Path | str, data: bytes | Callable[[str], None]) -> None:
             pass
         raise
     fsync_dir(real.parent)
+
+
+def write_json_atomic(path: Path | str, obj: Any, *, indent: int | None = 2) -> None:
+    """`obj` as JSON (sorted keys), atomically, never through a symlink (run directories, caches)."""
+    text = json.dumps(obj, indent=indent, sort_keys=True) + ("\n" if indent is not None else "")
+    write_atomic(path, text.encode(), follow_symlinks=False)
 
 
 def fsync_dir(path: Path | str) -> None:
@@ -86,14 +178,92 @@ def umask() -> int:
     return mask
 
 
-def remove_stale_temporaries(directory: Path) -> list[Path]:
-    """Remove what write_atomic calls that a kill interrupted left behind (only safe under the directory's lock)."""
+def remove_stale_temporaries(directory: Path, older_than_s: float = 0.0) -> list[Path]:
+    """Remove what write_atomic calls that a kill interrupted left behind: all of them (only safe under the
+    directory's lock), or those older than `older_than_s` (a shared cache, where another process may be
+    writing one now). A link of that name is removed as a link, never followed."""
     removed = []
-    for path in Path(directory).glob(".*.tmp"):
-        if path.is_file():
-            path.unlink(missing_ok=True)
-            removed.append(path)
+    now = time.time()
+    try:
+        paths = list(Path(directory).glob(".*.tmp"))
+    except OSError:
+        return removed
+    for path in paths:
+        try:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) or (older_than_s and now - st.st_mtime < older_than_s):
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
     return removed
+
+
+def sweep_temporaries(directory: Path) -> list[Path]:
+    """A shared cache's stale temporaries (older than STALE_TEMPORARY_S), removed; nothing fails."""
+    return remove_stale_temporaries(directory, STALE_TEMPORARY_S)
+
+
+# --------------------------------------------------------------------------
+# Caches: read without ever raising, one note per damaged file
+
+_NOTED: set[str] = set()
+
+
+def cache_note(path: Path | str, reason: str, *, then: str = "dropped; measured again when needed") -> str:
+    """Say once per process and file, on stderr, that a cache file (named) was damaged or foreign; the line."""
+    line = f"note: cache file {path}: {reason}: {then}"
+    if str(path) not in _NOTED:
+        _NOTED.add(str(path))
+        print(line, file=sys.stderr, flush=True)
+    return line
+
+
+def reset_cache_notes() -> None:
+    """Let cache_note say again what it said (a new plan in a long-lived process; tests)."""
+    _NOTED.clear()
+
+
+CACHE_MAX_BYTES = 64 << 20  # a cache file larger than this is not kfit's
+
+
+def read_json_cache(path: Path | str, schema: int) -> dict | None:
+    """A cache file's JSON object, None when missing (silently) or damaged, foreign or of another schema (with
+    a cache_note naming it). Never follows a symlink, never raises. A file without "schema" is taken as
+    this schema (written before caches carried one); its fields are the caller's to check."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        cache_note(path, str(err) if isinstance(err, UnsafeFileError) else f"unreadable ({err.strerror or err})")
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(CACHE_MAX_BYTES + 1)
+        if len(raw) > CACHE_MAX_BYTES:
+            raise ValueError(f"over {format_bytes(CACHE_MAX_BYTES)}")
+        data = json.loads(raw.decode())
+    except (OSError, ValueError, RecursionError) as err:
+        cache_note(path, f"not valid JSON ({type(err).__name__}: {str(err)[:80]})")
+        return None
+    if not isinstance(data, dict):
+        cache_note(path, f"a JSON {type(data).__name__}, not an object")
+        return None
+    if data.get("schema", schema) != schema:
+        cache_note(path, f"schema {data.get('schema')!r}, not {schema} (another kfit version's)")
+        return None
+    return data
+
+
+def is_number(value: Any, *, positive: bool = False) -> bool:
+    """A finite int or float (not a bool); > 0 when `positive`: what a cache's numeric fields must be."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if value != value or value in (float("inf"), float("-inf")):
+        return False
+    return value > 0 if positive else True
 
 
 def unwritable_reason(directory: Path) -> str | None:
@@ -113,8 +283,16 @@ def unwritable_reason(directory: Path) -> str | None:
 
 def try_lock(directory: Path) -> IO | None:
     """An exclusive lock on `directory`, held while the returned file stays open (closing it, or the process
-    dying, releases it); None while another live process holds it."""
-    fd = os.open(Path(directory) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    dying, releases it); None while another live process holds it.
+
+    The lock file is opened with O_NOFOLLOW|O_CREAT and no O_TRUNC: a symlink, directory or other non-file
+    (or a file with other hard links) at DIR/.lock is an UnsafeFileError naming it, and the file is emptied
+    for this PID only once the lock is held."""
+    path = Path(directory) / LOCK_NAME
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
+    if os.fstat(fd).st_nlink != 1:
+        os.close(fd)
+        raise unsafe(path, "a file with other hard links")
     f = os.fdopen(fd, "r+")
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
@@ -135,8 +313,8 @@ def try_lock(directory: Path) -> IO | None:
 def lock_holder(directory: Path) -> int | None:
     """The PID of the live process holding `directory`'s lock (0 when it has not written it yet), None when free."""
     try:
-        f = open(Path(directory) / LOCK_NAME)
-    except (FileNotFoundError, NotADirectoryError):
+        f = os.fdopen(open_nofollow(Path(directory) / LOCK_NAME, os.O_RDONLY), "r")
+    except OSError:  # missing; a link, directory or unreadable file: no kfit holds it (try_lock refuses it)
         return None
     with f:
         try:

@@ -21,7 +21,10 @@ Results are cached in $KFIT_CACHE_DIR (else $XDG_CACHE_HOME/kfit, else
 ~/.cache/kfit)/probe.json under a fingerprint of the hardware, the
 memory-relevant config, precision, compile and library versions.
 PROBE_AUTO probes GPUs only and uses the cache; PROBE_ALWAYS probes any device
-(the CPU included) and refreshes it; PROBE_NEVER trusts the plan.
+(the CPU included) and refreshes it; PROBE_NEVER trusts the plan. The cache carries
+"schema": CACHE_SCHEMA and every entry is checked on read (`cached_result`): a damaged file or
+entry is one note naming the file and a fresh probe, never a traceback; a cache that cannot be
+written (read-only, full, a link planted in its place) only costs the next probe.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from typing import Callable
 
 import torch
 
-from . import checkpoint, distributed
+from . import distributed
 from .config import Config
+from .fileio import cache_note, read_json_cache, write_json_atomic
 from .hardware import HardwareProfile, device_memory, reset_peak_memory
 from .plan import Plan
 from .memory import default_cache_dir
@@ -49,10 +53,41 @@ from .steptime.calibrate import samples_per_process
 TRIAL_STEPS = 2
 HEADROOM = 0.10
 CACHE_FILE = "probe.json"
+CACHE_SCHEMA = 1
 
 
 def cache_path() -> Path:
     return default_cache_dir() / CACHE_FILE  # the memory planner's cache directory
+
+
+def read_cache(path: Path) -> dict:
+    """probe.json's entries by fingerprint ({} when missing or damaged: noted), the schema key left out."""
+    cache = read_json_cache(path, CACHE_SCHEMA) or {}
+    cache.pop("schema", None)
+    return cache
+
+
+def cached_result(cache: dict, key: str, path: Path) -> dict | None:
+    """The cached probe of `key` when whole (max_micro, eval_batch: positive counts; trials a list); a
+    damaged entry is noted and dropped."""
+    entry = cache.get(key)
+    if entry is None:
+        return None
+    counts = [entry.get(k) for k in ("max_micro", "eval_batch")] if isinstance(entry, dict) else [None]
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in counts) and isinstance(
+            entry.get("trials", []), list) and isinstance(entry.get("eval_trials", []), list):
+        return entry
+    cache_note(path, f"entry {key} is not a probe's result", then="dropped; probing again")
+    cache.pop(key, None)
+    return None
+
+
+def write_cache(path: Path, cache: dict, log=print) -> None:
+    """probe.json with the schema; a cache that cannot be written is one note (the next run probes again)."""
+    try:
+        write_json_atomic(path, {**cache, "schema": CACHE_SCHEMA})
+    except OSError as err:
+        log(f"note: probe result not cached in {path} ({err.strerror or err}): the next run probes again")
 
 
 def fingerprint(config: Config, plan: Plan, hardware: HardwareProfile, task: Task) -> str:
@@ -226,12 +261,10 @@ def confirm(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *
         return None
     device = distributed.device_for(rank, plan.device_type)
     path, key = cache_path(), fingerprint(config, plan, hardware, task)
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if config.probe == "auto" and isinstance(cache.get(key), dict) and "max_micro" in cache[key]:
-        result, how = cache[key], "cached"
+    cache = read_cache(path)
+    cached = cached_result(cache, key, path)
+    if config.probe == "auto" and cached is not None:
+        result, how = cached, "cached"
         log(f"Probe: cached result for this device and model in {path}: micro-batch up to {result['max_micro']}, "
             f"eval batch {result['eval_batch']} (CONFIG_PROBE_ALWAYS probes again)")
     else:
@@ -240,7 +273,7 @@ def confirm(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *
             f"micro-batch {_describe(result['trials'])}; eval batch {_describe(result['eval_trials'])}")
         if rank.is_main:
             cache[key] = {**result, "device": plan.device_name, "model": config.model, "time": time.time()}
-            checkpoint.write_json_atomic(path, cache)
+            write_cache(path, cache, log)
     # Several ranks (possibly on different GPUs): everyone uses what fits on all of them.
     return {**result, "max_micro": distributed.all_min(result["max_micro"], device),
             "eval_batch": distributed.all_min(result["eval_batch"], device), "how": how}

@@ -368,3 +368,76 @@ def test_the_probe_runs_once_before_the_trials_and_caps_them(tmp_path, monkeypat
     assert [line for line in lines if "every trial's micro-batch at most 16" in line] != []
     metrics = (Path(trial.user_attrs["run_dir"]) / "metrics.jsonl").read_text()
     assert "oom_recovery" not in metrics  # capped before the first step, not recovered during it
+
+
+# --------------------------------------------------------------------------
+# Robustness (issue 32): a storage locked during a trial; every password form redacted
+
+
+@pytest.mark.parametrize("held_s, wait_s", [
+    (1.2, 1.0),  # released while Optuna marks the trial: its own cleanup records FAIL
+    (2.6, 1.0),  # held past Optuna's cleanup too (its UnboundLocalError): kfit's retry records FAIL
+])
+def test_a_storage_locked_during_a_trial_is_one_error_and_the_trial_fails(study_config, tmp_path, monkeypatch,
+                                                                         held_s, wait_s):
+    import threading
+
+    from lib import trainer
+    from lib.errors import KfitError
+
+    monkeypatch.setattr(hpo.storage, "LOCK_WAIT_S", wait_s)
+    db = tmp_path / "locked.db"
+    url = f"sqlite:///{db}"
+    hpo.open_study(study_config, url).enqueue_trial(GOOD)
+
+    def locked_train(cfg, plan, hardware, *, on_eval, **kwargs):
+        other = sqlite3.connect(db, timeout=0, check_same_thread=False)  # another worker's long write
+        other.execute("BEGIN EXCLUSIVE")
+        threading.Timer(held_s, lambda: (other.rollback(), other.close())).start()
+        on_eval(1, 1, {"eval_loss": 1.0})  # trial.report: the storage is locked
+        raise AssertionError("the report went through a locked storage")
+
+    monkeypatch.setattr(trainer, "train", locked_train)
+    with pytest.raises(KfitError) as refused:
+        hpo.run_study(study_config, CPU, trials=1, storage=url, task=load_task(study_config), log=lambda line: None)
+    message = str(refused.value)
+    assert "\n" not in message and "database is locked" in message and "trial 0 is marked failed" in message
+    assert f"waited up to {wait_s:g}s" in message and f"HPO_STORAGE={url}" in message
+    [trial] = optuna.load_study(study_name="test", storage=url).trials
+    assert trial.state == State.FAIL
+
+
+REDACT_URLS = [
+    "postgresql://user:s3cretPW@host:5432/db",
+    "postgresql://user@host/db?password=s3cretPW",
+    "postgresql://user@host/db?sslmode=require&password=s3cretPW&x=1",
+    "postgresql://user:my secret pw@host/db",  # a space
+    "postgresql://user:p%40ss%20word%2F1@host/db",  # percent-encoded
+    "mysql+pymysql://user@host/db?passwd=s3cretPW",
+    "postgresql://user@host/db?sslpassword=s3cretPW&password=0therPW1",
+    "postgresql://my user:s3cretPW@host/db",  # a space in the user name
+]
+
+
+@pytest.mark.parametrize("url", REDACT_URLS)
+def test_every_password_form_is_redacted_as_sqlalchemy_parses_it(url):
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    secrets = [parsed.password] if parsed.password else []
+    secrets += [v for k, v in parsed.query.items() if "pass" in k]
+    assert secrets and all(secrets)
+    for text in (url, f"HPO_STORAGE={url}: cannot open the database (x): check the host", f"in {url} (1 trial)"):
+        shown = hpo.redact(text)
+        for secret in secrets:
+            assert secret not in shown, (text, shown)
+        assert "***" in shown
+    assert not make_url(hpo.redact(url)).password or make_url(hpo.redact(url)).password == "***"
+    redacted = make_url(hpo.redact(url))
+    assert (redacted.drivername, redacted.host, redacted.database) == (parsed.drivername, parsed.host,
+                                                                          parsed.database)
+
+
+def test_redaction_leaves_urls_without_secrets_alone():
+    for text in ("sqlite:////abs/study.db", "postgresql://user@host:5432/db?sslmode=require", "no url here"):
+        assert hpo.redact(text) == text

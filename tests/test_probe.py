@@ -67,6 +67,7 @@ def test_probe_always_on_cpu_bisects_to_what_fits_and_caches_it(make_config, mon
     assert "4 x 20 + 16" in probed.reasons["grad_accum"] and "96 unchanged" in probed.reasons["grad_accum"]
     assert "trial steps" in lines[0] and "48 failed" in lines[0] and "20 ok" in lines[0] and "24 failed" in lines[0]
     cached = json.loads((cache_dir / "probe.json").read_text())
+    assert cached.pop("schema") == probe.CACHE_SCHEMA
     [entry] = cached.values()
     assert entry["max_micro"] == 20 and entry["trial_steps"] >= 4 and entry["seconds"] > 0
     never = probe.maybe_probe(dataclasses.replace(config, probe="never"), plan, CPU, task, log=lines.append)

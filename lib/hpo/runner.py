@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -15,8 +16,9 @@ from ..config import Config
 from ..errors import KfitError
 from ..hyperparams import ModelDescription, Plan, resolve
 from .space import assignments, check_space, describe, sample, trial_config
-from .storage import (HEARTBEAT_GRACE_S, no_experimental_warning, open_study, redact, storage_label, storage_url,
-                      study_dir)
+from . import storage as storage_module
+from .storage import (HEARTBEAT_GRACE_S, no_experimental_warning, open_study, redact, storage_failure, storage_label,
+                      storage_reason, storage_url, study_dir)
 
 Log = Callable[[str], None]
 # Failures that end one trial (recorded as FAIL) but not the study.
@@ -74,12 +76,16 @@ def capped(plan: Plan, probed: dict | None) -> Plan:
 
 
 def objective(config: Config, hardware, task, *, storage: str | None = None, log: Log = print,
-              probed: dict | None = None) -> Callable[[optuna.Trial], float]:
+              probed: dict | None = None, current: dict | None = None) -> Callable[[optuna.Trial], float]:
+    """The trial function; `current["trial"]` is set to the number of the trial running (for run_study's
+    error when the storage fails during it)."""
     from ..trainer import train
 
     directory = study_dir(config, storage)
+    current = {} if current is None else current
 
     def attempt(trial: optuna.Trial) -> float:
+        current["trial"] = trial.number
         params = sample(trial, config)
         run_dir = new_trial_dir(directory, trial.number)
         cfg = trial_config(config, params, run_dir.name)
@@ -152,9 +158,10 @@ def run_study(config: Config, hardware, *, trials: int, timeout: float | None = 
     check_space(study, config, storage_label(url, bool(storage)))
     task = task or load_task(config)  # loaded once; every trial reuses the data
     probed = probe_once(config, hardware, task, log) if trials else None
+    current: dict = {}
     # a line per finished trial always; on a terminal Optuna's own bar (stderr) shows the one running too
     try:
-        study.optimize(objective(config, hardware, task, storage=storage, log=log, probed=probed),
+        study.optimize(objective(config, hardware, task, storage=storage, log=log, probed=probed, current=current),
                        n_trials=trials, timeout=timeout or None, catch=TRIAL_FAILURES,
                        callbacks=[lambda study, trial: log(trial_line(trial))],
                        show_progress_bar=bool(trials) and sys.stderr.isatty())
@@ -164,7 +171,43 @@ def run_study(config: Config, hardware, *, trials: int, timeout: float | None = 
                                  f"pruned trial(s) in {url} (a trial cut short is recorded as failed); 'make hpo' "
                                  "continues it"),
                           getattr(stop, "exit_code", 130)) from None
+    except Exception as err:  # noqa: BLE001 - the storage failing mid-trial is one error line, the trial FAIL
+        failure = storage_failure(err)
+        if failure is None:
+            raise
+        raise storage_failed(study, url, bool(storage), current.get("trial"), failure) from None
     return study
+
+
+def mark_failed(study: optuna.Study, number: int, wait_s: float) -> bool:
+    """Mark trial `number` failed (unless already finished), retrying a locked storage for up to `wait_s`;
+    whether it is no longer running."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            return True
+        except Exception as err:  # noqa: BLE001 - the storage may still be locked
+            if storage_failure(err) is None or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+
+def storage_failed(study: optuna.Study, url: str, given: bool, number: int | None, failure: BaseException) -> KfitError:
+    """The error for a storage that failed during a trial (locked by another connection for longer than
+    storage.LOCK_WAIT_S, or gone), after marking that trial failed where the storage lets it."""
+    wait = storage_module.LOCK_WAIT_S
+    where = storage_label(url, given)
+    if number is None:
+        kept = "no trial was running"
+    elif mark_failed(study, number, wait):
+        kept = f"trial {number} is marked failed"
+    else:
+        kept = (f"trial {number} could not be marked failed (it stays running until 'make hpo-status' fails it, "
+                f"{HEARTBEAT_GRACE_S // 60} minutes without a heartbeat)")
+    return KfitError(redact(f"{where}: the study's storage failed during a trial ({storage_reason(failure)}; "
+                            f"waited up to {wait:g}s for a lock another connection held): {kept}; 'make hpo' "
+                            "continues the study once the storage is free", url))
 
 
 def counts(study: optuna.Study) -> dict[str, int]:

@@ -21,6 +21,9 @@ from ..config import Config
 from ..errors import KfitError
 
 HEARTBEAT_S, HEARTBEAT_GRACE_S = 60, 300
+# How long a worker waits for a storage another connection holds locked (SQLite's busy timeout, and the
+# retries that mark a trial failed after it) before giving up with one error line.
+LOCK_WAIT_S = 30.0
 
 
 @contextlib.contextmanager
@@ -58,12 +61,53 @@ def study_name(config: Config) -> str:
     return name
 
 
-def redact(text: str) -> str:
-    """`text` with the password of every URL in it shown as ***: user:***@host.
+# Query parameters that carry a secret (libpq's password, sslpassword; pymysql's passwd; tokens).
+_SECRET_PARAM = r"[^=&\s#?;]*(?:pass|pwd|secret|token)[^=&\s#?;]*"
+_USER_PASSWORD = re.compile(r"([A-Za-z][\w+.-]*://[^:/@\n]*):(?:(?!://)[^@\n])*@(?:[^\s@]*@)*")
+_QUERY_SECRET = re.compile(rf"(?i)([?&;]{_SECRET_PARAM}=)[^&#\s]*")
 
-    Greedy up to the last @ of the word, as a password may hold an unescaped @ (SQLAlchemy then splits
-    at the first one: hiding more is safe, hiding less would show the rest)."""
-    return re.sub(r"([A-Za-z][\w+.-]*://[^\s:/]*):\S*@", r"\1:***@", text)
+
+def url_secrets(url: str) -> list[str]:
+    """The password and secret query values of a database URL, as SQLAlchemy's make_url reads them and as
+    written (percent-encoded or not); [] where it does not parse."""
+    import urllib.parse
+
+    import sqlalchemy.engine
+    import sqlalchemy.exc
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError, TypeError):
+        return []
+    found = [parsed.password] if parsed.password else []
+    raw = re.match(r"[\w+.-]+://[^:/]*:([^@]*)@", url)  # make_url's own split: the password up to the first @
+    if raw:
+        found.append(raw[1])
+    for key, value in parsed.query.items():
+        if re.fullmatch(_SECRET_PARAM, key, re.I):
+            found.extend(value if isinstance(value, tuple) else [value])
+    if "?" in url:
+        for pair in url.split("?", 1)[1].split("&"):
+            key, _, value = pair.partition("=")
+            if re.fullmatch(_SECRET_PARAM, key, re.I):
+                found.append(value)
+    forms = {form for s in found if s for form in (s, urllib.parse.quote(s, safe=""), urllib.parse.quote_plus(s))}
+    return sorted(forms, key=len, reverse=True)  # longest first: a secret holding another is hidden whole
+
+
+def redact(text: str, url: str | None = None) -> str:
+    """`text` with every password of a database URL in it shown as ***: user:***@host, ?password=***.
+
+    The secrets of `url` (else of `text` itself, where it is a URL) are hidden wherever they appear,
+    as SQLAlchemy parses them (spaces, percent-encoded characters, query parameters); then any other URL's
+    user:password@ (greedy up to the last @ of the word, as a password may hold an unescaped @: SQLAlchemy
+    splits at the first one, so hiding more is safe, hiding less would show the rest) and secret query
+    parameters (password=, sslpassword=, passwd=, ...)."""
+    for secret in url_secrets(url if url is not None else text.strip()):
+        if len(secret) >= 4:  # a shorter one would hide letters of the message; the patterns below hide it
+            text = text.replace(secret, "***")
+    text = _USER_PASSWORD.sub(r"\1:***@", text)
+    return _QUERY_SECRET.sub(r"\1***", text)
 
 
 def study_dir(config: Config, storage: str | None = None) -> Path:
@@ -86,7 +130,7 @@ def storage_label(url: str, given: bool) -> str:
 
 def _storage_error(url: str, given: bool, reason: object, fix: str) -> KfitError:
     reason = " ".join(str(reason).split())  # driver messages can span lines
-    return KfitError(redact(f"{storage_label(url, given)}: {reason}: {fix}"))
+    return KfitError(redact(f"{storage_label(url, given)}: {reason}: {fix}", url))
 
 
 _URL_FIX = ("give a SQLAlchemy URL such as sqlite:////abs/path/study.db or postgresql+psycopg2://user@host/db, "
@@ -118,10 +162,12 @@ def _storage(url: str, given: bool) -> optuna.storages.RDBStorage:
     import sqlalchemy.exc
 
     file = _sqlite_file(url, given)
+    # SQLite waits this long for another connection's lock (the driver's default is 5 s), then fails
+    engine = {"connect_args": {"timeout": LOCK_WAIT_S}} if url.startswith("sqlite") else None
     for attempt in range(5):
         try:
             with no_experimental_warning():
-                return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
                                                   grace_period=HEARTBEAT_GRACE_S)
         except sqlalchemy.exc.ArgumentError as err:  # an unknown dialect: foo://
             raise _storage_error(url, given, f"not a database SQLAlchemy knows ({err})", _URL_FIX) from None
@@ -144,6 +190,29 @@ def _storage(url: str, given: bool) -> optuna.storages.RDBStorage:
             raise _storage_error(url, given, f"cannot open the database ({err.orig})", fix) from None
 
 
+def storage_failure(err: BaseException) -> BaseException | None:
+    """The storage's failure behind `err` (SQLAlchemy's database error, else Optuna's StorageInternalError),
+    searched through its causes and contexts: Optuna's own cleanup can fail on the same lock and raise
+    something else (an UnboundLocalError in optuna 4-5's _run_trial); None when storage is not to blame."""
+    import sqlalchemy.exc
+
+    found, seen = None, set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, sqlalchemy.exc.DBAPIError):
+            return err
+        if isinstance(err, optuna.exceptions.StorageInternalError):
+            found = found or err
+        err = err.__cause__ or err.__context__
+    return found
+
+
+def storage_reason(err: BaseException) -> str:
+    """One line of why the storage failed: the driver's message where there is one ("database is locked")."""
+    reason = getattr(err, "orig", None) or err.__cause__ or err
+    return " ".join(str(reason).split())[:200]
+
+
 def open_study(config: Config, storage: str | None = None, *, create: bool = True) -> optuna.Study:
     """The study in `storage` (created on first use when `create`), with the config's pruner and a seeded TPE.
 
@@ -154,7 +223,7 @@ def open_study(config: Config, storage: str | None = None, *, create: bool = Tru
     """
     url, given = storage_url(config, storage), bool(storage)
     missing = KfitError(redact(f"no study '{study_name(config)}' in {storage_label(url, given)}: run 'make hpo' first"
-                               + (" with this HPO_STORAGE, or correct it" if given else "")))
+                               + (" with this HPO_STORAGE, or correct it" if given else ""), url))
     file = _sqlite_file(url, given)
     if not create and file and not file.is_file():
         raise missing  # and do not leave an empty database behind

@@ -7,6 +7,11 @@ checkpointing, device type, the torch version and a hash of kfit's own model,
 task, step (lib/step.py: optimizer, autocast) and tracer code. A custom
 model's key includes a hash of its module's source, so editing the factory
 file invalidates its traces.
+
+A cache file is read by `read_traces` only: never through a symlink, every field of every trace
+checked; a damaged or foreign file (or a directory, a link in its place) is one note naming it
+(lib.fileio.cache_note) and a cache miss, never a traceback. `write_traces` writes one (with
+"schema": SCHEMA, never through a link; a read-only cache only costs time).
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import torch
 
 from ..config import Config
 from ..env import cache_dir
+from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_atomic
 
 FORMAT = 1  # bump when the traced step changes: old cache entries then stop matching
+SCHEMA = 1  # the file's own structure ({"key", "traces", "affine"}); a file without one is taken as 1
 
 
 def default_cache_dir() -> Path:
@@ -31,20 +38,49 @@ def default_cache_dir() -> Path:
 
 def read_traces(path: Path) -> dict[str, dict]:
     """A cache file's traces by batch size, each as Trace.to_json wrote it; {} when the file is missing,
-    damaged or of another structure (an older kfit's, edited by hand): a cache miss, so the step is traced
-    again and the file replaced, where a wrong entry would fail later with a KeyError."""
+    damaged or of another structure (an older kfit's, edited by hand; noted, naming the file): a cache
+    miss, so the step is traced again and the file replaced, where a wrong entry would fail later."""
+    data = read_json_cache(path, SCHEMA)
+    if data is None:
+        return {}
+    try:
+        traces = data["traces"]
+        if not isinstance(traces, dict):
+            raise ValueError("traces is not an object")
+        for batch, entry in traces.items():
+            check_trace(batch, entry)
+        return traces
+    except (KeyError, ValueError, TypeError, AttributeError) as err:
+        cache_note(path, f"invalid ({type(err).__name__}: {err})", then="dropped; traced again")
+        return {}
+
+
+def check_trace(batch: str, entry) -> None:
+    """ValueError unless `entry` is a whole Trace.to_json of batch size `batch` with every field's type."""
     from .trace import Trace
 
+    if not isinstance(entry, dict) or not str(batch).isdigit():
+        raise ValueError(f"entry {batch!r} is not a trace")
+    trace = Trace.from_json(entry)
+    counts = (trace.batch, trace.peak_bytes, trace.parameters, trace.eval_samples)
+    if (int(batch) != trace.batch or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                             for v in (*counts, *trace.breakdown.values()))
+            or not isinstance(trace.breakdown, dict) or not all(isinstance(k, str) for k in trace.breakdown)
+            or not all(isinstance(f, str) for f in trace.features) or not is_number(trace.seconds)):
+        raise ValueError(f"entry {batch!r} has a field of the wrong type")
+
+
+def write_traces(path: Path, contents: dict) -> None:
+    """A cache file's {"key", "traces", "affine"} with the schema, atomically and never through a link; a
+    read-only cache (or a link planted in its place: noted) only costs time."""
     try:
-        traces = json.loads(path.read_text())["traces"]
-        for batch, entry in traces.items():
-            trace = Trace.from_json(entry)
-            if int(batch) != trace.batch or not isinstance(trace.peak_bytes, int) or not all(
-                    isinstance(v, int) for v in trace.breakdown.values()):
-                return {}
-        return traces
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+        write_atomic(path, json.dumps({**contents, "schema": SCHEMA}, sort_keys=True).encode(),
+                     follow_symlinks=False)
+    except UnsafeFileError as err:
+        cache_note(path, str(err).split(": kfit")[0], then="not updated")
+    except OSError:
+        return
+    sweep_temporaries(path.parent)
 
 
 def _file_hash(path: str | os.PathLike | None) -> str | None:

@@ -12,6 +12,10 @@ the model's own prediction for that step), recomputed at each use, so the
 next `make plan` on that machine lands close.
 
 Measuring while planning can be switched off with KFIT_STEPTIME_MEASURE=0.
+
+The caches are read and written through cache.py (versioned, every field checked, a damaged entry
+dropped with a note naming the file). `calibrate` runs after a run's last step: it never raises (a
+bad input, a damaged cache, a read-only or full disk), returning None after one warning line instead.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import hashlib
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..config import Config
 from ..hardware import HardwareProfile
@@ -31,7 +37,9 @@ from ..memory import default_cache_dir
 from ..plan import Plan
 from ..threads import using_threads
 from .comm import communication_for
-from .count import StepCounter, read_json, step_key, task_for, write_json
+from .cache import SCHEMA, calibration_entries, is_count, measured_timings, write_json
+from .count import StepCounter, step_key, task_for
+from ..fileio import is_number, write_atomic
 from .device import Device, device_for
 from .measure import START_RATIO, budget_for, power_sizes, time_micro_batches
 from .model import StepTimeModel, window_sizes
@@ -83,10 +91,7 @@ def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: s
               measure_up_to: int | None, directory: Path) -> StepTimeModel:
     """The model with this machine's real micro-batch timings, taking the missing ones when asked and cheap."""
     path = directory / f"measured-{_hash(model.device.key, counts)}.json"
-    data = read_json(path)
-    micro = {int(k): float(v) for k, v in data.get("micro", {}).items()}
-    skipped = set(data.get("skipped", []))
-    optimizer_s = data.get("optimizer_s")
+    micro, skipped, optimizer_s = measured_timings(path)  # empty when missing or damaged (noted)
     wanted = [s for s in power_sizes(measure_up_to or 0) if s not in micro and s not in skipped]
     if measure_up_to and wanted:
         # all sizes again, in one set of rounds: timings taken at different times do not compare
@@ -137,9 +142,8 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
     if device.here and not compile:  # eager timings say nothing about a compiled step
         model = _measured(model, config, key, precision=precision, checkpointing=checkpointing,
                           measure_up_to=measure_up_to, directory=directory)
-    runs = read_json(directory / CALIBRATION_FILE).get(
-        _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy))
-    runs = [r for r in runs if isinstance(r, dict) and r.get("seconds")] if isinstance(runs, list) else []
+    runs = calibration_entries(directory / CALIBRATION_FILE).get(
+        _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy), [])
     if runs:  # the median run's ratio: one run on a busy machine does not set the next plans
         ratios = sorted((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]),
                          r["micro_batch"]) for r in runs)
@@ -188,27 +192,53 @@ def predict_step_time(config: Config, hardware: HardwareProfile, plan: Plan,
 
 
 def calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_seconds: list[float],
-              cache_dir: Path | str | None = None) -> StepTime | None:
+              cache_dir: Path | str | None = None, *, warn: Callable[[str], None] | None = None) -> StepTime | None:
     """Store a real run's step times (seconds per optimizer step, warm-up excluded) for this machine and
-    model; returns the plan's prediction as it now stands (calibrated). None where the device is unknown."""
-    if not step_seconds:
+    model; returns the plan's prediction as it now stands (calibrated). None where the device is unknown.
+
+    It runs after the last training step, so it never fails a finished run: invalid step times, a damaged
+    cache, an unwritable one or any other error is one `warning:` line (to `warn`, else stderr) and None."""
+    times = [float(s) for s in step_seconds if is_number(s, positive=True)] if isinstance(
+        step_seconds, (list, tuple)) else []
+    if not times:
         return None
+    try:
+        return _calibrate(config, hardware, plan, times, cache_dir)
+    except Exception as err:  # noqa: BLE001 - bookkeeping after the last step: a warning, never a lost run
+        line = f"warning: step time not calibrated ({type(err).__name__}: {err}); the run itself is complete"
+        if warn is not None:
+            warn(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+        return None
+
+
+def _calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_seconds: list[float],
+               cache_dir: Path | str | None) -> StepTime | None:
+    if not all(is_count(v) for v in (plan.micro_batch, plan.grad_accum, plan.world_size)):
+        raise ValueError(f"the plan's split is not counts (micro-batch {plan.micro_batch!r}, accumulation "
+                         f"{plan.grad_accum!r}, world size {plan.world_size!r})")
     model = model_for_plan(config, hardware, plan, cache_dir)
     if model is None:
         return None
     key = step_key(config, device_type=plan.device_type, precision=plan.precision,
                    gradient_checkpointing=plan.gradient_checkpointing)
     path = steptime_dir(cache_dir) / CALIBRATION_FILE
-    entries = read_json(path)
+    entries = calibration_entries(path)  # damaged entries dropped (noted)
     name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.world_size,
                             strategy=plan.strategy)
-    runs = entries.get(name) if isinstance(entries.get(name), list) else []
+    runs = entries.get(name, [])
     runs.append({"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "samples": samples_per_process(plan),
                  "seconds": statistics.median(step_seconds), "steps": len(step_seconds),
                  "device": model.device.name, "model": config.model, "time": round(time.time(), 3)})
     entries[name] = runs[-CALIBRATION_RUNS:]
-    write_json(path, entries)
+    _write_calibration(path, entries)
     return predict_step_time(config, hardware, plan, cache_dir)
+
+
+def _write_calibration(path: Path, entries: dict) -> None:
+    """calibration.json, written or an OSError: a calibration not stored is worth a warning (write_json is silent)."""
+    write_atomic(path, json.dumps({**entries, "schema": SCHEMA}, sort_keys=True).encode(), follow_symlinks=False)
 
 
 # --------------------------------------------------------------------------

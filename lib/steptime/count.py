@@ -32,8 +32,9 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..fileio import write_atomic
+from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
+from .cache import is_count, read_json, write_json
 
 FORMAT = 2  # 2: conv_flops; prim.device no longer counted as an op moving its tensor
 COUNT_BATCHES = (1, 2)
@@ -85,8 +86,25 @@ class Counts:
 
     @classmethod
     def from_json(cls, d: dict) -> "Counts":
-        return cls(phases={int(b): {k: Phase(**v) for k, v in p.items()} for b, p in d["phases"].items()},
-                   parameters=d["parameters"], train_samples=d["train_samples"], eval_samples=d["eval_samples"])
+        """The counts as to_json wrote them, every field checked: ValueError naming the first that is wrong."""
+        phases = d.get("phases") if isinstance(d, dict) else None
+        if not isinstance(phases, dict) or len(phases) < 2:
+            raise ValueError("phases is not an object of at least two batch sizes")
+        parsed: dict[int, dict[str, Phase]] = {}
+        for batch, by_phase in phases.items():
+            if not str(batch).isdigit() or int(batch) < 1 or not isinstance(by_phase, dict) \
+                    or set(by_phase) != set(PHASES):
+                raise ValueError(f"phases[{batch!r}] is not a batch size with {', '.join(PHASES)}")
+            for name, fields in by_phase.items():
+                if not isinstance(fields, dict) or set(fields) != set(FIELDS) or not all(
+                        is_number(v) and v >= 0 for v in fields.values()):
+                    raise ValueError(f"phases[{batch!r}][{name!r}] is not counts of {', '.join(FIELDS)}")
+            parsed[int(batch)] = {k: Phase(**v) for k, v in by_phase.items()}
+        for name in ("parameters", "train_samples", "eval_samples"):
+            if not is_count(d.get(name), 0):
+                raise ValueError(f"{name} is not a count")
+        return cls(phases=parsed, parameters=d["parameters"], train_samples=d["train_samples"],
+                   eval_samples=d["eval_samples"])
 
 
 # --------------------------------------------------------------------------
@@ -250,11 +268,13 @@ class StepCounter:
         if key in self._memo:
             return self._memo[key]
         path = self.cache_dir / f"counts-{key}.json"
-        try:
-            self._memo[key] = Counts.from_json(json.loads(path.read_text()))
-            return self._memo[key]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        data = read_json(path)
+        if data or path.is_file():  # {} from a file that is there: an empty object, checked (and noted) below
+            try:
+                self._memo[key] = Counts.from_json(data)
+                return self._memo[key]
+            except ValueError as err:
+                cache_note(path, f"invalid ({err})", then="dropped; counted again")
         task = task or task_for(config)
         phases, parameters = {}, 0
         for batch in COUNT_BATCHES:
@@ -267,19 +287,3 @@ class StepCounter:
         self._memo[key] = counts
         write_json(path, counts.to_json())
         return counts
-
-
-def write_json(path: Path, data) -> None:
-    """Write atomically; a read-only cache only costs time."""
-    try:
-        write_atomic(path, json.dumps(data, sort_keys=True).encode())
-    except OSError:
-        pass
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import HardwareError
 from ..hardware import HardwareProfile, catalog
-from .count import read_json, write_json
+from .cache import cpu_figures, write_json
 
 # What a training step reaches of a GPU's datasheet peak: matmuls at large sizes run at 60-80%
 # of the dense tensor-core peak, elementwise kernels at 70-85% of the bandwidth; calibration
@@ -146,8 +146,8 @@ def cpu_device(hardware: HardwareProfile, cache_dir) -> Device:
     here = detect_cpu()
     key = _cpu_key(here.name, here.logical_cores)
     path = cache_dir / f"cpu-{key}.json"
-    figures = read_json(path)
-    if not all(k in figures for k in ("fp32_flops", "bf16_flops", "bandwidth", "op_overhead_s")):
+    figures = cpu_figures(path)  # None: missing, or damaged (noted): measured again
+    if figures is None:
         figures = measure_cpu()
         write_json(path, figures)
     cpu = hardware.cpu
