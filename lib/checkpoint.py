@@ -25,7 +25,8 @@ from .errors import KfitError
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    fileio.write_atomic(path, text.encode())
+    """Run-directory files are never written through a link planted in their place (a shared OUTPUT_DIR)."""
+    fileio.write_atomic(path, text.encode(), follow_symlinks=False)
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -34,7 +35,7 @@ def write_json_atomic(path: Path, obj) -> None:
 
 def save_checkpoint(path: Path, state: dict) -> None:
     """torch.save a dict of tensors and plain Python values atomically (loadable with weights_only=True)."""
-    fileio.write_atomic(path, _saved(state))
+    fileio.write_atomic(path, _saved(state), follow_symlinks=False)
 
 
 def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[], bool] | None = None) -> None:
@@ -43,11 +44,11 @@ def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[], bool] |
     data = _saved(state)
     with full_disk_is_an_error(path, len(data)):
         try:
-            fileio.write_atomic(path, data)
+            fileio.write_atomic(path, data, follow_symlinks=False)
         except OSError as err:
             if err.errno not in fileio.NO_ROOM or make_room is None or not make_room():
                 raise
-            fileio.write_atomic(path, data)
+            fileio.write_atomic(path, data, follow_symlinks=False)
 
 
 @contextlib.contextmanager
@@ -106,7 +107,7 @@ def save_sharded(path: Path, tensors: dict, extra: dict, *, is_main: bool, barri
     dcp.save(tensors, checkpoint_id=str(tmp))
     barrier()
     if is_main:
-        fileio.write_atomic(tmp / EXTRA, _saved(extra))
+        fileio.write_atomic(tmp / EXTRA, _saved(extra), follow_symlinks=False)
         for name in os.listdir(tmp):
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())

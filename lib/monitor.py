@@ -133,7 +133,9 @@ class Monitor:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self._path = run_dir / "metrics.jsonl"
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC), 0o666)
+        # never through a link planted in the run directory (a shared OUTPUT_DIR)
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                           | (0 if append else os.O_TRUNC), 0o666)
         size = os.fstat(self._fd).st_size
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
             self._write_line(b"\n")  # a line a full disk cut short: the next ones start whole

@@ -101,8 +101,6 @@ def test_every_damaged_cache_file_gives_a_plan_and_a_note_naming_it(cache, monke
             assert whole or f"note: cache file {path}" in err, (path, how, err)
             path.write_text(originals[path])
         for planted in ("directory", "symlink"):
-            if planted == "symlink" and path.parent.name == "memory":
-                continue  # lib/memory/predict.py writes traces itself: the xfail test below
             path.unlink()
             outside = cache_dir.parent / "outside.txt"
             outside.write_text("keep me")
@@ -140,8 +138,6 @@ def test_an_unwritable_cache_directory_plans_probes_and_calibrates(cache, monkey
     assert "Traceback" not in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="lib/memory/predict.py (not this branch's) still writes traces with "
-                   "write_atomic's default, through links: its _store should call lib.memory.cache.write_traces")
 def test_a_symlink_planted_for_a_trace_cache_file_is_not_written_through(cache, monkeypatch, capsys):
     cache_dir, config, hardware = cache
     _plan(cache_dir, config, hardware, monkeypatch)

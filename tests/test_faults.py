@@ -205,10 +205,10 @@ def test_out_of_room_the_checkpoints_rotation_would_delete_go_first_never_the_la
         checkpoint.save_checkpoint(checkpoint.periodic_path(t.run_dir, step), {"step": step})
     write = fileio.write_atomic
 
-    def room_for_three(path, data):
+    def room_for_three(path, data, **options):
         if len(checkpoint.periodic_checkpoints(Path(path).parent)) >= 3:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        write(path, data)
+        write(path, data, **options)
 
     monkeypatch.setattr(fileio, "write_atomic", room_for_three)
     t.save(checkpoint.periodic_path(t.run_dir, 16), keep=3)  # 4 would be pruned after it anyway: it goes first

@@ -91,12 +91,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import Config
-from ..fileio import write_atomic
 from ..hardware.allocator import expandable_segments
 from ..parallel import is_sharded
 from . import allocator_model
 from .allocator_model import ATTENTION_WORKSPACE_SHARE  # noqa: F401  re-exported
-from .cache import default_cache_dir, fingerprint, parallel_key, read_traces
+from .cache import default_cache_dir, fingerprint, parallel_key, read_traces, write_traces
 from .curve import PeakCurve, Vector, affine_runs, largest_fitting  # noqa: F401  largest_fitting: re-exported
 from .trace import CATEGORIES, MiB, Trace, trace_step
 
@@ -260,11 +259,7 @@ class MemoryPredictor:
         affine = [{"from": first, "to": last, "peak_at_from": points[first][0],
                    "bytes_per_sample": (points[last][0] - points[first][0]) / (last - first)}
                   for first, last in affine_runs(points)]
-        try:
-            write_atomic(directory / f"{key}.json",
-                         json.dumps({"key": contents, "traces": traces, "affine": affine}, sort_keys=True).encode())
-        except OSError:
-            pass  # a read-only cache only costs time
+        write_traces(directory / f"{key}.json", {"key": contents, "traces": traces, "affine": affine})
 
     def _step(self, config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool | None,
               train: bool, parallel: dict | None = None) -> tuple[str, Callable[[int], Trace]]:
