@@ -1,11 +1,14 @@
-"""Text from a trained GPT-2 run: `make sample RUN=<run dir, checkpoint or model.safetensors> PROMPT="..."`.
+"""Text from a trained GPT-2 or Llama run: `make sample RUN=<run dir, checkpoint or model.safetensors> PROMPT="..."`.
 
 The model is rebuilt from the run's config (its preset) with the vocabulary and
-context its weights hold, so no data needs to be present. Tokens: byte-level
-runs (the embedded text, *.txt corpora: vocabulary 256) encode the prompt as
-UTF-8 bytes; a nanoGPT-format corpus with GPT-2's vocabulary (50257) needs
-tiktoken's "gpt2" encoding (pip install tiktoken); any other vocabulary has no
-tokenizer kfit knows, which is said before anything is loaded onto a device.
+context its weights hold, so no data needs to be present. Tokens: the run's
+tokenizer.json (beside an exported model.safetensors, in the run directory, or
+in the corpus directory its config trained on: `make data` writes it there)
+when its vocabulary is the model's; else byte-level runs (the embedded text,
+*.txt corpora: vocabulary 256) encode the prompt as UTF-8 bytes, and a
+nanoGPT-format corpus with GPT-2's vocabulary (50257) needs tiktoken's "gpt2"
+encoding (pip install tiktoken); any other vocabulary has no tokenizer kfit
+knows, which is said before anything is loaded onto a device.
 
 Sampling is nanoGPT's: the last `block_size` tokens in, the last position's
 logits over the temperature, the top k kept, one token drawn (argmax at
@@ -33,7 +36,29 @@ class Tokenizer:
     name: str
 
 
-def tokenizer_for(vocab_size: int) -> Tokenizer:
+def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer | None:
+    """The Hugging Face tokenizer.json at `path` when it is there and its vocabulary is the model's."""
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer as HF
+    except ImportError:
+        raise KfitError(f"decoding with {path} needs Hugging Face tokenizers: pip install tokenizers") from None
+    try:
+        tok = HF.from_file(str(path))
+    except Exception as err:  # tokenizers raises plain Exception for a malformed file
+        raise KfitError(f"{path} is not a tokenizer.json ({str(err)[:200]})") from None
+    if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
+        return None
+    return Tokenizer(lambda text: tok.encode(text, add_special_tokens=False).ids,
+                     lambda ids: tok.decode(ids, skip_special_tokens=False), f"tokenizer {path}")
+
+
+def tokenizer_for(vocab_size: int, candidates: tuple[Path, ...] = ()) -> Tokenizer:
+    for path in candidates:
+        found = hf_tokenizer(path, vocab_size)
+        if found is not None:
+            return found
     if vocab_size == BYTE_VOCAB:
         return Tokenizer(lambda text: list(text.encode("utf-8")),
                          lambda ids: bytes(ids).decode("utf-8", errors="replace"), "bytes (UTF-8)")
@@ -45,15 +70,16 @@ def tokenizer_for(vocab_size: int) -> Tokenizer:
                             "pip install tiktoken") from None
         enc = tiktoken.get_encoding("gpt2")
         return Tokenizer(lambda text: enc.encode(text, allowed_special={"<|endoftext|>"}), enc.decode, "tiktoken gpt2")
+    looked = f" (looked for one of that size at {', '.join(map(str, candidates))})" if candidates else ""
     raise KfitError(f"this run's vocabulary has {vocab_size} tokens, and kfit knows no tokenizer for it (256: bytes, "
-                    f"50257: GPT-2's BPE): decode its token ids with the tokenizer that made the corpus")
+                    f"50257: GPT-2's BPE, else the corpus's tokenizer.json{looked}): put the tokenizer.json "
+                    "that made the corpus beside the run or its model.safetensors")
 
 
 def load_run_model(run: Path) -> tuple[torch.nn.Module, dict]:
-    """The trained GPT-2 of a run directory, checkpoint or exported model.safetensors, with what it came from."""
+    """The trained model of a run directory, checkpoint or exported model.safetensors, with what it came from."""
     from . import config as kconfig
     from .export import checkpoint_of, load_exported, model_state
-    from .models import build_model
 
     run = Path(run)
     if run.suffix == ".safetensors":
@@ -71,19 +97,41 @@ def load_run_model(run: Path) -> tuple[torch.nn.Module, dict]:
     with tempfile.TemporaryDirectory(prefix="kfit-sample-") as tmp:
         (Path(tmp) / "config").write_text(config_text)
         config = kconfig.read_config(Path(tmp) / "config")
-    if config.model != "gpt2":
-        raise KfitError(f"{run} is a {config.model} run: make sample generates text from GPT-2 runs")
+    model, about = _rebuild(run, config, weights)
+    places = [run.parent if run.suffix == ".safetensors" or run.is_file() else run]
+    if run.is_file() and run.suffix != ".safetensors":
+        places.append(run.parent.parent)  # <run>/checkpoints/<file>.pt
+    if config.dataset == "dir" and config.data_dir:
+        places.append(Path(config.data_dir).expanduser())
+    return model, {**about, "step": step, "tokenizers": tuple(p / "tokenizer.json" for p in places)}
+
+
+def _rebuild(run: Path, config, weights: dict) -> tuple[torch.nn.Module, dict]:
+    """The run's model with its weights loaded, and what it is."""
+    from .models import build_model
+
+    if config.model not in ("gpt2", "llama"):
+        raise KfitError(f"{run} is a {config.model} run: make sample generates text from GPT-2 and Llama runs")
+    llama = config.model == "llama"
+    preset = config.llama_preset if llama else config.gpt2_preset
     try:
-        vocab, block = weights["transformer.wte.weight"].shape[0], weights["transformer.wpe.weight"].shape[0]
+        if llama:
+            vocab, block = weights["embed.weight"].shape[0], config.llama_block_size
+        else:
+            vocab, block = weights["transformer.wte.weight"].shape[0], weights["transformer.wpe.weight"].shape[0]
     except KeyError as err:
-        raise KfitError(f"{run}: no {err.args[0]} in its weights: not a kfit GPT-2 model") from None
-    model = build_model("gpt2", gpt2_preset=config.gpt2_preset, block_size=block, vocab_size=vocab)
+        raise KfitError(f"{run}: no {err.args[0]} in its weights: not a kfit {config.model} model") from None
+    if llama:
+        model = build_model("llama", llama_preset=preset, block_size=block, vocab_size=vocab,
+                            tie_embeddings=config.llama_tie_embeddings is not False)
+    else:
+        model = build_model("gpt2", gpt2_preset=preset, block_size=block, vocab_size=vocab)
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
-        raise KfitError(f"{run}: its weights do not fit the {config.gpt2_preset} preset its config names "
+        raise KfitError(f"{run}: its weights do not fit the {preset} preset its config names "
                         f"({' '.join(str(err).split())[:200]})") from None
-    return model.eval(), {"preset": config.gpt2_preset, "vocab_size": vocab, "block_size": block, "step": step}
+    return model.eval(), {"model": config.model, "preset": preset, "vocab_size": vocab, "block_size": block}
 
 
 @torch.no_grad()
@@ -112,8 +160,8 @@ def sample(run: Path, prompt: str, *, max_tokens: int = 200, temperature: float 
     if temperature < 0:
         raise KfitError(f"TEMPERATURE={temperature}: must be 0 (greedy) or more")
     model, about = load_run_model(run)
-    tok = tokenizer_for(about["vocab_size"])
-    ids = tok.encode(prompt) or [0 if about["vocab_size"] == BYTE_VOCAB else GPT2_BPE_VOCAB - 1]
+    tok = tokenizer_for(about["vocab_size"], about.pop("tokenizers"))
+    ids = tok.encode(prompt) or [0 if about["vocab_size"] != GPT2_BPE_VOCAB else GPT2_BPE_VOCAB - 1]
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(target)
     generator = torch.Generator().manual_seed(seed)

@@ -72,14 +72,18 @@ def load_task(config: Config) -> Task:
     """Load the configured data and say how to build the model and compute the loss."""
     if config.model == "custom":
         return _custom_task(config)
-    if config.model == "gpt2":
-        train, test, info = load_text_data(config.data_dir if config.dataset == "dir" else None,
-                                           config.gpt2_block_size)
+    if config.model in ("gpt2", "llama"):
+        block = config.gpt2_block_size if config.model == "gpt2" else config.llama_block_size
+        train, test, info = load_text_data(config.data_dir if config.dataset == "dir" else None, block)
     else:
         source = config.dataset_format if config.dataset == "dir" else "digits"
         train, test, info = load_image_data(source, config.data_dir, config.image_size)
 
     def build(gradient_checkpointing: bool) -> torch.nn.Module:
+        if config.model == "llama":  # the vocabulary is the data's: a tokenized corpus's, or 256 bytes
+            return build_model("llama", llama_preset=config.llama_preset, block_size=info.block_size,
+                               vocab_size=info.vocab_size, tie_embeddings=config.llama_tie_embeddings is not False,
+                               grad_checkpointing=gradient_checkpointing)
         if info.kind == "text":
             return build_model("gpt2", gpt2_preset=config.gpt2_preset, block_size=info.block_size,
                                vocab_size=info.vocab_size, dropout=config.gpt2_dropout or 0.0,

@@ -66,6 +66,11 @@ FLAGS: dict[str, Flag] = {
     "HPO_STUDY": Flag("--study", "NAME", "the study's name (default CONFIG_HPO_STUDY_NAME)"),
     "DEFCONFIG": Flag("--defconfig", "NAME", "write a new defconfig of this name (or path) instead of the config"),
     "WRITE": Flag("--write", None, "write each recommendation as a defconfig, recommended-<mode>"),
+    # make data
+    "CORPUS": Flag("--corpus", "PATH", "a .txt/.jsonl/.parquet file, a directory of them, or a glob "
+                   "(default: the standard library's pydoc text)"),
+    "TOKENIZER": Flag("--tokenizer", "FILE", "a Hugging Face tokenizer.json to use instead of training a BPE"),
+    "VOCAB": Flag("--vocab", "N", "tokens of the byte-level BPE trained on the corpus (default 4096, at least 257)"),
 }
 
 # The machine and processes a plan is for, as plan, check-hardware and recommend read them.

@@ -23,11 +23,14 @@ from .kconfig import config_text
 class Config:
     """A validated configuration. Field names follow the Kconfig symbols."""
 
-    model: str  # lenet5 | resnet18 | resnet50 | gpt2 | custom
+    model: str  # lenet5 | resnet18 | resnet50 | gpt2 | llama | custom
     gpt2_preset: str | None  # tiny | 30m | 51m | 124m | 355m | 774m | 1558m
     gpt2_block_size: int | None
     gpt2_dropout: float | None
     resnet_image_size: int | None
+    llama_preset: str | None  # tiny | 20m | 60m | 125m | 350m | 1b (MODEL_LLAMA)
+    llama_block_size: int | None
+    llama_tie_embeddings: bool | None
     custom_model_factory: str | None  # "package.module:function" (MODEL_CUSTOM)
     custom_train_samples: int | None
     custom_eval_samples: int | None
@@ -321,12 +324,16 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{factory}" must look like package.module:function')
     return Config(
         model=_choice(kconf, "MODEL_", {"LENET5": "lenet5", "RESNET18": "resnet18",
-                                        "RESNET50": "resnet50", "GPT2": "gpt2", "CUSTOM": "custom"}),
+                                        "RESNET50": "resnet50", "GPT2": "gpt2", "LLAMA": "llama",
+                                        "CUSTOM": "custom"}),
         gpt2_preset=_choice(kconf, "GPT2_PRESET_", {"TINY": "tiny", "30M": "30m", "51M": "51m", "124M": "124m", "355M": "355m",
                                                     "774M": "774m", "1558M": "1558m"}),
         gpt2_block_size=_int(kconf, "GPT2_BLOCK_SIZE"),
         gpt2_dropout=_number(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
         resnet_image_size=_int(kconf, "RESNET_IMAGE_SIZE"),
+        llama_preset=_choice(kconf, "LLAMA_PRESET_", {p.upper(): p for p in ("tiny", "20m", "60m", "125m", "350m", "1b")}),
+        llama_block_size=_int(kconf, "LLAMA_BLOCK_SIZE"),
+        llama_tie_embeddings=_bool(kconf, "LLAMA_TIE_EMBEDDINGS") if kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility else None,
         custom_model_factory=factory,
         custom_train_samples=_int(kconf, "CUSTOM_TRAIN_SAMPLES"),
         custom_eval_samples=_int(kconf, "CUSTOM_EVAL_SAMPLES"),

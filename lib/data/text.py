@@ -14,8 +14,8 @@ VAL_FRACTION = 0.1
 BYTE_VOCAB = 256
 GPT2_VOCAB = 50257  # what nanoGPT's prepare scripts emit when meta.json is absent
 SAMPLE_TOKENS = 1 << 20  # ids checked per .bin file: a strided sample keeps huge corpora quick
-HOLDING = ("either train.bin and val.bin (uint16 tokens, nanoGPT format, optional meta.json "
-           "with vocab_size) or one or more *.txt files")
+HOLDING = ("either train.bin and val.bin (uint16 or uint32 tokens, nanoGPT format, optional meta.json "
+           "with vocab_size and dtype: 'make data' writes them) or one or more *.txt files")
 
 
 def split_tail(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,36 +37,46 @@ def embedded_text() -> TokenStreams:
                         "Python pydoc topics (standard library), byte-level")
 
 
-def read_vocab_size(directory: Path) -> int:
+DTYPES = {"uint16": "<u2", "uint32": "<u4"}
+
+
+def read_meta(directory: Path) -> tuple[int, str]:
+    """(vocab_size, dtype) from meta.json (`make data` writes it; nanoGPT's has vocab_size only: uint16);
+    GPT-2's vocabulary in uint16 without one."""
     path = directory / "meta.json"
     if not path.exists():
-        return GPT2_VOCAB
+        return GPT2_VOCAB, "uint16"
     try:
-        vocab = json.loads(path.read_text())["vocab_size"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        meta = json.loads(path.read_text())
+        vocab, dtype = meta["vocab_size"], meta.get("dtype", "uint16")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise DataError(f"{path} is not JSON with a vocab_size entry ({e}): write "
                         f'{{"vocab_size": N}} or delete it to use {GPT2_VOCAB}') from e
+    if dtype not in DTYPES:
+        raise DataError(f"{path} gives dtype {json.dumps(dtype)}: token files are uint16 or uint32")
+    top = 1 << (16 if dtype == "uint16" else 32)
     # bool is an int in Python: true would read as a vocabulary of 1
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab <= 1 << 16:
-        raise DataError(f"{path} gives vocab_size {json.dumps(vocab)}: uint16 tokens need an integer "
-                        f"in 1..65536: write {{\"vocab_size\": N}}")
-    return vocab
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab <= top:
+        raise DataError(f"{path} gives vocab_size {json.dumps(vocab)}: {dtype} tokens need an integer "
+                        f"in 1..{top}: write {{\"vocab_size\": N}}")
+    return vocab, dtype
 
 
-def read_bin(path: Path, vocab: int) -> torch.Tensor:
+def read_bin(path: Path, vocab: int, dtype: str = "uint16") -> torch.Tensor:
     if not path.is_file():
         raise DataError(f"{path} not found: a nanoGPT corpus needs both train.bin and val.bin")
-    size = path.stat().st_size
-    if size == 0 or size % 2:
-        raise DataError(f"{path} is {size} bytes: uint16 tokens need a non-zero even size; "
-                        f"regenerate it with the corpus's prepare script")
-    tokens = np.fromfile(path, dtype="<u2")
+    size, width = path.stat().st_size, np.dtype(DTYPES[dtype]).itemsize
+    if size == 0 or size % width:
+        raise DataError(f"{path} is {size} bytes: {dtype} tokens need a non-zero size, "
+                        f"{'even' if width == 2 else 'a multiple of 4'}; "
+                        f"regenerate it ('make data', or the corpus's prepare script)")
+    tokens = np.fromfile(path, dtype=DTYPES[dtype])
     top = int(tokens[:: max(1, len(tokens) // SAMPLE_TOKENS)].max())
     if top >= vocab:
         raise DataError(f"{path} holds token id {top}, not below vocab_size {vocab}: put the "
                         f"right vocab_size in {path.parent / 'meta.json'}")
-    # torch has no general uint16 arithmetic; int32 keeps every id exact.
-    return torch.from_numpy(tokens.astype(np.int32))
+    # torch has no general uint16 arithmetic; int32 keeps every id exact (int64 past int32's range).
+    return torch.from_numpy(tokens.astype(np.int32 if vocab <= 1 << 31 else np.int64))
 
 
 def read_txt(directory: Path, files: list[Path]) -> bytes:
@@ -83,10 +93,10 @@ def read_txt(directory: Path, files: list[Path]) -> bytes:
 def corpus_text(data_dir: str) -> TokenStreams:
     directory = data_directory(data_dir, HOLDING)
     if (directory / "train.bin").exists() or (directory / "val.bin").exists():
-        vocab = read_vocab_size(directory)
-        return TokenStreams(read_bin(directory / "train.bin", vocab),
-                            read_bin(directory / "val.bin", vocab), vocab, str(directory),
-                            f"token corpus {directory} (train.bin / val.bin)")
+        vocab, dtype = read_meta(directory)
+        return TokenStreams(read_bin(directory / "train.bin", vocab, dtype),
+                            read_bin(directory / "val.bin", vocab, dtype), vocab, str(directory),
+                            f"token corpus {directory} (train.bin / val.bin, {dtype}, vocabulary {vocab:,})")
     files = sorted(p for p in directory.glob("*.txt") if p.is_file())
     if not files:
         raise DataError(f"data directory {directory} has no usable files: it needs {HOLDING}")

@@ -107,12 +107,16 @@ def _code_hash(sharded: bool = False) -> str:
 def model_fingerprint(config: Config) -> dict:
     """The config fields that decide the model's shapes (and so its traces), never the data's contents."""
     fp: dict = {"model": config.model}
-    if config.model == "gpt2":
-        fp.update(preset=config.gpt2_preset, block_size=config.gpt2_block_size,
+    if config.model in ("gpt2", "llama"):
+        llama = config.model == "llama"
+        fp.update(preset=config.llama_preset if llama else config.gpt2_preset,
+                  block_size=config.llama_block_size if llama else config.gpt2_block_size,
                   dropout=bool(config.gpt2_dropout),  # masks are saved for backward only when > 0
                   # the vocabulary: 256 bytes for the embedded text, meta.json (or GPT-2's) for a corpus
                   corpus=(None if config.dataset != "dir" else
                           _file_hash(Path(config.data_dir or "") / "meta.json") or "gpt2-vocab"))
+        if llama:
+            fp.update(tied=config.llama_tie_embeddings)
     elif config.model == "custom":
         from ..models.custom import load_factory, source_file
 

@@ -1,6 +1,6 @@
 """Model zoo: every model the trainer can build, by name.
 
-Image models map (B, C, H, W) images to (B, num_classes) logits; GPT-2 maps (B, T)
+Image models map (B, C, H, W) images to (B, num_classes) logits; GPT-2 and Llama map (B, T)
 token ids to (B, T, vocab_size) logits. None computes a loss: the trainer does.
 """
 
@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from .gpt2 import GPT2, GPT2Config
+from .llama import LLAMA_PRESETS, Llama, LlamaConfig
 from .registry import BUILT_IN, MODELS, spec_for
 
 MODEL_NAMES = BUILT_IN
@@ -36,6 +37,8 @@ def build_model(
     vocab_size: int = 50257,
     dropout: float = 0.0,
     grad_checkpointing: bool = False,
+    llama_preset: str = "125m",
+    tie_embeddings: bool = True,
 ) -> torch.nn.Module:
     """Build a freshly initialised model. LeNet-5 is too small to need grad_checkpointing and ignores it.
 
@@ -44,15 +47,20 @@ def build_model(
     spec = MODELS.get(name)
     if spec is None or spec.builder is None:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    gpt2_config = None
-    if spec.data == "text":
+    gpt2_config = llama_config = None
+    if name == "llama":
+        if llama_preset not in LLAMA_PRESETS:
+            raise ValueError(f"unknown llama preset {llama_preset!r}; choose one of {', '.join(LLAMA_PRESETS)}")
+        llama_config = replace(LLAMA_PRESETS[llama_preset], block_size=block_size, vocab_size=vocab_size,
+                               tie_embeddings=tie_embeddings)
+    elif spec.data == "text":
         if gpt2_preset not in GPT2_PRESETS:
             choices = ", ".join(GPT2_PRESETS)
             raise ValueError(f"unknown gpt2 preset {gpt2_preset!r}; choose one of {choices}")
         gpt2_config = replace(GPT2_PRESETS[gpt2_preset], block_size=block_size, vocab_size=vocab_size,
                               dropout=dropout)
     return spec.builder(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                        gpt2_config=gpt2_config, grad_checkpointing=grad_checkpointing)
+                        gpt2_config=gpt2_config, llama_config=llama_config, grad_checkpointing=grad_checkpointing)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -60,4 +68,4 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODEL_NAMES", "MODELS", "GPT2_PRESETS", "GPT2", "GPT2Config", "build_model", "count_parameters", "spec_for"]
+__all__ = ["MODEL_NAMES", "MODELS", "GPT2_PRESETS", "GPT2", "GPT2Config", "LLAMA_PRESETS", "Llama", "LlamaConfig", "build_model", "count_parameters", "spec_for"]

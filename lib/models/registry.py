@@ -46,11 +46,18 @@ def _gpt2(gpt2_config, grad_checkpointing: bool = False, **_):
     return GPT2(gpt2_config, grad_checkpointing)
 
 
+def _llama(llama_config, grad_checkpointing: bool = False, **_):
+    from .llama import Llama
+
+    return Llama(llama_config, grad_checkpointing)
+
+
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("lenet5", "images", supports_checkpointing=False, tier_scale=4.0, builder=_lenet5),
     ModelSpec("resnet18", "images", supports_checkpointing=True, tier_scale=2.0, builder=_resnet(18)),
     ModelSpec("resnet50", "images", supports_checkpointing=True, tier_scale=1.5, builder=_resnet(50)),
     ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2),
+    ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=1.0, builder=_llama),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=1.0),
 )}

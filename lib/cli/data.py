@@ -1,0 +1,57 @@
+"""`make data` / `kfit data`: a corpus -> a tokenized corpus directory (lib/data/tokenized.py).
+
+CORPUS= a file, a directory of .txt/.jsonl/.parquet files or a glob (default: the standard library's
+pydoc topics, so the whole path runs offline); TOKENIZER= a tokenizer.json to use, else a byte-level
+BPE of VOCAB= tokens (default 4096) is trained on the corpus; OUT= the directory (default data/<name>
+under the current directory, beside the config). Running it again after an interruption resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..env import env_number
+from .flags import command
+
+
+def default_out(corpus: str | None) -> Path:
+    """data/<name>: the corpus file's stem, its directory's name, or "pydoc" for the embedded text."""
+    if not corpus:
+        return Path("data") / "pydoc"
+    head = corpus.split("*")[0].split("?")[0].split("[")[0].rstrip("/")
+    path = Path(head).expanduser()
+    name = path.stem if path.is_file() else path.name
+    return Path("data") / (name or "corpus")
+
+
+def cmd_data(args) -> int:
+    from ..data.tokenized import DEFAULT_VOCAB, tokenize_corpus
+
+    corpus = os.environ.get("CORPUS") or None
+    tokenizer = os.environ.get("TOKENIZER") or None
+    vocab = env_number("VOCAB", int, DEFAULT_VOCAB)
+    out = Path(os.environ["OUT"]).expanduser() if os.environ.get("OUT") else default_out(corpus)
+    print(f"Corpus: {corpus or 'pydoc_data.topics (standard library)'} -> {out}")
+    result = tokenize_corpus(corpus, out, tokenizer=tokenizer, vocab=vocab,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))
+    meta = result.meta
+    if not result.fresh:
+        print(f"{out} already holds this corpus ({meta['tokens']:,} tokens): nothing to do")
+    else:
+        rate = result.tokens_now / result.encode_seconds if result.encode_seconds else 0.0
+        resumed = f", resumed after {result.resumed_shards} shard(s)" if result.resumed_shards else ""
+        print(f"Tokenized {meta['documents']:,} documents into {meta['tokens']:,} tokens "
+              f"({meta['train_tokens']:,} train / {meta['val_tokens']:,} val, {meta['dtype']}) in "
+              f"{result.seconds:.1f}s: {rate:,.0f} tokens/s{resumed}")
+    print(f"Vocabulary: {meta['vocab_size']:,} tokens, {meta['tokenizer_kind']} ({out / 'tokenizer.json'})")
+    print(f"Train on it: CONFIG_DATASET_DIR=y and CONFIG_DATA_DIR=\"{out}\" (e.g. in a fragment, or "
+          f"'make menuconfig' -> Dataset)")
+    return 0
+
+
+def register(sub) -> None:
+    command(sub, "data", "tokenize a corpus into train.bin / val.bin / meta.json (resumable)", "CORPUS",
+            "TOKENIZER", "VOCAB", "OUT", func=cmd_data,
+            help={"OUT": "the directory to write (default data/<corpus name>)"})

@@ -1,0 +1,149 @@
+"""A Llama-style decoder (Touvron et al. 2023; the Llama 3 / Qwen 2 layout): what people pre-train today.
+
+Pre-norm blocks with RMSNorm (torch.nn.RMSNorm), rotary position embeddings (no learned positions),
+grouped-query attention through scaled_dot_product_attention (`enable_gqa`: n_kv_head key/value heads
+shared by n_head query heads, never repeated in memory), a SwiGLU MLP, no biases anywhere, and the
+output layer optionally tied to the token embedding. The blocks are an nn.ModuleList (`layers`), so
+lib/parallel.py's FSDP2 shards them one by one; `grad_checkpointing` recomputes each block in backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    dim: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int = 4
+    hidden_dim: int = 2048  # SwiGLU width (about 8/3 dim, rounded)
+    block_size: int = 1024
+    vocab_size: int = 32000
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_head:
+            raise ValueError(f"dim ({self.dim}) must be divisible by n_head ({self.n_head})")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if (self.dim // self.n_head) % 2:
+            raise ValueError(f"the head width {self.dim // self.n_head} must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+
+def rotary(T: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (T, head_dim / 2) in float32, of the rotation each position applies to each pair."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, D) by position: the halves (x1, x2) of each head as Llama's rotate_half pairs them."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.q_proj = nn.Linear(config.dim, config.n_head * config.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.dim, config.n_kv_head * config.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.dim, config.n_kv_head * config.head_dim, bias=False)
+        self.o_proj = nn.Linear(config.n_head * config.head_dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, config.hidden_dim, bias=False)
+        self.up_proj = nn.Linear(config.dim, config.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(config.hidden_dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig, grad_checkpointing: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.grad_checkpointing = grad_checkpointing
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.apply(self._init_weights)
+        # the residual projections, scaled down with depth as in GPT-2 so the stream's variance stays put
+        for name, p in self.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        cos, sin = rotary(T, self.config.head_dim, self.config.rope_theta, idx.device)
+        x = self.embed(idx)
+        for block in self.layers:
+            if self.grad_checkpointing and self.training:
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+
+# The family's sizes; block_size, vocab_size and tie_embeddings come from build_model. Parameters with a
+# 32,000-token vocabulary and tied embeddings: about 5M (tiny), 19M, 63M, 125M, 335M and 1.04B (the 1b
+# preset is Llama 3.2 1B's shape).
+LLAMA_PRESETS: dict[str, LlamaConfig] = {
+    "tiny": LlamaConfig(dim=128, n_layer=4, n_head=4, n_kv_head=2, hidden_dim=384),  # CPU smoke runs
+    "20m": LlamaConfig(dim=320, n_layer=8, n_head=8, n_kv_head=4, hidden_dim=864),
+    "60m": LlamaConfig(dim=512, n_layer=16, n_head=8, n_kv_head=4, hidden_dim=1408),
+    "125m": LlamaConfig(dim=768, n_layer=16, n_head=12, n_kv_head=4, hidden_dim=2048),
+    "350m": LlamaConfig(dim=1024, n_layer=24, n_head=16, n_kv_head=8, hidden_dim=3072),
+    "1b": LlamaConfig(dim=2048, n_layer=16, n_head=32, n_kv_head=8, hidden_dim=8192, rope_theta=500000.0),
+}

@@ -1,0 +1,150 @@
+"""The Llama-style decoder (lib/models/llama.py): shapes, grouped-query attention, checkpointing, tying, and
+the config, planner, sharding and step-time paths every built-in model goes through."""
+
+import pytest
+import torch
+
+from lib import config as kc
+from lib.hardware import resolve_hardware
+from lib.hyperparams import ModelDescription, resolve
+from lib.models import LLAMA_PRESETS, Llama, build_model, count_parameters, spec_for
+from lib.models.llama import Attention, LlamaConfig
+from lib.models.registry import can_checkpoint
+from lib.parallel import shard_units
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(**kw) -> Llama:
+    torch.manual_seed(0)
+    return build_model("llama", llama_preset="tiny", block_size=32, vocab_size=300, **kw)
+
+
+def test_shapes_and_no_biases():
+    model = tiny()
+    logits = model(torch.randint(0, 300, (2, 32)))
+    assert logits.shape == (2, 32, 300)
+    assert not any(name.endswith("bias") for name, _ in model.named_parameters())
+    assert all(isinstance(m, torch.nn.RMSNorm) for m in (model.norm, model.layers[0].attn_norm))
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_grouped_query_attention_heads():
+    config = LLAMA_PRESETS["tiny"]
+    attn = tiny().layers[0].attn
+    assert (attn.n_head, attn.n_kv_head) == (4, 2)
+    assert attn.q_proj.out_features == 128 and attn.k_proj.out_features == attn.v_proj.out_features == 64
+    # GQA equals full attention with each key/value head repeated for its group of query heads
+    full = Attention(LlamaConfig(dim=128, n_head=4, n_kv_head=4, hidden_dim=384))
+    with torch.no_grad():
+        full.q_proj.weight.copy_(attn.q_proj.weight)
+        full.o_proj.weight.copy_(attn.o_proj.weight)
+        for name in ("k_proj", "v_proj"):
+            w = getattr(attn, name).weight.view(2, config.head_dim, 128)
+            getattr(full, name).weight.copy_(w.repeat_interleave(2, dim=0).reshape(128, 128))
+    from lib.models.llama import rotary
+
+    x = torch.randn(2, 16, 128)
+    cos, sin = rotary(16, 32, 10000.0, x.device)
+    torch.testing.assert_close(attn(x, cos, sin), full(x, cos, sin), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of n_kv_head"):
+        LlamaConfig(dim=128, n_head=4, n_kv_head=3)
+
+
+def test_causal():
+    model = tiny().eval()
+    x = torch.randint(0, 300, (1, 16))
+    y = x.clone()
+    y[0, 10:] = (y[0, 10:] + 1) % 300
+    torch.testing.assert_close(model(x)[:, :10], model(y)[:, :10])
+
+
+def test_checkpointing_gives_the_same_gradients():
+    x, y = torch.randint(0, 300, (2, 32)), torch.randint(0, 300, (2, 32))
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny(grad_checkpointing=checkpointing)
+        assert model.grad_checkpointing is checkpointing
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+    assert spec_for("llama").supports_checkpointing and can_checkpoint("llama")
+
+
+def test_tied_and_untied_embeddings():
+    tied, untied = tiny(), tiny(tie_embeddings=False)
+    assert tied.lm_head.weight is tied.embed.weight
+    assert untied.lm_head.weight is not untied.embed.weight
+    assert count_parameters(untied) - count_parameters(tied) == 300 * 128
+    assert set(tied.state_dict()) == set(untied.state_dict())  # an export loads into either
+
+
+def test_presets_span_20m_to_1b():
+    counts = {}
+    for name in LLAMA_PRESETS:
+        with torch.device("meta"):
+            counts[name] = count_parameters(build_model("llama", llama_preset=name, vocab_size=32000))
+    assert 15e6 < counts["20m"] < 25e6 and 0.95e9 < counts["1b"] < 1.1e9
+    assert list(counts.values()) == sorted(counts.values())
+
+
+def test_fsdp_shards_every_block():
+    model = tiny()
+    assert shard_units(model) == list(model.layers)
+
+
+def test_kconfig_typed_fields(make_config):
+    config = make_config("", "llama-tiny")
+    assert (config.model, config.llama_preset, config.llama_block_size, config.llama_tie_embeddings) == (
+        "llama", "tiny", 128, True)
+    big = kc.read_config(kc.DEFCONFIG_DIR / "llama-125m")
+    assert (big.llama_preset, big.llama_block_size, big.gpt2_preset) == ("125m", 1024, None)
+    untied = make_config("CONFIG_LLAMA_PRESET_1B=y\nCONFIG_LLAMA_TIE_EMBEDDINGS=n\n", "llama-tiny")
+    assert (untied.llama_preset, untied.llama_tie_embeddings, untied.llama_block_size) == ("1b", False, 1024)
+
+
+def test_planner_traces_it_on_the_cpu(make_config):
+    config = make_config("CONFIG_MAX_STEPS=2\n", "llama-tiny")
+    plan = resolve(config, resolve_hardware(gpu="cpu"), ModelDescription.from_config(config))
+    assert plan.model == "llama" and plan.micro_batch >= 1 and plan.predicted_peak_bytes > 0
+    breakdown = plan.memory_breakdown
+    params = count_parameters(build_model("llama", llama_preset="tiny", block_size=128, vocab_size=256))
+    assert breakdown["parameters"] >= params * 4
+
+
+def gpu_config(tmp_path, text: str = ""):
+    fragment = tmp_path / "gpu-fragment"
+    fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\n' + text)
+    return kc.make_defconfig("llama-tiny", [str(fragment)], out=tmp_path / "gpu-config")
+
+
+def test_planner_plans_it_for_an_h100(tmp_path):
+    config = gpu_config(tmp_path)
+    plan = resolve(config, resolve_hardware(gpu="h100"), ModelDescription.from_config(config))
+    assert plan.device_type == "cuda" and plan.precision == "bf16" and plan.predicted_peak_bytes > 0
+
+
+def test_the_1b_preset_plans_on_h100(tmp_path):
+    # planned in the same process after the tiny preset: the memory cache's key must tell them apart
+    config = gpu_config(tmp_path, "CONFIG_LLAMA_PRESET_1B=y\nCONFIG_TARGET_EFFECTIVE_BATCH=64\n")
+    plan = resolve(config, resolve_hardware(gpu="h100"), ModelDescription.from_config(config))
+    assert plan.device_type == "cuda" and plan.micro_batch >= 1
+    # the parameters the trace saw are the 1B model's (bf16 autocast keeps fp32 master weights)
+    assert plan.memory_breakdown["parameters"] > 0.9e9 * 4
+
+
+def test_step_time_counter_counts_it(make_config):
+    from lib.steptime.count import count_step
+    from lib.task import load_task
+
+    config = make_config("", "llama-tiny")
+    phases, parameters = count_step(load_task(config), config, batch=2, precision="fp32", device_type="cpu",
+                                    gradient_checkpointing=False)
+    assert parameters == count_parameters(load_task(config).build(False))
+    # at least 6 x parameters x tokens (forward 2, backward 4), plus attention
+    tokens = 2 * 128
+    assert phases["forward"].flops + phases["backward"].flops >= 6 * parameters * tokens * 0.9
