@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import re
 import os
 import tempfile
 from pathlib import Path
@@ -92,9 +93,26 @@ def export(run: Path, out: Path | None = None) -> Path:
                          {"kfit.checkpoint": str(path), "kfit.step": str(state.get("step", ""))})
             checkpoint.write_text_atomic(out / "config", state["config"])
             checkpoint.write_text_atomic(out / "plan.json", json.dumps(state["plan"], indent=2, sort_keys=True) + "\n")
+            tokenizer = _tokenizer_of(path, state["config"])
+            if tokenizer is not None:  # a model of a tokenized corpus: make sample decodes with it
+                checkpoint.write_text_atomic(out / TOKENIZER_FILE, tokenizer.read_text())
         except OSError as err:
             raise _refused(out, err) from None
     return out / MODEL_FILE
+
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def _tokenizer_of(path: Path, config_text: str) -> Path | None:
+    """The tokenizer.json a run trained with: in its run directory, else in its tokenized corpus's directory
+    (CONFIG_DATA_DIR of its config); None for a model without one."""
+    run_dir = checkpoint.run_of(path)
+    candidates = [run_dir / TOKENIZER_FILE]
+    found = re.search(r'^CONFIG_DATA_DIR="(.*)"$', config_text, re.MULTILINE)
+    if found and re.search(r"^CONFIG_DATASET_DIR=y$", config_text, re.MULTILINE):
+        candidates.append(Path(found.group(1)) / TOKENIZER_FILE)
+    return next((c for c in candidates if c.is_file()), None)
 
 
 def _settled(run: Path) -> tuple[Path, dict]:

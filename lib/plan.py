@@ -24,7 +24,7 @@ class ModelDescription:
 
     @classmethod
     def from_config(cls, config: Config) -> "ModelDescription":
-        return cls(name=config.model, preset=config.gpt2_preset)
+        return cls(name=config.model, preset=config.gpt2_preset or getattr(config, "llama_preset", None))
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,13 @@ def test_data_train_sample(tmp_path: Path):
     assert "tokenizer data/texts/tokenizer.json" in sampled.stderr  # the corpus's tokenizer decoded it, not bytes
     text = sampled.stdout.rstrip("\n")
     assert text.startswith("def ") and len(text) > len("def ")
+    assert sampled.stderr.startswith("# llama tiny")  # the run's own model, not gpt2's label
+
+    # the export carries the tokenizer: a model.safetensors decodes on its own, with the data moved away
+    make(tmp_path, "export", f"RUN={run}", f"OUT={tmp_path / 'exported'}")
+    assert (tmp_path / "exported" / "tokenizer.json").read_bytes() == (tmp_path / "data" / "texts" /
+                                                                      "tokenizer.json").read_bytes()
+    (tmp_path / "data").rename(tmp_path / "moved")
+    again = make(tmp_path, "sample", f"RUN={tmp_path / 'exported' / 'model.safetensors'}", "PROMPT=def ",
+                 "MAX_TOKENS=12", "SEED=1")
+    assert again.stdout == sampled.stdout

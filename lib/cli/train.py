@@ -206,7 +206,7 @@ def cmd_sample(args) -> int:
                          top_k=env_number("TOP_K", int, 200, minimum=0) or None,
                          seed=env_number("SEED", int, 0, minimum=0))
     step = f" at step {about['step']}" if about["step"] is not None else ""
-    print(f"# gpt2 {about['preset']}{step}, {about['tokenizer']}, on {about['device']}", file=sys.stderr)
+    print(f"# {about.get('model', 'gpt2')} {about['preset']}{step}, {about['tokenizer']}, on {about['device']}", file=sys.stderr)
     print(os.environ.get("PROMPT", "") + text)
     return 0
 
