@@ -64,6 +64,13 @@ FLAGS: dict[str, Flag] = {
     "HPO_STUDY": Flag("--study", "NAME", "the study's name (default CONFIG_HPO_STUDY_NAME)"),
     "DEFCONFIG": Flag("--defconfig", "NAME", "write a new defconfig of this name (or path) instead of the config"),
     "WRITE": Flag("--write", None, "write each recommendation as a defconfig, recommended-<mode>"),
+    # SLURM batch scripts (make sbatch)
+    "NODES": Flag("--nodes", "N", "machines the batch job takes (sbatch --nodes)"),
+    "CPUS": Flag("--cpus", "N", "CPU cores per node for the job (default: the planned machine's logical cores)"),
+    "PARTITION": Flag("--partition", "NAME", "the SLURM partition to submit to"),
+    "TIME": Flag("--time", "LIMIT", "the job's time limit, as sbatch --time takes it (e.g. 2:00:00, 1-12)"),
+    "ACCOUNT": Flag("--account", "NAME", "the SLURM account to charge"),
+    "ARRAY": Flag("--array", "N", "write a job array of N Optuna workers (make hpo) against HPO_STORAGE instead"),
 }
 
 # The machine and processes a plan is for, as plan, check-hardware and recommend read them.
