@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from lib import config as kc
+from lib.cli.sbatch import time_limit_seconds, warning_lead
+from lib.errors import KfitError
 
 ROOT = Path(__file__).resolve().parent.parent
 ENSURE = ROOT / "scripts" / "ensure-slurm.sh"
@@ -25,7 +27,6 @@ _CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "HW", "GPU", "FREE_GB", "GPUS", "WORL
             "MAKEOVERRIDES", "KFIT_STEPTIME_MEASURE")
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +94,17 @@ def run_dir(tmp_path: Path) -> Path:
     return runs[0]
 
 
+def test_time_limits_read_as_sbatch_reads_them_and_the_warning_leaves_time_to_checkpoint():
+    assert [time_limit_seconds(t) for t in ("30", "30:30", "2:00:00", "1-12", "1-12:30", "1-0:0:5")] == \
+        [1800, 1830, 7200, 129600, 131400, 86405]
+    for bad in ("", "1:2:3:4", "1h", "0:30"):
+        with pytest.raises(KfitError, match="TIME="):
+            time_limit_seconds(bad)
+    assert warning_lead(None, None) == 60 and warning_lead(30.0, None) == 120
+    assert warning_lead(30.0, 120) == 60 and warning_lead(1e6, None) == 65535
+
+
+@pytest.mark.slow
 def test_a_make_sbatch_script_runs_to_completion_under_slurm(slurm, tmp_path):
     start = time.monotonic()
     job_id, log, written = submit(tmp_path, nodes=1, gpus=2)
@@ -106,6 +118,7 @@ def test_a_make_sbatch_script_runs_to_completion_under_slurm(slurm, tmp_path):
     print(f"job {job_id} done in {time.monotonic() - start:.0f} s")
 
 
+@pytest.mark.slow
 def test_the_warning_signal_checkpoints_requeues_and_the_job_resumes(slurm, tmp_path):
     start = time.monotonic()
     job_id, log, _ = submit(tmp_path, nodes=1, gpus=2, extra=(
