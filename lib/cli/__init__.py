@@ -139,7 +139,7 @@ def cmd_defconfigs(args) -> int:
 # The parser
 
 # Each area registers its own commands (plan, train, tuning, ...), in this order in --help.
-AREAS = ("plan", "train", "tune", "recommend", "data")
+AREAS = ("plan", "train", "tune", "recommend", "data", "sbatch")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -71,6 +71,13 @@ FLAGS: dict[str, Flag] = {
                    "(default: the standard library's pydoc text)"),
     "TOKENIZER": Flag("--tokenizer", "FILE", "a Hugging Face tokenizer.json to use instead of training a BPE"),
     "VOCAB": Flag("--vocab", "N", "tokens of the byte-level BPE trained on the corpus (default 4096, at least 257)"),
+    # SLURM batch scripts (make sbatch)
+    "NODES": Flag("--nodes", "N", "machines the batch job takes (sbatch --nodes)"),
+    "CPUS": Flag("--cpus", "N", "CPU cores per node for the job (default: the planned machine's logical cores)"),
+    "PARTITION": Flag("--partition", "NAME", "the SLURM partition to submit to"),
+    "TIME": Flag("--time", "LIMIT", "the job's time limit, as sbatch --time takes it (e.g. 2:00:00, 1-12)"),
+    "ACCOUNT": Flag("--account", "NAME", "the SLURM account to charge"),
+    "ARRAY": Flag("--array", "N", "write a job array of N Optuna workers (make hpo) against HPO_STORAGE instead"),
 }
 
 # The machine and processes a plan is for, as plan, check-hardware and recommend read them.
