@@ -25,7 +25,8 @@ TARGETS = ("menuconfig", "olddefconfig", "savedefconfig", "listnewconfig", "plan
 
 # Variables the Makefile or kfit read from the environment (and make's own, which would carry
 # command-line assignments of an enclosing `make test KCONFIG_CONFIG=...` into ours).
-_CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "FORMAT", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE",
+_CLEARED = ("KCONFIG_CONFIG", "FRAGMENTS", "FORMAT", "HW", "GPU", "FREE_GB", "GPUS", "WORLD_SIZE", "NODES", "CPUS",
+            "TIME", "PARTITION", "ACCOUNT", "ARRAY", "HPO_STUDY", "CORPUS", "VOCAB", "TOKENIZER",
             "RESUME", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK",
             "KFIT_INJECT_OOM", "KFIT_INJECT_OOM_ABOVE", "KFIT_INJECT_OOM_RANK", "TRIALS", "RUNS", "BATCH",
             "APPLY", "HPO_STORAGE", "DEFCONFIG", "OUT", "PYTEST_ARGS", "TORCH_SPEC", "PYTHON", "VENV", "MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS",
