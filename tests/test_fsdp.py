@@ -368,3 +368,48 @@ def test_out_of_memory_under_fsdp_relaunches_at_half_the_micro_batch(tmp_path, r
     state = checkpoint.load_checkpoint(checkpoint.finished_checkpoint(run_dir))
     assert state["progress"]["micro_batch"] <= half and state["step"] == STEPS
     assert_close_weights(load_exported(export(run_dir, tmp_path / "e")), weights)
+
+
+def _node(directory: Path, config: Path, rank: int, port: int) -> subprocess.Popen:
+    env = env_for(config, GPUS="1", NNODES="2", NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return subprocess.Popen(KFIT + ["train"], cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_two_machines_shard_then_one_machine_resumes_with_the_same_effective_batch(tmp_path, reference):
+    """Two torchrun agents on the loopback interface (two 'machines', one process each) train sharded, are
+    stopped together as a scheduler stops a job, and one machine with two processes finishes the run from the
+    sharded checkpoint: the losses and weights of one process taking the same 16 samples per step."""
+    import socket
+
+    weights, reference_losses = reference
+    config = write_config(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [_node(tmp_path, config, rank, port) for rank in (0, 1)]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and all(node.poll() is None for node in nodes):
+        metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().count('"loss"') >= 3:
+            break
+        time.sleep(0.05)
+    for node in nodes:
+        os.killpg(node.pid, signal.SIGTERM)
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 143, out + err  # each machine: a checkpoint, then stopped
+        assert "Traceback" not in err and "frame #" not in err, err
+    [run_dir] = (tmp_path / "runs").iterdir()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["nodes"], plan["world_size"], plan["strategy"]) == (2, 2, "fsdp")
+    at = int(outputs[0][0].split("checkpoint saved at step ")[1].split()[0])
+    assert checkpoint.periodic_path(run_dir, at, sharded=True).is_dir() and at < STEPS
+    finished = train(tmp_path, config, gpus=2)  # one machine now
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert f"from step {at}" in finished.stdout and "effective=16" in finished.stdout
+    got = losses(run_dir)
+    for step, loss in reference_losses.items():
+        assert got[step] == pytest.approx(loss, abs=1e-4), step
+    assert_close_weights(load_exported(export(run_dir, tmp_path / "e")), weights)
