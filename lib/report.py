@@ -173,7 +173,9 @@ def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, Ha
 
 
 # Models that outgrow one device, planned for several processes: (defconfig, preset fragment, GPU, processes).
-SCALE_OUT = (("gpt2", "CONFIG_GPT2_PRESET_774M=y", "a10g", 4), ("gpt2", "CONFIG_GPT2_PRESET_1558M=y", "a10g", 4))
+# (defconfig, assignment, catalog GPU, GPUs per machine, machines)
+SCALE_OUT = (("gpt2", "CONFIG_GPT2_PRESET_774M=y", "a10g", 4, 1), ("gpt2", "CONFIG_GPT2_PRESET_1558M=y", "a10g", 4, 1),
+             ("gpt2", "CONFIG_GPT2_PRESET_1558M=y", "h100", 8, 2))
 
 
 def scale_out_rows(policy=None) -> list[MatrixRow]:
@@ -184,14 +186,16 @@ def scale_out_rows(policy=None) -> list[MatrixRow]:
     rows = []
     progress = Progress(len(SCALE_OUT), "plan-matrix (scale-out)", policy)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, assignment, gpu, processes in SCALE_OUT:
+        for name, assignment, gpu, processes, nodes in SCALE_OUT:
             (Path(tmp) / "fragment").write_text(assignment + "\n")
             config = kconfig.make_defconfig(name, [str(Path(tmp) / "fragment")], out=Path(tmp) / "config")
             model = ModelDescription.from_config(config)
-            label, machine = f"{name}-{config.gpt2_preset}", f"{gpu} x{processes}"
+            label = f"{name}-{config.gpt2_preset}"
+            machine = f"{gpu} x{processes}" if nodes == 1 else f"{nodes} x {gpu} x{processes}"
             with progress.item(f"{label} on {machine}"):
                 try:
-                    plan = resolve(config, resolve_hardware(gpu=gpu, gpus=processes), model, processes, policy)
+                    plan = resolve(config, resolve_hardware(gpu=gpu, gpus=processes), model, processes * nodes, policy,
+                                   nodes=nodes)
                     rows.append(MatrixRow(label, machine, plan))
                 except KfitError as err:
                     rows.append(MatrixRow(label, machine, None, str(err)))

@@ -77,8 +77,12 @@ def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: Mo
          f"{plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es)"
          + (", the last micro-batch short" if plan.micro_batch * plan.grad_accum * plan.world_size
             != plan.effective_batch else "")),
+        *([("processes", f"{plan.world_size // plan.nodes} x {plan.nodes} machines",
+             f"{plan.world_size // plan.nodes} per machine on each of {plan.nodes} machines = {plan.world_size}")]
+          if plan.nodes > 1 else []),
         ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
          plan.reasons.get("strategy", "")),
+        *([("communication", "per step", plan.reasons["communication"])] if "communication" in plan.reasons else []),
         *([("gradient sync", f"per {plan.gradient_sync.replace('_', '-')}", plan.reasons["gradient_sync"])]
           if "gradient_sync" in plan.reasons else []),
         ("eval batch", str(plan.eval_batch), plan.reasons["eval_batch"]),

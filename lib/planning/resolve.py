@@ -116,8 +116,9 @@ def _resolve(request: PlanRequest) -> Plan:
     workers, reasons["workers"] = decide_loader_workers(config, device_type, hardware, world_size, idle_cores=idle)
     timing_threads = cpu_threads if device_type == "cpu" else None
 
-    if device_type == "cuda" and world_size > hardware.identical_gpu_count and hardware.identical_gpu_count:
-        notes.append(f"{world_size} processes but only {hardware.identical_gpu_count} identical GPU(s): "
+    per_machine = world_size // nodes
+    if device_type == "cuda" and per_machine > hardware.identical_gpu_count and hardware.identical_gpu_count:
+        notes.append(f"{per_machine} processes per machine but only {hardware.identical_gpu_count} identical GPU(s): "
                      "processes will share GPUs or use different models")
 
     memory: dict = {}

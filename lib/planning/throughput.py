@@ -112,7 +112,10 @@ def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, spee
     fields, why = plan_predictions(config, plan, speed_model)
     planned = dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields)
     mfu, mfu_why = model_flops_utilisation(planned, speed_model)
-    return dataclasses.replace(planned, predicted_mfu=mfu, reasons={**planned.reasons, "mfu": mfu_why})
+    reasons = {**planned.reasons, "mfu": mfu_why}
+    if speed_model.communication is not None:  # the collectives the step time assumes, and over which links
+        reasons["communication"] = speed_model.communication.describe()
+    return dataclasses.replace(planned, predicted_mfu=mfu, reasons=reasons)
 
 
 def model_flops_utilisation(plan: Plan, speed_model) -> tuple[float | None, str]:

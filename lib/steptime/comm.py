@@ -79,12 +79,18 @@ class Communication:
         return exposed
 
     def describe(self) -> str:
-        link = self.link_bytes_per_s / 1e9
+        link, network = self.link_bytes_per_s / 1e9, (self.network_bytes_per_s or 0) / 1e9
+        if not self.network_bytes_per_s:
+            links = f"at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
+        elif self.strategy == "hsdp":
+            links = (f"sharded within a machine at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s, gradients all-reduced "
+                     f"across machines at {BUS_EFFICIENCY:.0%} of {network:.0f} GB/s (the network)")
+        else:
+            links = (f"at {BUS_EFFICIENCY:.0%} of {self._bandwidth / 1e9:.0f} GB/s: a ring over every process crosses "
+                     f"the network between machines ({network:.0f} GB/s; {link:.0f} GB/s within one)")
         return (f"{self.strategy} over {self.world_size} processes: {self.gather_seconds() * 1e3:.1f} ms of "
                 f"all-gathers per micro-batch, {self.reduce_seconds() * 1e3:.1f} ms of gradient reduction per "
-                f"step, at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
-                + (f" ({self.network_bytes_per_s / 1e9:.0f} GB/s between machines)"
-                   if self.network_bytes_per_s else ""))
+                f"step, {links}")
 
 
 def communication_for(strategy: str, *, world_size: int, local_world_size: int, parameters: int,
