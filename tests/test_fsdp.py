@@ -377,14 +377,15 @@ def _node(directory: Path, config: Path, rank: int, port: int) -> subprocess.Pop
 
 
 @pytest.mark.slow
-def test_two_machines_shard_then_one_machine_resumes_with_the_same_effective_batch(tmp_path, reference):
+@pytest.mark.parametrize("strategy", ["fsdp", "hsdp"])
+def test_two_machines_shard_then_one_machine_resumes_with_the_same_effective_batch(tmp_path, reference, strategy):
     """Two torchrun agents on the loopback interface (two 'machines', one process each) train sharded, are
     stopped together as a scheduler stops a job, and one machine with two processes finishes the run from the
     sharded checkpoint: the losses and weights of one process taking the same 16 samples per step."""
     import socket
 
     weights, reference_losses = reference
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, "CONFIG_PARALLEL_HSDP=y\n" if strategy == "hsdp" else "")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -403,7 +404,8 @@ def test_two_machines_shard_then_one_machine_resumes_with_the_same_effective_bat
         assert "Traceback" not in err and "frame #" not in err, err
     [run_dir] = (tmp_path / "runs").iterdir()
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert (plan["nodes"], plan["world_size"], plan["strategy"]) == (2, 2, "fsdp")
+    # HSDP across two machines of one process each: each machine holds whole parameters, replicated across them
+    assert (plan["nodes"], plan["world_size"], plan["strategy"]) == (2, 2, strategy)
     at = int(outputs[0][0].split("checkpoint saved at step ")[1].split()[0])
     assert checkpoint.periodic_path(run_dir, at, sharded=True).is_dir() and at < STEPS
     finished = train(tmp_path, config, gpus=2)  # one machine now
