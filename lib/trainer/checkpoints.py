@@ -21,12 +21,13 @@ import torch
 from .. import checkpoint, distributed
 from ..config import Config
 from ..distributed import Rank
+from ..errors import KfitError
 from ..hardware import HardwareProfile
 from . import best
 from .engine import Engine
 from .recovery import Recovery
 from .resume import (DEVICE_LOST_EXIT, StoppedToResume, TrainingInterrupted, checkpoint_problem, checkpoint_state,
-                     load_state, resume_command, sharded_tensors)
+                     load_state, model_problem, resume_command, sharded_tensors)
 from .rundir import RunDirectory
 
 
@@ -122,8 +123,17 @@ class Checkpoints:
         """Continue the run in the run directory from `chosen` (RESUME_FROM's, checked), else its newest
         readable checkpoint; then a relaunch's out-of-memory marker. Returns the checkpoint resumed, or None."""
         run_dir, engine = self.directory.path, self.engine
-        found = ((chosen, checkpoint.load_checkpoint(chosen)) if chosen is not None else
-                 checkpoint.latest_valid(run_dir, self.log, checkpoint_problem))
+
+        def problem(state) -> str | None:  # a wrong file, or a checkpoint of another model: the previous one
+            return checkpoint_problem(state) or model_problem(state, engine.model)
+        if chosen is not None:
+            found = (chosen, checkpoint.load_checkpoint(chosen))
+            wrong = model_problem(found[1], engine.model)
+            if wrong is not None:
+                raise KfitError(f"RESUME_FROM={chosen} does not fit this config's model ({wrong}): name a "
+                                "checkpoint of this model, or start a new run from it with INIT_FROM")
+        else:
+            found = checkpoint.latest_valid(run_dir, self.log, problem)
         if found is None and not self.directory.has_marker():
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return None
