@@ -113,3 +113,81 @@ def test_checkpoint_problem_checks_progress_types():
     assert checkpoint_problem(state) == "its progress field best is str 'x', not list[list]"
     state["progress"].update(best=[], step=True)
     assert checkpoint_problem(state) == "its progress field step is bool 'True', not int"
+
+
+# -- run-directory files that are not what they should be ---------------------------------------------------
+
+
+def search(config, notes: list) -> Path | None:
+    return checkpoint.find_resumable(Path(config.output_dir), config.text, 16, log=notes.append)
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("[]", "a plan is a JSON object, not list"),
+    ('{"effective_batch": 16, "device_ty', "not JSON"),
+    ("", "not JSON"),
+    ('{"effective_batch": "16"}', "not a plan"),
+    (b"\xff\xfe", "not JSON"),
+], ids=["a list", "cut short", "empty", "wrong types", "not UTF-8"])
+def test_a_plan_json_that_is_not_a_plan_falls_back_to_the_checkpoint(run_dir, content, reason):
+    path, config = run_dir
+    plan = path / "plan.json"
+    plan.write_bytes(content if isinstance(content, bytes) else content.encode())
+    notes = []
+    assert search(config, notes) == path
+    [note] = notes
+    assert note.startswith(f"note: {plan} is not a plan ({reason}"), note
+    assert note.endswith("): the effective batch 16 of checkpoint-8.pt decides; a resumed run writes plan.json again")
+    t = trainer(config, resume=path)
+    assert t.fit().steps == 12
+    assert json.loads(plan.read_text())["effective_batch"] == 16  # written again
+
+
+def test_a_plan_json_that_is_not_a_plan_and_no_readable_checkpoint_passes_the_run_by(run_dir):
+    path, config = run_dir
+    (path / "plan.json").write_text("[]")
+    for _, saved in checkpoint.periodic_checkpoints(path):
+        saved.write_bytes(b"junk")
+    notes = []
+    assert search(config, notes) is None
+    assert notes == [f"note: not resuming {path}: its plan.json is not a plan (a plan is a JSON object, not list) and "
+                     f"no checkpoint there records the effective batch; delete {path} or keep it aside: this run "
+                     "is a separate one"]
+
+
+def test_a_lock_that_is_a_directory_passes_the_run_by_with_a_note(run_dir):
+    path, config = run_dir
+    (path / fileio.LOCK_NAME).unlink()
+    (path / fileio.LOCK_NAME).mkdir()
+    notes = []
+    assert search(config, notes) is None
+    assert notes == [f"note: not resuming {path}: its .lock is not a regular file (a directory or link planted "
+                     "there); remove it and 'make train' resumes the run; this run is a separate one"]
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (lambda c: (c.unlink(), c.mkdir()), "not a regular file"),
+    (lambda c: c.write_bytes(b"CONFIG_SEED=\xff\n"), "not UTF-8 text"),
+    (lambda c: c.chmod(0), "Permission denied"),
+], ids=["a directory", "not UTF-8", "unreadable"])
+def test_a_config_kfit_cannot_read_passes_the_run_by_with_a_note(run_dir, spoil, reason):
+    path, config = run_dir
+    spoil(path / "config")
+    if reason == "Permission denied" and os.access(path / "config", os.R_OK):
+        pytest.skip("running as root: no file is unreadable")
+    notes = []
+    assert search(config, notes) is None
+    assert notes == [f"note: not resuming {path}: its config cannot be read ({reason})"]
+
+
+def test_a_checkpoint_that_is_a_directory_is_skipped_as_unreadable(run_dir):
+    path, config = run_dir
+    newest = checkpoint.periodic_path(path, 8)
+    newest.unlink()
+    newest.mkdir()
+    notes = []
+    assert search(config, notes) == path
+    t = trainer(config, resume=path, log=notes.append)
+    assert t.resumed_from == checkpoint.periodic_path(path, 4)
+    assert f"warning: {newest} is unreadable (FileNotFoundError" in notes[0], notes
+    assert t.fit().steps == 12
