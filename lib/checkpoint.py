@@ -39,17 +39,31 @@ def save_checkpoint(path: Path, state: dict) -> None:
     fileio.write_atomic(path, _saved(state), follow_symlinks=False)
 
 
-def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[], bool] | None = None) -> None:
-    """save_checkpoint for a training run. Out of room, `make_room()` may delete what would be pruned after
-    this save anyway (True when it did) for one more try; still out of room, a KfitError says so."""
+def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[int], bool] | None = None) -> None:
+    """save_checkpoint for a training run. Short of room (the disk's free space below the checkpoint's size
+    before writing, or a write that fails for want of room), `make_room(needed)` deletes one file that may go
+    (True when it did; `room_maker`) and the write is tried again, until it fits or nothing more may go;
+    still out of room, a KfitError says how much is needed and where."""
     data = _saved(state)
     with full_disk_is_an_error(path, len(data)):
-        try:
-            fileio.write_atomic(path, data, follow_symlinks=False)
-        except OSError as err:
-            if err.errno not in fileio.NO_ROOM or make_room is None or not make_room():
-                raise
-            fileio.write_atomic(path, data, follow_symlinks=False)
+        while make_room is not None and free_bytes(Path(path).parent) < len(data) and make_room(len(data)):
+            pass
+        while True:
+            try:
+                fileio.write_atomic(path, data, follow_symlinks=False)
+                return
+            except OSError as err:
+                # a full disk or quota; a file size limit (EFBIG) is not helped by deleting anything
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT) or make_room is None or not make_room(len(data)):
+                    raise
+
+
+def free_bytes(directory: Path) -> int:
+    """The free bytes where `directory` is (a very large number when the OS cannot say: nothing is deleted)."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return 1 << 62
 
 
 @contextlib.contextmanager
@@ -63,15 +77,17 @@ def full_disk_is_an_error(path: Path, needed: int | None = None):
             raise
         directory = Path(path).parent
         try:
-            free = f"{fileio.format_bytes(shutil.disk_usage(directory).free)} free"
+            free = shutil.disk_usage(directory).free
+            room = f"{fileio.format_bytes(free)} free"
         except OSError:
-            free = "free space unknown"
+            free, room = None, "free space unknown"
         need = f"{fileio.format_bytes(needed)} needed, " if needed else ""
         kept = periodic_checkpoints(directory) or [(0, p) for p in [finished_checkpoint(directory)] if p]
         intact = f"; the earlier checkpoints are intact (newest: {kept[0][1].name})" if kept else ""
+        more = f"at least {fileio.format_bytes(needed - free)} " if needed and free is not None and needed > free else ""
         fix = ("raise the file size limit ('ulimit -f')" if err.errno == errno.EFBIG else
-               "free space there, lower CONFIG_CHECKPOINT_KEEP, or set CONFIG_OUTPUT_DIR to a disk with room")
-        raise KfitError(f"no room to write {Path(path).name} in {directory} ({need}{free}; {err.strerror}){intact}: "
+               f"free {more}space in {directory}, or set CONFIG_OUTPUT_DIR to a disk with room")
+        raise KfitError(f"no room to write {Path(path).name} in {directory} ({need}{room}; {err.strerror}){intact}: "
                         f"{fix}; 'make train' then resumes") from None
 
 
