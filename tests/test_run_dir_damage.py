@@ -191,3 +191,15 @@ def test_a_checkpoint_that_is_a_directory_is_skipped_as_unreadable(run_dir):
     assert t.resumed_from == checkpoint.periodic_path(path, 4)
     assert f"warning: {newest} is unreadable (FileNotFoundError" in notes[0], notes
     assert t.fit().steps == 12
+
+
+def test_init_from_casts_floating_weights_and_says_so(tmp_path):
+    from lib.models import build_model
+    from lib.task import load_task
+    from lib.trainer.initial import load_initial
+
+    config = configured(tmp_path)
+    torch.save({"model": {k: v.half() for k, v in build_model("lenet5").state_dict().items()}, "step": 3},
+               tmp_path / "h.pt")
+    initial = load_initial(tmp_path / "h.pt", load_task(config))
+    assert "10 tensors by name; cast float16 -> float32 (10 tensors); a new run" in initial.message()
