@@ -22,6 +22,7 @@ import torch
 
 from . import fileio
 from .errors import KfitError
+from .plan import Plan
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -38,17 +39,31 @@ def save_checkpoint(path: Path, state: dict) -> None:
     fileio.write_atomic(path, _saved(state), follow_symlinks=False)
 
 
-def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[], bool] | None = None) -> None:
-    """save_checkpoint for a training run. Out of room, `make_room()` may delete what would be pruned after
-    this save anyway (True when it did) for one more try; still out of room, a KfitError says so."""
+def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[int], bool] | None = None) -> None:
+    """save_checkpoint for a training run. Short of room (the disk's free space below the checkpoint's size
+    before writing, or a write that fails for want of room), `make_room(needed)` deletes one file that may go
+    (True when it did; `room_maker`) and the write is tried again, until it fits or nothing more may go;
+    still out of room, a KfitError says how much is needed and where."""
     data = _saved(state)
     with full_disk_is_an_error(path, len(data)):
-        try:
-            fileio.write_atomic(path, data, follow_symlinks=False)
-        except OSError as err:
-            if err.errno not in fileio.NO_ROOM or make_room is None or not make_room():
-                raise
-            fileio.write_atomic(path, data, follow_symlinks=False)
+        while make_room is not None and free_bytes(Path(path).parent) < len(data) and make_room(len(data)):
+            pass
+        while True:
+            try:
+                fileio.write_atomic(path, data, follow_symlinks=False)
+                return
+            except OSError as err:
+                # a full disk or quota; a file size limit (EFBIG) is not helped by deleting anything
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT) or make_room is None or not make_room(len(data)):
+                    raise
+
+
+def free_bytes(directory: Path) -> int:
+    """The free bytes where `directory` is (a very large number when the OS cannot say: nothing is deleted)."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return 1 << 62
 
 
 @contextlib.contextmanager
@@ -62,15 +77,17 @@ def full_disk_is_an_error(path: Path, needed: int | None = None):
             raise
         directory = Path(path).parent
         try:
-            free = f"{fileio.format_bytes(shutil.disk_usage(directory).free)} free"
+            free = shutil.disk_usage(directory).free
+            room = f"{fileio.format_bytes(free)} free"
         except OSError:
-            free = "free space unknown"
+            free, room = None, "free space unknown"
         need = f"{fileio.format_bytes(needed)} needed, " if needed else ""
         kept = periodic_checkpoints(directory) or [(0, p) for p in [finished_checkpoint(directory)] if p]
         intact = f"; the earlier checkpoints are intact (newest: {kept[0][1].name})" if kept else ""
+        more = f"at least {fileio.format_bytes(needed - free)} " if needed and free is not None and needed > free else ""
         fix = ("raise the file size limit ('ulimit -f')" if err.errno == errno.EFBIG else
-               "free space there, lower CONFIG_CHECKPOINT_KEEP, or set CONFIG_OUTPUT_DIR to a disk with room")
-        raise KfitError(f"no room to write {Path(path).name} in {directory} ({need}{free}; {err.strerror}){intact}: "
+               f"free {more}space in {directory}, or set CONFIG_OUTPUT_DIR to a disk with room")
+        raise KfitError(f"no room to write {Path(path).name} in {directory} ({need}{room}; {err.strerror}){intact}: "
                         f"{fix}; 'make train' then resumes") from None
 
 
@@ -287,37 +304,112 @@ def identity_differences(theirs: str, ours: str) -> list[str]:
 def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run_name: str = "",
                    log=print) -> Path | None:
     """The run directory of the latest unfinished run in output_dir (only RUN_NAME when that is set)
-    whose config matches and whose effective batch is the same (as plan.json records it)."""
+    whose config matches and whose effective batch is the same (as plan.json records it, else its newest
+    readable checkpoint). A run directory holding a file kfit cannot read (a config or lock that is a directory,
+    a plan.json that is not a plan, no permission) is passed by or falls back with one note, never a traceback."""
     base = Path(output_dir).expanduser()
-    runs = [base / run_name] if run_name else (sorted(base.iterdir()) if base.is_dir() else [])
+    try:
+        runs = [base / run_name] if run_name else (sorted(base.iterdir()) if base.is_dir() else [])
+    except OSError as err:
+        log(f"note: not resuming a run: {base} cannot be listed ({err.strerror or err})")
+        return None
     identity = training_identity(config_text)
     candidates = []
     for run_dir in runs:
-        newest = periodic_checkpoints(run_dir) if run_dir.is_dir() else []
-        marker = run_dir / OOM_MARKER  # out of memory before its first checkpoint: restarts in place
-        if (not newest and not marker.is_file()) or finished_checkpoint(run_dir) or not (run_dir / "config").is_file():
-            continue
-        if training_identity((run_dir / "config").read_text()) != identity:
-            continue
-        if (run_dir / INIT_RECORD).is_file():
-            log(f"note: not resuming {run_dir}: it started from other weights (INIT_FROM); 'make train "
-                f"RESUME_FROM={run_dir}' continues it")
-            continue
         try:
-            effective = json.loads((run_dir / "plan.json").read_text())["effective_batch"]
-        except (OSError, ValueError, KeyError):
+            newest = resumable_since(run_dir, identity, effective_batch, run_name, log)
+        except OSError as err:  # a file the checks above did not foresee: this run is passed by, said once
+            log(f"note: not resuming {run_dir}: {err.filename or run_dir} cannot be read ({err.strerror or err})")
             continue
-        if effective != effective_batch:
-            log(f"note: not resuming {run_dir}: its effective batch was {effective}, this run's is "
-                f"{effective_batch}")
-            continue
-        holder = None if run_name else fileio.lock_holder(run_dir)  # a named run in use is refused later
-        if holder is not None:
-            log(f"note: not resuming {run_dir}: {holder_name(holder)} is still training it ('kill {holder or '<pid>'}' "
-                "stops it after a checkpoint; 'make train' then resumes it); this run is a separate one")
-            continue
-        candidates.append(((newest[0][1] if newest else marker).stat().st_mtime, run_dir))
+        if newest is not None:
+            candidates.append((newest, run_dir))
     return max(candidates)[1] if candidates else None
+
+
+def resumable_since(run_dir: Path, identity: list[str], effective_batch: int, run_name: str = "",
+                    log=print) -> float | None:
+    """When an unfinished run of this training identity and effective batch last checkpointed (its newest
+    checkpoint's or out-of-memory marker's mtime), None when it is not one to resume (said where the reason
+    is not obvious)."""
+    newest = periodic_checkpoints(run_dir) if run_dir.is_dir() else []
+    marker = run_dir / OOM_MARKER  # out of memory before its first checkpoint: restarts in place
+    config = run_dir / "config"
+    if (not newest and not marker.is_file()) or finished_checkpoint(run_dir) or not config.exists():
+        return None
+    try:
+        fileio.refuse_link(config)
+        config_text = config.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        why = ("not a regular file" if isinstance(err, fileio.UnsafeFileError) else
+               err.strerror if isinstance(err, OSError) else "not UTF-8 text")
+        log(f"note: not resuming {run_dir}: its config cannot be read ({why})")
+        return None
+    if training_identity(config_text) != identity:
+        return None
+    if (run_dir / INIT_RECORD).is_file():
+        log(f"note: not resuming {run_dir}: it started from other weights (INIT_FROM); 'make train "
+            f"RESUME_FROM={run_dir}' continues it")
+        return None
+    effective = recorded_effective_batch(run_dir, newest, log)
+    if effective is None:
+        return None
+    if effective != effective_batch:
+        log(f"note: not resuming {run_dir}: its effective batch was {effective}, this run's is "
+            f"{effective_batch}")
+        return None
+    lock = run_dir / fileio.LOCK_NAME
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        log(f"note: not resuming {run_dir}: its {fileio.LOCK_NAME} is not a regular file (a directory or link "
+            f"planted there); remove it and 'make train' resumes the run; this run is a separate one")
+        return None
+    holder = None if run_name else fileio.lock_holder(run_dir)  # a named run in use is refused later
+    if holder is not None:
+        log(f"note: not resuming {run_dir}: {holder_name(holder)} is still training it ('kill {holder or '<pid>'}' "
+            "stops it after a checkpoint; 'make train' then resumes it); this run is a separate one")
+        return None
+    return (newest[0][1] if newest else marker).stat().st_mtime
+
+
+def plan_json_problem(data) -> str | None:
+    """What keeps a parsed plan.json from being a plan with an effective batch, None when it is one."""
+    try:
+        Plan.from_dict(data)
+    except ValueError as err:
+        return " ".join(str(err).split())[:100]
+    effective = data.get("effective_batch")
+    if isinstance(effective, bool) or not isinstance(effective, int) or effective < 1:
+        return f"its effective_batch is {effective!r}, not a whole number >= 1"
+    return None
+
+
+def recorded_effective_batch(run_dir: Path, newest: list[tuple[int, Path]], log=print) -> int | None:
+    """A run's effective batch as its plan.json says; a plan.json that is not a plan (empty, cut short, of
+    another shape) falls back, with one note, to the window of its newest readable checkpoint."""
+    path = run_dir / "plan.json"
+    try:
+        fileio.refuse_link(path)
+        data = json.loads(path.read_text())
+        problem = plan_json_problem(data)
+    except fileio.UnsafeFileError:
+        problem = "a link or directory, not a file"
+    except OSError as err:
+        problem = err.strerror or str(err)
+    except ValueError as err:  # not JSON, not UTF-8
+        problem = f"not JSON: {' '.join(str(err).split())[:80]}"
+    if problem is None:
+        return data["effective_batch"]
+    for _, saved in newest:
+        try:
+            window = load_checkpoint(saved)["progress"]["window_size"]
+        except Exception:  # noqa: BLE001 - an unreadable one: the next older (the resume says which it takes)
+            continue
+        if isinstance(window, int) and not isinstance(window, bool):
+            log(f"note: {path} is not a plan ({problem}): the effective batch {window} of {saved.name} "
+                "decides; a resumed run writes plan.json again")
+            return window
+    log(f"note: not resuming {run_dir}: its plan.json is not a plan ({problem}) and no checkpoint there records "
+        f"the effective batch; delete {run_dir} or keep it aside: this run is a separate one")
+    return None
 
 
 def holder_name(pid: int) -> str:

@@ -48,7 +48,7 @@ def checkpoint_of(run: Path) -> Path:
     return found
 
 
-def _readable(path: Path) -> dict:
+def read_checkpoint(path: Path) -> dict:
     try:
         state = checkpoint.load_checkpoint(path)
     except Exception as err:  # noqa: BLE001 - any unreadable checkpoint is the user's file to fix
@@ -60,7 +60,7 @@ def _readable(path: Path) -> dict:
 
 def model_state(path: Path, state: dict | None = None) -> dict[str, torch.Tensor]:
     """The whole model's state_dict from a checkpoint of either kind (`state`: its contents, already read)."""
-    state = state if state is not None else _readable(path)
+    state = state if state is not None else read_checkpoint(path)
     if not state.get("sharded"):
         return state["model"]
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -124,7 +124,7 @@ def _settled(run: Path) -> tuple[Path, dict]:
         except OSError as err:  # a name the OS refuses (too long, a loop of links, no permission)
             raise KfitError(f"RUN={run} cannot be read ({err.strerror or err})") from None
         try:
-            state = _readable(path)
+            state = read_checkpoint(path)
             if not isinstance(state.get("config"), str) or not isinstance(state.get("plan"), dict):
                 raise KfitError(f"{path} is not a kfit checkpoint (it holds no config and plan): export a checkpoint "
                                 "kfit wrote")
@@ -193,7 +193,7 @@ def weights_of(source: Path) -> tuple[dict[str, torch.Tensor], Path, int | None]
             step = (f.metadata() or {}).get("kfit.step", "")
         return weights, source, int(step) if step.isdigit() else None
     path = checkpoint_of(source)
-    state = _readable(path)  # a sharded one: only its extra part, the step
+    state = read_checkpoint(path)  # a sharded one: only its extra part, the step
     step = state.get("step")
     return model_state(path) if state.get("sharded") else state["model"], path, step if isinstance(step, int) else None
 

@@ -79,7 +79,7 @@ def tokenizer_for(vocab_size: int, candidates: tuple[Path, ...] = ()) -> Tokeniz
 def load_run_model(run: Path) -> tuple[torch.nn.Module, dict]:
     """The trained model of a run directory, checkpoint or exported model.safetensors, with what it came from."""
     from . import config as kconfig
-    from .export import checkpoint_of, load_exported, model_state
+    from .export import checkpoint_of, load_exported, model_state, read_checkpoint
 
     run = Path(run)
     if run.suffix == ".safetensors":
@@ -89,11 +89,19 @@ def load_run_model(run: Path) -> tuple[torch.nn.Module, dict]:
                             "the files make export wrote together")
         weights, config_text, step = load_exported(run), config_file.read_text(), None
     else:
-        path = checkpoint_of(run)
-        from . import checkpoint
-
-        meta = checkpoint.load_checkpoint(path)
-        weights, config_text, step = model_state(path), meta["config"], meta.get("step")
+        try:
+            path = checkpoint_of(run)
+        except OSError as err:  # a name the OS refuses (too long, a loop of links, no permission)
+            raise KfitError(f"RUN={run} cannot be read ({err.strerror or err})") from None
+        meta = read_checkpoint(path)  # a file that is not a checkpoint (any pickle): one error naming it
+        if not isinstance(meta.get("config"), str):
+            raise KfitError(f"{path} is not a kfit checkpoint (it holds no config): name a run directory, a "
+                            "checkpoint kfit wrote, or an exported model.safetensors")
+        weights, config_text, step = model_state(path, meta), meta["config"], meta.get("step")
+    wrong = [name for name, value in weights.items() if not isinstance(value, torch.Tensor)]
+    if wrong:
+        raise KfitError(f"{run}: its weight {wrong[0]} is a {type(weights[wrong[0]]).__name__}, not a tensor: not "
+                        "a checkpoint kfit wrote")
     with tempfile.TemporaryDirectory(prefix="kfit-sample-") as tmp:
         (Path(tmp) / "config").write_text(config_text)
         config = kconfig.read_config(Path(tmp) / "config")

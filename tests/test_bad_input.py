@@ -108,6 +108,26 @@ def fake_checkpoint(path: Path, config: bool = True) -> None:
     torch.save(state, path)
 
 
+def lenet_weights(path: Path, change) -> None:
+    """A checkpoint holding LeNet-5's weights by name and shape, `change`d (dtype, values, a non-tensor)."""
+    import torch
+
+    from lib.models import build_model
+
+    weights = dict(build_model("lenet5").state_dict())
+    change(weights)
+    torch.save({"model": weights, "step": 3}, path)
+
+
+def crafted_resume(path: Path) -> None:
+    """A checkpoint of this very config whose progress step is a string."""
+    import torch
+
+    config = (path.parent.parent / ".config").read_text()
+    torch.save({"model": {}, "optimizer": {}, "scaler": {}, "rng": {"torch": torch.zeros(1), "python": [1]},
+                "progress": {"window_size": 16, "micro_batch": 16, "step": "12"}, "config": config}, path)
+
+
 HW_TOP = {"gpus": [], "cpu": {}}
 HPO_URL = f"postgresql://user:{PASSWORD}@127.0.0.1:1/db"
 
@@ -256,6 +276,27 @@ ROWS = [
         setup=write("e/model.safetensors", b"junk"), needles=("INIT_FROM=e/model.safetensors", "not a safetensors")),
     Row("RESUME_FROM and INIT_FROM together", ("train",), env={"RESUME_FROM": "junk.pt", "INIT_FROM": "junk.pt"},
         setup=write("junk.pt", "x"), needles=("RESUME_FROM and INIT_FROM exclude each other",)),
+    Row("INIT_FROM integer weights", ("train",), env={"INIT_FROM": "i.pt"},
+        setup=lambda d: lenet_weights(d / "i.pt", lambda w: w.update({k: v.long() for k, v in w.items()})),
+        needles=("INIT_FROM=i.pt", "features.0.weight is int64 there, float32 in this model")),
+    Row("INIT_FROM bool weights", ("train",), env={"INIT_FROM": "i.pt"},
+        setup=lambda d: lenet_weights(d / "i.pt", lambda w: w.update({"classifier.5.bias": w["classifier.5.bias"] > 0})),
+        needles=("classifier.5.bias is bool there, float32 in this model",)),
+    Row("INIT_FROM NaN weights", ("train",), env={"INIT_FROM": "i.pt"},
+        setup=lambda d: lenet_weights(d / "i.pt", lambda w: w["features.3.bias"].fill_(float("nan"))),
+        needles=("features.3.bias holds NaN or infinite values",), absent=("LEARNING_RATE",)),
+    Row("INIT_FROM a tensor replaced by an int", ("train",), env={"INIT_FROM": "i.pt"},
+        setup=lambda d: lenet_weights(d / "i.pt", lambda w: w.update({"features.0.bias": 3})),
+        needles=("features.0.bias is a int, not a tensor",)),
+    Row("RESUME_FROM a progress field of the wrong type", ("train",), env={"RESUME_FROM": "r/checkpoint-12.pt"},
+        setup=lambda d: ((d / "r").mkdir(), crafted_resume(d / "r" / "checkpoint-12.pt")),
+        needles=("is not a kfit checkpoint (its progress field step is str '12', not int)",)),
+    Row("sample of a pickle that is not a checkpoint", ("sample",), env={"RUN": "x.pkl"},
+        setup=write("x.pkl", __import__("pickle").dumps({"a": [1, 2]})), needles=("x.pkl",)),
+    Row("sample of a checkpoint whose weight is an int", ("sample",), env={"RUN": "c.pt"},
+        setup=lambda d: __import__("torch").save({"model": {"transformer.wte.weight": 3}, "step": 1,
+                                                  "config": "CONFIG_MODEL_GPT2=y\n", "plan": {}}, d / "c.pt"),
+        needles=("transformer.wte.weight is a int, not a tensor",)),
     Row("best metric kfit cannot rank", ("train",),
         setup=both(config_line("CONFIG_CHECKPOINT_BEST_KEEP=2"), config_line('CONFIG_CHECKPOINT_BEST_METRIC="f1"')),
         needles=('CONFIG_CHECKPOINT_BEST_METRIC="f1"', "eval_loss")),

@@ -197,27 +197,66 @@ def test_no_room_while_checkpointing_is_one_error_line_and_the_earlier_checkpoin
     assert [line["step"] for line in metrics(run_dir) if "loss" in line][-1] == 12
 
 
-def test_out_of_room_the_checkpoints_rotation_would_delete_go_first_never_the_last(tmp_path, monkeypatch):
+def out_of_room_unless(fits):
+    """A write_atomic that fails with ENOSPC, as a full disk does, unless `fits(directory)`."""
+    write = fileio.write_atomic
+
+    def room(path, data, **options):
+        if not fits(Path(path).parent):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(path, data, **options)
+    return room
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_out_of_room_the_oldest_checkpoints_go_first_whatever_keep_never_the_newest(tmp_path, monkeypatch, keep):
     config, _ = configured(tmp_path)
-    t = trainer(config)
+    notes = []
+    t = trainer(config, log=notes.append)
     t.started = time.perf_counter()  # as fit() sets it: a checkpoint records the time trained
     for step in (4, 8, 12):
         checkpoint.save_checkpoint(checkpoint.periodic_path(t.run_dir, step), {"step": step})
-    write = fileio.write_atomic
-
-    def room_for_three(path, data, **options):
-        if len(checkpoint.periodic_checkpoints(Path(path).parent)) >= 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        write(path, data, **options)
-
-    monkeypatch.setattr(fileio, "write_atomic", room_for_three)
-    t.save(checkpoint.periodic_path(t.run_dir, 16), keep=3)  # 4 would be pruned after it anyway: it goes first
-    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16, 12, 8]
-    with pytest.raises(KfitError, match=r"no room to write checkpoint-20.pt .*No space left on device.*newest: "
-                       r"checkpoint-16.pt\): free space there, lower CONFIG_CHECKPOINT_KEEP, or set CONFIG_OUTPUT_DIR"):
-        t.save(checkpoint.periodic_path(t.run_dir, 20), keep=1)  # deleting first would leave none
-    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16, 12, 8]
+    monkeypatch.setattr(fileio, "write_atomic",
+                        out_of_room_unless(lambda d: len(checkpoint.periodic_checkpoints(d)) < 2))
+    t.save(checkpoint.periodic_path(t.run_dir, 16), keep=keep)  # 4 and 8 go first, oldest first; 12 stays
+    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16, 12]
+    assert notes == [f"note: little room in {t.run_dir}: removed checkpoint-{s}.pt to write checkpoint-16.pt"
+                     for s in (4, 8)]
+    monkeypatch.setattr(fileio, "write_atomic", out_of_room_unless(lambda d: False))  # never room
+    with pytest.raises(KfitError, match=r"no room to write checkpoint-20.pt in .* \(.* needed, .* free; No space left "
+                       r"on device\); the earlier checkpoints are intact \(newest: checkpoint-16.pt\): free space in "
+                       r".*, or set CONFIG_OUTPUT_DIR to a disk with room; 'make train' then resumes"):
+        t.save(checkpoint.periodic_path(t.run_dir, 20), keep=keep)
+    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16]  # the newest good one stays
     assert not list(t.run_dir.glob("*.tmp"))
+    t.release_run_directory()
+
+
+def test_out_of_room_the_final_checkpoint_may_replace_the_newest_periodic_one(tmp_path, monkeypatch):
+    config, _ = configured(tmp_path)
+    t = trainer(config, log=lambda line: None)
+    t.started = time.perf_counter()
+    for step in (4, 8):
+        checkpoint.save_checkpoint(checkpoint.periodic_path(t.run_dir, step), {"step": step})
+    monkeypatch.setattr(fileio, "write_atomic",
+                        out_of_room_unless(lambda d: not checkpoint.periodic_checkpoints(d)))
+    t.checkpoints.save_final({"eval_loss": 1.0})
+    assert checkpoint.finished_checkpoint(t.run_dir) == t.run_dir / checkpoint.FINAL
+    assert checkpoint.periodic_checkpoints(t.run_dir) == []
+    t.release_run_directory()
+
+
+def test_out_of_room_a_periodic_checkpoint_never_deletes_the_only_one(tmp_path, monkeypatch):
+    config, _ = configured(tmp_path)
+    t = trainer(config, log=lambda line: None)
+    t.started = time.perf_counter()
+    checkpoint.save_checkpoint(checkpoint.periodic_path(t.run_dir, 4), {"step": 4})
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda d: type("U", (), {"free": 1000})())
+    monkeypatch.setattr(fileio, "write_atomic", out_of_room_unless(lambda d: False))
+    with pytest.raises(KfitError, match=r"no room to write checkpoint-8.pt .* needed, .* free; .*newest: "
+                       r"checkpoint-4.pt\): free at least .* space in "):
+        t.save(checkpoint.periodic_path(t.run_dir, 8), keep=1)
+    assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [4]
     t.release_run_directory()
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import torch
 
 from lib import checkpoint
 
-from tests.helpers import KFIT, kfit_env, write_config
+from tests.helpers import KFIT, fake_plan, kfit_env, write_config
 
 # LeNet at effective batch 16: long enough (300 steps) to be signalled mid-run, a few seconds in all.
 RUN = ("CONFIG_DEVICE_CPU=y\nCONFIG_EPOCHS=10\nCONFIG_MAX_STEPS=300\nCONFIG_TARGET_EFFECTIVE_BATCH=16\n"
@@ -88,11 +90,15 @@ def test_latest_valid_skips_a_truncated_checkpoint(tmp_path):
     assert [s for s, _ in checkpoint.periodic_checkpoints(tmp_path)] == [30]
 
 
+# A plan.json is read as a plan (a file of another shape falls back to the checkpoint's effective batch).
+PLAN = fake_plan()(types.SimpleNamespace(gpt2_preset=None))
+
+
 def _fake_run(base: Path, name: str, config_text: str, effective: int, finished: bool = False) -> Path:
     run_dir = base / name
     run_dir.mkdir(parents=True)
     (run_dir / "config").write_text(config_text)
-    (run_dir / "plan.json").write_text(json.dumps({"effective_batch": effective}))
+    (run_dir / "plan.json").write_text(json.dumps(dataclasses.replace(PLAN, effective_batch=effective).to_dict()))
     checkpoint.save_checkpoint(checkpoint.periodic_path(run_dir, 5), {"step": 5})
     if finished:
         checkpoint.save_checkpoint(run_dir / checkpoint.FINAL, {"step": 9})

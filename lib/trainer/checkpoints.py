@@ -21,12 +21,13 @@ import torch
 from .. import checkpoint, distributed
 from ..config import Config
 from ..distributed import Rank
+from ..errors import KfitError
 from ..hardware import HardwareProfile
 from . import best
 from .engine import Engine
 from .recovery import Recovery
 from .resume import (DEVICE_LOST_EXIT, StoppedToResume, TrainingInterrupted, checkpoint_problem, checkpoint_state,
-                     load_state, resume_command, sharded_tensors)
+                     load_state, model_problem, resume_command, sharded_tensors)
 from .rundir import RunDirectory
 
 
@@ -57,10 +58,11 @@ class Checkpoints:
 
     # -- saving --------------------------------------------------------------------
 
-    def save(self, path: Path, final_eval: dict | None = None, keep: int = 0) -> Path:
+    def save(self, path: Path, final_eval: dict | None = None, keep: int = 0, final: bool = False) -> Path:
         """Rank 0 writes the checkpoint file; under FSDP every rank calls this and writes its shards.
-        `keep`: a periodic checkpoint, after which the newest `keep` are kept (save_periodic prunes): out of
-        room, the ones that pruning would delete go first, while at least one earlier checkpoint stays."""
+        `keep`: a periodic checkpoint, after which the newest `keep` are kept (save_periodic prunes). Out of
+        room, the oldest periodic checkpoints go first while the newest stays (checkpoint.room_maker);
+        `final`: the finished run's, which may replace the newest periodic one."""
         engine, run_dir = self.engine, self.directory.path
         state = checkpoint_state(
             model=None if self.sharded else engine.model, optimizer=None if self.sharded else engine.optimizer,
@@ -72,8 +74,9 @@ class Checkpoints:
             checkpoint.save_sharded(path, sharded_tensors(engine.model, engine.optimizer), state,
                                     is_main=self.rank.is_main, barrier=torch.distributed.barrier)
         else:
-            make_room = (lambda: bool(checkpoint.prune(run_dir, keep - 1, path))) if keep > 1 else None
-            checkpoint.save_run_checkpoint(path, state, make_room)
+            # short of room: the oldest rotated checkpoints go first, whatever CHECKPOINT_KEEP, never the newest
+            # (a best-<step> one is never touched); the final checkpoint may replace the newest periodic one
+            checkpoint.save_run_checkpoint(path, state, room_maker(run_dir, path, final, self.log))
         return path
 
     def save_periodic(self) -> Path:
@@ -85,7 +88,7 @@ class Checkpoints:
         return path
 
     def save_final(self, final_eval: dict) -> Path:
-        path = self.save(checkpoint.final_path(self.directory.path, self.sharded), final_eval)
+        path = self.save(checkpoint.final_path(self.directory.path, self.sharded), final_eval, final=True)
         self.directory.drop_periodic()  # the finished run's checkpoint supersedes them
         return path
 
@@ -122,8 +125,17 @@ class Checkpoints:
         """Continue the run in the run directory from `chosen` (RESUME_FROM's, checked), else its newest
         readable checkpoint; then a relaunch's out-of-memory marker. Returns the checkpoint resumed, or None."""
         run_dir, engine = self.directory.path, self.engine
-        found = ((chosen, checkpoint.load_checkpoint(chosen)) if chosen is not None else
-                 checkpoint.latest_valid(run_dir, self.log, checkpoint_problem))
+
+        def problem(state) -> str | None:  # a wrong file, or a checkpoint of another model: the previous one
+            return checkpoint_problem(state) or model_problem(state, engine.model)
+        if chosen is not None:
+            found = (chosen, checkpoint.load_checkpoint(chosen))
+            wrong = model_problem(found[1], engine.model)
+            if wrong is not None:
+                raise KfitError(f"RESUME_FROM={chosen} does not fit this config's model ({wrong}): name a "
+                                "checkpoint of this model, or start a new run from it with INIT_FROM")
+        else:
+            found = checkpoint.latest_valid(run_dir, self.log, problem)
         if found is None and not self.directory.has_marker():
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return None
@@ -180,3 +192,31 @@ class Checkpoints:
         if self.rank.is_main:
             print(f"error: {message}", file=sys.stderr, flush=True)
         raise StoppedToResume(message, saved[0] if saved else 0, saved[1] if saved else None, DEVICE_LOST_EXIT)
+
+
+def room_maker(run_dir: Path, writing: Path, final: bool = False, log=print) -> Callable[[int], bool]:
+    """make_room for save_run_checkpoint: each call deletes the oldest periodic checkpoint but the newest
+    (whatever CONFIG_CHECKPOINT_KEEP is: the rotation deletes them soon anyway), never `writing`. For the
+    `final` checkpoint, which supersedes them all, the newest periodic one goes last, and only once the space
+    it frees makes room for the final one (a run never loses its only checkpoint to a write that cannot fit)."""
+    def make_room(needed: int) -> bool:
+        periodic = [p for _, p in checkpoint.periodic_checkpoints(run_dir) if p != writing]
+        if len(periodic) > 1:
+            victim = periodic[-1]
+        elif final and periodic and checkpoint.free_bytes(run_dir) + size_of(periodic[0]) >= needed:
+            victim = periodic[0]
+        else:
+            return False
+        checkpoint.remove(victim)
+        log(f"note: little room in {run_dir}: removed {victim.name} to write {Path(writing).name}")
+        return True
+    return make_room
+
+
+def size_of(path: Path) -> int:
+    """The bytes a checkpoint file or sharded directory holds."""
+    path = Path(path)
+    try:
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    except OSError:
+        return 0

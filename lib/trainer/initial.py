@@ -8,7 +8,7 @@ run records where they came from: <run>/init_from.json and an `init_from` event 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ class InitialWeights:
     path: Path  # the file they came from
     step: int | None  # its training step, where known
     source: Path  # INIT_FROM as given
+    casts: list[str] = field(default_factory=list)  # "float16 -> float32 (N tensors)": floating casts, said
 
     def record(self) -> dict:
         return {"init_from": str(self.source), "path": str(self.path.resolve()), "source_step": self.step,
@@ -31,8 +32,9 @@ class InitialWeights:
 
     def message(self) -> str:
         at = f" (step {self.step})" if self.step is not None else ""
-        return (f"Initialised from {self.path}{at}: {len(self.weights or {})} tensors by name; a new run from step "
-                "0 with a fresh optimizer and schedule")
+        cast = f"; cast {', '.join(self.casts)}" if self.casts else ""
+        return (f"Initialised from {self.path}{at}: {len(self.weights or {})} tensors by name{cast}; a new run from "
+                "step 0 with a fresh optimizer and schedule")
 
 
 def mismatches(weights: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> list[str]:
@@ -44,14 +46,47 @@ def mismatches(weights: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) 
     return problems
 
 
-def model_shapes(task: Task) -> dict[str, torch.Size]:
-    """The config's model's state_dict shapes, built on the meta device (a factory that cannot: on the CPU)."""
+def model_tensors(task: Task) -> dict[str, torch.Tensor]:
+    """The config's model's state_dict, built on the meta device (a factory that cannot: on the CPU)."""
     try:
         with torch.device("meta"):
             model = task.build(False)
     except Exception:  # noqa: BLE001 - a custom factory that makes real tensors itself
         model = task.build(False)
-    return {name: tensor.shape for name, tensor in model.state_dict().items()}
+    return dict(model.state_dict())
+
+
+def model_shapes(task: Task) -> dict[str, torch.Size]:
+    """The config's model's state_dict shapes."""
+    return {name: tensor.shape for name, tensor in model_tensors(task).items()}
+
+
+def value_problem(weights: dict, ours: dict[str, torch.Tensor]) -> str | None:
+    """The first of `weights` (names and shapes checked) that must not load into this model: not a tensor,
+    an integer or bool tensor where the model has floating point (cast silently it diverges), a dtype of
+    another kind, or NaN or infinite values."""
+    for name, value in weights.items():
+        if not isinstance(value, torch.Tensor):
+            return f"{name} is a {type(value).__name__}, not a tensor"
+    for name, mine in ours.items():
+        theirs = weights[name]
+        if mine.dtype.is_floating_point != theirs.dtype.is_floating_point or theirs.dtype.is_complex:
+            return (f"{name} is {str(theirs.dtype).removeprefix('torch.')} there, "
+                    f"{str(mine.dtype).removeprefix('torch.')} in this model (integer, bool or complex weights are "
+                    "not this model's trained weights)")
+        if theirs.dtype.is_floating_point and not bool(torch.isfinite(theirs).all()):
+            return f"{name} holds NaN or infinite values (the run that saved it diverged)"
+    return None
+
+
+def casts(weights: dict[str, torch.Tensor], ours: dict[str, torch.Tensor]) -> list[str]:
+    """The floating-point casts loading makes, as "float16 -> float32 (N tensors)"."""
+    counts: dict[str, int] = {}
+    for name, mine in ours.items():
+        if weights[name].dtype != mine.dtype:
+            key = f"{str(weights[name].dtype).removeprefix('torch.')} -> {str(mine.dtype).removeprefix('torch.')}"
+            counts[key] = counts.get(key, 0) + 1
+    return [f"{key} ({n} tensor{'s' if n > 1 else ''})" for key, n in sorted(counts.items())]
 
 
 def not_both(resume, init_from) -> None:
@@ -78,9 +113,16 @@ def load_initial(source: Path, task: Task) -> InitialWeights:
         weights, path, step = weights_of(source)
     except KfitError as err:
         raise KfitError(f"INIT_FROM={source}: {err}") from None
-    problems = mismatches(weights, model_shapes(task))
+    ours = model_tensors(task)
+    wrong = [name for name, value in weights.items() if not isinstance(value, torch.Tensor)]
+    problems = [f"{wrong[0]} is a {type(weights[wrong[0]]).__name__}, not a tensor"] if wrong else \
+        mismatches(weights, {name: t.shape for name, t in ours.items()})
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise KfitError(f"INIT_FROM={source}: its weights do not fit this model: {problems[0]}{more}: INIT_FROM "
                         "needs weights of the same architecture (the model, its preset, vocabulary and block size)")
-    return InitialWeights(weights, path, step, source)
+    problem = value_problem(weights, ours)
+    if problem is not None:
+        raise KfitError(f"INIT_FROM={source}: its weights cannot start this run: {problem}: start from weights "
+                        "a run of this model trained (an earlier checkpoint of that run, say)")
+    return InitialWeights(weights, path, step, source, casts(weights, ours))

@@ -120,7 +120,53 @@ def checkpoint_problem(state) -> str | None:
         return f"its progress has the keys {sorted(state['progress'])}, not those of kfit's Progress"
     if not {"torch", "python"} <= set(state["rng"]):
         return "its RNG state lacks torch or python"
+    wrong = progress_type_problem(state["progress"])
+    if wrong is not None:
+        return wrong
+    if state.get("plan") is not None and not isinstance(state.get("plan"), dict):
+        return f"its plan is a {type(state['plan']).__name__}, not a dict"
     return None
+
+
+# What each Progress field holds (a crafted or foreign checkpoint may hold anything there).
+PROGRESS_TYPES = {"int": (int,), "float": (int, float), "list[str]": (list,), "list[list]": (list,),
+                  "list | None": (list, type(None))}
+
+
+def progress_type_problem(progress: dict) -> str | None:
+    """A checkpoint's progress field of the wrong type (a string for the step, say), or a window or micro-batch
+    below 1; None when every field has the type Progress declares."""
+    for f in dataclasses.fields(Progress):
+        if f.name not in progress:
+            continue
+        value, kinds = progress[f.name], PROGRESS_TYPES.get(str(f.type), (object,))
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            return f"its progress field {f.name} is {type(value).__name__} {str(value)[:40]!r}, not {f.type}"
+    if progress["window_size"] < 1 or progress["micro_batch"] < 1:
+        return "its progress holds a window or micro-batch below 1"
+    return None
+
+
+def model_problem(state: dict, model: torch.nn.Module) -> str | None:
+    """Whether a checkpoint's model state is this model's, by the names and shapes of its tensors, before
+    anything is loaded: a checkpoint of another model (another preset, vocabulary or architecture) is named
+    with its first difference, as a corrupt one is. A sharded checkpoint is checked as it loads."""
+    if state.get("sharded"):
+        return None
+    saved = state["model"]
+    not_tensors = [name for name, value in saved.items() if not isinstance(value, torch.Tensor)]
+    if not_tensors:
+        value = saved[not_tensors[0]]
+        return f"its model tensor {not_tensors[0]} is a {type(value).__name__}, not a tensor"
+    ours = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    differences = [f"{name}: {list(saved[name].shape)} there, {list(shape)} here"
+                   for name, shape in ours.items() if name in saved and tuple(saved[name].shape) != shape]
+    differences += [f"{name}: in this model, not there" for name in ours if name not in saved]
+    differences += [f"{name}: there, not in this model" for name in saved if name not in ours]
+    if not differences:
+        return None
+    more = f"; {len(differences) - 1} more" if len(differences) > 1 else ""
+    return f"it is a checkpoint of another model ({differences[0]}{more})"
 
 
 def _named_optimizer_state(raw: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
