@@ -7,13 +7,20 @@ Chinchilla ratio of training tokens to parameters (12, 20, 25: Hoffmann et al.
 context length, and the longest run the mode accepts (2 h, 6 h, 72 h: the
 seed's "30 min-2 h", "2-6 h" and "6 h+", the last bounded at three days).
 
-For the GPT-2 family the model is chosen: among the shapes of `GPT2_SHAPES`,
-the largest in the mode's range that the planner fits in the mode's memory and
-that trains its token budget within the mode's time. Where none can, the mode
-is out of reach, and the largest model that can is recommended instead, saying
-so. Other models (LeNet-5, ResNet, a custom model) keep their model; the modes
-then differ in memory share (so micro-batch, checkpointing and strategy) and
-time, for the configured epochs.
+For the language-model families (GPT-2 and the Llama-style decoder) the model
+is chosen: among a family's presets (`Shape`s), the largest in the mode's range
+that the planner fits in the mode's memory and that trains its token budget
+within the mode's time. Where none can, the mode is out of reach, and the
+largest model that can is recommended instead, saying so. The configured
+family's choice is the mode's recommendation; the other family's is offered
+beside it (`Recommendation.alternatives`). Other models (LeNet-5, ResNet, a
+custom model) keep their model; the modes then differ in memory share (so
+micro-batch, checkpointing and strategy) and time, for the configured epochs.
+
+A token budget larger than the training data repeats it: `corpus_warning` says
+how many epochs that is and names the largest preset whose budget the data
+covers (the tokenized corpus's real token count, from its meta.json, when the
+config trains on one).
 
 Every figure comes from the resolver (lib.hyperparams.resolve, passed in as
 `plan`): the predicted peak against the budget, the step time, the strategy.
@@ -46,6 +53,8 @@ SCORE_LOW = 2e10  # FLOP/s: a 2-core laptop CPU in fp32
 SCORE_HIGH = 8 * 989e12 * 0.6  # FLOP/s: 8 H100 SXM, bf16 dense peak x GPU_COMPUTE_EFFICIENCY
 DATA_READ_SHARE = 0.1  # reading the data once may take this share of the run before the warning
 MAX_EPOCHS = 100000  # CONFIG_EPOCHS' upper bound: the token budget's MAX_STEPS is what stops a run
+FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}  # CONFIG_MODEL_<name>: the families recommend chooses a size in
+REPEAT_EPOCHS = 4  # repeating data up to about 4 epochs costs little loss (Muennighoff et al. 2023)
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,7 @@ class Mode:
     share: float
     tokens_per_parameter: int
     parameters: tuple[float, float | None]  # the seed's range for the mode
-    context: int  # GPT-2's context length in this mode
+    context: int  # the context length (tokens) in this mode
     max_hours: float
 
 
@@ -68,10 +77,22 @@ MODES = (
 
 @dataclass(frozen=True)
 class Shape:
-    """A GPT-2 shape kfit can build: a CONFIG_GPT2_PRESET_<preset> and its parameters with the data's vocabulary."""
+    """A model kfit can build: CONFIG_<FAMILY>_PRESET_<preset> of a family of FAMILIES (gpt2, llama), and its
+    parameters with the data's vocabulary."""
 
     preset: str
     parameters: int
+    family: str = "gpt2"
+
+    @property
+    def name(self) -> str:
+        return f"{self.family} {self.preset}"
+
+    def assignments(self, mode: Mode) -> dict:
+        """The CONFIG_ symbols (without the prefix) that select this shape at the mode's context and memory."""
+        prefix = self.family.upper()
+        return {f"MODEL_{prefix}": True, f"{prefix}_PRESET_{self.preset.upper()}": True,
+                f"{prefix}_BLOCK_SIZE": mode.context, f"MEMORY_PROFILE_{mode.profile}": True}
 
 
 @dataclass
@@ -81,7 +102,7 @@ class Recommendation:
     plan: Plan | None
     assignments: dict  # CONFIG_ symbols (without the prefix) that make this configuration from the base
     parameters: int | None = None
-    tokens: int | None = None  # the token budget (GPT-2); None: the configured epochs
+    tokens: int | None = None  # the token budget (a chosen size); None: the configured epochs
     steps: int | None = None
     seconds: float | None = None
     energy_kwh: float | None = None
@@ -90,10 +111,16 @@ class Recommendation:
     warnings: list[str] = field(default_factory=list)
     out_of_reach: str | None = None  # why the seed's range for this mode cannot be met here
     bar: dict | None = None  # the HTML page's memory bar (render_page)
+    shape: Shape | None = None  # the chosen size; None: the configured model
+    alternatives: list = field(default_factory=list)  # the other family's Recommendation for this mode
+    notes: list[str] = field(default_factory=list)  # why the other family has none here
 
     def to_dict(self) -> dict:
         plan = self.plan
         return {"mode": self.mode.name, "memory_share": self.mode.share, "parameters": self.parameters,
+                "model": self.config.model, "preset": self.shape.preset if self.shape else None,
+                "context": self.mode.context if self.shape else None,
+                "alternatives": [a.to_dict() for a in self.alternatives], "notes": self.notes,
                 "tokens_per_parameter": self.mode.tokens_per_parameter if self.tokens else None,
                 "tokens": self.tokens, "steps": self.steps, "seconds": self.seconds,
                 "energy_kwh": self.energy_kwh, "watts": self.watts, "assignments": self.assignments,
@@ -133,11 +160,11 @@ def in_range(parameters: int, mode: Mode) -> bool:
     return parameters >= low and (high is None or parameters <= high)
 
 
-def recommend_gpt2(base: Config, shapes: list[Shape], *, plan: Callable[[Config], Plan],
-                   derive: Callable[[Config, dict], Config], flops: float, budget: int, processes: int,
-                   mode: Mode) -> Recommendation:
-    """The largest shape in the mode's range that fits and trains within the mode's time; else the largest
-    that does (out of reach)."""
+def recommend_family(base: Config, shapes: list[Shape], *, plan: Callable[[Config], Plan],
+                     derive: Callable[[Config, dict], Config], flops: float, budget: int, processes: int,
+                     mode: Mode) -> Recommendation:
+    """The largest of one family's shapes in the mode's range that fits and trains within the mode's time;
+    else the largest that does (out of reach)."""
     effective = base.target_effective_batch or 1
     feasible, reasons = [], []
     for shape in sorted(shapes, key=lambda s: s.parameters):
@@ -151,12 +178,12 @@ def recommend_gpt2(base: Config, shapes: list[Shape], *, plan: Callable[[Config]
             continue
         feasible.append(shape)
     wanted = [s for s in feasible if in_range(s.parameters, mode)]
-    # out of reach: the largest smaller model, never one above the mode's range
+    # out of reach (none in range fits, or trains in time by the planner's step time): the largest smaller
+    # model, never one above the mode's range
     smaller = [s for s in feasible if s.parameters < mode.parameters[0]]
-    order = sorted(wanted or smaller, key=lambda s: -s.parameters)
+    order = sorted(wanted, key=lambda s: -s.parameters) + sorted(smaller, key=lambda s: -s.parameters)
     for shape in order:
-        assignments = {f"GPT2_PRESET_{shape.preset.upper()}": True, "GPT2_BLOCK_SIZE": mode.context,
-                       f"MEMORY_PROFILE_{mode.profile}": True}
+        assignments = shape.assignments(mode)
         config = derive(base, assignments)
         try:
             chosen = plan(config)
@@ -166,7 +193,7 @@ def recommend_gpt2(base: Config, shapes: list[Shape], *, plan: Callable[[Config]
         tokens = token_budget(shape.parameters, mode)
         steps = steps_for(tokens, chosen.effective_batch, mode.context)
         rec = Recommendation(mode, config, chosen, {**assignments, "MAX_STEPS": steps, "EPOCHS": MAX_EPOCHS},
-                             parameters=shape.parameters, tokens=tokens, steps=steps)
+                             parameters=shape.parameters, tokens=tokens, steps=steps, shape=shape)
         if chosen.predicted_step_seconds and steps * chosen.predicted_step_seconds > mode.max_hours * 3600:
             reasons.append(f"{shape.preset}: {steps:,} steps x {chosen.predicted_step_seconds:.2f} s is over "
                            f"{mode.max_hours:g} h")
@@ -177,14 +204,15 @@ def recommend_gpt2(base: Config, shapes: list[Shape], *, plan: Callable[[Config]
                        f"= {tokens:,} tokens = {steps:,} steps of {chosen.effective_batch} x {mode.context} tokens",
                        # why not the next size up
                        *[r for r in reasons if larger and r.startswith(larger[0].preset + ":")][:1]]
-        if not wanted:
+        if shape not in wanted:
             low, high = mode.parameters
             span = f"{low / 1e6:g}M-{high / 1e6:g}M" if high else f"{low / 1e6:g}M+"
             rec.out_of_reach = (f"no model in this mode's {span} range trains {mode.tokens_per_parameter} tokens per "
                                 f"parameter within {mode.max_hours:g} h in {mode.share:.0%} of this machine's memory; "
                                 f"the largest that does: {shape.parameters / 1e6:.1f}M ({shape.preset})")
         return rec
-    raise PlanError(f"{mode.name}: no GPT-2 shape trains here within {mode.max_hours:g} h: " + "; ".join(reasons))
+    family = FAMILIES.get(shapes[0].family, shapes[0].family) if shapes else "model"
+    raise PlanError(f"{mode.name}: no {family} shape trains here within {mode.max_hours:g} h: " + "; ".join(reasons))
 
 
 def recommend_fixed(base: Config, *, plan: Callable[[Config], Plan], derive: Callable[[Config, dict], Config],
@@ -241,8 +269,46 @@ def data_warning(source: DataSource | None, plan: Plan | None, seconds: float | 
     return None
 
 
+def epochs_for(tokens: int, data_tokens: int) -> float:
+    """How many times a token budget reads data of `data_tokens` training tokens."""
+    return tokens / max(1, data_tokens)
+
+
+def largest_covered(shapes: list[Shape], mode: Mode, data_tokens: int) -> Shape | None:
+    """The largest shape whose token budget in this mode the data holds without repeating; None: not even
+    the smallest's."""
+    covered = [s for s in shapes if token_budget(s.parameters, mode) <= data_tokens]
+    return max(covered, key=lambda s: s.parameters, default=None)
+
+
+def corpus_warning(rec: Recommendation, data_tokens: int, shapes: list[Shape] | None = None, *,
+                   corpus: bool = False) -> str | None:
+    """A token budget larger than the data: the epochs it takes, and the largest of `shapes` (the chosen
+    one's family) whose budget the data covers. `corpus`: a tokenized corpus (make data), not the embedded
+    text."""
+    if not data_tokens or not rec.tokens or rec.tokens <= data_tokens:
+        return None
+    epochs = epochs_for(rec.tokens, data_tokens)
+    what = "the tokenized corpus" if corpus else "the data"
+    out = (f"{what} holds {data_tokens:,} training tokens: {rec.tokens:,} tokens "
+           f"({rec.mode.tokens_per_parameter} per parameter) read it {epochs:,.1f} times")
+    if epochs <= REPEAT_EPOCHS:
+        out += f" (up to about {REPEAT_EPOCHS} epochs of repeated data lose little)"
+    family = [s for s in shapes or [] if rec.shape is None or s.family == rec.shape.family]
+    covered = largest_covered(family, rec.mode, data_tokens)
+    if covered is not None:
+        out += (f"; the largest model it covers at {rec.mode.tokens_per_parameter} tokens per parameter: "
+                f"{covered.name} ({covered.parameters / 1e6:.1f}M parameters, "
+                f"{token_budget(covered.parameters, rec.mode):,} tokens)")
+    elif family:
+        out += f"; it covers no {FAMILIES.get(family[0].family, family[0].family)} size's budget"
+    more = "make data CORPUS=<more text>" if corpus else "CONFIG_DATA_DIR to a tokenized corpus (make data)"
+    return out + f": for a real run, {more}"
+
+
 def warnings_for(rec: Recommendation, *, on_battery: bool | None, dataset_tokens: int | None,
-                 data: DataSource | None = None) -> list[str]:
+                 data: DataSource | None = None, shapes: list[Shape] | None = None,
+                 corpus: bool = False) -> list[str]:
     """The seed's warnings and suggestions, each tied to a figure of this recommendation."""
     out = []
     plan = rec.plan
@@ -263,9 +329,8 @@ def warnings_for(rec: Recommendation, *, on_battery: bool | None, dataset_tokens
                    f"{plan.micro_batch} in {rec.mode.share:.0%} of memory")
     if warning := data_warning(data, plan, rec.seconds):
         out.append(warning)
-    if dataset_tokens and rec.tokens and rec.tokens > dataset_tokens:
-        out.append(f"the data holds {dataset_tokens:,} training tokens: {rec.tokens:,} tokens repeat it "
-                   f"{rec.tokens / dataset_tokens:,.0f} times; set CONFIG_DATA_DIR to more text for a real run")
+    if warning := corpus_warning(rec, dataset_tokens or 0, shapes, corpus=corpus):
+        out.append(warning)
     return out
 
 

@@ -24,7 +24,8 @@ from a fresh trace cache. Models: the shipped defconfigs, an out-of-tree
 nn.TransformerEncoder, and Hugging Face GPT-2 and BERT built from small configs
 (no download) whose outputs are ModelOutputs, all three through the custom-model
 factory; the Hugging Face ones need `transformers` (requirements-bench.txt, which
-make bench-memory installs).
+make bench-memory installs); the Llama family's tiny and 20M presets with and
+without gradient checkpointing (VARIANTS: a defconfig with changes).
 
 Sharded cases (SHARDED_CASES, e.g. "gpt2-tiny-fsdp-x2"; CPU only): the
 per-process peak of a data-parallel step. torchrun starts N processes with gloo
@@ -70,7 +71,14 @@ from lib.errors import KfitError  # noqa: E402
 # model -> micro-batches; "outside" and "hf-*" are custom-model factories (below)
 CASES = {"lenet5": (512, 1024, 2048), "resnet18": (8, 16, 32), "gpt2-tiny": (8, 16, 32),
          "custom-transformer": (32, 128, 512), "outside": (8, 32, 128),
-         "hf-gpt2": (8, 32, 128), "hf-bert": (8, 32, 128)}
+         "hf-gpt2": (8, 32, 128), "hf-bert": (8, 32, 128),
+         "llama-tiny": (16, 64), "llama-tiny-ckpt": (16, 64), "llama-20m": (4, 16), "llama-20m-ckpt": (4, 16)}
+# a CASES name that is a defconfig with changes: name -> (defconfig, its changes). Llama 20M at 256 tokens
+# keeps a case's run short on a CPU; "-ckpt": gradient checkpointing (each block recomputed in backward).
+VARIANTS = {"llama-tiny-ckpt": ("llama-tiny", {"GRADIENT_CHECKPOINTING": True}),
+            "llama-20m": ("llama-tiny", {"LLAMA_PRESET_20M": True, "LLAMA_BLOCK_SIZE": 256}),
+            "llama-20m-ckpt": ("llama-tiny", {"LLAMA_PRESET_20M": True, "LLAMA_BLOCK_SIZE": 256,
+                                              "GRADIENT_CHECKPOINTING": True})}
 FACTORIES = {"outside": "outside_model:build", "hf-gpt2": "scripts.bench_memory:hf_gpt2",
              "hf-bert": "scripts.bench_memory:hf_bert"}
 # name -> (defconfig, its changes, strategy, processes, micro-batches, precisions): torchrun, CPU only.
@@ -147,12 +155,16 @@ def hf_bert():
 
 
 def config_for(name: str, workdir: Path):
-    """The case's Config; the out-of-tree factory is written under workdir (put on sys.path)."""
+    """The case's Config (a VARIANTS name: its defconfig with its changes); the out-of-tree factory is
+    written under workdir (put on sys.path)."""
     if str(workdir) not in sys.path:
         sys.path.insert(0, str(workdir))
     (workdir / "outside_model.py").write_text(OUTSIDE_FACTORY)
-    config = kconfig.make_defconfig(name if name in kconfig.defconfig_names() else "custom-transformer",
+    defconfig, changes = VARIANTS.get(name, (name, {}))
+    config = kconfig.make_defconfig(defconfig if defconfig in kconfig.defconfig_names() else "custom-transformer",
                                     out=workdir / f"{name}.config")
+    if changes:
+        config = kconfig.derive(config, changes)
     if name in FACTORIES:
         config = kconfig.derive(config, {"CUSTOM_MODEL_FACTORY": FACTORIES[name]})
     return config

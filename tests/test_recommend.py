@@ -1,5 +1,6 @@
-"""make recommend (lib/recommend.py): token budgets, the score and the choice of model against hand-computed
-cases, then the command end to end: three configurations, written as defconfigs, one of them trained."""
+"""make recommend (lib/recommend.py): token budgets, the score, the choice of model in either family (GPT-2,
+Llama) and the corpus-size warning against hand-computed cases, then the command end to end: three
+configurations with the Llama family's beside them, written as defconfigs, one of them trained."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 
 from lib import config as kconfig
 from lib.errors import PlanError
+from lib.cli.recommend import corpus_tokens
 from lib.recommend import (MODES, SCORE_HIGH, SCORE_LOW, DataSource, Recommendation, Shape, compute_hours,
-                           data_warning, recommend_gpt2, score, state_fits, steps_for, token_budget, warnings_for)
+                           corpus_warning, data_warning, epochs_for, largest_covered, recommend_family, score,
+                           state_fits, steps_for, token_budget, warnings_for)
 
 from tests.helpers import fake_plan
 
@@ -62,7 +65,7 @@ SHAPES = [Shape("tiny", 1_000_000), Shape("124m", 30_000_000), Shape("355m", 60_
 
 def test_the_largest_shape_in_range_that_trains_in_time_is_chosen(gpt2):
     # 1e14 FLOP/s: 60M x 720M tokens x 6 = 0.72 h; 150M (out of range anyway) would take 4.5 h
-    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e14, budget=10**12, processes=1,
+    rec = recommend_family(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e14, budget=10**12, processes=1,
                          mode=CONSERVATIVE)
     assert rec.parameters == 60_000_000 and rec.out_of_reach is None
     assert rec.tokens == 720_000_000 and rec.steps == 2747  # 720e6 / (512 x 512) = 2746.6
@@ -73,14 +76,14 @@ def test_the_largest_shape_in_range_that_trains_in_time_is_chosen(gpt2):
 
 
 def test_a_shape_the_planner_refuses_gives_way_to_the_next(gpt2):
-    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(fail=("355m",)), derive=derive, flops=1e14, budget=10**12,
+    rec = recommend_family(gpt2, SHAPES, plan=fake_plan(fail=("355m",)), derive=derive, flops=1e14, budget=10**12,
                          processes=1, mode=CONSERVATIVE)
     assert rec.parameters == 30_000_000
 
 
 def test_out_of_reach_names_the_largest_model_that_is_not(gpt2):
     # 1e12 FLOP/s: 30M x 360M tokens x 6 = 18 h > 2 h; the 1M shape takes 0.02 h
-    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e12, budget=10**12, processes=1,
+    rec = recommend_family(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e12, budget=10**12, processes=1,
                          mode=CONSERVATIVE)
     assert rec.parameters == 1_000_000
     assert "23M-70M" in rec.out_of_reach and "1.0M (tiny)" in rec.out_of_reach
@@ -89,14 +92,74 @@ def test_out_of_reach_names_the_largest_model_that_is_not(gpt2):
 
 def test_predicted_steps_over_the_modes_time_rule_a_shape_out(gpt2):
     # the bound passes (0.72 h) but the planner's step time says 2747 x 3 s = 2.3 h > 2 h
-    rec = recommend_gpt2(gpt2, SHAPES, plan=fake_plan(step_seconds=3.0), derive=derive, flops=1e14,
+    rec = recommend_family(gpt2, SHAPES, plan=fake_plan(step_seconds=3.0), derive=derive, flops=1e14,
                          budget=10**12, processes=1, mode=CONSERVATIVE)
     assert rec.parameters == 30_000_000
 
 
+LLAMA = [Shape("tiny", 1_000_000, "llama"), Shape("20m", 19_000_000, "llama"), Shape("60m", 64_000_000, "llama"),
+         Shape("125m", 125_000_000, "llama")]
+
+
+def test_the_llama_family_is_chosen_by_the_same_rule_and_selects_its_model(gpt2):
+    # from the GPT-2 config: 64M x 12 = 768M tokens, 6 x 64e6 x 768e6 / 1e14 = 0.82 h; 125M is above 23M-70M
+    rec = recommend_family(gpt2, LLAMA, plan=fake_plan(), derive=derive, flops=1e14, budget=10**12, processes=1,
+                           mode=CONSERVATIVE)
+    assert rec.shape == LLAMA[2] and rec.parameters == 64_000_000 and rec.out_of_reach is None
+    assert rec.tokens == 768_000_000 and rec.steps == 2930  # 768e6 / (512 x 512) = 2929.7
+    assert {k: rec.assignments[k] for k in ("MODEL_LLAMA", "LLAMA_PRESET_60M", "LLAMA_BLOCK_SIZE")} == {
+        "MODEL_LLAMA": True, "LLAMA_PRESET_60M": True, "LLAMA_BLOCK_SIZE": 512}
+    assert rec.config.model == "llama" and rec.config.llama_preset == "60m" and rec.config.llama_block_size == 512
+    assert rec.to_dict()["model"] == "llama" and rec.to_dict()["preset"] == "60m"
+
+
+def test_a_range_whose_sizes_all_run_too_long_falls_back_to_a_smaller_one(gpt2):
+    # balanced (70M-200M): 125M passes the bound (6 x 125e6 x 2.5e9 / 1e15 = 0.52 h) but 2.5e9 / (512 x 1024)
+    # = 4769 steps x 5 s = 6.6 h > 6 h: the largest smaller model, 64M, out of reach (4769 -> 2442 steps, 3.4 h)
+    rec = recommend_family(gpt2, LLAMA, plan=fake_plan(step_seconds=5.0), derive=derive, flops=1e15,
+                           budget=10**12, processes=1, mode=BALANCED)
+    assert rec.parameters == 64_000_000 and rec.steps == 2442
+    assert "70M-200M" in rec.out_of_reach and "64.0M (60m)" in rec.out_of_reach
+    assert any(r.startswith("125m: 4,769 steps x 5.00 s is over 6 h") for r in rec.reasons)
+
+
+def test_a_corpus_smaller_than_the_budget_says_the_epochs_and_the_largest_model_it_covers():
+    rec = Recommendation(CONSERVATIVE, None, None, {}, parameters=64_000_000, tokens=768_000_000, shape=LLAMA[2])
+    assert epochs_for(768_000_000, 100_000_000) == 7.68
+    # 100M tokens at 12 per parameter: 20m needs 228M, tiny 12M -> tiny; 300M tokens cover 20m
+    assert largest_covered(LLAMA, CONSERVATIVE, 100_000_000) == LLAMA[0]
+    assert largest_covered(LLAMA, CONSERVATIVE, 300_000_000) == LLAMA[1]
+    assert largest_covered(LLAMA, CONSERVATIVE, 11_999_999) is None
+    text = corpus_warning(rec, 100_000_000, [*SHAPES, *LLAMA], corpus=True)
+    assert text.startswith("the tokenized corpus holds 100,000,000 training tokens: 768,000,000 tokens "
+                           "(12 per parameter) read it 7.7 times")
+    assert "llama tiny (1.0M parameters, 12,000,000 tokens)" in text  # its own family: not GPT-2's 30M
+    assert "make data CORPUS=" in text and "lose little" not in text
+    # 300M tokens: 2.6 epochs, within the ~4 that repeated data tolerates
+    assert "2.6 times (up to about 4 epochs" in corpus_warning(rec, 300_000_000, LLAMA, corpus=True)
+    assert "covers no Llama size" in corpus_warning(rec, 1_000_000, LLAMA)
+    assert corpus_warning(rec, 768_000_000, LLAMA) is None  # exactly one epoch
+    assert any("read it 7.7 times" in w for w in warnings_for(rec, on_battery=False, dataset_tokens=100_000_000,
+                                                               shapes=LLAMA, corpus=True))
+
+
+def test_the_corpus_token_count_is_meta_jsons_else_the_train_files(tmp_path):
+    base = kconfig.defconfig_config("llama-tiny")
+    assert corpus_tokens(base) is None  # the embedded text
+    config = kconfig.derive(base, {"DATASET_DIR": True, "DATA_DIR": str(tmp_path)})
+    assert corpus_tokens(config) is None  # no meta.json: not a tokenized corpus
+    (tmp_path / "train.bin").write_bytes(bytes(2 * 1000))
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 4096, "dtype": "uint16", "train_tokens": 900}))
+    assert corpus_tokens(config) == 900
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 4096}))  # nanoGPT's meta.json: uint16
+    assert corpus_tokens(config) == 1000
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 70000, "dtype": "uint32"}))
+    assert corpus_tokens(config) == 500
+
+
 def test_nothing_that_fits_is_one_error(gpt2):
     with pytest.raises(PlanError, match="no GPT-2 shape"):
-        recommend_gpt2(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e14, budget=1000, processes=1,
+        recommend_family(gpt2, SHAPES, plan=fake_plan(), derive=derive, flops=1e14, budget=1000, processes=1,
                        mode=CONSERVATIVE)
 
 
@@ -139,20 +202,28 @@ def kfit(cwd, *args, **env):
 
 
 @pytest.mark.slow
-def test_recommend_without_a_config_chooses_gpt2_sizes_and_writes_three_valid_defconfigs(tmp_path):
+def test_recommend_without_a_config_chooses_gpt2_and_llama_sizes_and_writes_valid_defconfigs(tmp_path):
     out = tmp_path / "recommended"
     run = kfit(tmp_path, "recommend", "--format", "json", WRITE="1", OUT=str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     doc = json.loads(run.stdout)
     assert [r["mode"] for r in doc["recommendations"]] == ["conservative", "balanced", "extreme"]
-    for rec in doc["recommendations"]:
-        plan = rec["plan"]
-        assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
-        assert rec["tokens"] == rec["tokens_per_parameter"] * rec["parameters"]
-        assert rec["seconds"] <= {"conservative": 2, "balanced": 6, "extreme": 72}[rec["mode"]] * 3600
+    alternatives = []
+    for top in doc["recommendations"]:
+        assert top["model"] == "gpt2" and (len(top["alternatives"]) == 1 or "no Llama size" in top["notes"][0])
+        alternatives += [f"recommended-{top['mode']}-llama" for _ in top["alternatives"]]
+        for rec in (top, *top["alternatives"]):
+            plan = rec["plan"]
+            assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]
+            assert rec["tokens"] == rec["tokens_per_parameter"] * rec["parameters"]
+            assert rec["seconds"] <= {"conservative": 2, "balanced": 6, "extreme": 72}[rec["mode"]] * 3600
+        assert all(a["model"] == "llama" and a["context"] == top["context"] for a in top["alternatives"])
+    assert alternatives, "the Llama family is offered beside GPT-2 in some mode"
     assert not (tmp_path / ".config").exists()  # recommending writes no config
-    assert sorted(p.name for p in out.iterdir()) == ["recommended-balanced", "recommended-conservative",
-                                                    "recommended-extreme"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["recommended-balanced", "recommended-conservative",
+                                                           "recommended-extreme", *alternatives])
+    llama = (out / alternatives[0]).read_text()
+    assert "CONFIG_MODEL_LLAMA=y" in llama and "CONFIG_LLAMA_PRESET_" in llama and "CONFIG_MAX_STEPS=" in llama
     text = (out / "recommended-extreme").read_text()
     assert "CONFIG_MAX_STEPS=" in text and "CONFIG_MEMORY_PROFILE_EXTREME=y" in text
     applied = kfit(tmp_path, "defconfig", str(out / "recommended-extreme"))  # strictly valid

@@ -2,7 +2,8 @@
 
 Machine and processes as for plan (HW=, GPU=, FREE_GB=, GPUS=, WORLD_SIZE=, or their flags);
 FORMAT=json; WRITE=1 writes each as a minimal defconfig, recommended-<mode>, in
-defconfigs/ (or OUT=dir), trainable with 'make recommended-<mode>-defconfig';
+defconfigs/ (or OUT=dir), trainable with 'make recommended-<mode>-defconfig'; for a language
+model, the other family's choice beside it as recommended-<mode>-<family>;
 OUT=<name>.html writes the three side by side as an HTML page.
 """
 
@@ -18,6 +19,7 @@ from .common import apply_hint, hardware_from_env, new_defconfig_dir, plan_for, 
 from .. import config as kconfig
 from ..env import env_bool
 from ..errors import KfitError
+from ..recommend import FAMILIES
 from .flags import MACHINE, command
 
 
@@ -30,21 +32,45 @@ def _base() -> tuple[kconfig.Config, Path | None, str | None]:
             f"no {path}: recommending for the GPT-2 family (the gpt2 defconfig); writing nothing to {path}")
 
 
-def _shapes(config):
-    """Every GPT-2 preset with its parameter count for this config's data (its vocabulary)."""
+def _shapes(config, family: str, vocab: int):
+    """Every preset of a family (gpt2, llama) with its parameter count for this config's data (its vocabulary;
+    Llama tied as the config says)."""
     import torch
 
-    from ..models import GPT2_PRESETS, build_model, count_parameters
+    from ..models import GPT2_PRESETS, LLAMA_PRESETS, build_model, count_parameters
     from ..recommend import Shape
-    from ..task import load_task
 
-    vocab = load_task(config).info.vocab_size
     out = []
-    for preset in GPT2_PRESETS:
+    for preset in (GPT2_PRESETS if family == "gpt2" else LLAMA_PRESETS):
         with torch.device("meta"):
-            model = build_model("gpt2", gpt2_preset=preset, block_size=1024, vocab_size=vocab)
-        out.append(Shape(preset, count_parameters(model)))
+            if family == "gpt2":
+                model = build_model("gpt2", gpt2_preset=preset, block_size=1024, vocab_size=vocab)
+            else:
+                model = build_model("llama", llama_preset=preset, block_size=1024, vocab_size=vocab,
+                                    tie_embeddings=config.llama_tie_embeddings is not False)
+        out.append(Shape(preset, count_parameters(model), family))
     return out
+
+
+def corpus_tokens(config) -> int | None:
+    """The training tokens of the tokenized corpus the config trains on (CONFIG_DATASET_DIR with a meta.json,
+    as make data writes it): meta.json's train_tokens, else train.bin's size in its dtype; None without one."""
+    if config.dataset != "dir" or not config.data_dir:
+        return None
+    directory = Path(config.data_dir).expanduser()
+    meta_path, train = directory / "meta.json", directory / "train.bin"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return None  # the data loader says what is wrong with it
+    count = meta.get("train_tokens") if isinstance(meta, dict) else None
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return count
+    if train.is_file():
+        return train.stat().st_size // (4 if isinstance(meta, dict) and meta.get("dtype") == "uint32" else 2)
+    return None
 
 
 def _device_flops(config, hardware, nproc: int) -> float:
@@ -86,18 +112,21 @@ def _data_source(config, hardware):
 
 
 def _write(recs, source: Path, out_dir: Path) -> list[Path]:
-    """Each recommendation as a minimal, strictly valid defconfig: recommended-<mode> in out_dir."""
+    """Each recommendation as a minimal, strictly valid defconfig: recommended-<mode> in out_dir, the other
+    family's beside it as recommended-<mode>-<family>."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    named = [(rec, rec.mode.name) for rec in recs]
+    named += [(alt, f"{rec.mode.name}-{alt.shape.family}") for rec in recs for alt in rec.alternatives]
     with tempfile.TemporaryDirectory(prefix="kfit-recommend-") as tmp:
-        for rec in recs:
-            full = Path(tmp) / f"{rec.mode.name}.config"
+        for rec, name in named:
+            full = Path(tmp) / f"{name}.config"
             if source.parent == kconfig.DEFCONFIG_DIR:  # no .config: the gpt2 defconfig, expanded
                 kconfig.make_defconfig(source.name, out=full)
             else:
                 shutil.copyfile(source, full)
             kconfig.apply_assignments(full, rec.assignments)
-            target = out_dir / f"recommended-{rec.mode.name}"
+            target = out_dir / f"recommended-{name}"
             kconfig.savedefconfig(full, target)
             written.append(target)
     return written
@@ -109,14 +138,13 @@ def _hours(seconds: float | None) -> str:
     return format_duration(seconds) if seconds else "unknown (no step-time figures for this device)"
 
 
-def _text(rec) -> list[str]:
+def _text(rec, title: str | None = None) -> list[str]:
     from ..hardware import format_size
 
     plan, mode = rec.plan, rec.mode
-    lines = [f"{mode.name}  ({mode.share:.0%} of free memory)"]
-    if rec.parameters:
-        lines.append(f"  model     gpt2 {rec.config.gpt2_preset}: {rec.parameters / 1e6:.1f}M parameters, "
-                     f"context {rec.config.gpt2_block_size}")
+    lines = [f"{title or mode.name}  ({mode.share:.0%} of free memory)"]
+    if rec.shape:
+        lines.append(f"  model     {rec.shape.name}: {rec.parameters / 1e6:.1f}M parameters, context {mode.context}")
     else:
         lines.append(f"  model     {rec.config.model}")
     lines.append(f"  batch     micro-batch {plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es) "
@@ -133,12 +161,42 @@ def _text(rec) -> list[str]:
     if rec.out_of_reach:
         lines.append(f"  out of reach: {rec.out_of_reach}")
     lines += [f"  warning   {w}" for w in rec.warnings]
+    lines += [f"  note      {n}" for n in rec.notes]
+    for alt in rec.alternatives:
+        lines += ["", *_text(alt, f"{mode.name}, the {FAMILIES[alt.shape.family]} family instead")]
     return lines
+
+
+def _language_models(base, *, plan, flops, budget, nproc) -> tuple[list, list, int]:
+    """Each mode's choice in the configured family, the other family's beside it; the shapes of both and the
+    training tokens the budgets are weighed against (a tokenized corpus's real count, else the windows')."""
+    from ..errors import PlanError
+    from ..recommend import MODES, recommend_family
+    from ..task import load_task
+
+    info = load_task(base).info
+    shapes = {family: _shapes(base, family, info.vocab_size) for family in FAMILIES}
+    other = next(f for f in FAMILIES if f != base.model)
+    recs = []
+
+    def choose(family, mode):
+        return recommend_family(base, shapes[family], plan=plan, derive=kconfig.derive, flops=flops,
+                                budget=budget, processes=nproc, mode=mode)
+
+    for mode in MODES:
+        rec = choose(base.model, mode)
+        try:
+            rec.alternatives.append(choose(other, mode))
+        except PlanError as err:
+            rec.notes.append(f"no {FAMILIES[other]} size here: {err}")
+        recs.append(rec)
+    tokens = corpus_tokens(base) or info.train_samples * info.block_size
+    return recs, [s for family in shapes.values() for s in family], tokens
 
 
 def cmd_recommend(args) -> int:
     from ..hyperparams import decide_device
-    from ..recommend import MODES, SCORE_HIGH, SCORE_LOW, recommend_fixed, recommend_gpt2, score, warnings_for
+    from ..recommend import MODES, SCORE_HIGH, SCORE_LOW, recommend_fixed, score, warnings_for
 
     from ..report import check_writable
 
@@ -160,21 +218,17 @@ def cmd_recommend(args) -> int:
     def plan(config):
         return plan_for(config, hardware)[1]
 
-    recs, dataset_tokens = [], None
-    if base.model == "gpt2":
-        shapes = _shapes(base)
-        for mode in MODES:
-            recs.append(recommend_gpt2(base, shapes, plan=plan, derive=kconfig.derive, flops=flops,
-                                       budget=_free_bytes(hardware, device_type), processes=nproc, mode=mode))
-        from ..task import load_task
-
-        info = load_task(base).info
-        dataset_tokens = info.train_samples * info.block_size
+    shapes, dataset_tokens = [], None
+    if base.model in FAMILIES:
+        recs, shapes, dataset_tokens = _language_models(base, plan=plan, flops=flops, nproc=nproc,
+                                                        budget=_free_bytes(hardware, device_type))
     else:
         recs = [recommend_fixed(base, plan=plan, derive=kconfig.derive, mode=mode) for mode in MODES]
     data = _data_source(base, hardware)
-    for rec in recs:
-        rec.warnings = warnings_for(rec, on_battery=hardware.on_battery, dataset_tokens=dataset_tokens, data=data)
+    corpus = corpus_tokens(base) is not None
+    for rec in (r for top in recs for r in (top, *top.alternatives)):
+        rec.warnings = warnings_for(rec, on_battery=hardware.on_battery, dataset_tokens=dataset_tokens, data=data,
+                                    shapes=shapes, corpus=corpus)
     value = score(flops)
     definition = (f"reachable training FLOP/s ({flops:.3g}, {nproc} process(es)) on a log scale from "
                   f"{SCORE_LOW:.0e} (0: a 2-core laptop CPU) to {SCORE_HIGH:.2g} (10: 8 H100s in bf16)")
