@@ -2,7 +2,7 @@
 # A local PostgreSQL for tests/test_hpo_postgres.py: Debian's postgresql, a cluster of its own ("kfit", port
 # KFIT_PG_PORT or 54329) listening on 127.0.0.1 only, and a user and database for Optuna studies.
 #
-# Prints the storage URL on stdout (postgresql+psycopg2://kfit:kfit@127.0.0.1:<port>/kfit_hpo); messages go to
+# Prints the storage URL on stdout (postgresql+psycopg2://kfit:<password>@127.0.0.1:<port>/kfit_hpo); messages go to
 # stderr. Safe to run again: an existing cluster, user and database are reused (a stopped cluster is started),
 # and no other cluster is touched. Never hangs: apt and the server are bounded. Exits 1 with one line saying
 # why where that is impossible (the tests skip with it). KFIT_SKIP_POSTGRES=1 skips it on purpose.
@@ -10,7 +10,9 @@ set -u
 
 PORT=${KFIT_PG_PORT:-54329}
 CLUSTER=kfit
-URL="postgresql+psycopg2://kfit:kfit@127.0.0.1:$PORT/kfit_hpo"
+# a password unlike the user and database names, so that hiding it in printed URLs hides only it
+PASSWORD=hpo-test-secret
+URL="postgresql+psycopg2://kfit:$PASSWORD@127.0.0.1:$PORT/kfit_hpo"
 
 fail() {
     echo "ensure-postgres: no local PostgreSQL: $1" >&2
@@ -65,8 +67,11 @@ until psql_ -c "select 1" >/dev/null 2>&1; do
     [ $i -lt 30 ] || fail "the server does not answer on port $PORT after 30 s"
     sleep 1
 done
-[ "$(psql_ -c "select 1 from pg_roles where rolname = 'kfit'")" = 1 ] \
-    || psql_ -c "create role kfit login password 'kfit'" >/dev/null || fail "cannot create the role kfit"
+if [ "$(psql_ -c "select 1 from pg_roles where rolname = 'kfit'")" = 1 ]; then
+    psql_ -c "alter role kfit password '$PASSWORD'" >/dev/null || fail "cannot set the role kfit's password"
+else
+    psql_ -c "create role kfit login password '$PASSWORD'" >/dev/null || fail "cannot create the role kfit"
+fi
 [ "$(psql_ -c "select 1 from pg_database where datname = 'kfit_hpo'")" = 1 ] \
     || psql_ -c "create database kfit_hpo owner kfit" >/dev/null || fail "cannot create the database kfit_hpo"
 say "PostgreSQL $VERSION is up on 127.0.0.1:$PORT (database kfit_hpo, user kfit)"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib import config as kc, distributed
+from lib import config as kc, distributed, torchrun_output
 from lib.checkpoint import FINAL, load_checkpoint
 from lib.errors import KfitError
 from lib.hardware import resolve_hardware
@@ -213,11 +213,11 @@ ZeroDivisionError: division by zero
 '''
 
 
-def _read(text: str) -> tuple[distributed.TorchrunOutput, str]:
+def _read(text: str) -> tuple[torchrun_output.TorchrunOutput, str]:
     import io
 
     out = io.StringIO()
-    output = distributed.TorchrunOutput(TORCHRUN_PID, out)
+    output = torchrun_output.TorchrunOutput(TORCHRUN_PID, out)
     for line in text.splitlines(True):
         output.feed(line)
     output.close(None)
@@ -229,7 +229,7 @@ def test_torchrun_output_keeps_its_own_lines_and_reads_the_root_cause(tmp_path, 
     assert shown == "error: a rank's own error line\n"
     assert "".join(output.kept) == KILLED_RANK and output.root == {"rank": 3, "local_rank": 1, "exitcode": -9}
     log = tmp_path / "runs" / "torchrun.log"
-    assert distributed._explain(output, 1, log) == 137
+    assert torchrun_output.explain(output, 1, log) == 137
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("error: training process rank 3 (local rank 1) was killed by signal 9 (SIGKILL)")
     assert f"torchrun's report: {log}" in line

@@ -81,7 +81,7 @@ def test_two_make_hpo_workers_share_one_study_on_postgresql(postgres, hpo_config
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], "\n".join(outputs)
-    assert all("kfit:***@127.0.0.1" in out and ":kfit@" not in out for out in outputs)  # the password is hidden
+    assert all("kfit:***@127.0.0.1" in out and "hpo-test-secret" not in out for out in outputs)  # the password is hidden
     check_study(hpo_config, postgres, trials=4)
     print(f"two workers, 4 trials in {time.monotonic() - start:.0f} s")
 

@@ -128,7 +128,13 @@ def test_planner_plans_it_for_an_h100(tmp_path):
     assert plan.device_type == "cuda" and plan.precision == "bf16" and plan.predicted_peak_bytes > 0
 
 
-def test_the_1b_preset_plans_on_h100(tmp_path):
+def test_the_1b_preset_plans_on_h100(tmp_path, monkeypatch):
+    from lib.planning import resolver
+
+    # memory only: the step-time counts of a 1B model (two batch sizes, each checkpointing setting) cost most
+    # of a minute here and are the counter's business (test_step_time_counter_counts_it)
+    monkeypatch.setattr(resolver, "choose_fastest", lambda *a, **k: None)
+    monkeypatch.setattr(resolver, "with_predictions", lambda config, hardware, plan, speed_model=None: plan)
     # planned in the same process after the tiny preset: the memory cache's key must tell them apart
     config = gpu_config(tmp_path, "CONFIG_LLAMA_PRESET_1B=y\nCONFIG_TARGET_EFFECTIVE_BATCH=64\n")
     plan = resolve(config, resolve_hardware(gpu="h100"), ModelDescription.from_config(config))

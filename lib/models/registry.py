@@ -21,7 +21,7 @@ class ModelSpec:
     # whether the builder takes a gradient-checkpointing switch; a custom model has one when the module it
     # builds has a `grad_checkpointing` attribute (known once built: see can_checkpoint)
     supports_checkpointing: bool
-    tier_scale: float  # the tier policy: samples per step relative to GPT-2
+    tier_scale: float | None  # the tier policy's samples per step relative to GPT-2; None: planned as GPT-2
     builder: Callable[..., object] | None = None  # (**build arguments) -> torch.nn.Module; None: custom
 
 
@@ -57,9 +57,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("resnet18", "images", supports_checkpointing=True, tier_scale=2.0, builder=_resnet(18)),
     ModelSpec("resnet50", "images", supports_checkpointing=True, tier_scale=1.5, builder=_resnet(50)),
     ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2),
-    ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=1.0, builder=_llama),
+    ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
-    ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=1.0),
+    ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None),
 )}
 
 BUILT_IN = tuple(name for name, spec in MODELS.items() if spec.builder is not None)

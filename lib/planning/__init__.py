@@ -7,13 +7,13 @@
     throughput.py     the fastest micro-batch under the cap (lib.steptime); every plan's predicted time
     strategy.py       DDP or which FSDP strategy
     ladder.py         the out-of-memory ladder: halving and rungs, before training and during it
-    resolve.py        the resolver: a PlanRequest -> Plan
+    resolver.py       the resolver: a PlanRequest -> Plan
     render.py         the lines a plan prints
 
 Imports are light: torch is imported where a prediction needs it.
 """
 
 from .request import ChooseArgs, PlanRequest, Settings
-from .resolve import resolve, resolve_request
+from .resolver import resolve, resolve_request
 
 __all__ = ["ChooseArgs", "PlanRequest", "Settings", "resolve", "resolve_request"]

@@ -17,7 +17,7 @@ MEMORY_TIERS = ((128, 256, 128), (64, 128, 64), (32, 32, 16), (16, 16, 8), (8, 8
 CPU_BASE_BATCH = 16
 
 # samples per step relative to GPT-2 (lib/models/registry.py); an unknown model is planned as GPT-2
-MODEL_SCALE = {name: spec.tier_scale for name, spec in MODELS.items() if spec.builder is not None}
+MODEL_SCALE = {name: spec.tier_scale for name, spec in MODELS.items() if spec.tier_scale is not None}
 
 
 @dataclass(frozen=True)
