@@ -19,26 +19,14 @@ fail() {
     exit 1
 }
 say() { echo "ensure-postgres: $1" >&2; }
+. "$(dirname "$0")/debian-install.sh"
 
 [ -z "${KFIT_SKIP_POSTGRES:-}" ] || fail "KFIT_SKIP_POSTGRES is set"
 [ "$(id -u)" = 0 ] || fail "not root: installing and starting PostgreSQL needs it here"
 
 # ---- the package
 if ! command -v pg_createcluster >/dev/null 2>&1; then
-    [ -r /etc/os-release ] || fail "no /etc/os-release: not a Debian-family system"
-    # shellcheck disable=SC1091
-    . /etc/os-release
-    case " ${ID:-} ${ID_LIKE:-} " in
-        *" debian "* | *" ubuntu "*) ;;
-        *) fail "not Debian or Ubuntu (${ID:-unknown}): install PostgreSQL yourself" ;;
-    esac
-    command -v apt-get >/dev/null 2>&1 || fail "apt-get not found"
-    say "installing Debian's postgresql (about 30 s)"
-    apt() { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get -o Acquire::http::Timeout=20 -o Acquire::Retries=1 "$@" >/dev/null 2>&1; }
-    if ! apt install -y -q --no-install-recommends postgresql; then
-        apt update -q || fail "apt-get update failed or timed out (offline?)"
-        apt install -y -q --no-install-recommends postgresql || fail "apt-get install postgresql failed or timed out"
-    fi
+    debian_install postgresql
     command -v pg_createcluster >/dev/null 2>&1 || fail "postgresql installed, but pg_createcluster is not on PATH"
 fi
 VERSION=$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1)

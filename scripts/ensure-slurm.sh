@@ -18,6 +18,8 @@ fail() {
     echo "ensure-slurm: no local SLURM cluster: $1"
     exit 1
 }
+say() { echo "ensure-slurm: $1"; }
+. "$(dirname "$0")/debian-install.sh"
 
 node_idle() {
     timeout 10 sinfo -h -n "$HOST" -o %T 2>/dev/null | grep -Eq '^(idle|mixed|allocated|completing)'
@@ -32,20 +34,7 @@ fi
 # ---- the packages
 if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 \
         || ! command -v munged >/dev/null 2>&1; then
-    [ -r /etc/os-release ] || fail "no /etc/os-release: not a Debian-family system"
-    # shellcheck disable=SC1091
-    . /etc/os-release
-    case " ${ID:-} ${ID_LIKE:-} " in
-        *" debian "* | *" ubuntu "*) ;;
-        *) fail "not Debian or Ubuntu (${ID:-unknown}): install slurm-wlm and munge yourself" ;;
-    esac
-    command -v apt-get >/dev/null 2>&1 || fail "apt-get not found"
-    echo "ensure-slurm: installing Debian's slurm-wlm and munge (about 30 s)"
-    apt() { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get -o Acquire::http::Timeout=20 -o Acquire::Retries=1 "$@" >/dev/null 2>&1; }
-    if ! apt install -y -q --no-install-recommends slurm-wlm munge; then
-        apt update -q || fail "apt-get update failed or timed out (offline?)"
-        apt install -y -q --no-install-recommends slurm-wlm munge || fail "apt-get install slurm-wlm munge failed or timed out"
-    fi
+    debian_install slurm-wlm munge
     command -v slurmctld >/dev/null 2>&1 || fail "slurm-wlm installed, but slurmctld is not on PATH"
 fi
 
