@@ -109,7 +109,7 @@ class Recommendation:
     watts: float | None = None
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    out_of_reach: str | None = None  # why the seed's range for this mode cannot be met here
+    out_of_reach: str | None = None  # why the mode's range of sizes cannot be met here
     bar: dict | None = None  # the HTML page's memory bar (render_page)
     shape: Shape | None = None  # the chosen size; None: the configured model
     alternatives: list = field(default_factory=list)  # the other family's Recommendation for this mode
