@@ -289,7 +289,7 @@ def test_a_script_of_another_repository_calls_apply_hyperparams_on_its_own_confi
     assert lines[1].startswith("Compile: Disabled (CPU")
     _, micro, accum, compile_on, effective, planned = lines[-1].split()
     assert int(micro) * int(accum) >= 256 and effective == planned == "256"
-    assert f"batch={micro}, grad_acc={accum} (effective=256, target=256)" in lines[0]
+    assert f"batch={micro}, grad_acc={accum} (effective=256, target=256" in lines[0]
     assert compile_on == "n"  # a .config's 'y'/'n' stays a string
 
 
@@ -327,3 +327,18 @@ def test_a_plan_predicts_its_model_flops_utilisation(make_config):
     assert f"MFU   {plan.predicted_mfu:.1%}".replace("   ", " ") in " ".join(format_plan(plan, config, h100, model).split())
     eight = resolve(config, dataclasses.replace(h100, gpus=h100.gpus * 8), model, 8)
     assert "x 8" in eight.reasons["mfu"]  # every device's peak counts
+
+
+def test_the_summary_line_adds_up_when_the_last_micro_batch_is_short():
+    """batch x grad_acc x processes is the effective batch, or the line says how the step adds up."""
+    from lib.planning.render import short_micro_batch
+
+    plan = resolve(kc.defconfig_config("lenet5"), CPU, ModelDescription(name="lenet5"))
+    short = dataclasses.replace(plan, micro_batch=21, grad_accum=25, effective_batch=512, world_size=1)
+    assert short_micro_batch(short) == "; each step 24 x 21 + 8 = 512"
+    two = dataclasses.replace(short, micro_batch=21, grad_accum=13, world_size=2)
+    assert short_micro_batch(two) == "; each step 12 x 21 + 4 = 256 per process"
+    exact = dataclasses.replace(plan, micro_batch=64, grad_accum=8, effective_batch=512, world_size=1)
+    assert short_micro_batch(exact) == ""
+    line = summary_line(short, CPU, ModelDescription(name="lenet5"))
+    assert line.endswith("batch=21, grad_acc=25 (effective=512, target=512; each step 24 x 21 + 8 = 512)")

@@ -27,9 +27,19 @@ def summary_line(plan: Plan, hardware: HardwareProfile, model: ModelDescription)
                  f"x {plan.world_size}")
     head = f"Hyperparams: {plan.mode.upper()} mode - {where}, model={model_label(model)}, " \
            f"compile={'ON' if plan.compile else 'OFF'} -> batch={plan.micro_batch}, grad_acc={plan.grad_accum} "
-    if plan.mode == "auto":
-        return head + f"(effective={plan.effective_batch}, target={plan.target_effective_batch})"
-    return head + f"(effective={plan.effective_batch}, as configured)"
+    target = f"target={plan.target_effective_batch}" if plan.mode == "auto" else "as configured"
+    return head + f"(effective={plan.effective_batch}, {target}{short_micro_batch(plan)})"
+
+
+def short_micro_batch(plan: Plan) -> str:
+    """Where batch x grad_acc x processes is not the effective batch (a micro-batch that does not divide a
+    process's share: the last one of each step is short), how the step adds up; else nothing."""
+    if plan.micro_batch * plan.grad_accum * plan.world_size == plan.effective_batch:
+        return ""
+    share = plan.effective_batch // plan.world_size
+    last = share - (plan.grad_accum - 1) * plan.micro_batch
+    per = " per process" if plan.world_size > 1 else ""
+    return f"; each step {plan.grad_accum - 1} x {plan.micro_batch} + {last} = {share}{per}"
 
 
 def compile_line(plan: Plan) -> str:
