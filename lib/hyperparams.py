@@ -41,6 +41,9 @@ __all__ = [
     "summary_line", "with_predictions",
 ]
 
+# A model without a defconfig of its own name starts from this one (model_type="llama" -> llama-tiny).
+MODEL_DEFCONFIG = {"llama": "llama-tiny", "custom": "custom-transformer"}
+
 # What apply_hyperparams sets on a script's config object under AUTO: outputs there, never read as inputs.
 APPLIED = ("BATCH_SIZE", "GRADIENT_ACCUMULATION", "COMPILE_MODEL", "EFFECTIVE_BATCH", "PRECISION",
            "GRADIENT_CHECKPOINTING", "DATALOADER_WORKERS")
@@ -76,33 +79,43 @@ def auto_detect_compile(config: Any, gpu_info: dict | None = None, verbose: bool
 
 
 def auto_detect_hyperparams(config: Any, gpu_info: dict | None = None, model_type: str | None = None,
-                            world_size: int = 1) -> dict[str, Any]:
+                            world_size: int | None = None) -> dict[str, Any]:
     """The resolved batch_size (micro-batch), gradient_accumulation, effective_batch and compile, with the plan
     and the rationale line; nothing is applied."""
     config = as_config(config, model_type)
     hardware = (gpu_info or get_gpu_info())["profile"]
     model = ModelDescription.from_config(config)
-    plan = resolve(config, hardware, model, world_size)
+    plan = resolve(config, hardware, model, world_size or processes())
     return {"batch_size": plan.micro_batch, "gradient_accumulation": plan.grad_accum,
             "effective_batch": plan.effective_batch, "compile": plan.compile, "plan": plan,
             "gpu_info": gpu_info, "rationale": summary_line(plan, hardware, model)}
 
 
+def processes() -> int:
+    """Training processes: WORLD_SIZE as torchrun sets it for each rank, else 1."""
+    from .env import env_number
+
+    return env_number("WORLD_SIZE", int, 1, minimum=1)
+
+
 def apply_hyperparams(config: Any, verbose: bool = True, model_type: str | None = None,
-                      hardware: HardwareProfile | None = None, world_size: int = 1) -> Plan:
-    """Detect the machine (or take `hardware`), resolve the plan for `world_size` processes, set the resolved
+                      hardware: HardwareProfile | None = None, world_size: int | None = None) -> Plan:
+    """Detect the machine (or take `hardware`), resolve the plan for `world_size` processes (default: WORLD_SIZE
+    under torchrun, else 1; a rank plans its share of the effective batch), set the resolved
     values on `config` (a script's own object; kfit's Config is frozen and is left as it is), print the start
     lines when `verbose`, and return the Plan."""
     kfit_config = as_config(config, model_type)
     hardware = hardware or get_gpu_info()["profile"]
     model = ModelDescription.from_config(kfit_config)
-    plan = resolve(kfit_config, hardware, model, world_size)
+    plan = resolve(kfit_config, hardware, model, world_size or processes())
     if not isinstance(config, Config):
         values = {"BATCH_SIZE": plan.micro_batch, "GRADIENT_ACCUMULATION": plan.grad_accum,
                   "COMPILE_MODEL": plan.compile, "EFFECTIVE_BATCH": plan.effective_batch,
                   "PRECISION": plan.precision, "GRADIENT_CHECKPOINTING": plan.gradient_checkpointing,
                   "DATALOADER_WORKERS": plan.num_workers}
+        prefix = "CONFIG_" if any(n.startswith("CONFIG_") for n in dir(config)) else ""
         for name, value in values.items():
+            name = prefix + name
             before = getattr(config, name, None)
             if isinstance(value, bool) and isinstance(before, str):  # a .config's 'y' / 'n' stays a string
                 value = "y" if value else "n"
@@ -132,10 +145,14 @@ def as_config(config: Any, model_type: str | None = None) -> Config:
                             f"{config.model.upper()}): pass the configured model or change the config")
         return config
     attrs = {name.removeprefix("CONFIG_"): getattr(config, name) for name in dir(config)
-             if name.isupper() and not name.startswith("_")}
+             if name.isupper() and not name.startswith("_") and getattr(config, name) is not None}  # None: unset
     chosen = [name.removeprefix("MODEL_").lower() for name, v in attrs.items()
               if name.startswith("MODEL_") and _symbol_text(v) == "y"]
+    if len(chosen) > 1 and model_type is None:
+        raise ConfigError(f"apply_hyperparams: the config object selects {len(chosen)} models "
+                          f"({', '.join('MODEL_' + c.upper() + '=y' for c in chosen)}): keep one, or pass model_type")
     name = model_type or (chosen[0] if chosen else None)
+    name = MODEL_DEFCONFIG.get(name, name)
     if name is None:
         raise ConfigError("apply_hyperparams: name the model (model_type='resnet18') or set MODEL_<NAME>=y on the "
                           "config object")

@@ -142,6 +142,14 @@ def test_one_process_train_resolves_its_plan_once(make_config, tmp_path):
     assert line.endswith(" lenet5 world_size=1") and "Done: 1 steps" in trained.stdout
 
 
+def test_torchrun_of_one_process_started_by_hand_plans_in_its_rank(make_config, tmp_path):
+    config = make_config("CONFIG_MAX_STEPS=1\nCONFIG_TARGET_EFFECTIVE_BATCH=32\n")
+    trained = _kfit(tmp_path, Path(config.source), "train", TORCHELASTIC_RUN_ID="by-hand", RANK="0", LOCAL_RANK="0",
+                    WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "no plan from a kfit launcher" in trained.stdout and "Done: 1 steps" in trained.stdout
+
+
 def test_a_rank_trains_the_plan_its_launcher_hands_it(make_config, tmp_path, monkeypatch):
     """A rank reads the launcher's plan (KFIT_PLAN) instead of resolving; a damaged file is one clear error, and
     a world size the launcher did not plan for (an elastic restart) is re-planned, said."""

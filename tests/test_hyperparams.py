@@ -342,3 +342,28 @@ def test_the_summary_line_adds_up_when_the_last_micro_batch_is_short():
     assert short_micro_batch(exact) == ""
     line = summary_line(short, CPU, ModelDescription(name="lenet5"))
     assert line.endswith("batch=21, grad_acc=25 (effective=512, target=512; each step 24 x 21 + 8 = 512)")
+
+
+def test_the_ladder_is_taken_before_training_when_no_strategy_of_several_fits(tmp_path):
+    """World size 2 under CONFIG_PARALLEL_AUTO: DDP and both FSDP strategies refuse for lack of memory, and
+    gradient checkpointing lets one fit: the plan takes that rung rather than refusing."""
+    (tmp_path / "f").write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\\nCONFIG_DEVICE_CPU=y\\n'
+                                "CONFIG_TARGET_EFFECTIVE_BATCH=8\\n")
+    config = kc.make_defconfig("gpt2-tiny", [str(tmp_path / "f")], out=tmp_path / "config")
+    tight = dataclasses.replace(CPU, cpu=dataclasses.replace(CPU.cpu, ram_available_bytes=18 * 2**20))
+    plan = resolve(config, tight, ModelDescription.from_config(config), 2)
+    assert plan.gradient_checkpointing and plan.reasons["oom_ladder"] == "before training: gradient checkpointing on"
+
+
+def test_apply_hyperparams_under_torchrun_plans_a_ranks_share(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    config = SimpleNamespace(TARGET_EFFECTIVE_BATCH=64, BATTERY_STOP=None, COMPILE_AUTO=None)  # None: unset
+    plan = apply_hyperparams(config, verbose=False, model_type="lenet5", hardware=CPU)
+    assert plan.world_size == 4 and config.BATCH_SIZE * config.GRADIENT_ACCUMULATION * 4 >= 64
+    prefixed = SimpleNamespace(CONFIG_TARGET_EFFECTIVE_BATCH=32, CONFIG_BATCH_SIZE=1)
+    apply_hyperparams(prefixed, verbose=False, model_type="lenet5", hardware=CPU, world_size=1)
+    assert prefixed.CONFIG_BATCH_SIZE * prefixed.CONFIG_GRADIENT_ACCUMULATION == 32  # under the object's prefix
+    llama = SimpleNamespace(MODEL_LLAMA="y")
+    assert apply_hyperparams(llama, verbose=False, hardware=CPU, world_size=1).model == "llama"

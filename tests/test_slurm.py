@@ -38,3 +38,12 @@ def test_the_torchrun_command_in_a_slurm_job_names_its_first_node():
     at = command.index("--nnodes")
     assert command[at:at + 8] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "gpu07",
                                   "--master-port", "29500"]
+
+
+def test_an_srun_step_counts_its_own_nodes_and_a_users_nnodes_wins():
+    step = {**JOB, "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "gpu03", "SLURM_NODEID": "0"}
+    assert slurm_variables(step) == {"RDZV_ID": "slurm-4711", "NNODES": "1"}  # srun -N1: one machine
+    assert slurm_variables({**step, "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu[03-04]"})[
+        "MASTER_ADDR"] == "gpu03"
+    assert slurm_variables({**JOB, "NNODES": "2"}) == {"RDZV_ID": "slurm-4711"}

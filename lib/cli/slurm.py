@@ -48,13 +48,19 @@ def _expand_one(part: str) -> list[str]:
 
 
 def slurm_variables(env: Mapping[str, str]) -> dict[str, str]:
-    """NNODES, NODE_RANK, MASTER_ADDR and RDZV_ID as SLURM's environment gives them, or {} outside a job."""
+    """NNODES, NODE_RANK, MASTER_ADDR and RDZV_ID as SLURM's environment gives them, or {} outside a job.
+    Inside an srun step the step's nodes count (`srun -N1` in a 2-node job is one machine), else the job's; a
+    user's own NNODES= keeps SLURM's rank and host out too."""
     job = env.get("SLURM_JOB_ID")
     if not job:
         return {}
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    listed = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    in_step = bool(env.get("SLURM_STEP_ID") and env.get("SLURM_STEP_NUM_NODES"))
+    nodes = env.get("SLURM_STEP_NUM_NODES") if in_step else (env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES"))
+    listed = (env.get("SLURM_STEP_NODELIST") if in_step else None) or env.get("SLURM_JOB_NODELIST") \
+        or env.get("SLURM_NODELIST")
     found = {"RDZV_ID": f"slurm-{job}"}
+    if env.get("NNODES"):
+        return found
     if nodes:
         found["NNODES"] = nodes
     if nodes and nodes != "1":

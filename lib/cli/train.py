@@ -84,9 +84,10 @@ def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str
         os.unlink(path)
 
 
-def _handed_plan(config, hardware, run: Invocation, world_size: int, log):
+def _handed_plan(config, hardware, run: Invocation, world_size: int, log, nodes: int = 1):
     """In a rank: the launcher's plan; resolved here only where there is none (torchrun started by hand) or
-    an elastic restart changed the world size, and then said."""
+    an elastic restart changed the world size (`world_size` processes over the `nodes` machines that joined),
+    and then said. A rank that falls back to the CPU cannot train a GPU plan beside GPU ranks: refused."""
     from ..plan import ModelDescription, Plan
 
     if run.plan_path:
@@ -96,13 +97,18 @@ def _handed_plan(config, hardware, run: Invocation, world_size: int, log):
         except (OSError, ValueError) as err:
             raise KfitError(f"{PLAN_VARIABLE}={run.plan_path}: the launcher's plan cannot be read ({err}); "
                             "start the run with 'make train'") from None
+        if plan.device_type != "cpu" and not hardware.gpus:
+            raise KfitError(f"this rank's GPU cannot train (see the warning above), but the run was planned for "
+                            f"{plan.device_name}: fix or leave out that GPU (CUDA_VISIBLE_DEVICES) and start again")
         if plan.world_size == world_size:
             return ModelDescription.from_config(config), plan
         log(f"note: {world_size} processes joined, the launcher planned for {plan.world_size}: re-planning for "
             f"{world_size} (an elastic restart)")
     else:
         log("note: no plan from a kfit launcher (torchrun started by hand?): resolving it in every rank")
-    return plan_for(config, hardware, world_size)
+    from .. import api
+
+    return api.plan_for(config, hardware, world_size, nodes=nodes, settings=run.settings)
 
 
 # A process of the run stopped under this one: resumable, like a failed device (exit status 3)
@@ -137,9 +143,11 @@ def cmd_train(args) -> int:
             return _launch(config, hardware, model, plan, run, nproc, why)
     rank = distributed.current()
     say = print if rank.is_main else (lambda *a, **k: None)
-    if rank.active:
+    if distributed.under_torchrun():  # a rank (of one process too: torchrun started by hand, or an elastic one)
         hardware = usable_hardware(config, hardware, _stderr if rank.is_main else (lambda line: None), rank.local_rank)
-        model, plan = _handed_plan(config, hardware, run, rank.world_size, say)
+        model, plan = _handed_plan(config, hardware, run, rank.world_size, say,
+                                   nodes=max(1, rank.world_size // max(1, rank.local_world_size)))
+    if rank.active:
         rank = distributed.setup(plan.device_type)
         hardware = distributed.hardware_for_rank(hardware, rank)
     try:

@@ -69,10 +69,12 @@ def pick(config: Config, policy: BatchPolicy, choose: ChooseArgs, *, world_size:
 
     failures: list[str] = []
     fitted: list[tuple[str, BatchChoice, tuple | None]] = []
+    no_fit = True  # every strategy refused for lack of memory: the out-of-memory ladder may help
     for strategy in options:
         try:
             choice = choose.choose(policy, config, strategy)
         except PlanError as err:
+            no_fit = no_fit and isinstance(err, NoFitError)
             failures.append(f"{strategy}: {err.what if isinstance(err, NoFitError) else err}")
             continue
         if strategy == "ddp" and choice.max_micro >= min(share, MIN_MICRO_BATCH):
@@ -83,7 +85,7 @@ def pick(config: Config, policy: BatchPolicy, choose: ChooseArgs, *, world_size:
             failures.append(f"ddp: fits only micro-batch {choice.max_micro} (< {min(share, MIN_MICRO_BATCH)})")
         fitted.append((strategy, choice, speed(strategy, choice)))
     if not fitted:
-        raise PlanError("no data-parallel strategy fits: " + "; ".join(failures))
+        raise (NoFitError if no_fit else PlanError)("no data-parallel strategy fits: " + "; ".join(failures))
     timed = [f for f in fitted if f[2] is not None]
     if timed:
         strategy, choice, found = max(timed, key=lambda f: f[2][0])

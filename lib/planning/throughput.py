@@ -130,10 +130,12 @@ def model_flops_utilisation(plan: Plan, speed_model) -> tuple[float | None, str]
     per_sample = speed_model.counts.micro_batch(plan.micro_batch).flops / plan.micro_batch
     reachable = device.flops(plan.precision, plan.tf32)
     peak = reachable / GPU_COMPUTE_EFFICIENCY if device.kind == "gpu" else reachable
-    devices = plan.world_size if device.kind == "gpu" else 1  # processes on a CPU share its cores
+    # every process's device; on a CPU each process's measured peak is at its own threads (plan.cpu_threads)
+    devices = plan.world_size
     mfu = per_sample * plan.predicted_samples_per_second / (peak * devices)
     where = (f"the {plan.precision}{' TF32' if plan.tf32 and plan.precision == 'fp32' else ''} datasheet peak "
              f"{peak / 1e12:,.1f} TFLOP/s x {devices}" if device.kind == "gpu"
-             else f"this CPU's measured {plan.precision} peak {peak / 1e9:,.1f} GFLOP/s")
+             else f"this CPU's measured {plan.precision} peak {peak / 1e9:,.1f} GFLOP/s at {plan.cpu_threads} "
+             f"thread(s) x {devices} process(es)")
     return mfu, (f"{per_sample / 1e9:,.3g} GFLOP per sample x {plan.predicted_samples_per_second:,.1f} samples/s "
                  f"over {where}")
