@@ -26,8 +26,16 @@ node_idle() {
 }
 
 [ -z "${KFIT_SKIP_SLURM:-}" ] || fail "KFIT_SKIP_SLURM is set"
+# The machine's CPUs as the scheduler must see them. GNU nproc obeys OMP_NUM_THREADS (the test suite sets it to 1):
+# a node declared with 1 CPU leaves every job asking for this machine's 2 pending forever (Reason=PartitionConfig).
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
+ours() { [ -e "$CONF" ] && grep -q "^$MARK" "$CONF"; }
+declared_cpus() { sed -n 's/^NodeName=.* CPUs=\([0-9]*\).*/\1/p' "$CONF" 2>/dev/null; }
 if command -v sinfo >/dev/null 2>&1 && node_idle; then
-    exit 0  # already up (started by an earlier run, or a real cluster)
+    # already up: a real cluster, or ours declared as this machine is now (an older start may have declared fewer CPUs)
+    if ! ours || [ "$(declared_cpus)" = "$CPUS" ]; then
+        exit 0
+    fi
 fi
 [ "$(id -u)" = 0 ] || fail "not root: slurmctld, slurmd and munged need it here (or run this script as root)"
 
@@ -63,7 +71,6 @@ fi
 if [ -e "$CONF" ] && ! grep -q "^$MARK" "$CONF"; then
     fail "$CONF exists and was not written by this script: not replacing it (a real cluster's?)"
 fi
-CPUS=$(nproc 2>/dev/null || echo 1)
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
 cat > "$CONF.new" <<EOF
 $MARK: one node, this machine ($HOST), $CPUS CPUs, no GPUs.
@@ -110,10 +117,21 @@ fi
 
 # ---- the daemons: reuse running ones (reconfigure if the file changed), else start them
 running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-if running /run/slurmctld.pid; then
-    [ "$changed" = 0 ] || timeout 20 scontrol reconfigure >/dev/null 2>&1
-else
-    timeout 30 slurmctld >/dev/null 2>&1 || fail "slurmctld did not start (see /var/log/slurm/slurmctld.log)"
+stop() {  # a node's CPU count changes only with a restart of both daemons (scontrol reconfigure keeps the old one)
+    running "$1" || return 0
+    kill "$(cat "$1")" 2>/dev/null
+    i=0
+    while running "$1" && [ $i -lt 20 ]; do sleep 0.5; i=$((i + 1)); done
+    running "$1" && kill -9 "$(cat "$1")" 2>/dev/null
+    return 0
+}
+if [ "$changed" = 1 ]; then
+    stop /run/slurmd.pid
+    stop /run/slurmctld.pid
+fi
+if ! running /run/slurmctld.pid; then
+    # -c: a fresh start forgets the jobs of an earlier one (a test cluster's old jobs would hold the node)
+    timeout 30 slurmctld -c >/dev/null 2>&1 || fail "slurmctld did not start (see /var/log/slurm/slurmctld.log)"
 fi
 if ! running /run/slurmd.pid; then
     timeout 30 slurmd >/dev/null 2>&1 || fail "slurmd did not start (see /var/log/slurm/slurmd.log)"
