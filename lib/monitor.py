@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from .checkpoint import full_disk_is_an_error
-from .fileio import format_bytes
+from .fileio import format_bytes, open_nofollow, unsafe
 from .hardware import THROTTLE_KIND, GpuTelemetry, HardwareProfile, device_memory, on_battery
 from .hardware.host import BatteryState, battery_state  # noqa: F401  (re-exported for the trainer)
 from .hardware.runtime import is_device_lost
@@ -94,6 +94,19 @@ def _telemetry_text(t: dict) -> str:
     return f"GPU {text}" if text else ""
 
 
+def open_metrics(path: Path, append: bool) -> int:
+    """metrics.jsonl's descriptor to append to (emptied first unless `append`): never through a link, a
+    directory or a file with other hard links planted in the run directory (a shared OUTPUT_DIR), which are an
+    UnsafeFileError naming the file; nothing is emptied before that check."""
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    if os.fstat(fd).st_nlink != 1:
+        os.close(fd)
+        raise unsafe(path, "a file with other hard links")
+    if not append:
+        os.ftruncate(fd, 0)
+    return fd
+
+
 class Monitor:
     def __init__(self, run_dir: Path, total_steps: int, device: torch.device, hardware: HardwareProfile, *,
                  interval_s: float = 1.0, telemetry: bool = True, tokens_per_sample: int = 0,
@@ -133,9 +146,7 @@ class Monitor:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         self._path = run_dir / "metrics.jsonl"
-        # never through a link planted in the run directory (a shared OUTPUT_DIR)
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                           | (0 if append else os.O_TRUNC), 0o666)
+        self._fd = open_metrics(self._path, append)
         size = os.fstat(self._fd).st_size
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
             self._write_line(b"\n")  # a line a full disk cut short: the next ones start whole

@@ -93,6 +93,21 @@ def test_metrics_are_never_appended_through_a_symlink(tmp_path, outside):
     assert (tmp_path / "plain.jsonl").read_text() == "{}\n{}\n"
 
 
+@pytest.mark.parametrize("planted", ["symlink", "directory", "hard link"])
+def test_the_monitor_never_writes_metrics_through_a_planted_file(tmp_path, outside, planted):
+    from lib.monitor import Monitor
+    from tests.helpers import CPU
+
+    path = tmp_path / "metrics.jsonl"
+    {"symlink": lambda: path.symlink_to(outside), "directory": path.mkdir,
+     "hard link": lambda: os.link(outside, path)}[planted]()
+    for append in (False, True):
+        with pytest.raises(fileio.UnsafeFileError) as refused:
+            Monitor(tmp_path, 10, "cpu", CPU, enabled=False, append=append, log=lambda line: None)
+        _one_line_naming(refused.value, path)
+        assert outside.read_text() == "keep me\n"  # not emptied, not appended to
+
+
 def test_an_owned_append_refuses_a_hard_link(tmp_path, outside):
     os.link(outside, tmp_path / "log")
     with pytest.raises(fileio.UnsafeFileError):
@@ -179,3 +194,91 @@ def test_calibrate_never_fails_a_finished_run(tmp_path, monkeypatch):
     assert warnings == [] and after is not None
     stored = json.loads((cache / "steptime" / "calibration.json").read_text())
     assert "k" not in stored and "j" not in stored and stored["schema"] == 1
+
+
+# -- a run directory being resumed, with links planted in it -------------------------------------------------
+
+RESUMED = ("CONFIG_DEVICE_CPU=y\nCONFIG_EPOCHS=10\nCONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_EVAL_INTERVAL=8\n"
+           "CONFIG_CHECKPOINT_INTERVAL_STEPS=y\nCONFIG_CHECKPOINT_EVERY_STEPS=4\n# CONFIG_MONITOR is not set\n"
+           "CONFIG_MAX_STEPS=10\n")
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A LeNet-5 run stopped at step 8 (its evaluation raised), as a crash leaves it: copied per test."""
+    from lib import config as kc
+    from tests.helpers import CPU, write_config
+    from lib.hyperparams import ModelDescription, resolve
+    from lib.trainer import Trainer
+
+    tmp = tmp_path_factory.mktemp("stopped")
+    config = kc.read_config(write_config(tmp, RESUMED + f'CONFIG_OUTPUT_DIR="{tmp}/runs"\nCONFIG_RUN_NAME="run"\n'))
+
+    def stop(step, epoch, result):
+        raise Stop
+
+    trainer = Trainer(config, resolve(config, CPU, ModelDescription.from_config(config)), CPU,
+                      log=lambda line: None, on_eval=stop)
+    with pytest.raises(Stop):
+        trainer.fit()
+    trainer.release_run_directory()
+    return trainer.run_dir
+
+
+def _kfit_train(directory, monkeypatch) -> tuple[int, str, str]:
+    """`kfit train` in `directory` (its .config), in this process as make runs it: (exit status, stdout, stderr)."""
+    import contextlib
+
+    from tests.helpers import kfit_script
+
+    monkeypatch.chdir(directory)
+    for key in ("GPUS", "WORLD_SIZE", "RESUME", "RESUME_FROM", "INIT_FROM", "KFIT_INJECT_OOM", "FRAGMENTS"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KCONFIG_CONFIG", str(directory / ".config"))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = kfit_script().main(["train"])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("planted, named", [
+    (("metrics.jsonl",), False), (("hardware.json",), False), ((".lock", "hardware.json", "metrics.jsonl"), True),
+    ((".lock", "hardware.json", "metrics.jsonl"), False)],
+    ids=["metrics.jsonl", "hardware.json", "all three, RUN_NAME", "all three"])
+def test_a_resumed_run_with_links_planted_is_refused_in_one_line_or_left_for_a_new_run(
+        stopped_run, tmp_path, monkeypatch, planted, named):
+    """Where the resume search takes the run, a planted link is refused in one error line naming it (the run
+    files and metrics.jsonl are never written through a link); a planted .lock passes the run by with a note,
+    and a run named by RUN_NAME is then refused in one line. Either way every link's target is untouched."""
+    import shutil
+
+    from lib import config as kc
+
+    work = tmp_path / "work"
+    run_dir = work / "runs" / "run"
+    shutil.copytree(stopped_run, run_dir)
+    (work / "fragment").write_text(RESUMED + 'CONFIG_OUTPUT_DIR="runs"\n' + ('CONFIG_RUN_NAME="run"\n' if named else ""))
+    kc.make_defconfig("lenet5", [str(work / "fragment")], out=work / ".config")
+    targets = {}
+    for name in planted:
+        target = tmp_path / f"outside-{name}"
+        target.write_text("keep me\n")
+        (run_dir / name).unlink(missing_ok=True)
+        (run_dir / name).symlink_to(target)
+        targets[name] = target
+    code, out, err = _kfit_train(work, monkeypatch)
+    assert "Traceback" not in out + err
+    assert all(t.read_text() == "keep me\n" for t in targets.values())
+    assert all((run_dir / name).is_symlink() for name in planted)
+    if ".lock" in planted and not named:  # passed by: a run of its own
+        assert code == 0 and f"note: not resuming runs/run: its .lock is not a regular file" in out, out + err
+        assert [d.name for d in (work / "runs").iterdir() if d.name != "run"], "no new run"
+        return
+    refused = ".lock" if ".lock" in planted else planted[0]
+    [line] = err.splitlines()
+    assert code == 2 and line.startswith(f"error: runs/run/{refused} is a symbolic link (to {targets[refused]})"), err
+    assert "remove it and run again" in line
