@@ -47,3 +47,12 @@ def test_an_srun_step_counts_its_own_nodes_and_a_users_nnodes_wins():
     assert slurm_variables({**step, "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu[03-04]"})[
         "MASTER_ADDR"] == "gpu03"
     assert slurm_variables({**JOB, "NNODES": "2"}) == {"RDZV_ID": "slurm-4711"}
+
+
+def test_the_gpus_slurm_gave_a_node_are_its_training_processes_unless_the_user_said():
+    assert slurm_variables({**JOB, "SLURM_GPUS_ON_NODE": "4"})["GPUS"] == "4"
+    assert slurm_variables({**JOB, "SLURM_GPUS_PER_NODE": "a100:8"})["GPUS"] == "8"
+    assert "GPUS" not in slurm_variables({**JOB, "SLURM_GPUS_ON_NODE": "0"})  # a CPU job
+    assert "GPUS" not in slurm_variables({**JOB, "SLURM_GPUS_PER_NODE": "gpu:a100"})  # not a count
+    assert with_slurm({**JOB, "SLURM_GPUS_ON_NODE": "4", "GPUS": "2"})["GPUS"] == "2"
+    assert "GPUS" not in slurm_variables({"SLURM_GPUS_ON_NODE": "4"})  # outside a job: nothing

@@ -47,10 +47,21 @@ def _expand_one(part: str) -> list[str]:
     return names
 
 
+def gpus_per_node(env: Mapping[str, str]) -> str | None:
+    """The GPUs SLURM gave this node: SLURM_GPUS_ON_NODE, else the count of SLURM_GPUS_PER_NODE ('4' or
+    'a100:4'); None where the job asked for none (a CPU job) or the value is not a count."""
+    for name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        count = (env.get(name) or "").rpartition(":")[2]
+        if count.isdigit() and int(count) > 0:
+            return str(int(count))
+    return None
+
+
 def slurm_variables(env: Mapping[str, str]) -> dict[str, str]:
-    """NNODES, NODE_RANK, MASTER_ADDR and RDZV_ID as SLURM's environment gives them, or {} outside a job.
-    Inside an srun step the step's nodes count (`srun -N1` in a 2-node job is one machine), else the job's; a
-    user's own NNODES= keeps SLURM's rank and host out too."""
+    """NNODES, NODE_RANK, MASTER_ADDR, RDZV_ID and GPUS (training processes per node: one per GPU SLURM gave
+    the node) as SLURM's environment gives them, or {} outside a job. Inside an srun step the step's nodes
+    count (`srun -N1` in a 2-node job is one machine), else the job's; a user's own NNODES= keeps SLURM's rank
+    and host out too."""
     job = env.get("SLURM_JOB_ID")
     if not job:
         return {}
@@ -59,6 +70,9 @@ def slurm_variables(env: Mapping[str, str]) -> dict[str, str]:
     listed = (env.get("SLURM_STEP_NODELIST") if in_step else None) or env.get("SLURM_JOB_NODELIST") \
         or env.get("SLURM_NODELIST")
     found = {"RDZV_ID": f"slurm-{job}"}
+    gpus = gpus_per_node(env)
+    if gpus and not env.get("GPUS"):
+        found["GPUS"] = gpus
     if env.get("NNODES"):
         return found
     if nodes:
