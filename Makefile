@@ -126,7 +126,7 @@ train: $(ENV_STAMP) ## Train as configured (default defconfig without a config; 
 export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint> OUT=dir)
 	$(Q)$(KFIT) export
 
-sample: $(ENV_STAMP) ## Text from a trained GPT-2 run (RUN= PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
+sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN= PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
 	$(Q)$(KFIT) sample
 
 # PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS, which pytest splits as a shell would but runs nothing;

@@ -1,6 +1,8 @@
 """make data: a corpus -> train.bin / val.bin / meta.json / tokenizer.json (lib/data/tokenized.py, corpus.py)."""
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,8 @@ from lib.data.text import read_meta  # noqa: E402
 from lib.data.tokenized import (MIN_VOCAB, check_vocab, load_tokenizer, token_dtype,  # noqa: E402
                                 tokenize_corpus)
 from lib.errors import DataError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def topics(n: int, start: int = 0) -> str:
@@ -178,3 +182,45 @@ def test_glob_and_parquet_without_pyarrow(texts: Path, tmp_path: Path):
 def test_default_corpus_is_the_pydoc_text(tmp_path: Path):
     meta = tokenize_corpus(None, tmp_path / "pydoc", vocab=300, log=quiet).meta
     assert meta["corpus"] == "pydoc_data.topics" and meta["tokens"] > 100_000
+
+
+def test_damaged_meta_json_in_out_is_one_error_line(texts: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "meta.json").write_text('{"vocab_size": 30')  # cut short
+    with pytest.raises(DataError, match="is not the meta.json make data writes"):
+        tokenize_corpus(str(texts), out, vocab=300, log=quiet)
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "CORPUS", "TOKENIZER", "VOCAB", "MAKEFLAGS",
+                                                             "MAKELEVEL", "MFLAGS")}
+    made = subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "data", f"CORPUS={texts}",
+                           "OUT=out", "VOCAB=300"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 2
+    errors = [line for line in made.stderr.splitlines() if not line.startswith("make: ")]
+    assert errors == ["error: out/meta.json is not the meta.json make data writes (not a JSON object): the directory "
+                      "holds something else; remove it, or write the corpus elsewhere with OUT="], made.stderr
+
+
+def test_damaged_shard_records_start_over(texts: Path, tmp_path: Path):
+    clean = tmp_path / "clean"
+    tokenize_corpus(str(texts / "f0.txt"), clean, vocab=300, log=quiet)
+    out = tmp_path / "out"
+    (out / ".shards").mkdir(parents=True)
+    (out / ".shards" / "state.json").write_text("{")
+    (out / ".shards" / "tokenizer-for.json").write_text("")
+    (out / ".shards" / "000000-0000000.bin").write_bytes(b"\0\0")
+    (out / ".shards" / "000000-0000000.json").write_text("[1")
+    lines = []
+    tokenize_corpus(str(texts / "f0.txt"), out, vocab=300, log=lines.append)
+    assert any(line.endswith("starting over") for line in lines)
+    for name in ("train.bin", "val.bin", "tokenizer.json"):
+        assert (out / name).read_bytes() == (clean / name).read_bytes(), name
+
+
+def test_fragment_names_the_directory(tmp_path: Path):
+    from lib import config as kc
+    from lib.data.tokenized import write_fragment
+
+    out = tmp_path / 'say "hi"'
+    fragment = write_fragment(out)
+    config = kc.make_defconfig("llama-tiny", [str(fragment)], out=tmp_path / ".config")
+    assert config.dataset == "dir" and config.data_dir == str(out)

@@ -3,16 +3,19 @@
 CORPUS= a file, a directory of .txt/.jsonl/.parquet files or a glob (default: the standard library's
 pydoc topics, so the whole path runs offline); TOKENIZER= a tokenizer.json to use, else a byte-level
 BPE of VOCAB= tokens (default 4096) is trained on the corpus; OUT= the directory (default data/<name>
-under the current directory, beside the config). Running it again after an interruption resumes.
+under the current directory, beside the config). Running it again after an interruption resumes. It ends
+with the line to train on what it wrote: <out>/fragment, a config fragment naming the directory.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from ..env import env_number
+from ..errors import KfitError
 from .flags import command
 
 
@@ -27,15 +30,20 @@ def default_out(corpus: str | None) -> Path:
 
 
 def cmd_data(args) -> int:
-    from ..data.tokenized import DEFAULT_VOCAB, tokenize_corpus
+    from ..data.tokenized import DEFAULT_VOCAB, tokenize_corpus, write_fragment
 
     corpus = os.environ.get("CORPUS") or None
     tokenizer = os.environ.get("TOKENIZER") or None
     vocab = env_number("VOCAB", int, DEFAULT_VOCAB)
     out = Path(os.environ["OUT"]).expanduser() if os.environ.get("OUT") else default_out(corpus)
     print(f"Corpus: {corpus or 'pydoc_data.topics (standard library)'} -> {out}")
-    result = tokenize_corpus(corpus, out, tokenizer=tokenizer, vocab=vocab,
-                             log=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = tokenize_corpus(corpus, out, tokenizer=tokenizer, vocab=vocab,
+                                 log=lambda line: print(line, file=sys.stderr, flush=True))
+        fragment = write_fragment(out)
+    except OSError as err:  # OUT a file, unwritable, a full disk
+        raise KfitError(f"OUT={out}: cannot write the tokenized corpus ({err.strerror or err} at "
+                        f"{err.filename or out}): name a writable directory with room for it") from None
     meta = result.meta
     if not result.fresh:
         print(f"{out} already holds this corpus ({meta['tokens']:,} tokens): nothing to do")
@@ -46,9 +54,17 @@ def cmd_data(args) -> int:
               f"({meta['train_tokens']:,} train / {meta['val_tokens']:,} val, {meta['dtype']}) in "
               f"{result.seconds:.1f}s: {rate:,.0f} tokens/s{resumed}")
     print(f"Vocabulary: {meta['vocab_size']:,} tokens, {meta['tokenizer_kind']} ({out / 'tokenizer.json'})")
-    print(f"Train on it: CONFIG_DATASET_DIR=y and CONFIG_DATA_DIR=\"{out}\" (e.g. in a fragment, or "
-          f"'make menuconfig' -> Dataset)")
+    print(train_line(out, fragment))
     return 0
+
+
+def train_line(out: Path, fragment: Path) -> str:
+    """What to type to train on `out`: the fragment make data wrote there, merged onto a defconfig."""
+    sets = f'CONFIG_DATASET_DIR=y and CONFIG_DATA_DIR="{out}"'
+    if any(c.isspace() for c in str(fragment)):  # FRAGMENTS= splits at spaces: the lines themselves
+        return f"Train on it: set {sets} (in a fragment of your own, or 'make menuconfig' -> Dataset)"
+    return (f"Train on it ({fragment} sets {sets}; merge it onto any GPT-2 or Llama defconfig):\n"
+            f"  make llama-tiny-defconfig {shlex.quote(f'FRAGMENTS={fragment}')} && make train")
 
 
 def register(sub) -> None:

@@ -3,6 +3,7 @@
     <out>/train.bin, val.bin   token ids, uint16 (vocabularies up to 65,536) or uint32, little-endian
     <out>/meta.json            vocab_size, dtype, tokenizer, eot_id, documents, tokens, sources
     <out>/tokenizer.json       the Hugging Face tokenizer that made them (make sample decodes with it)
+    <out>/fragment             the config lines that train on them (write_fragment; make data writes it)
 
 The tokenizer is the user's (TOKENIZER=) or a byte-level BPE of VOCAB= tokens trained on the corpus
 (its first TRAIN_BYTES). The corpus is read in pieces (lib/data/corpus.py) and each piece's tokens go
@@ -112,16 +113,38 @@ def _shard_name(file_index: int, piece: int) -> str:
     return f"{file_index:06d}-{piece:07d}"
 
 
-def _done_shards(shards: Path) -> dict[int, list[dict]]:
-    """{file index: [sidecar, ...] in order} of the finished shards (a sidecar is written after its .bin)."""
+def _done_shards(shards: Path) -> dict[int, list[dict]] | None:
+    """{file index: [sidecar, ...] in order} of the finished shards (a sidecar is written after its .bin);
+    None where a sidecar is damaged (then none of them can be trusted)."""
     done: dict[int, list[dict]] = {}
-    for side in sorted(shards.glob("*.json")):
-        if side.name == "state.json":
-            continue
-        info = json.loads(side.read_text())
+    for side in sorted(shards.glob("[0-9]*.json")):
+        info = _read_json(side)
+        if not isinstance(info, dict) or not isinstance(info.get("file"), int):
+            return None
         if (shards / f"{side.stem}.bin").is_file():
             done.setdefault(info["file"], []).append(info)
     return done
+
+
+def _clear(shards: Path) -> None:
+    for p in shards.glob("[0-9]*"):
+        p.unlink()
+
+
+def _read_json(path: Path):
+    """A JSON file of make data's own (.shards/), or None where a crash or an edit left it unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_meta(path: Path) -> dict:
+    meta = _read_json(path)
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} is not the meta.json make data writes (not a JSON object): the directory holds "
+                        "something else; remove it, or write the corpus elsewhere with OUT=")
+    return meta
 
 
 def _state(sources: list[Source], tokenizer_hash: str, dtype: np.dtype) -> dict:
@@ -140,7 +163,7 @@ def _prepare_tokenizer(out: Path, sources: list[Source], tokenizer: str | None, 
     check_vocab(vocab)
     plan = {"vocab": vocab, "sources": [s.identity() for s in sources]}
     trained = out / ".shards" / "tokenizer-for.json"
-    if path.is_file() and trained.is_file() and json.loads(trained.read_text()) == plan:
+    if path.is_file() and _read_json(trained) == plan:
         log(f"reusing the BPE trained before the interruption ({path})")
         return load_tokenizer(path), f"byte-level BPE trained on the corpus (VOCAB={vocab})"
     log(f"training a byte-level BPE of {vocab} tokens on the corpus (at most its first {TRAIN_BYTES >> 20} MiB)")
@@ -175,6 +198,19 @@ def _concatenate(shards: Path, out: Path, dtype: np.dtype, total: int) -> tuple[
     return cut, val
 
 
+FRAGMENT = "fragment"
+
+
+def write_fragment(out: Path) -> Path:
+    """<out>/fragment: the config lines that train on the corpus in `out` (FRAGMENTS="<out>/fragment"), its
+    directory named as `out` is (relative paths: to where make runs)."""
+    quoted = str(out).replace("\\", "\\\\").replace('"', '\\"')
+    path = Path(out) / FRAGMENT
+    write_atomic(path, ("# Written by make data: train on the tokenized corpus beside this file\n"
+                        f'CONFIG_DATASET_DIR=y\nCONFIG_DATA_DIR="{quoted}"\n').encode())
+    return path
+
+
 def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = None, vocab: int = DEFAULT_VOCAB,
                     log: Callable[[str], None] = print, stream=None) -> Result:
     """Tokenize `corpus` (None: the pydoc topics) into `out`, resuming an interrupted run there."""
@@ -186,7 +222,7 @@ def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = No
     shards = out / ".shards"
     meta_path = out / "meta.json"
     if meta_path.is_file() and not shards.exists():
-        meta = json.loads(meta_path.read_text())
+        meta = _read_meta(meta_path)
         if meta.get("sources") == [s.identity() for s in sources] and meta.get("tokenizer_source") == (
                 str(tokenizer) if tokenizer else None) and (tokenizer or meta.get("requested_vocab") == vocab):
             return Result(out, meta, 0.0, 0, 0.0, 0, False)
@@ -198,12 +234,15 @@ def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = No
     dtype = token_dtype(vocab_size)
     state = _state(sources, hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()[:16], dtype)
     state_path = shards / "state.json"
-    if state_path.is_file() and json.loads(state_path.read_text()) != state:
+    if state_path.is_file() and _read_json(state_path) != state:
         log("the shards there are of another corpus or tokenizer: starting over")
-        for p in shards.glob("[0-9]*"):
-            p.unlink()
+        _clear(shards)
     write_atomic(state_path, json.dumps(state).encode())
     done = _done_shards(shards)
+    if done is None:
+        log(f"a shard's record in {shards} is damaged: starting over")
+        _clear(shards)
+        done = {}
     eot = eot_id(tok)
     resumed = sum(len(v) for v in done.values())
     total_bytes = sum(s.size for s in sources)
@@ -242,7 +281,7 @@ def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = No
             write_atomic(shards / f"{name}.json", json.dumps({"file": index, "end": -1, "tokens": 0, "docs": 0,
                                                               "bytes": 0, "last": True}).encode())
     encode_seconds = time.monotonic() - t0
-    done = _done_shards(shards)
+    done = _done_shards(shards) or {}
     total = sum(side["tokens"] for v in done.values() for side in v)
     documents = sum(side["docs"] for v in done.values() for side in v)
     if total == 0:
