@@ -21,12 +21,14 @@ import fcntl
 import json
 import re
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from . import checkpoint
+from .data.run_tokenizer import HASH_FILE, TOKENIZER_FILE, choose_tokenizer, hash_record, sha256_hex
 from .errors import KfitError
 from .fileio import write_atomic
 
@@ -71,12 +73,14 @@ def model_state(path: Path, state: dict | None = None) -> dict[str, torch.Tensor
         return torch.load(whole, map_location="cpu", weights_only=True)["model"]
 
 
-def export(run: Path, out: Path | None = None) -> Path:
+def export(run: Path, out: Path | None = None, log=lambda line: print(line, file=sys.stderr)) -> Path:
     """Write model.safetensors, config and plan.json of a run's checkpoint into `out` (default: the run
-    directory's export/); returns the model file's path. Every failure is a KfitError in one line: a checkpoint
-    a live run rotated away while it was read is looked up once more, then the run is said to be live; an
-    output the OS refuses names the path and the reason."""
+    directory's export/), and the run's tokenizer.json with its sha256 where it has one; returns the model
+    file's path. Every failure is a KfitError in one line: a checkpoint a live run rotated away while it was
+    read is looked up once more, then the run is said to be live; an output the OS refuses names the path and
+    the reason. `log` takes a warning line (a tokenizer found only in the corpus directory)."""
     path, state = _settled(Path(run))
+    tokenizer, warning = _tokenizer_of(path, state["config"])
     out = Path(out) if out else (path.parent / "export")
     try:
         if out.exists() and not out.is_dir():
@@ -86,33 +90,33 @@ def export(run: Path, out: Path | None = None) -> Path:
         raise _refused(out, err) from None
     with _export_lock(out):
         try:
-            for name in (MODEL_FILE, "config", "plan.json"):  # a killed export's (.model.safetensors.*.tmp, 0600)
+            for name in (MODEL_FILE, "config", "plan.json", TOKENIZER_FILE, HASH_FILE):  # a killed export's
                 for stale in out.glob(f".{name}.*.tmp"):
                     stale.unlink(missing_ok=True)
             save_weights(out / MODEL_FILE, _model_of(path, state),
                          {"kfit.checkpoint": str(path), "kfit.step": str(state.get("step", ""))})
             checkpoint.write_text_atomic(out / "config", state["config"])
             checkpoint.write_text_atomic(out / "plan.json", json.dumps(state["plan"], indent=2, sort_keys=True) + "\n")
-            tokenizer = _tokenizer_of(path, state["config"])
             if tokenizer is not None:  # a model of a tokenized corpus: make sample decodes with it
-                checkpoint.write_text_atomic(out / TOKENIZER_FILE, tokenizer.read_text())
+                write_atomic(out / TOKENIZER_FILE, tokenizer, follow_symlinks=False)
+                write_atomic(out / HASH_FILE, hash_record(sha256_hex(tokenizer)), follow_symlinks=False)
         except OSError as err:
             raise _refused(out, err) from None
+    if warning:
+        log(warning)
     return out / MODEL_FILE
 
 
-TOKENIZER_FILE = "tokenizer.json"
-
-
-def _tokenizer_of(path: Path, config_text: str) -> Path | None:
-    """The tokenizer.json a run trained with: in its run directory, else in its tokenized corpus's directory
-    (CONFIG_DATA_DIR of its config); None for a model without one."""
-    run_dir = checkpoint.run_of(path)
-    candidates = [run_dir / TOKENIZER_FILE]
+def _tokenizer_of(path: Path, config_text: str) -> tuple[bytes | None, str | None]:
+    """(the tokenizer.json a run trained with, or None for a model without one; a warning or None): the run
+    directory's copy, else its tokenized corpus's (CONFIG_DATA_DIR of its config), refused when its sha256
+    is not the one the run recorded (lib/data/run_tokenizer.py)."""
     found = re.search(r'^CONFIG_DATA_DIR="(.*)"$', config_text, re.MULTILINE)
+    data_dir = None
     if found and re.search(r"^CONFIG_DATASET_DIR=y$", config_text, re.MULTILINE):
-        candidates.append(Path(found.group(1)) / TOKENIZER_FILE)
-    return next((c for c in candidates if c.is_file()), None)
+        data_dir = Path(re.sub(r"\\(.)", r"\1", found.group(1))).expanduser()  # Kconfig's escapes undone
+    chosen = choose_tokenizer([checkpoint.run_of(path)], data_dir)
+    return (chosen.data, chosen.warning) if chosen is not None else (None, None)
 
 
 def _settled(run: Path) -> tuple[Path, dict]:

@@ -1,10 +1,11 @@
 """Text from a trained GPT-2 or Llama run: `make sample RUN=<run dir, checkpoint or model.safetensors> PROMPT="..."`.
 
 The model is rebuilt from the run's config (its preset) with the vocabulary and
-context its weights hold, so no data needs to be present. Tokens: the run's
-tokenizer.json (beside an exported model.safetensors, in the run directory, or
-in the corpus directory its config trained on: `make data` writes it there)
-when its vocabulary is the model's; else byte-level runs (the embedded text,
+context its weights hold, so no data needs to be present. Tokens: the run's own
+tokenizer.json (beside an exported model.safetensors, or in the run directory:
+training copies its tokenized corpus's there, with its sha256), else the corpus
+directory's its config names, refused when its sha256 is not the one the run
+recorded (lib/data/run_tokenizer.py); else byte-level runs (the embedded text,
 *.txt corpora: vocabulary 256) encode the prompt as UTF-8 bytes, and a
 nanoGPT-format corpus with GPT-2's vocabulary (50257) needs tiktoken's "gpt2"
 encoding (pip install tiktoken); any other vocabulary has no tokenizer kfit
@@ -17,6 +18,7 @@ temperature 0), from a seeded generator, so a seed repeats a sample.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +38,17 @@ class Tokenizer:
     name: str
 
 
-def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer | None:
-    """The Hugging Face tokenizer.json at `path` when it is there and its vocabulary is the model's."""
-    if not path.is_file():
+def hf_tokenizer(path: Path, vocab_size: int, data: bytes | None = None) -> Tokenizer | None:
+    """The Hugging Face tokenizer.json at `path` (its contents `data`, already read) when it is there and its
+    vocabulary is the model's."""
+    if data is None and not path.is_file():
         return None
     try:
         from tokenizers import Tokenizer as HF
     except ImportError:
         raise KfitError(f"decoding with {path} needs Hugging Face tokenizers: pip install tokenizers") from None
     try:
-        tok = HF.from_file(str(path))
+        tok = HF.from_file(str(path)) if data is None else HF.from_str(data.decode("utf-8"))
     except Exception as err:  # tokenizers raises plain Exception for a malformed file
         raise KfitError(f"{path} is not a tokenizer.json ({str(err)[:200]})") from None
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
@@ -54,11 +57,22 @@ def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer | None:
                      lambda ids: tok.decode(ids, skip_special_tokens=False), f"tokenizer {path}")
 
 
-def tokenizer_for(vocab_size: int, candidates: tuple[Path, ...] = ()) -> Tokenizer:
-    for path in candidates:
-        found = hf_tokenizer(path, vocab_size)
-        if found is not None:
-            return found
+def tokenizer_for(vocab_size: int, own: tuple[Path, ...] = (), data_dir: Path | None = None,
+                  log=lambda line: print(line, file=sys.stderr)) -> Tokenizer:
+    """The tokenizer of a run's vocabulary: its own tokenizer.json (the first of the directories `own` holding
+    one), else its corpus's in `data_dir` (lib/data/run_tokenizer.py), else bytes or GPT-2's BPE by size."""
+    from .data.run_tokenizer import TOKENIZER_FILE, choose_tokenizer
+
+    chosen = choose_tokenizer(list(own), data_dir)
+    found = hf_tokenizer(chosen.path, vocab_size, chosen.data) if chosen is not None else None
+    if chosen is not None and chosen.own and found is None:
+        raise KfitError(f"{chosen.path} is not this model's tokenizer: its vocabulary is not the model's "
+                        f"{vocab_size} tokens")
+    if found is not None:
+        if chosen.warning:
+            log(chosen.warning)
+        return found
+    candidates = [Path(d) / TOKENIZER_FILE for d in own] + ([Path(data_dir) / TOKENIZER_FILE] if data_dir else [])
     if vocab_size == BYTE_VOCAB:
         return Tokenizer(lambda text: list(text.encode("utf-8")),
                          lambda ids: bytes(ids).decode("utf-8", errors="replace"), "bytes (UTF-8)")
@@ -109,9 +123,8 @@ def load_run_model(run: Path) -> tuple[torch.nn.Module, dict]:
     places = [run.parent if run.suffix == ".safetensors" or run.is_file() else run]
     if run.is_file() and run.suffix != ".safetensors":
         places.append(run.parent.parent)  # <run>/checkpoints/<file>.pt
-    if config.dataset == "dir" and config.data_dir:
-        places.append(Path(config.data_dir).expanduser())
-    return model, {**about, "step": step, "tokenizers": tuple(p / "tokenizer.json" for p in places)}
+    data_dir = Path(config.data_dir).expanduser() if config.dataset == "dir" and config.data_dir else None
+    return model, {**about, "step": step, "tokenizers": (tuple(places), data_dir)}
 
 
 def _rebuild(run: Path, config, weights: dict) -> tuple[torch.nn.Module, dict]:
@@ -163,12 +176,14 @@ def generate(model: torch.nn.Module, ids: list[int], *, max_tokens: int, tempera
 
 
 def sample(run: Path, prompt: str, *, max_tokens: int = 200, temperature: float = 0.8, top_k: int | None = 200,
-           seed: int = 0, device: str | None = None) -> tuple[str, dict]:
-    """(generated text, what it came from): the run's model continuing `prompt`."""
+           seed: int = 0, device: str | None = None,
+           log=lambda line: print(line, file=sys.stderr)) -> tuple[str, dict]:
+    """(generated text, what it came from): the run's model continuing `prompt`; `log` takes a warning line."""
     if temperature < 0:
         raise KfitError(f"TEMPERATURE={temperature}: must be 0 (greedy) or more")
     model, about = load_run_model(run)
-    tok = tokenizer_for(about["vocab_size"], about.pop("tokenizers"))
+    own, data_dir = about.pop("tokenizers")
+    tok = tokenizer_for(about["vocab_size"], own, data_dir, log)
     ids = tok.encode(prompt) or [0 if about["vocab_size"] != GPT2_BPE_VOCAB else GPT2_BPE_VOCAB - 1]
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(target)

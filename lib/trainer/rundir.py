@@ -2,7 +2,8 @@
 
 Rank 0 claims the directory (a new one, named by the time, or the one to resume: `claim_run_directory`),
 locked against a second `make train` there; every rank writes into that one and resumes what rank 0 decided.
-Here too: the run files (config, plan.json, hardware.json), plan.json again whenever the plan changes,
+Here too: the run files (config, plan.json, hardware.json, and a tokenized corpus's tokenizer.json with its
+sha256 in tokenizer.sha256: lib/data/run_tokenizer.py), plan.json again whenever the plan changes,
 pruning the periodic and best-k checkpoints, dropping the checkpoints later than the one resumed, and the
 out-of-memory marker of an FSDP run (`oom.json`, for `make train` to relaunch it: recovery.py decides what
 it holds).
@@ -18,6 +19,7 @@ from typing import IO, Callable
 
 from .. import checkpoint, distributed, fileio
 from ..config import Config
+from ..data import run_tokenizer
 from ..distributed import Rank
 from ..errors import KfitError
 from ..hardware import HardwareProfile
@@ -75,13 +77,46 @@ def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | Non
     return path, resume, lock
 
 
-def write_run_files(run_dir: Path, config: Config, plan: Plan, hardware: HardwareProfile) -> None:
-    """The .config, plan and hardware a run was started with, beside its checkpoints."""
+def write_run_files(run_dir: Path, config: Config, plan: Plan, hardware: HardwareProfile,
+                    log: Callable[[str], None] = print) -> None:
+    """The .config, plan and hardware a run was started with, beside its checkpoints, and its corpus's
+    tokenizer."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with checkpoint.full_disk_is_an_error(run_dir / "config"):
         checkpoint.write_text_atomic(run_dir / "config", config.text)
         checkpoint.write_json_atomic(run_dir / "plan.json", plan.to_dict())
         checkpoint.write_json_atomic(run_dir / "hardware.json", hardware.to_dict())
+        keep_tokenizer(run_dir, config, log)
+
+
+def keep_tokenizer(run_dir: Path, config: Config, log: Callable[[str], None] = print) -> str | None:
+    """Copy the tokenized corpus's tokenizer.json into the run directory (never through a link planted there)
+    and record its sha256 in tokenizer.sha256; returns the sha256, or None for data without a tokenizer.
+    A resumed run whose corpus was tokenized again since says so, and keeps the tokenizer it trains on now."""
+    if config.dataset != "dir" or not config.data_dir:
+        return None
+    source = run_tokenizer.corpus_tokenizer(Path(config.data_dir).expanduser())
+    if source is None:
+        return None
+    try:
+        data = source.read_bytes()
+    except OSError as err:  # training reads the corpus itself; only sampling needs this file
+        log(f"warning: {source} cannot be read ({err.strerror or err}): the run keeps no tokenizer, and make "
+            "sample will look for it in the corpus directory")
+        return None
+    digest = run_tokenizer.sha256_hex(data)
+    kept = run_tokenizer.recorded_hash(run_dir)
+    copy = run_dir / run_tokenizer.TOKENIZER_FILE
+    if kept == digest and copy.is_file() and not copy.is_symlink() and \
+            run_tokenizer.sha256_hex(copy.read_bytes()) == digest:
+        return digest  # resumed: the same tokenizer
+    if kept is not None and kept != digest:
+        log(f"warning: {source} is not the tokenizer this run started with (sha256 {digest[:12]}, the run's "
+            f"{kept[:12]}): the corpus was tokenized again, so its token ids mean other text from here on; the "
+            "run now keeps this tokenizer")
+    fileio.write_atomic(copy, data, follow_symlinks=False)
+    fileio.write_atomic(run_dir / run_tokenizer.HASH_FILE, run_tokenizer.hash_record(digest), follow_symlinks=False)
+    return digest
 
 
 class RunDirectory:
@@ -121,7 +156,7 @@ class RunDirectory:
 
     def write_files(self, config: Config, plan: Plan, hardware: HardwareProfile) -> None:
         if self.main:
-            write_run_files(self.path, config, plan, hardware)
+            write_run_files(self.path, config, plan, hardware, self.log)
 
     def write_plan(self, plan: Plan) -> None:
         """plan.json again after the plan changed (halving, a ladder rung)."""
