@@ -13,6 +13,8 @@ one line naming the file. `write_json_atomic` is the JSON form, never following 
 crashed holder's lock is simply taken over; the holder's PID is written in the file for messages. The
 lock is opened with O_NOFOLLOW and without O_TRUNC: a link, a directory or any other non-file there is
 refused, and nothing is truncated before the lock is held.
+`no_room`: whether an error (or the error it wraps) is a full disk's.
+`read_json_file`: JSON read without following a link, never raising (caches, run-directory files);
 `read_json_cache` / `cache_note`: the caches' reader (nothing in a cache can raise) and the one note per
 damaged cache file (named) on stderr.
 Layer 1 (docs/architecture.md): it imports nothing from lib but lib.errors and lib.units, whose
@@ -25,6 +27,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -37,6 +40,25 @@ from .units import format_bytes  # noqa: F401  (fileio.format_bytes: lib/checkpo
 
 # A write that failed for want of room: a full disk, a full quota, the file size limit (ulimit -f).
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def no_room(err: BaseException) -> OSError | None:
+    """The OSError for want of room (NO_ROOM) that `err` is or wraps (its cause, or a rank's failure in a
+    torch.distributed.checkpoint CheckpointException, whose `failures` map ranks to (exception, stack)), else None."""
+    pending, seen = [err], set()
+    while pending:
+        e = pending.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            pending += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+        pending.append(e.__cause__)
+    return None
+
 
 LOCK_NAME = ".lock"
 # A lock_holder() check holds the lock (shared) for an instant: a taker retries over this long before
@@ -53,8 +75,10 @@ class UnsafeFileError(KfitError, OSError):
 
 
 def unsafe(path: Path | str, what: str) -> UnsafeFileError:
-    return UnsafeFileError(f"{path} is {what}: kfit does not write through it (a link or other file planted "
-                           f"in a run directory or cache could redirect its writes); remove it and run again")
+    err = UnsafeFileError(f"{path} is {what}: kfit does not write through it (a link or other file planted "
+                          f"in a run directory or cache could redirect its writes); remove it and run again")
+    err.what = what  # "a symbolic link (to ...)", "a directory": for a note that names the file itself
+    return err
 
 
 def _describe(st: os.stat_result, path: Path | str) -> str:
@@ -228,25 +252,37 @@ def reset_cache_notes() -> None:
 CACHE_MAX_BYTES = 64 << 20  # a cache file larger than this is not kfit's
 
 
+MISSING = "missing"  # read_json_file's problem when there is no file
+
+
+def read_json_file(path: Path | str, max_bytes: int = CACHE_MAX_BYTES) -> tuple[Any, str | None]:
+    """(`path`'s JSON, None), or (None, what is wrong): MISSING; a link, directory or other non-file (never
+    followed); unreadable; over `max_bytes`; not UTF-8 JSON. Never raises: for caches and run-directory files."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, MISSING
+    except OSError as err:
+        return None, getattr(err, "what", None) or f"unreadable ({err.strerror or err})"
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ValueError(f"over {format_bytes(max_bytes)}")
+        return json.loads(raw.decode()), None
+    except (OSError, ValueError, RecursionError) as err:
+        return None, f"not JSON ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
+
+
 def read_json_cache(path: Path | str, schema: int) -> dict | None:
     """A cache file's JSON object, None when missing (silently) or damaged, foreign or of another schema (with
     a cache_note naming it). Never follows a symlink, never raises. A file without "schema" is taken as
     this schema (written before caches carried one); its fields are the caller's to check."""
-    try:
-        fd = open_nofollow(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
+    data, problem = read_json_file(path)
+    if problem == MISSING:
         return None
-    except OSError as err:
-        cache_note(path, str(err) if isinstance(err, UnsafeFileError) else f"unreadable ({err.strerror or err})")
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(CACHE_MAX_BYTES + 1)
-        if len(raw) > CACHE_MAX_BYTES:
-            raise ValueError(f"over {format_bytes(CACHE_MAX_BYTES)}")
-        data = json.loads(raw.decode())
-    except (OSError, ValueError, RecursionError) as err:
-        cache_note(path, f"not valid JSON ({type(err).__name__}: {str(err)[:80]})")
+    if problem is not None:
+        cache_note(path, problem)
         return None
     if not isinstance(data, dict):
         cache_note(path, f"a JSON {type(data).__name__}, not an object")
@@ -264,6 +300,14 @@ def is_number(value: Any, *, positive: bool = False) -> bool:
     if value != value or value in (float("inf"), float("-inf")):
         return False
     return value > 0 if positive else True
+
+
+def free_bytes(directory: Path | str) -> int:
+    """The free bytes where `directory` is (a very large number when the OS cannot say: nothing is deleted)."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return 1 << 62
 
 
 def unwritable_reason(directory: Path) -> str | None:

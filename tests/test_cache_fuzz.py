@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lib import fileio, probe, steptime
-from lib.hardware import detect
+from lib.hardware import detect, details
 from lib.plan import ModelDescription
 from lib.planning import PlanRequest, Settings, resolve_request
 from lib.planning.memory_policy import PlannerPolicy
@@ -80,9 +80,11 @@ def test_every_damaged_cache_file_gives_a_plan_and_a_note_naming_it(cache, monke
     steptime.calibrate(config, hardware, plan, [0.01, 0.011, 0.012])
     monkeypatch.setenv("KFIT_CACHE_DIR", str(cache_dir))
     probe.write_cache(probe.cache_path(), {"abc": {"max_micro": 8, "eval_batch": 16, "trials": [[8, True]]}})
+    monkeypatch.setattr(details, "COPY_BYTES", 4096)  # make check-hardware's bandwidth, measured cheaply
+    assert details.memory_bandwidth("fuzz cpu") > 0
     files = sorted(p for p in cache_dir.rglob("*.json") if p.is_file())
     names = {p.name.split("-")[0] for p in files}
-    assert {"calibration.json", "cpu", "counts", "probe.json"} <= names, names
+    assert {"calibration.json", "cpu", "counts", "probe.json", "host"} <= names, names
     capsys.readouterr()
     originals = {p: p.read_text() for p in files}
     for path in files:
@@ -92,6 +94,9 @@ def test_every_damaged_cache_file_gives_a_plan_and_a_note_naming_it(cache, monke
                 fileio.reset_cache_notes()
                 assert isinstance(probe.read_cache(path), dict)
                 probe.cached_result(probe.read_cache(path), "abc", path)
+            elif path.name == "host-details.json":  # read by make check-hardware and make recommend
+                fileio.reset_cache_notes()
+                assert details.memory_bandwidth("fuzz cpu") > 0  # measured again where the entry is gone
             else:
                 assert _plan(cache_dir, config, hardware, monkeypatch).micro_batch >= 1, (path, how)
             err = capsys.readouterr().err
@@ -109,6 +114,9 @@ def test_every_damaged_cache_file_gives_a_plan_and_a_note_naming_it(cache, monke
                 fileio.reset_cache_notes()
                 assert probe.read_cache(path) == {}
                 probe.write_cache(path, {})
+            elif path.name == "host-details.json":
+                fileio.reset_cache_notes()
+                assert details.cached() == {} and details.memory_bandwidth("fuzz cpu") > 0  # never written through
             else:
                 assert _plan(cache_dir, config, hardware, monkeypatch).micro_batch >= 1, (path, planted)
             err = capsys.readouterr().err
@@ -135,6 +143,8 @@ def test_an_unwritable_cache_directory_plans_probes_and_calibrates(cache, monkey
     assert steptime.calibrate(config, hardware, plan, [0.01, 0.02], cache_dir=unwritable, warn=warnings.append) is None
     [warning] = warnings
     assert warning.startswith("warning: step time not calibrated (") and "the run itself is complete" in warning
+    monkeypatch.setattr(details, "COPY_BYTES", 4096)
+    assert details.memory_bandwidth("unwritable cpu") > 0 and not unwritable.exists()  # measured, not kept
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -3,7 +3,8 @@ CPU architecture, clock and NUMA nodes, swap, host memory bandwidth, the data di
 read speed, each GPU's power limit and draw, and INT8/FP8 support. Each item is read or measured where
 this machine allows and is None otherwise (shown as "unknown"), never an error.
 
-Measurements are short and cached in kfit's cache directory (<cache>/host-details.json): the host memory
+Measurements are short and cached in kfit's cache directory (<cache>/host-details.json, versioned, checked
+on every read and never written through a link, as every kfit cache is: lib/fileio.py): the host memory
 bandwidth (a 256 MiB tensor copy, best of 3) per CPU; a directory's read speed per directory and the size
 and modification time of the file read (at most READ_BYTES of its largest file, the page cache dropped
 for it first with posix_fadvise so that the disk, not memory, is timed).
@@ -11,36 +12,49 @@ for it first with posix_fadvise so that the disk, not memory, is timed).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
 from pathlib import Path
 
 from ..env import cache_dir
-from ..fileio import write_atomic
+from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_json_atomic
 
+CACHE_FILE = "host-details.json"
+CACHE_SCHEMA = 1
 READ_BYTES = 256 * 2**20
 COPY_BYTES = 256 * 2**20
 
 
-def _cache() -> tuple[Path, dict]:
-    path = cache_dir() / "host-details.json"
-    try:
-        data = json.loads(path.read_text())
-        return path, data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return path, {}
+def cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
 
 
-def _remember(key: str, value) -> None:
-    path, data = _cache()
+def cached() -> dict:
+    """host-details.json's measurements by key, each a positive number: a damaged or foreign file, or a damaged
+    entry, is dropped with one note naming the file (and measured again); never a traceback."""
+    path = cache_path()
+    data = read_json_cache(path, CACHE_SCHEMA) or {}
+    data.pop("schema", None)
+    good = {key: value for key, value in data.items() if is_number(value, positive=True)}
+    if len(good) < len(data):
+        cache_note(path, f"{len(data) - len(good)} entr{'y' if len(data) - len(good) == 1 else 'ies'} not a "
+                   "positive number")
+    return good
+
+
+def _remember(key: str, value: float) -> None:
+    path = cache_path()
+    data = cached()
     data[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(data, indent=1).encode())
+        write_json_atomic(path, {**data, "schema": CACHE_SCHEMA})  # never through a link planted there
+    except UnsafeFileError as err:
+        cache_note(path, err.what, then="not updated")
     except OSError:
-        pass  # a read-only cache: measured again next time
+        return  # a read-only cache: measured again next time
+    sweep_temporaries(path.parent)
 
 
 def cpu_details() -> dict:
@@ -70,9 +84,9 @@ def swap_bytes() -> int | None:
 def memory_bandwidth(cpu_name: str) -> float | None:
     """Host memory bandwidth in bytes/s, read + write of a 256 MiB copy (best of 3); cached per CPU."""
     key = f"bandwidth:{cpu_name}"
-    cached = _cache()[1].get(key)
-    if isinstance(cached, (int, float)):
-        return float(cached)
+    known = cached().get(key)
+    if known is not None:
+        return float(known)
     import torch
 
     try:
@@ -132,9 +146,9 @@ def read_speed(directory: str | Path, budget_s: float = 2.0) -> tuple[float | No
     largest = max(files, key=lambda p: p.stat().st_size)
     st = largest.stat()
     key = f"read:{largest.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    cached = _cache()[1].get(key)
-    if isinstance(cached, (int, float)):
-        return float(cached), f"{largest.name}, cached"
+    known = cached().get(key)
+    if known is not None:
+        return float(known), f"{largest.name}, cached"
     if st.st_size < 4 * 2**20:
         return None, f"{largest.name} is under 4 MiB: too small to time a disk"
     done, start = 0, time.perf_counter()
