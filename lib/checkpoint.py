@@ -30,8 +30,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     fileio.write_atomic(path, text.encode(), follow_symlinks=False)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+write_json_atomic = fileio.write_json_atomic  # indented, sorted keys, never through a link
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
@@ -46,7 +45,7 @@ def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[int], bool
     still out of room, a KfitError says how much is needed and where."""
     data = _saved(state)
     with full_disk_is_an_error(path, len(data)):
-        while make_room is not None and free_bytes(Path(path).parent) < len(data) and make_room(len(data)):
+        while make_room is not None and fileio.free_bytes(Path(path).parent) < len(data) and make_room(len(data)):
             pass
         while True:
             try:
@@ -58,22 +57,16 @@ def save_run_checkpoint(path: Path, state: dict, make_room: Callable[[int], bool
                     raise
 
 
-def free_bytes(directory: Path) -> int:
-    """The free bytes where `directory` is (a very large number when the OS cannot say: nothing is deleted)."""
-    try:
-        return shutil.disk_usage(directory).free
-    except OSError:
-        return 1 << 62
-
-
 @contextlib.contextmanager
 def full_disk_is_an_error(path: Path, needed: int | None = None):
-    """Around writing a run's file: no room to write it (disk, quota or file size limit) becomes one
-    KfitError naming the directory, the bytes, what survived and the fix."""
+    """Around writing a run's file: no room to write it (disk, quota or file size limit; an OSError, or one
+    that torch.distributed.checkpoint wraps) becomes one KfitError naming the directory, the bytes, what
+    survived and the fix."""
     try:
         yield
-    except OSError as err:
-        if err.errno not in fileio.NO_ROOM:
+    except BaseException as caught:
+        err = fileio.no_room(caught)
+        if err is None:
             raise
         directory = Path(path).parent
         try:
@@ -112,7 +105,8 @@ def is_sharded_checkpoint(path: Path) -> bool:
 
 def save_sharded(path: Path, tensors: dict, extra: dict, *, is_main: bool, barrier) -> None:
     """Every process writes its shards of `tensors` (torch.distributed.checkpoint) and rank 0 `extra`,
-    into a temporary directory that becomes `path` only after all of them have finished."""
+    into a temporary directory that becomes `path` only after all of them have finished. Out of room (either
+    writer, on any rank): the temporary directory goes and the one error line of `full_disk_is_an_error`."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
@@ -121,13 +115,20 @@ def save_sharded(path: Path, tensors: dict, extra: dict, *, is_main: bool, barri
         shutil.rmtree(tmp, ignore_errors=True)  # a save a crash interrupted
         tmp.mkdir(parents=True)
     barrier()
-    dcp.save(tensors, checkpoint_id=str(tmp))
-    barrier()
+    try:
+        with full_disk_is_an_error(path):  # a rank's failure in dcp.save reaches every rank (CheckpointException)
+            dcp.save(tensors, checkpoint_id=str(tmp))
+            barrier()
+            if is_main:
+                fileio.write_atomic(tmp / EXTRA, _saved(extra), follow_symlinks=False)
+                for name in os.listdir(tmp):
+                    with open(tmp / name, "rb") as f:
+                        os.fsync(f.fileno())
+    except KfitError:
+        if is_main:  # out of room: what was written goes
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if is_main:
-        fileio.write_atomic(tmp / EXTRA, _saved(extra), follow_symlinks=False)
-        for name in os.listdir(tmp):
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
         old = path.with_name(f".{path.name}.old")
         if path.exists():  # a directory cannot be renamed over a full one: move it aside first
             shutil.rmtree(old, ignore_errors=True)
@@ -170,12 +171,9 @@ def load_checkpoint(path: Path) -> dict:
 
 
 # --------------------------------------------------------------------------
-# Periodic checkpoints and resume
-#
-# A run directory holds checkpoint-<step>.pt while training (the newest
-# CONFIG_CHECKPOINT_KEEP of them; checkpoint-<step>.dcp/ directories when
-# sharded) and checkpoint.pt (checkpoint.dcp/) when it has finished: a
-# directory without either is an interrupted run that can be resumed.
+# Periodic checkpoints and resume: a run directory holds checkpoint-<step>.pt while training (the newest
+# CONFIG_CHECKPOINT_KEEP of them; checkpoint-<step>.dcp/ directories when sharded) and checkpoint.pt
+# (checkpoint.dcp/) when it has finished: a directory without either is an interrupted run that can be resumed.
 
 FINAL = "checkpoint.pt"
 FINAL_SHARDED = "checkpoint" + SHARDED_SUFFIX

@@ -343,6 +343,84 @@ def test_checkpoint_problem_names_what_is_wrong():
 
 
 # --------------------------------------------------------------------------
+# After the last step: nothing there can lose a finished run
+
+
+def broken(what: str):
+    def fail(*args, **kwargs):
+        raise OSError(errno.EIO, f"{what} broke")
+    return fail
+
+
+@pytest.mark.parametrize("part", ["step-time report", "metrics.jsonl's last line", "monitor close", "tracker close"])
+def test_bookkeeping_that_fails_after_the_last_step_is_a_warning_and_the_run_is_saved(tmp_path, monkeypatch, part):
+    from lib.trainer.timing import StepTimer
+
+    config, _ = configured(tmp_path, "CONFIG_MAX_STEPS=6\n")
+    if part == "step-time report":  # a step-time calibration (or its report) that raises
+        monkeypatch.setattr(StepTimer, "finish", broken("calibration"))
+    elif part == "metrics.jsonl's last line":  # its write fails after the checkpoint (a disk full by then)
+        event = Monitor.event
+        monkeypatch.setattr(Monitor, "event", lambda self, kind, *a, **k: broken("metrics.jsonl")() if kind ==
+                            "finished" else event(self, kind, *a, **k))
+    elif part == "monitor close":
+        monkeypatch.setattr(Monitor, "close", broken("closing"))
+    else:  # an experiment tracker's close (a W&B or MLflow server gone)
+        monkeypatch.setattr(Monitor, "start", lambda self: setattr(self, "tracking", type(
+            "Tracker", (), {"log": lambda s, r: None, "close": broken("the tracker")})()) or self)
+    lines: list[str] = []
+    t = trainer(config, log=lines.append)
+    result = t.fit()
+    assert result.steps == 6 and result.stop_reason == "max_steps" and "eval_loss" in result.final_eval
+    assert checkpoint.finished_checkpoint(t.run_dir) == t.run_dir / checkpoint.FINAL
+    assert checkpoint.load_checkpoint(t.run_dir / checkpoint.FINAL)["step"] == 6
+    [warning] = [line for line in lines if line.startswith("warning:")]
+    assert "broke" in warning and "the checkpoints are unaffected" in warning and "\n" not in warning, lines
+    assert any(line.startswith(f"Saved {t.run_dir / checkpoint.FINAL}") for line in lines), lines
+    assert fileio.lock_holder(t.run_dir) is None  # let go: the next make train may take it
+
+
+# --------------------------------------------------------------------------
+# A sharded checkpoint on a full disk
+
+
+def failing(code: int):
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+    return fail
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process, as a unit test
+def test_no_room_for_a_sharded_checkpoint_is_the_same_one_line_error(tmp_path, monkeypatch):
+    """Either writer out of room (torch.distributed.checkpoint's shards, or rank 0's extra.pt): the
+    non-sharded path's one error line, the earlier checkpoint intact, no partial directory left."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    tensors = {"model": {"w": torch.ones(4)}}
+    earlier = checkpoint.periodic_path(tmp_path, 4, sharded=True)
+    checkpoint.save_sharded(earlier, tensors, {"step": 4}, is_main=True, barrier=lambda: None)
+    path = checkpoint.periodic_path(tmp_path, 8, sharded=True)
+    for writer in ("shards", "extra.pt"):
+        with monkeypatch.context() as patch:
+            if writer == "shards":  # inside dcp.save, which wraps a rank's failure in a CheckpointException
+                patch.setattr(FileSystemWriter, "write_data", failing(errno.ENOSPC))
+            else:
+                patch.setattr(fileio, "write_atomic", failing(errno.ENOSPC))
+            with pytest.raises(KfitError) as refused:
+                checkpoint.save_sharded(path, tensors, {"step": 8}, is_main=True, barrier=lambda: None)
+        message = str(refused.value)
+        assert message.startswith(f"no room to write checkpoint-8.dcp in {tmp_path} ("), (writer, message)
+        assert "No space left on device" in message and "\n" not in message
+        assert "(newest: checkpoint-4.dcp)" in message and "'make train' then resumes" in message
+        assert not path.exists() and not list(tmp_path.glob(".*.tmp")), list(tmp_path.iterdir())
+        assert checkpoint.load_checkpoint(earlier)["step"] == 4
+    with monkeypatch.context() as patch:  # any other error is not a full disk's
+        patch.setattr(fileio, "write_atomic", failing(errno.EACCES))
+        with pytest.raises(OSError, match="Permission denied"):
+            checkpoint.save_sharded(path, tensors, {"step": 8}, is_main=True, barrier=lambda: None)
+
+
+# --------------------------------------------------------------------------
 # CONFIG_OUTPUT_DIR
 
 

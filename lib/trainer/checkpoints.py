@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .. import checkpoint, distributed
+from .. import checkpoint, distributed, fileio
 from ..config import Config
 from ..distributed import Rank
 from ..errors import KfitError
@@ -203,7 +203,7 @@ def room_maker(run_dir: Path, writing: Path, final: bool = False, log=print) -> 
         periodic = [p for _, p in checkpoint.periodic_checkpoints(run_dir) if p != writing]
         if len(periodic) > 1:
             victim = periodic[-1]
-        elif final and periodic and checkpoint.free_bytes(run_dir) + size_of(periodic[0]) >= needed:
+        elif final and periodic and fileio.free_bytes(run_dir) + size_of(periodic[0]) >= needed:
             victim = periodic[0]
         else:
             return False

@@ -7,7 +7,8 @@ is handed, for the ladder's bf16 question).
   recovery     recovery.py     the plan and Progress: out-of-memory halving, the ladder's rungs, the FSDP marker
   checkpoints  checkpoints.py  save, restore, sharded checkpoints, best-k, the stops that save first
 with the log lines, evaluations (evaluation.py), periodic checkpoints and the stops: epochs done,
-CONFIG_MAX_STEPS, the time limit, early stopping (best.py), or SIGTERM/SIGINT after a checkpoint. Which samples
+CONFIG_MAX_STEPS, the time limit, early stopping (best.py), or SIGTERM/SIGINT after a checkpoint; after the last
+step, the final evaluation and checkpoint come before any bookkeeping that may fail (ending.py). Which samples
 each step sees is windows.py's. After each step the heat and battery policies run (conditions.py). A device
 that fails for good (the monitor's device_lost: ECC, lost, launch failure) saves the last completed step's
 state where it can still be read and stops with the command that resumes (exit 3); resumed on another device,
@@ -42,6 +43,7 @@ from ..task import Task, load_task
 from . import best
 from .checkpoints import Checkpoints
 from .conditions import Conditions, Sensors
+from .ending import finish, quietly
 from .engine import Engine
 from .evaluation import Evaluator
 from .initial import load_initial, not_both
@@ -170,22 +172,29 @@ class Trainer:
     def fit(self) -> TrainResult:
         config, plan, log, p = self.config, self.plan, self.log, self.progress
         main = self.rank.is_main
-        self.directory.write_files(config, plan, self.hardware)
-        log(f"Data: {self.info.description}")
-        log(f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
-            f"{self.parameters:,} parameters, on {plan.device_type} ({plan.precision}); "
-            f"{self.total_steps} optimizer steps of {p.window_size} samples"
-            + (f" over {self.rank.world_size} processes" if self.rank.active else ""))
-        log(f"Run directory: {self.run_dir}")
-        sinks = (tracking.Tracking.open(config.tracking, run_dir=self.run_dir, run_name=self.run_dir.name,
-                                        params=tracking.params_of(config.text, plan.to_dict()),
-                                        project=config.tracking_project or "kfit", output_dir=Path(config.output_dir))
-                 if main and config.tracking else None)
-        self.monitor = Monitor(
-            self.run_dir, self.total_steps, self.device, self.hardware,
-            interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
-            tokens_per_sample=self.info.block_size or 0, log=log, enabled=config.monitor,
-            append=self.resumed_from is not None, write_metrics=main, gpu=self.sensors.gpu, tracking=sinks)
+        try:  # a run file or metrics.jsonl kfit refuses (a link planted there, say): the directory is let go
+            self.directory.write_files(config, plan, self.hardware)
+            log(f"Data: {self.info.description}")
+            log(f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
+                f"{self.parameters:,} parameters, on {plan.device_type} ({plan.precision}); "
+                f"{self.total_steps} optimizer steps of {p.window_size} samples"
+                + (f" over {self.rank.world_size} processes" if self.rank.active else ""))
+            log(f"Run directory: {self.run_dir}")
+            self.monitor = Monitor(
+                self.run_dir, self.total_steps, self.device, self.hardware,
+                interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
+                tokens_per_sample=self.info.block_size or 0, log=log, enabled=config.monitor,
+                append=self.resumed_from is not None, write_metrics=main, gpu=self.sensors.gpu)
+            if main and config.tracking:  # opened once metrics.jsonl is, so that a refused one leaves none open
+                self.monitor.tracking = tracking.Tracking.open(
+                    config.tracking, run_dir=self.run_dir, run_name=self.run_dir.name,
+                    params=tracking.params_of(config.text, plan.to_dict()),
+                    project=config.tracking_project or "kfit", output_dir=Path(config.output_dir))
+        except BaseException:
+            if self.monitor is not None:
+                quietly(log, "closing the monitor", self.monitor.close)
+            self.release_run_directory()
+            raise
         self.start_conditions()
         self.timer = StepTimer(config, self.hardware, self.event, calibrate=main)
         line = finish_line(plan, self.total_steps, p.step)
@@ -216,27 +225,12 @@ class Trainer:
                 raise
             if stop_reason == "epochs" and config.max_steps and p.step >= config.max_steps:
                 stop_reason = "max_steps"  # resumed from a checkpoint taken at the last step
-            self.timer.finish()
             seconds, self.engine.feed = self.elapsed(), None
-            if self.saves:
-                # early stopping has just evaluated this very step: its metrics are the final ones
-                last = history[-1] if stop_reason == "early_stop" else {}
-                measured = {k: v for k, v in last.items() if k not in ("step", "epoch")} or None
-                final = self.log_eval(p.step, self.epochs_begun(), final=True, result=measured)
-                history.append(final)
-                self.judge(final, final=True)
-                final = {k: v for k, v in final.items() if k not in ("step", "epoch", "final")}
-                path = self.checkpoints.save_final(final)
-                why = {"epochs": f"{config.epochs} epoch(s) done", "max_steps": "CONFIG_MAX_STEPS reached",
-                       "time_limit": "CONFIG_TIME_LIMIT reached",
-                       "early_stop": "CONFIG_EARLY_STOP_PATIENCE reached"}.get(stop_reason, stop_reason)
-                # through the monitor: on a terminal it clears the progress bar first instead of joining it
-                self.monitor.event("finished", f"Saved {path} ({why}: {p.step} steps, {p.samples:,} samples in "
-                                   f"{seconds:.1f}s)", path=str(path), stop_reason=stop_reason)
+            final = finish(self, history, stop_reason, seconds)
         finally:
             self.engine.feed = None
             self.signals.restore()
-            self.monitor.close()
+            quietly(self.log, "closing the monitor and trackers", self.monitor.close)
             self.release_run_directory()
         return TrainResult(run_dir=self.run_dir, steps=p.step, epochs=p.samples / len(self.train_split),
                            samples=p.samples, seconds=seconds, stop_reason=stop_reason, final_eval=final,
