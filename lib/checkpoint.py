@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
-import json
 import os
 import shutil
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 
 from . import fileio
 from .errors import KfitError
+from .config.typed import LADDER_RUNGS
 from .plan import Plan
 
 
@@ -152,8 +152,8 @@ def load_sharded_tensors(path: Path, tensors: dict) -> None:
 
 
 def remove(path: Path) -> None:
-    """Delete a checkpoint file or a sharded checkpoint directory."""
-    if Path(path).is_dir():
+    """Delete a checkpoint file or a sharded checkpoint directory (a link in its place as a link, never followed)."""
+    if Path(path).is_dir() and not Path(path).is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         Path(path).unlink(missing_ok=True)
@@ -345,8 +345,8 @@ def resumable_since(run_dir: Path, identity: list[str], effective_batch: int, ru
     if training_identity(config_text) != identity:
         return None
     if (run_dir / INIT_RECORD).is_file():
-        log(f"note: not resuming {run_dir}: it started from other weights (INIT_FROM); 'make train "
-            f"RESUME_FROM={run_dir}' continues it")
+        log(f"note: not resuming {run_dir}: it started from other weights (INIT_FROM, its {INIT_RECORD}); "
+            f"'make train RESUME_FROM={run_dir}' continues it")
         return None
     effective = recorded_effective_batch(run_dir, newest, log)
     if effective is None:
@@ -384,16 +384,8 @@ def recorded_effective_batch(run_dir: Path, newest: list[tuple[int, Path]], log=
     """A run's effective batch as its plan.json says; a plan.json that is not a plan (empty, cut short, of
     another shape) falls back, with one note, to the window of its newest readable checkpoint."""
     path = run_dir / "plan.json"
-    try:
-        fileio.refuse_link(path)
-        data = json.loads(path.read_text())
-        problem = plan_json_problem(data)
-    except fileio.UnsafeFileError:
-        problem = "a link or directory, not a file"
-    except OSError as err:
-        problem = err.strerror or str(err)
-    except ValueError as err:  # not JSON, not UTF-8
-        problem = f"not JSON: {' '.join(str(err).split())[:80]}"
+    data, problem = fileio.read_json_file(path)  # never through a link; never raises
+    problem = problem or plan_json_problem(data)
     if problem is None:
         return data["effective_batch"]
     for _, saved in newest:
@@ -422,13 +414,37 @@ def in_use_error(run_dir: Path, pid: int) -> KfitError:
                      "or set CONFIG_RUN_NAME to another name for a separate run")
 
 
-def oom_marker_since(output_dir: Path, since: float) -> dict | None:
+def oom_marker_problem(marker) -> str | None:
+    """What keeps a parsed oom.json from being the marker a sharded run's rank wrote (lib/trainer/recovery.py's
+    `mark`: micro_batch, halvings, rungs, step, reason), None when it is one."""
+    if not isinstance(marker, dict):
+        return f"a JSON {type(marker).__name__}, not an object"
+    bad = [k for k, least in (("micro_batch", 1), ("halvings", 0), ("step", 0))
+           if isinstance(marker.get(k), bool) or not isinstance(marker.get(k), int) or marker[k] < least]
+    bad += [] if isinstance(marker.get("rungs"), list) and all(r in LADDER_RUNGS for r in marker["rungs"]) else ["rungs"]
+    bad += [] if isinstance(marker.get("reason"), str) else ["reason"]
+    return f"missing or invalid {', '.join(bad)}" if bad else None
+
+
+def read_oom_marker(run_dir: Path, log=print) -> dict | None:
+    """The out-of-memory marker in a run directory; None without one, or with one note naming the file when it
+    is not one (damaged, of another shape, a link: never followed): the run continues without it."""
+    path = Path(run_dir) / OOM_MARKER
+    marker, problem = fileio.read_json_file(path)
+    problem = problem or oom_marker_problem(marker)
+    if problem is None or problem == fileio.MISSING:
+        return marker
+    log(f"note: {path} is not an out-of-memory marker ({problem}): ignored, the run "
+        "continues from its checkpoint as planned")
+    return None
+
+
+def oom_marker_since(output_dir: Path, since: float, log=print) -> dict | None:
     """The out-of-memory marker a sharded run wrote in output_dir at or after `since` (a time.time())."""
     base = Path(output_dir).expanduser()
-    found = [m for m in base.glob(f"*/{OOM_MARKER}") if m.stat().st_mtime >= since] if base.is_dir() else []
-    if not found:
-        return None
-    try:
-        return json.loads(max(found, key=lambda m: m.stat().st_mtime).read_text())
-    except (OSError, ValueError):
-        return None
+    found = []
+    for marker in base.glob(f"*/{OOM_MARKER}") if base.is_dir() else []:
+        with contextlib.suppress(OSError):  # gone meanwhile; a link's own time, never its target's
+            found.append((marker.lstat().st_mtime, marker))
+    newest = max((f for f in found if f[0] >= since), default=None)
+    return read_oom_marker(newest[1].parent, log) if newest else None

@@ -121,9 +121,10 @@ class Checkpoints:
 
     # -- restoring -------------------------------------------------------------------
 
-    def restore(self, chosen: Path | None = None) -> Path | None:
+    def restore(self, chosen: Path | None = None, marker: dict | None = None) -> Path | None:
         """Continue the run in the run directory from `chosen` (RESUME_FROM's, checked), else its newest
-        readable checkpoint; then a relaunch's out-of-memory marker. Returns the checkpoint resumed, or None."""
+        readable checkpoint; then a relaunch's out-of-memory `marker` (checkpoint.read_oom_marker's, checked).
+        Returns the checkpoint resumed, or None."""
         run_dir, engine = self.directory.path, self.engine
 
         def problem(state) -> str | None:  # a wrong file, or a checkpoint of another model: the previous one
@@ -136,7 +137,7 @@ class Checkpoints:
                                 "checkpoint of this model, or start a new run from it with INIT_FROM")
         else:
             found = checkpoint.latest_valid(run_dir, self.log, problem)
-        if found is None and not self.directory.has_marker():
+        if found is None and marker is None:
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return None
         path = None
@@ -149,7 +150,7 @@ class Checkpoints:
                 engine.scaler.load_state_dict(state["scaler"])
             self.directory.drop_later(progress.step, [step for step, _ in progress.best], path)
         # without a checkpoint: out of memory before the first, restarted here
-        self.recovery.apply_marker(self.directory.marker())
+        self.recovery.apply_marker(marker)
         return path
 
     # -- stops that save first ----------------------------------------------------------

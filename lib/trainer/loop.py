@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from .. import distributed, tracking
+from .. import checkpoint, distributed, tracking
 from ..config import Config
 from ..hardware import HardwareProfile
 from ..monitor import Monitor, device_lost
@@ -49,7 +49,7 @@ from .evaluation import Evaluator
 from .initial import load_initial, not_both
 from .recovery import Recovery
 from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
-from .rundir import RunDirectory, marker_rungs, output_directory
+from .rundir import RunDirectory, output_directory
 from .timing import StepTimer, finish_line, format_seconds
 from .windows import Progress, epoch_micro_batches
 
@@ -101,8 +101,11 @@ class Trainer:
         self.recovery = Recovery(config, plan, hardware, self.rank.world_size,
                                  can_checkpoint=lambda: self.engine.can_checkpoint, apply=self.follow,
                                  event=self.event, log=self.log)
-        if resume is not None:  # a relaunch after out-of-memory under FSDP: its rungs shape the model and its shards
-            self.recovery.relaunch_rungs(marker_rungs(resume))
+        # a relaunch after out-of-memory under FSDP: its rungs shape the model and its shards (a marker that is
+        # not one is said and passed by)
+        marker = checkpoint.read_oom_marker(resume, self.log) if resume is not None else None
+        if marker is not None:
+            self.recovery.relaunch_rungs(marker["rungs"])
         self.engine = Engine(config, self.plan, self.task, self.rank, self.device,
                              initial_weights=initial.weights if initial is not None else None)
         if initial is not None:
@@ -112,7 +115,7 @@ class Trainer:
         self.started = time.perf_counter()
         self.checkpoints = Checkpoints(config, hardware, self.rank, self.directory, self.engine, self.recovery,
                                        elapsed=self.elapsed, event=self.event, log=self.log)
-        self.resumed_from = self.checkpoints.restore(chosen) if resume is not None else None
+        self.resumed_from = self.checkpoints.restore(chosen, marker) if resume is not None else None
         self.engine.wrap(self.plan)
         self.recover_oom = config.oom_recovery and not self.sharded
         self.windows_per_epoch = len(epoch_micro_batches(len(self.train_split), self.progress.window_size, 0, 0))
