@@ -17,6 +17,7 @@ from . import config as kconfig
 from .errors import KfitError
 from .hardware import HardwareProfile, catalog, from_catalog, resolve_hardware
 from .hyperparams import ModelDescription, Plan, resolve
+from .models.registry import can_checkpoint
 from .planning.render import size
 from .units import GiB, format_bytes, gib
 
@@ -67,7 +68,7 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
     if plan.policy == "planner":
         share_per_process = -(-plan.effective_batch // plan.world_size)
         capped = (plan.max_micro_batch or share_per_process) < share_per_process
-        if capped and not plan.gradient_checkpointing and config.model in ("gpt2", "resnet18", "resnet50"):
+        if capped and not plan.gradient_checkpointing and can_checkpoint(config.model):
             advice.append(f"memory caps the micro-batch at {plan.max_micro_batch}: CONFIG_GRADIENT_CHECKPOINTING=y "
                           "trades compute for activation memory and allows a larger one")
         for symbol, share in (("CONSERVATIVE", 0.5), ("BALANCED", 0.75), ("EXTREME", 0.95)):

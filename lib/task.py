@@ -17,6 +17,7 @@ from .config import Config
 from .data import BatchSplit, DatasetInfo, load_image_data, load_text_data
 from .data.splits import DatasetSplit, TensorSplit
 from .models import build_model
+from .models.registry import spec_for
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -69,27 +70,20 @@ def _custom_task(config: Config) -> Task:
 
 
 def load_task(config: Config) -> Task:
-    """Load the configured data and say how to build the model and compute the loss."""
-    if config.model == "custom":
+    """Load the configured data and say how to build the model and compute the loss: what data a model
+    trains on and how its config and data make its build arguments are the model registry's answers."""
+    spec = spec_for(config.model)
+    if spec.builder is None:
         return _custom_task(config)
-    if config.model in ("gpt2", "llama"):
-        block = config.gpt2_block_size if config.model == "gpt2" else config.llama_block_size
-        train, test, info = load_text_data(config.data_dir if config.dataset == "dir" else None, block)
+    if spec.text:
+        train, test, info = load_text_data(config.data_dir if config.dataset == "dir" else None,
+                                           spec.block_size(config))
     else:
         source = config.dataset_format if config.dataset == "dir" else "digits"
         train, test, info = load_image_data(source, config.data_dir, config.image_size)
 
     def build(gradient_checkpointing: bool) -> torch.nn.Module:
-        if config.model == "llama":  # the vocabulary is the data's: a tokenized corpus's, or 256 bytes
-            return build_model("llama", llama_preset=config.llama_preset, block_size=info.block_size,
-                               vocab_size=info.vocab_size, tie_embeddings=config.llama_tie_embeddings is not False,
-                               grad_checkpointing=gradient_checkpointing)
-        if info.kind == "text":
-            return build_model("gpt2", gpt2_preset=config.gpt2_preset, block_size=info.block_size,
-                               vocab_size=info.vocab_size, dropout=config.gpt2_dropout or 0.0,
-                               grad_checkpointing=gradient_checkpointing)
-        return build_model(config.model, num_classes=info.num_classes, in_channels=info.channels,
-                           image_size=info.image_size, grad_checkpointing=gradient_checkpointing)
+        return build_model(config.model, grad_checkpointing=gradient_checkpointing, **spec.build_args(config, info))
 
     return Task(info=info, train=train, eval=test, build=build, loss=cross_entropy)
 

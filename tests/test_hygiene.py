@@ -112,3 +112,97 @@ def test_the_private_import_finder_sees_every_form(tmp_path):
     assert found["lib/sub/b.py"] == [("_impl", "lib.sub"), ("_priv", "lib.a")]
     assert found["lib/a.py"] == [("_hidden", "lib.sub"), ("_hidden", "lib.sub.b")]
     assert found["lib/sub/_impl.py"] == [] and found["lib/__init__.py"] == []
+
+
+# --------------------------------------------------------------------------
+# The model registry answers "which models ...": no list of model names stands in for it
+
+# Known leftovers in files owned elsewhere, each to ask lib/models/registry.py instead (spec_for(name).text);
+# empty these as they are fixed. (path relative to the checkout, the code)
+MODEL_LIST_LEFTOVERS: set[tuple[str, str]] = {
+    ("lib/sample.py", "config.model not in ('gpt2', 'llama')"),
+    ("lib/memory/cache.py", "config.model in ('gpt2', 'llama')"),
+}
+
+
+def _model_names() -> set[str]:
+    from lib.models.registry import MODELS
+
+    return set(MODELS)
+
+
+def model_name_lists(path: Path, names: set[str], root: Path = ROOT) -> list[tuple[str, str]]:
+    """(file, code) for each place that lists models by name where the registry should answer: a membership
+    test of a `.model` against literal names (`config.model in ("gpt2", "llama")`), a chain of equality tests of
+    `.model` (`m.model == "a" or m.model == "b"`), and any tuple, list, set or dict literal holding two or more
+    of the registry's names as strings (keys or values)."""
+    rel = path.relative_to(root).as_posix()
+    found = []
+
+    def is_model(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "model") or (
+            isinstance(node, ast.Name) and node.id == "model")
+
+    def named(nodes) -> int:
+        return sum(isinstance(n, ast.Constant) and n.value in names for n in nodes)
+
+    inside: set[int] = set()  # the literal of a membership test already reported with it
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if id(node) in inside:
+            continue
+        if isinstance(node, ast.Compare) and is_model(node.left) and any(
+                isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and any(
+                isinstance(c, (ast.Tuple, ast.List, ast.Set)) and named(c.elts) for c in node.comparators):
+            found.append((rel, ast.unparse(node)))
+            inside |= {id(c) for c in node.comparators}
+        elif isinstance(node, ast.BoolOp) and sum(
+                isinstance(v, ast.Compare) and is_model(v.left) and named(v.comparators) for v in node.values) >= 2:
+            found.append((rel, ast.unparse(node)))
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and named(node.elts) >= 2:
+            found.append((rel, ast.unparse(node)))
+        elif isinstance(node, ast.Dict) and (named(node.keys) >= 2 or named(node.values) >= 2):
+            found.append((rel, ast.unparse(node)))
+    return found
+
+
+# Literal tables keyed by defconfig names (which share the models' names) rather than by models.
+DEFCONFIG_TABLES = {"lib/validation/memory_check.py", "lib/recommend.py", "lib/hyperparams.py"}
+
+
+def _lib_model_lists() -> set[tuple[str, str]]:
+    names = _model_names()
+    found = set()
+    for path in sorted(LIB.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("lib/models/"):
+            continue  # the models themselves, and the registry
+        found |= {(f, code) for f, code in model_name_lists(path, names)
+                  if f not in DEFCONFIG_TABLES or ".model" in code}
+    return found
+
+
+def test_no_list_of_model_names_where_the_registry_answers():
+    new = sorted(_lib_model_lists() - MODEL_LIST_LEFTOVERS)
+    assert not new, "models listed by name (ask lib/models/registry.py: spec_for(name), can_checkpoint, " \
+                    "a ModelSpec field):\n" + "\n".join(f"{f}: {code}" for f, code in new)
+
+
+def test_the_model_list_leftovers_are_still_there():
+    stale = MODEL_LIST_LEFTOVERS - _lib_model_lists()
+    assert not stale, f"fixed, so take them off MODEL_LIST_LEFTOVERS: {sorted(stale)}"
+
+
+def test_the_model_list_finder_sees_every_form(tmp_path):
+    sample = tmp_path / "lib" / "x.py"
+    sample.parent.mkdir()
+    sample.write_text('ok = config.model == "gpt2"\n'
+                      'a = config.model in ("gpt2", "resnet18")\n'
+                      'b = plan.model not in ["llama"]\n'
+                      'c = m.model == "gpt2" or m.model == "llama"\n'
+                      'd = {"LENET5": "lenet5", "GPT2": "gpt2"}\n'
+                      'e = ("resnet50", 1)\n')
+    found = [code for _, code in model_name_lists(sample, {"gpt2", "resnet18", "resnet50", "llama", "lenet5"},
+                                                   tmp_path)]
+    assert sorted(found) == sorted([
+        "config.model in ('gpt2', 'resnet18')", "plan.model not in ['llama']",
+        "m.model == 'gpt2' or m.model == 'llama'", "{'LENET5': 'lenet5', 'GPT2': 'gpt2'}"])

@@ -23,7 +23,7 @@ from .kconfig import config_text
 class Config:
     """A validated configuration. Field names follow the Kconfig symbols."""
 
-    model: str  # lenet5 | resnet18 | resnet50 | gpt2 | llama | custom
+    model: str  # a name in lib/models/registry.py's MODELS (lenet5, gpt2, llama, custom, ...)
     gpt2_preset: str | None  # tiny | 30m | 51m | 124m | 355m | 774m | 1558m
     gpt2_block_size: int | None
     gpt2_dropout: float | None
@@ -175,6 +175,16 @@ def _choice(kconf, prefix: str, options: Mapping[str, str]) -> str | None:
     return None
 
 
+def _member(kconf, prefix: str) -> str | None:
+    """The selected member of the choice whose members are all named PREFIX<NAME>, as <name> in lower case
+    (CONFIG_MODEL_RESNET18 -> "resnet18"); None if hidden. The menu holds the names: the model choice's
+    members are lib/models/registry.py's models, which tests/test_hygiene.py checks."""
+    for choice in kconf.choices:
+        if choice.syms and all(sym.name.startswith(prefix) for sym in choice.syms):
+            return next((sym.name[len(prefix):].lower() for sym in choice.syms if sym.str_value == "y"), None)
+    raise ConfigError(f"the Kconfig tree has no choice of {prefix}* symbols")
+
+
 def _number(kconf, name: str, *, low: float, high: float = math.inf, low_open: bool = False,
             high_open: bool = False) -> float | None:
     """Parse a string symbol holding a number (Kconfig has no float type)."""
@@ -323,9 +333,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     if factory is not None and not _FACTORY.fullmatch(factory):
         raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{factory}" must look like package.module:function')
     return Config(
-        model=_choice(kconf, "MODEL_", {"LENET5": "lenet5", "RESNET18": "resnet18",
-                                        "RESNET50": "resnet50", "GPT2": "gpt2", "LLAMA": "llama",
-                                        "CUSTOM": "custom"}),
+        model=_member(kconf, "MODEL_"),
         gpt2_preset=_choice(kconf, "GPT2_PRESET_", {"TINY": "tiny", "30M": "30m", "51M": "51m", "124M": "124m", "355M": "355m",
                                                     "774M": "774m", "1558M": "1558m"}),
         gpt2_block_size=_int(kconf, "GPT2_BLOCK_SIZE"),

@@ -9,9 +9,13 @@ builders import their model modules when called.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..data import DatasetInfo
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,15 @@ class ModelSpec:
     supports_checkpointing: bool
     tier_scale: float | None  # the tier policy's samples per step relative to GPT-2; None: planned as GPT-2
     builder: Callable[..., object] | None = None  # (**build arguments) -> torch.nn.Module; None: custom
+    # the config's and the data's say in the build: (config, DatasetInfo) -> lib.models.build_model's keywords
+    build_args: "Callable[[Config, DatasetInfo], dict] | None" = None
+    block_size: "Callable[[Config], int | None] | None" = None  # a text model's context, as configured
+    smaller: str | None = None  # what makes the model itself smaller, for the advice when it does not fit
+
+    @property
+    def text(self) -> bool:
+        """Whether it trains on text (tokens in, a token's logits out) rather than images."""
+        return self.data == "text"
 
 
 def _lenet5(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False, **_):
@@ -52,12 +65,36 @@ def _llama(llama_config, grad_checkpointing: bool = False, **_):
     return Llama(llama_config, grad_checkpointing)
 
 
+def _image_args(config: "Config", info: "DatasetInfo") -> dict:
+    return dict(num_classes=info.num_classes, in_channels=info.channels, image_size=info.image_size)
+
+
+def _gpt2_args(config: "Config", info: "DatasetInfo") -> dict:
+    return dict(gpt2_preset=config.gpt2_preset, block_size=info.block_size, vocab_size=info.vocab_size,
+                dropout=config.gpt2_dropout or 0.0)
+
+
+def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
+    # the vocabulary is the data's: a tokenized corpus's, or 256 bytes
+    return dict(llama_preset=config.llama_preset, block_size=info.block_size, vocab_size=info.vocab_size,
+                tie_embeddings=config.llama_tie_embeddings is not False)
+
+
+def _smaller(family: str) -> str:
+    return f"a smaller preset (CONFIG_{family}_PRESET_*) or a shorter CONFIG_{family}_BLOCK_SIZE"
+
+
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
-    ModelSpec("lenet5", "images", supports_checkpointing=False, tier_scale=4.0, builder=_lenet5),
-    ModelSpec("resnet18", "images", supports_checkpointing=True, tier_scale=2.0, builder=_resnet(18)),
-    ModelSpec("resnet50", "images", supports_checkpointing=True, tier_scale=1.5, builder=_resnet(50)),
-    ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2),
-    ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama),
+    ModelSpec("lenet5", "images", supports_checkpointing=False, tier_scale=4.0, builder=_lenet5,
+              build_args=_image_args),
+    ModelSpec("resnet18", "images", supports_checkpointing=True, tier_scale=2.0, builder=_resnet(18),
+              build_args=_image_args),
+    ModelSpec("resnet50", "images", supports_checkpointing=True, tier_scale=1.5, builder=_resnet(50),
+              build_args=_image_args),
+    ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2, build_args=_gpt2_args,
+              block_size=lambda config: config.gpt2_block_size, smaller=_smaller("GPT2")),
+    ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
+              block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA")),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None),
 )}

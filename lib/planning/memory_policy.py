@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..config import Config
 from ..errors import NoFitError
 from ..hardware import HardwareProfile, gib
-from ..models.registry import can_checkpoint
+from ..models.registry import can_checkpoint, spec_for
 from ..plan import BatchChoice
 from ..units import format_bytes
 
@@ -135,8 +135,9 @@ class PlannerPolicy:
         if config.optimizer != "sgd":
             helps.append(f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor "
                          "per parameter instead of two)")
-        if config.model == "gpt2":
-            helps.append("a smaller preset (CONFIG_GPT2_PRESET_*) or a shorter CONFIG_GPT2_BLOCK_SIZE")
+        smaller = spec_for(config.model).smaller
+        if smaller:
+            helps.append(smaller)
         if (config.memory_profile or DEFAULT_PROFILE) < 0.95:
             helps.append("a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)")
         helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
