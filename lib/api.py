@@ -10,7 +10,11 @@
 Everything goes through the same code as the command line: the strict config reader (a value that does not
 take is a ConfigError naming it), the resolver, and the one training loop. Errors the user can fix are
 KfitError subclasses (lib/errors.py), one line each. Unlike the command line, these functions read no
-environment variables for their settings (GPU=, GPUS=, RESUME=, ...): the arguments say everything.
+environment variables for their settings (GPU=, GPUS=, RESUME=, ...): the arguments say everything. One default
+comes from the surroundings, as documented where it applies: `settings=None` (plan_for, resolve_plan, train)
+takes this process's planning settings, `lib.planning.Settings.from_environment()` (OMP_NUM_THREADS, whether
+to time steps on this CPU: KFIT_STEPTIME_MEASURE); pass a `Settings` to decide them here. The command line
+always passes its own, parsed once per command.
 """
 
 from __future__ import annotations
@@ -91,35 +95,34 @@ def plan_for(config: "Config", machine: "HardwareProfile", world_size: int | Non
              gpus: int | None = None, nodes: int = 1, settings: "Settings | None" = None
              ) -> "tuple[ModelDescription, Plan]":
     """(model description, plan) for a config on a machine, as training would resolve it, for `world_size`
-    processes (else as processes() counts them). settings: what the surroundings say (lib.planning.Settings;
-    default: this process's environment's)."""
-    from .planning import PlanRequest, Settings, resolve_request
+    processes (else as processes() counts them). settings: what the surroundings say (lib.planning.Settings);
+    None, the default, takes this process's: Settings.from_environment() (planning.settings_or_environment)."""
+    from .planning import PlanRequest, resolve_request, settings_or_environment
     from .plan import ModelDescription
 
     model = ModelDescription.from_config(config)
     world_size, nodes = processes(config, machine, world_size, gpus=gpus, nodes=nodes)
-    settings = settings if settings is not None else Settings.from_environment()
     return model, resolve_request(PlanRequest(config, machine, model, world_size=world_size, nodes=nodes,
-                                              settings=settings))
+                                              settings=settings_or_environment(settings)))
 
 
 def resolve_plan(config: "Config", hardware: "HardwareProfile | None" = None, *, gpu: str | None = None,
          hw: "str | os.PathLike | None" = None, free_gb: float | None = None, gpus: int | None = None,
-         world_size: int | None = None) -> "Plan":
+         world_size: int | None = None, settings: "Settings | None" = None) -> "Plan":
     """The plan `kfit plan` shows (and `kfit train` would start from) for `config` on a machine: `hardware`
     (a profile from kfit.machine()), else the one gpu/hw/free_gb/gpus describe (see machine()), else this
     one. gpus=N also means N training processes, as GPUS=N does; world_size plans for that many processes
-    in all. plan.to_dict() is `kfit plan --format json`'s plan."""
+    in all. settings: as plan_for's (None: this process's). plan.to_dict() is `kfit plan --format json`'s plan."""
     if hardware is None:
         hardware = _machine(gpu, hw, free_gb, gpus)
     elif gpu or hw or free_gb is not None:
         raise KfitError("give either a hardware profile or gpu/hw/free_gb, not both")
-    return plan_for(config, hardware, world_size, gpus=gpus)[1]
+    return plan_for(config, hardware, world_size, gpus=gpus, settings=settings)[1]
 
 
 def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, resume: bool = False,
           resume_from: "str | os.PathLike | None" = None, init_from: "str | os.PathLike | None" = None,
-          log: Callable[[str], None] = print) -> "TrainResult":
+          log: Callable[[str], None] = print, settings: "Settings | None" = None) -> "TrainResult":
     """Train `config` on this machine in this process, with kfit's loop: the plan, the probe, checkpoints,
     metrics and the run directory exactly as `kfit train` (one process; `kfit train --gpus N` launches N).
 
@@ -128,6 +131,7 @@ def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, re
     (its newest readable checkpoint) or checkpoint instead, as `kfit train --resume-from`; init_from: start
     a new run from the weights of a run directory, checkpoint or model.safetensors (`--init-from`). A
     mismatch with the config is a KfitError before anything is written. log: each line kfit would print.
+    settings: the planning settings, as plan_for's (None: this process's).
     Returns the TrainResult: run_dir, steps, epochs, seconds, stop_reason, final_eval (the last
     evaluation's metrics) and history. A diverged loss raises FloatingPointError; a stop by SIGINT /
     SIGTERM raises lib.trainer.TrainingInterrupted (its exit_code is 130 / 143) after a checkpoint."""
@@ -137,7 +141,7 @@ def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, re
         config = kconfig.derive(config, {"OUTPUT_DIR": os.fspath(output_dir)})
     pick = run_to_resume(config, resume=resume, resume_from=resume_from, init_from=init_from, log=log)
     here = usable_hardware(config, resolve_hardware(), warn=log)
-    model, plan = plan_for(config, here, 1)
+    model, plan = plan_for(config, here, 1, settings=settings)
     return train_planned(config, here, plan, model, log=log, resume=pick, init_from=init_from)
 
 

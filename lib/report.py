@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import config as kconfig
 from .errors import KfitError
@@ -20,6 +21,9 @@ from .hyperparams import ModelDescription, Plan, resolve
 from .models.registry import can_checkpoint
 from .planning.render import size
 from .units import GiB, format_bytes, gib
+
+if TYPE_CHECKING:
+    from .planning import Settings
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 COLORS = {"parameters": "#4e79a7", "buffers": "#9c755f", "gradients": "#f28e2b", "optimizer_state": "#e15759",
@@ -59,8 +63,10 @@ def hardware_warnings(hardware: HardwareProfile) -> list[str]:
     return warnings
 
 
-def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Plan, world_size: int = 1) -> list[str]:
-    """Advice for this config on this machine, each naming the Kconfig option."""
+def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Plan, world_size: int = 1, *,
+                    settings: "Settings | None" = None) -> list[str]:
+    """Advice for this config on this machine, each naming the Kconfig option. settings: the planning settings
+    the other memory profiles are planned with (the command's; None: this process's, as planning.resolve)."""
     advice = []
     gpu = hardware.primary_gpu
     if plan.device_type == "cuda" and plan.precision == "fp32" and gpu.supports_bf16:
@@ -77,7 +83,7 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
             other_config = kconfig.derive(config, {f"MEMORY_PROFILE_{symbol}": True})
             try:
                 other = resolve(other_config, hardware, ModelDescription.from_config(other_config), world_size,
-                                nodes=plan.nodes)
+                                nodes=plan.nodes, settings=settings)
             except KfitError:
                 continue  # a smaller share that does not fit is no advice
             changed = (other.micro_batch, other.grad_accum, other.gradient_checkpointing, other.strategy) != (
@@ -152,9 +158,10 @@ class Progress:
 
 
 def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, HardwareProfile]] | None = None,
-                policy=None, label: str = "plan-matrix", world_size: int = 1) -> list[MatrixRow]:
+                policy=None, label: str = "plan-matrix", world_size: int = 1, *,
+                settings: "Settings | None" = None) -> list[MatrixRow]:
     """The plan of every defconfig on every machine for `world_size` processes (a PlanError becomes the
-    row's error), with progress on stderr (Progress)."""
+    row's error), with progress on stderr (Progress); settings as recommendations'."""
     rows = []
     targets = targets or machines()
     names = defconfigs or kconfig.defconfig_names()
@@ -166,7 +173,8 @@ def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, Ha
             for key, hardware in targets:
                 with progress.item(f"{name} on {key}"):
                     try:
-                        rows.append(MatrixRow(name, key, resolve(config, hardware, model, world_size, policy)))
+                        plan = resolve(config, hardware, model, world_size, policy, settings=settings)
+                        rows.append(MatrixRow(name, key, plan))
                     except KfitError as err:
                         rows.append(MatrixRow(name, key, None, str(err)))
     progress.close()
@@ -179,9 +187,9 @@ SCALE_OUT = (("gpt2", "CONFIG_GPT2_PRESET_774M=y", "a10g", 4, 1), ("gpt2", "CONF
              ("gpt2", "CONFIG_GPT2_PRESET_1558M=y", "h100", 8, 2))
 
 
-def scale_out_rows(policy=None) -> list[MatrixRow]:
+def scale_out_rows(policy=None, *, settings: "Settings | None" = None) -> list[MatrixRow]:
     """The SCALE_OUT plans: each process's share of a model a replica would not fit (lib.planning.strategy picks DDP
-    or a sharded strategy), with progress like plan_matrix."""
+    or a sharded strategy), with progress like plan_matrix; settings as recommendations'."""
     from .hardware import resolve_hardware
 
     rows = []
@@ -196,7 +204,7 @@ def scale_out_rows(policy=None) -> list[MatrixRow]:
             with progress.item(f"{label} on {machine}"):
                 try:
                     plan = resolve(config, resolve_hardware(gpu=gpu, gpus=processes), model, processes * nodes, policy,
-                                   nodes=nodes)
+                                   nodes=nodes, settings=settings)
                     rows.append(MatrixRow(label, machine, plan))
                 except KfitError as err:
                     rows.append(MatrixRow(label, machine, None, str(err)))

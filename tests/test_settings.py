@@ -36,3 +36,32 @@ def test_the_check_finds_a_read(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("import os\nA = os.environ.get('X')\nfrom os import getenv\n")
     assert environment_reads(sample, tmp_path) == ["sample.py:2 os.environ", "sample.py:3 from os import"]
+
+
+def test_kfit_train_parses_its_variables_once_and_plans_with_their_settings(tmp_path, monkeypatch):
+    """`kfit train` reads GPUS=, RESUME=, the overrides, ... into one Invocation at its start and hands it down:
+    the machine, the config's overrides and the plan all take that one (the plan its Settings, never the API's
+    default)."""
+    from types import SimpleNamespace
+
+    import lib.api
+    import lib.hardware
+    from lib.cli import train
+    from lib.cli.invocation import Invocation
+
+    cpu = lib.hardware.resolve_hardware(gpu="cpu")
+    parses, planned = [], []
+    parse = Invocation.from_environment.__func__
+    monkeypatch.setattr(Invocation, "from_environment",
+                        classmethod(lambda cls, env=None: parses.append(env) or parse(cls, env)))
+    monkeypatch.setattr(lib.hardware, "resolve_hardware", lambda **kwargs: cpu)
+    monkeypatch.setattr(lib.api, "plan_for", lambda config, machine, world_size, **kw: planned.append(kw) or (
+        "model", SimpleNamespace(strategy="none", device_type="cpu")))
+    monkeypatch.setattr(train, "train_planned", lambda *a, **kw: SimpleNamespace(
+        final_eval={"accuracy": 1.0}, steps=1, epochs=1.0, seconds=0.1, run_dir="runs/x"))
+    monkeypatch.setenv("KCONFIG_CONFIG", str(tmp_path / ".config"))
+    monkeypatch.setenv("KFIT_SET", '[["EPOCHS", "1"]]')
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert train.cmd_train(SimpleNamespace()) == 0
+    assert len(parses) == 1
+    assert planned[0]["settings"].omp_threads == 3

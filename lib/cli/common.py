@@ -1,4 +1,7 @@
-"""What every command reads from the environment (or its flags): the machine (HW=, GPU=, ...) and the config."""
+"""What every command reads from the environment (or its flags): the machine (HW=, GPU=, ...) and the config.
+
+A command parses its variables once, at its start (`Invocation.from_environment()`), and hands that `run` to
+each helper here; a helper given none parses them itself (a command that has not been changed to pass it)."""
 
 from __future__ import annotations
 
@@ -26,12 +29,17 @@ def run_main(main: Callable[[], int | None]) -> int:
         return 130
 
 
-def hardware_from_env(allow_simulated: bool = True):
+def parsed(run: Invocation | None) -> Invocation:
+    """The command's variables: `run` as its start parsed them, else parsed now."""
+    return Invocation.from_environment() if run is None else run
+
+
+def hardware_from_env(allow_simulated: bool = True, run: Invocation | None = None):
     """The machine to plan for. For training (allow_simulated=False) it is this one, as detected:
     GPUS= then means the number of training processes (see lib.distributed), not simulated GPUs."""
     from ..hardware import resolve_hardware
 
-    run = Invocation.from_environment()
+    run = parsed(run)
     hw, gpu = run.hw, run.gpu
     if not allow_simulated and (hw or gpu):
         raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
@@ -63,7 +71,7 @@ def apply_hint(path: Path) -> str:
     return f"'make {path.name if path.parent == kconfig.DEFCONFIG_DIR else path}-defconfig' applies it"
 
 
-def ensure_config() -> "kconfig.Config":
+def ensure_config(run: Invocation | None = None) -> "kconfig.Config":
     """Read the .config; on a fresh clone with none, apply the default defconfig and say so. The command line's
     overrides (make's NAME=value, --set) apply on top, for this command only: the file is never changed."""
     path = kconfig.config_path()
@@ -73,7 +81,7 @@ def ensure_config() -> "kconfig.Config":
         config = kconfig.make_defconfig(kconfig.DEFAULT_DEFCONFIG, out=path)
     else:
         config = kconfig.read_config(path)
-    config, shown = _overridden(config)
+    config, shown = _overridden(config, parsed(run))
     if shown:
         from .. import distributed
 
@@ -82,7 +90,7 @@ def ensure_config() -> "kconfig.Config":
     return config
 
 
-def config_to_plan() -> tuple["kconfig.Config", str | None]:
+def config_to_plan(run: Invocation | None = None) -> tuple["kconfig.Config", str | None]:
     """The .config, or without one the default defconfig built in memory and a note saying so:
     showing a plan must not create the config. The overrides apply as in ensure_config, said in the note."""
     path = kconfig.config_path()
@@ -92,14 +100,14 @@ def config_to_plan() -> tuple["kconfig.Config", str | None]:
         name = kconfig.DEFAULT_DEFCONFIG
         config, note = kconfig.defconfig_config(name), (f"no {path}: this plans the default defconfig '{name}' in "
                                                         f"memory and writes nothing ('make {name}-defconfig' writes it)")
-    config, shown = _overridden(config)
+    config, shown = _overridden(config, parsed(run))
     return config, "; ".join(n for n in (shown, note) if n) or None
 
 
-def _overridden(config: "kconfig.Config") -> tuple["kconfig.Config", str | None]:
+def _overridden(config: "kconfig.Config", run: Invocation) -> tuple["kconfig.Config", str | None]:
     """(config with the command's overrides, the line that shows them) - (config, None) without any. A value that
     does not take is one error naming the symbol, as in a fragment."""
-    overrides = Invocation.from_environment().overrides
+    overrides = run.overrides
     if not overrides:
         return config, None
     changes = dict(overrides)  # a symbol given twice: the last wins, as in make
@@ -112,15 +120,16 @@ def _overridden(config: "kconfig.Config") -> tuple["kconfig.Config", str | None]
     return config, f"overrides: {shown} (command line; {config.source} unchanged)"
 
 
-def processes(config, hardware, world_size: int | None = None) -> tuple[int, int]:
+def processes(config, hardware, world_size: int | None = None, run: Invocation | None = None) -> tuple[int, int]:
     """(training processes, machines) as 'make train' would run them, from the command's variables (WORLD_SIZE=,
     GPUS=, NNODES=): lib.api.processes. So a plan previewed with the arguments of a run is the plan that runs."""
-    run = Invocation.from_environment()
+    run = parsed(run)
     return api.processes(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes)
 
 
-def plan_for(config, hardware, world_size: int | None = None):
-    """(model description, plan) for a config on a machine, as training would resolve it."""
-    run = Invocation.from_environment()
+def plan_for(config, hardware, world_size: int | None = None, run: Invocation | None = None):
+    """(model description, plan) for a config on a machine, as training would resolve it, with the command's
+    settings (lib.planning.Settings: never the API's default)."""
+    run = parsed(run)
     return api.plan_for(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes,
                         settings=run.settings)

@@ -123,9 +123,10 @@ def cmd_train(args) -> int:
     from ..parallel import is_sharded
     from ..trainer import TrainingInterrupted
 
-    hardware = hardware_from_env(allow_simulated=False)
-    run = Invocation.from_environment()  # every variable is checked before a config is written or a process launched
-    config = ensure_config()
+    # the command's variables, parsed once: each is checked before a config is written or a process launched
+    run = Invocation.from_environment()
+    hardware = hardware_from_env(allow_simulated=False, run=run)
+    config = ensure_config(run)
     # RESUME_FROM is checked before any process is launched (torchrun's rank 0 checks it again, and resumes)
     pick = resume_from(config, run) if distributed.current().is_main else None
     if not distributed.under_torchrun():
@@ -138,7 +139,7 @@ def cmd_train(args) -> int:
         nproc, why = distributed.process_count(config, hardware, device_type, run.gpus)
         # the one resolve of this launch: it validates the config (and refuses a world size it cannot take)
         # before any process starts, and every rank trains it
-        model, plan = plan_for(config, hardware, nproc * run.planned_nodes)
+        model, plan = plan_for(config, hardware, nproc * run.planned_nodes, run=run)
         if nproc > 1 or run.planned_nodes > 1:  # one process on each of several machines is torchrun's too
             return _launch(config, hardware, model, plan, run, nproc, why)
     rank = distributed.current()

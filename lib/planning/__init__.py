@@ -13,7 +13,7 @@
 Imports are light: torch is imported where a prediction needs it.
 """
 
-from .request import ChooseArgs, PlanRequest, Settings
+from .request import ChooseArgs, PlanRequest, Settings, settings_or_environment
 from .resolver import resolve, resolve_request
 
-__all__ = ["ChooseArgs", "PlanRequest", "Settings", "resolve", "resolve_request"]
+__all__ = ["ChooseArgs", "PlanRequest", "Settings", "resolve", "resolve_request", "settings_or_environment"]

@@ -31,6 +31,13 @@ class Settings:
                    resolve_log=env_text("KFIT_RESOLVE_LOG", env))
 
 
+def settings_or_environment(settings: Settings | None) -> Settings:
+    """`settings`, or where None this process's (Settings.from_environment()): the documented default of the
+    callers that have no command line to parse them (lib/api.py, planning.resolve() for the facade, the reports
+    and validation). The command line passes its own, parsed once per command (lib/cli/invocation.py)."""
+    return Settings.from_environment() if settings is None else settings
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A plan for training `model` under `config` on `hardware` with `world_size` processes over `nodes`

@@ -14,7 +14,8 @@ Where not even micro-batch 1 is predicted to fit, the out-of-memory ladder's run
 (ladder.pre_training).
 
 Nothing here detects hardware or reads the environment: what the surroundings say comes in the request's
-Settings.
+Settings (the command line's, parsed once per command; `resolve()` without them takes this process's, as
+lib/api.py's functions do).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..threads import decide_cpu_threads, decide_loader_workers, using_threads
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
                         decide_gradient_sync, decide_precision, decide_tf32)
-from .request import PlanRequest, Settings
+from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
 from .throughput import choose_fastest, with_predictions
 from .tiers import policy_for
@@ -52,9 +53,10 @@ def resolve_request(request: PlanRequest) -> Plan:
 
 def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
             policy: BatchPolicy | None = None, nodes: int = 1, settings: Settings | None = None) -> Plan:
-    """resolve_request() from its parts; settings default to the process environment's (Settings)."""
+    """resolve_request() from its parts, for callers with no command line (the facade, the reports, validation).
+    settings: what the surroundings say; None, the default, takes this process's (settings_or_environment)."""
     return resolve_request(PlanRequest(config, hardware, model, world_size=world_size, nodes=nodes, policy=policy,
-                                       settings=settings if settings is not None else Settings.from_environment()))
+                                       settings=settings_or_environment(settings)))
 
 
 def _on_the_ladder(request: PlanRequest, no_fit: NoFitError) -> Plan:
