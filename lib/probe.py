@@ -29,7 +29,6 @@ written (read-only, full, a link planted in its place) only costs the next probe
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -43,11 +42,12 @@ from .config import Config
 from .fileio import cache_note, read_json_cache, write_json_atomic
 from .hardware import HardwareProfile, device_memory, reset_peak_memory
 from .plan import Plan
+from .planning import edits
 from .memory import default_cache_dir
 from .oom import ADVICE, Injector, OutOfMemory, is_oom, release
 from .task import Task
 from .step import autocast_for, make_optimizer
-from .steptime import balanced_micro_batches, window_sizes
+from .steptime import balanced_micro_batches
 from .steptime.calibrate import samples_per_process
 
 TRIAL_STEPS = 2
@@ -218,27 +218,9 @@ def _describe(trials: list) -> str:
 
 
 def apply(plan: Plan, result: dict, how: str) -> Plan:
-    """The plan with the probed evaluation batch and, where the planned micro-batch does not fit, the
-    fewest micro-batches that do: accumulation ceil(share / largest that fits), each ceil(share /
-    accumulation) (the resolver's balanced split), the effective batch unchanged. A planned micro-batch
-    that fits stands, with its accumulation, even where a larger one would fit too: the resolver chose it."""
-    fits = result["max_micro"]
-    reasons = {**plan.reasons, "eval_batch": f"probe {how}: largest safe forward-only batch"}
-    planned = plan.reasons.get("micro_batch", f"planned {plan.micro_batch}")
-    if fits >= plan.micro_batch:
-        reasons["micro_batch"] = f"{planned}; probe {how}: confirmed ({fits} fits)"
-        return dataclasses.replace(plan, eval_batch=result["eval_batch"], reasons=reasons)
-    share = samples_per_process(plan)
-    accum = -(-share // fits)
-    micro = -(-share // accum)
-    sizes = window_sizes(share, micro)
-    cut = f"{len(sizes)} x {micro}" if len(set(sizes)) == 1 else f"{len(sizes) - 1} x {micro} + {sizes[-1]}"
-    reasons["micro_batch"] = (f"{planned}; probe {how}: {fits} is the largest that fits, under the planned "
-                              f"{plan.micro_batch}: {micro}, the smallest that needs only {accum} micro-batches")
-    reasons["grad_accum"] = (f"probe {how}: {share} per process as {cut} (a short one weighs its samples); "
-                             f"effective batch {plan.effective_batch} unchanged")
-    return dataclasses.replace(plan, micro_batch=micro, grad_accum=accum, eval_batch=result["eval_batch"],
-                               reasons=reasons)
+    """The plan as the probe's `result` confirms it (lib.planning.edits.probed: the probed evaluation batch and,
+    where the planned micro-batch does not fit, the fewest micro-batches that do)."""
+    return edits.probed(plan, result["max_micro"], result["eval_batch"], how)
 
 
 def maybe_probe(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *, log=print,

@@ -7,6 +7,7 @@
     throughput.py     the fastest micro-batch under the cap (lib.steptime); every plan's predicted time
     strategy.py       DDP or which FSDP strategy
     ladder.py         the out-of-memory ladder: halving and rungs, before training and during it
+    edits.py          the plan's other changes: the probe's result, the evaluation batch, a resumed micro-batch
     resolver.py       the resolver: a PlanRequest -> Plan
     render.py         the lines a plan prints
 

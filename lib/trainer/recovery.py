@@ -1,7 +1,8 @@
 """Recovery: the plan and the run's Progress as out-of-memory, a relaunch or another device change them.
 
-Every plan change goes through lib/planning/ladder.py. After out-of-memory the step is redone with the same
-samples at half the micro-batch (`ladder.halved`: the accumulation that keeps the step's samples); once
+Every plan change goes through lib/planning/: ladder.py, and edits.py for the evaluation batch and a resumed
+run's micro-batch. After out-of-memory the step is redone with the same samples at half the micro-batch
+(`ladder.halved`: the accumulation that keeps the step's samples); once
 halving can go no further (micro-batch 1, or CONFIG_OOM_MAX_HALVINGS), with the ladder's next rung
 (`ladder.next_rung`) instead, its predicted saving in the event (`ladder.predicted_peaks`). Under FSDP no
 rank can redo a step alone: `mark` writes what the relaunched run takes (the halved micro-batch, or the next
@@ -15,14 +16,13 @@ run directory follow a changed plan.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 from ..config import Config
 from ..hardware import HardwareProfile
 from ..oom import OutOfMemory, halve
 from ..plan import Plan
-from ..planning import ladder
+from ..planning import edits, ladder
 from ..units import format_bytes
 from .windows import Progress
 
@@ -95,7 +95,7 @@ class Recovery:
         self.plan = ladder.halved(self.plan, p.micro_batch, p.window_size, self.world_size, why)
 
     def eval_batch_halved(self, before: int, after: int) -> None:
-        self.plan = dataclasses.replace(self.plan, eval_batch=after)
+        self.plan = edits.eval_batch_halved(self.plan, after)
         self.event("oom_recovery", f"Out of memory in evaluation: eval batch {before} -> {after}", eval_batch=after)
 
     # -- a sharded run: relaunched by `make train` ------------------------------------
@@ -148,7 +148,7 @@ class Recovery:
         if old_plan and moved(old_plan, self.plan):
             self.replan(old_plan)
             return False
-        self.plan = dataclasses.replace(self.plan, micro_batch=progress.micro_batch)
+        self.plan = edits.resumed_at(self.plan, progress.micro_batch)
         rungs = progress.rungs
         plan = ladder.reapply(self.config, self.plan, rungs, self.hardware, self.can_checkpoint())
         self.take_rungs(plan, rungs, write=False)
