@@ -5,7 +5,7 @@ is accepted."""
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import Mapping, MutableMapping, Sequence
 
 from .errors import KfitError
 
@@ -13,9 +13,12 @@ TRUE = ("1", "y", "yes", "true", "on")
 FALSE = ("0", "n", "no", "false", "off")
 
 
-def environ() -> Mapping[str, str]:
+def environ() -> MutableMapping[str, str]:
     """This process's environment: the one place in lib/ outside the command line that reads it (what torchrun
-    tells a rank, the cache directory, fault injection, and the variables the command line passes down)."""
+    tells a rank, the cache directory, fault injection, the variables the command line passes down, and the C
+    allocators' own variables, which lib/hardware/allocator.py reads and sets: PYTORCH_CUDA_ALLOC_CONF,
+    MALLOC_*, KFIT_KEEP_MALLOC). It is os.environ itself: what is set in it, this process's libraries and
+    children see."""
     return os.environ
 
 

@@ -319,7 +319,10 @@ def test_a_model_returning_a_model_output_is_traced_for_training_and_evaluation(
 
 RETENTION = '''
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("allocator", sys.argv[1])
+from pathlib import Path
+here = Path(sys.argv[1])  # .../<package>/hardware/allocator.py: loaded alone, with the package's light env.py
+sys.path.insert(0, str(here.parents[2]))
+spec = importlib.util.spec_from_file_location(f"{here.parents[1].name}.hardware.allocator", here)
 allocator = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(allocator)
 calls = {"return": allocator.return_freed_memory, "keep": allocator.keep_freed_memory}

@@ -60,8 +60,9 @@ KFIT_KEEP_MALLOC=1 (glibc's defaults). return_freed_memory() wins over keep_free
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
+
+from ..env import environ as process_environ
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -90,8 +91,9 @@ def _user_allocator_conf(environ) -> str | None:
 
 def expandable_segments(environ=None) -> bool:
     """Whether kfit's CUDA processes run the caching allocator with expandable segments: on Linux
-    unless the user configured the allocator, else as the user's setting says."""
-    environ = os.environ if environ is None else environ
+    unless the user configured the allocator, else as the user's setting says. environ: this process's
+    (lib.env.environ()) unless given."""
+    environ = process_environ() if environ is None else environ
     conf = _user_allocator_conf(environ)
     if conf is None:
         return sys.platform.startswith("linux")  # torch supports them there only
@@ -101,8 +103,9 @@ def expandable_segments(environ=None) -> bool:
 
 def use_expandable_segments(environ=None) -> bool:
     """Turn expandable segments on for this process and its children, unless the user configured the
-    allocator; True when they are on. Takes effect only before the process first uses CUDA."""
-    environ = os.environ if environ is None else environ
+    allocator; True when they are on. Takes effect only before the process first uses CUDA. environ: this
+    process's (lib.env.environ(), written through: torch and the children read it there) unless given."""
+    environ = process_environ() if environ is None else environ
     if _user_allocator_conf(environ) is None and sys.platform.startswith("linux"):
         environ[CUDA_ALLOC_ENV[0]] = EXPANDABLE
     return expandable_segments(environ)
@@ -130,7 +133,8 @@ def _set(settings: tuple[tuple[int, int, str], ...]) -> bool:
     """mallopt each (param, value, env) the user has not set; False off glibc, under KFIT_KEEP_MALLOC=1,
     when the user set any of glibc's malloc variables, or when glibc refused a value."""
     libc = _glibc()
-    if libc is None or os.environ.get("KFIT_KEEP_MALLOC") == "1" or any(v in os.environ for v in USER_ENV):
+    environ = process_environ()
+    if libc is None or environ.get("KFIT_KEEP_MALLOC") == "1" or any(v in environ for v in USER_ENV):
         return False
     ok = True
     for param, value, _env in settings:
