@@ -1,9 +1,13 @@
-"""Imports follow the data flow, one way (docs/architecture.md): no cycles in lib/, and no layer
-imports a later one. Function-level imports count (they run too); `if TYPE_CHECKING:` blocks do not."""
+"""The rules docs/architecture.md states, checked: imports follow the data flow, one way (no cycles in lib/, no
+layer imports a later one, and the document's layers are LAYERS); only lib/planning/ changes a plan; the
+environment reaches the resolver only through planning.Settings; only lib/hardware/ asks NVML, psutil or
+torch.cuda for device properties. Function-level imports count (they run too); `if TYPE_CHECKING:` blocks
+do not."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -92,8 +96,14 @@ def lib_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(LIB.rglob("*.py"))}
 
 
+@functools.cache
+def lib_graph() -> dict[str, set[str]]:
+    """lib/'s import graph, built once for the tests below (one parse of every module, not one per test)."""
+    return import_graph(lib_modules())
+
+
 def test_lib_has_no_import_cycle():
-    cycle = find_cycle(import_graph(lib_modules()))
+    cycle = find_cycle(lib_graph())
     assert cycle is None, "import cycle in lib/: " + " -> ".join(cycle)
 
 
@@ -153,7 +163,7 @@ def _layer(module: str) -> int | None:
 
 @pytest.mark.parametrize("module", sorted(m for m in lib_modules() if _layer(m) is not None))
 def test_imports_follow_the_data_flow(module):
-    graph = import_graph(lib_modules())
+    graph = lib_graph()
     here = _layer(module)
     later = sorted(t for t in graph[module] if (_layer(t) or -1) > here)
     assert not later, f"{module} (layer {here}) imports later layers: {later}"
@@ -192,3 +202,154 @@ def paths_named(text: str) -> list[str]:
     for token in re.findall(r"(?m)^\s+-> .*?(lib/[\w/.]+)", text):
         paths.append(token)
     return paths
+
+
+# --------------------------------------------------------------------------
+# The layers docs/architecture.md lists are LAYERS
+
+
+def path_module(path: str) -> str:
+    """lib/config/ -> lib.config, lib/errors.py -> lib.errors."""
+    return path.rstrip("/").removesuffix(".py").replace("/", ".")
+
+
+def documented_layers(text: str) -> list[set[str]]:
+    """The numbered list after 'Imports follow the same order', each item's `lib/...` paths as module names."""
+    layers: list[set[str]] = []
+    for line in text.split("Imports follow the same order", 1)[1].splitlines():
+        item = re.match(r"\d+\. (.*)", line)
+        if item:
+            layers.append({path_module(p) for p in re.findall(r"`(lib/[^`\s]*)`", item.group(1))})
+        elif layers and not line.strip():
+            break
+    return layers
+
+
+def test_the_layers_the_architecture_lists_are_the_ones_checked():
+    documented = documented_layers((ROOT / "docs" / "architecture.md").read_text())
+    assert documented == LAYERS, "docs/architecture.md's numbered layers differ from LAYERS: " + "; ".join(
+        f"layer {i + 1}: doc {sorted(d)} vs LAYERS {sorted(l)}"
+        for i, (d, l) in enumerate(zip(documented, LAYERS)) if d != l) + (
+        f" (doc has {len(documented)} layers, LAYERS {len(LAYERS)})" if len(documented) != len(LAYERS) else "")
+
+
+def test_the_layer_reader_reads_items_until_the_list_ends():
+    text = ("Imports follow the same order, in layers:\n\n1. `lib/a.py`, `lib/b/` (a note, `x.y`)\n"
+            "2. `lib/c/`: and more\n\nBeside: `lib/d.py`\n")
+    assert documented_layers(text) == [{"lib.a", "lib.b"}, {"lib.c"}]
+
+
+# --------------------------------------------------------------------------
+# Only lib/planning/ changes a plan
+
+# Plan changes outside lib/planning/ in files owned elsewhere, each to move to lib/planning/edits.py; empty
+# this as they are fixed. lib/cli/plan.py: `kfit plan`'s no-config note (edits.with_note does it).
+PLAN_EDIT_LEFTOVERS = {"lib/cli/plan.py"}
+
+
+def plan_replacements(path: Path, root: Path = ROOT) -> list[str]:
+    """`replace(<a plan>, ...)` and `dataclasses.replace(<a plan>, ...)` in one file: a call whose first argument
+    names a plan (plan, self.plan, old_plan, ...)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        func = node.func
+        if (isinstance(func, ast.Name) and func.id == "replace") or (
+                isinstance(func, ast.Attribute) and func.attr == "replace" and isinstance(func.value, ast.Name)
+                and func.value.id == "dataclasses"):
+            first = ast.unparse(node.args[0])
+            if "plan" in first.lower():
+                found.append(f"{path.relative_to(root).as_posix()}:{node.lineno} replace({first}, ...)")
+    return found
+
+
+def _plan_edits_outside_planning() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for path in sorted(LIB.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith("lib/planning/") and (found := plan_replacements(path)):
+            out[rel] = found
+    return out
+
+
+def test_only_planning_changes_a_plan():
+    found = _plan_edits_outside_planning()
+    new = [w for rel, where in found.items() if rel not in PLAN_EDIT_LEFTOVERS for w in where]
+    assert not new, "plans changed outside lib/planning/ (add a function to lib/planning/edits.py or ladder.py " \
+                    "and call it):\n" + "\n".join(new)
+
+
+def test_the_plan_edit_leftovers_are_still_there():
+    stale = PLAN_EDIT_LEFTOVERS - set(_plan_edits_outside_planning())
+    assert not stale, f"fixed, so take them off PLAN_EDIT_LEFTOVERS: {sorted(stale)}"
+
+
+def test_the_plan_edit_finder_sees_both_spellings(tmp_path):
+    sample = tmp_path / "lib" / "x.py"
+    sample.parent.mkdir()
+    sample.write_text("import dataclasses\nfrom dataclasses import replace\n"
+                      "a = dataclasses.replace(self.plan, eval_batch=1)\nb = replace(old_plan, micro_batch=2)\n"
+                      "c = dataclasses.replace(config, source='x')\nd = 'plan'.replace('p', 'q')\n")
+    assert plan_replacements(sample, tmp_path) == ["lib/x.py:3 replace(self.plan, ...)",
+                                                    "lib/x.py:4 replace(old_plan, ...)"]
+
+
+# --------------------------------------------------------------------------
+# The environment reaches planning only through planning.Settings
+
+
+def test_the_environment_reaches_planning_only_through_settings():
+    """lib/planning/request.py's Settings.from_environment is the one way in: no other planning module imports
+    lib.env, reads os.environ or calls from_environment itself (resolve() and lib/api.py take their documented
+    default through settings_or_environment)."""
+    graph = lib_graph()
+    offenders = []
+    for name, path in lib_modules().items():
+        if not name.startswith("lib.planning") or name == "lib.planning.request":
+            continue
+        if "lib.env" in graph[name]:
+            offenders.append(f"{name} imports lib.env")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "from_environment"):
+                offenders.append(f"{name}:{node.lineno} .{node.attr}")
+    assert offenders == []
+
+
+# --------------------------------------------------------------------------
+# Only lib/hardware/ asks NVML, psutil or torch.cuda for device properties
+
+DEVICE_PROPERTIES = ("get_device_properties", "get_device_name", "get_device_capability")
+PROBE_MODULES = ("pynvml", "psutil")
+# The one exception docs/architecture.md states: validation's CudaDevice.name(), over the torch.cuda it is
+# handed (a test's fake answers it).
+DEVICE_QUERY_EXCEPTIONS = {("lib/validation/measure.py", "get_device_name")}
+
+
+def device_queries(path: Path, root: Path = ROOT) -> set[tuple[str, str]]:
+    """(file, what) for each torch.cuda device-property call and each pynvml / psutil import in one file."""
+    rel = path.relative_to(root).as_posix()
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in DEVICE_PROPERTIES:
+            found.add((rel, node.attr))
+        elif isinstance(node, ast.Import):
+            found |= {(rel, a.name.split(".")[0]) for a in node.names if a.name.split(".")[0] in PROBE_MODULES}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in PROBE_MODULES:
+            found.add((rel, node.module.split(".")[0]))
+    return found
+
+
+def test_only_hardware_queries_device_properties_nvml_and_psutil():
+    found = set().union(*(device_queries(p) for p in sorted(LIB.rglob("*.py")) if "hardware" not in
+                          p.relative_to(LIB).parts[:1]))
+    assert found == DEVICE_QUERY_EXCEPTIONS
+
+
+def test_the_device_query_finder_sees_calls_and_imports(tmp_path):
+    sample = tmp_path / "lib" / "x.py"
+    sample.parent.mkdir()
+    sample.write_text("import psutil\nfrom pynvml import nvmlInit\nimport torch\n"
+                      "n = torch.cuda.get_device_properties(0).name\nm = torch.cuda.memory_allocated(0)\n")
+    assert device_queries(sample, tmp_path) == {("lib/x.py", "psutil"), ("lib/x.py", "pynvml"),
+                                                ("lib/x.py", "get_device_properties")}

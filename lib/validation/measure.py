@@ -1,8 +1,8 @@
 """The device calls validation makes, and the measured peak of one training step.
 
 CudaDevice puts the few torch.cuda calls behind one small interface (peaks,
-free memory, a squeezing allocation, the cuBLAS workspace), so the tests hand
-it a fake torch.cuda and the same code runs as on a GPU.
+free memory, a squeezing allocation, the cuBLAS workspace, the device's name),
+so the tests hand it a fake torch.cuda and the same code runs as on a GPU.
 
 measure_step runs lib.memory.training_steps, the step the predictor traces
 (two steps, the second accumulating, then zero_grad), for real:
@@ -94,11 +94,9 @@ class CudaDevice:
         self.cuda.empty_cache()
 
     def name(self) -> str:
+        """The device's name for validation's report, from the torch.cuda this device was handed (a test's fake
+        answers it): the one torch.cuda device property read outside lib/hardware/ (docs/architecture.md)."""
         return str(self.cuda.get_device_name(self.index))
-
-    def uuid(self) -> str | None:
-        uuid = getattr(self.cuda.get_device_properties(self.index), "uuid", None)
-        return str(uuid) if uuid else None
 
     def blas_workspace(self) -> int | None:
         """Bytes cuBLAS/cuBLASLt take from the caching allocator for their workspace at the first
