@@ -1,8 +1,6 @@
 """make data: a corpus -> train.bin / val.bin / meta.json / tokenizer.json (lib/data/tokenized.py, corpus.py)."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +13,6 @@ from lib.data.text import read_meta  # noqa: E402
 from lib.data.tokenized import (MIN_VOCAB, check_vocab, load_tokenizer, token_dtype,  # noqa: E402
                                 tokenize_corpus)
 from lib.errors import DataError  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def topics(n: int, start: int = 0) -> str:
@@ -184,20 +180,23 @@ def test_default_corpus_is_the_pydoc_text(tmp_path: Path):
     assert meta["corpus"] == "pydoc_data.topics" and meta["tokens"] > 100_000
 
 
-def test_damaged_meta_json_in_out_is_one_error_line(texts: Path, tmp_path: Path):
+def test_damaged_meta_json_in_out_is_one_error_line(texts: Path, tmp_path: Path, monkeypatch, capsys):
+    from lib.cli import main
+
     out = tmp_path / "out"
     out.mkdir()
     (out / "meta.json").write_text('{"vocab_size": 30')  # cut short
     with pytest.raises(DataError, match="is not the meta.json make data writes"):
         tokenize_corpus(str(texts), out, vocab=300, log=quiet)
-    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "CORPUS", "TOKENIZER", "VOCAB", "MAKEFLAGS",
-                                                             "MAKELEVEL", "MFLAGS")}
-    made = subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "data", f"CORPUS={texts}",
-                           "OUT=out", "VOCAB=300"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert made.returncode == 2
-    errors = [line for line in made.stderr.splitlines() if not line.startswith("make: ")]
-    assert errors == ["error: out/meta.json is not the meta.json make data writes (not a JSON object): the directory "
-                      "holds something else; remove it, or write the corpus elsewhere with OUT="], made.stderr
+    # make data's command (make runs `kfit data` with its variables as environment): one error line, exit 2
+    monkeypatch.chdir(tmp_path)
+    for name, value in (("CORPUS", str(texts)), ("OUT", "out"), ("VOCAB", "300")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TOKENIZER", raising=False)
+    assert main(["data"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: out/meta.json is not the meta.json make data writes (not a JSON object): the directory holds "
+        "something else; remove it, or write the corpus elsewhere with OUT="]
 
 
 def test_damaged_shard_records_start_over(texts: Path, tmp_path: Path):
