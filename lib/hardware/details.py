@@ -1,4 +1,4 @@
-"""What `make check-hardware` shows beyond the profile, and `make recommend` reads (seed 002's profiler):
+"""What `make check-hardware` shows beyond the profile, and `make recommend` reads:
 CPU architecture, clock and NUMA nodes, swap, host memory bandwidth, the data directory's disk type and
 read speed, each GPU's power limit and draw, and INT8/FP8 support. Each item is read or measured where
 this machine allows and is None otherwise (shown as "unknown"), never an error.
