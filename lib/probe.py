@@ -4,7 +4,7 @@ A plan is a prediction. Before training, the probe runs TRIAL_STEPS real steps
 (forward, backward, optimizer step: the optimizer state is allocated on the
 first) of a throwaway copy of the model at the planned micro-batch. Out of
 memory, or a measured peak over the plan's budget, bisects down; a peak that
-leaves clear room (HEADROOM, seed 003's 10%) under the budget may try larger,
+leaves clear room (HEADROOM, 10%) under the budget may try larger,
 up to the per-process share of the effective batch. Candidates are the
 resolver's (lib.steptime.balanced_micro_batches): for each accumulation count
 k, the smallest micro-batch that needs only k micro-batches, ceil(share / k),

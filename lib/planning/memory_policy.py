@@ -27,7 +27,7 @@ from ..units import format_bytes
 if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
     from ..memory import MemoryPredictor, Prediction
 
-# Margin evidence (issue 28, tests/test_memory_replay.py): on the 38 committed H100 memory cases the predicted
+# Margin evidence (tests/test_memory_replay.py): on the 38 committed H100 memory cases the predicted
 # peak is -1.99%..+4.99% of the measured reserved peak (mean 1.9%), so a real peak is at most 1/(1-0.0199)
 # = 1.020 x the prediction. Balanced at 0.90 then peaks at <= 91.8% of free memory, extreme at 0.97 at
 # <= 99.0% (the replay allows extreme up to 0.980). Not yet applied: the shares a config gets live in
