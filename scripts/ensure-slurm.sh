@@ -29,11 +29,48 @@ node_idle() {
 # The machine's CPUs as the scheduler must see them. GNU nproc obeys OMP_NUM_THREADS (the test suite sets it to 1):
 # a node declared with 1 CPU leaves every job asking for this machine's 2 pending forever (Reason=PartitionConfig).
 CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
+conf_text() {
+    cat <<EOF
+$MARK: one node, this machine ($HOST), $CPUS CPUs, no GPUs.
+ClusterName=kfit
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# a requeued job waits out its credential's lifetime before it starts again (120 s by default): 15 s here, so the
+# preemption test sees SLURM's own restart; forcing an earlier start races the revocation ("credential revoked")
+AuthInfo=cred_expire=15
+CryptoType=crypto/munge
+MpiDefault=none
+# no cgroups: they are not available (or not delegated) in a container
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+# requeued jobs (the preemption test) and quick turnaround
+JobRequeue=1
+ReturnToService=2
+KillWait=30
+MinJobAge=600
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS State=UNKNOWN
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+EOF
+}
 ours() { [ -e "$CONF" ] && grep -q "^$MARK" "$CONF"; }
-declared_cpus() { sed -n 's/^NodeName=.* CPUs=\([0-9]*\).*/\1/p' "$CONF" 2>/dev/null; }
 if command -v sinfo >/dev/null 2>&1 && node_idle; then
-    # already up: a real cluster, or ours declared as this machine is now (an older start may have declared fewer CPUs)
-    if ! ours || [ "$(declared_cpus)" = "$CPUS" ]; then
+    # already up: a real cluster, or ours as this script writes it now (an older start may have declared fewer CPUs)
+    if ! ours || conf_text | cmp -s - "$CONF"; then
         exit 0
     fi
 fi
@@ -72,39 +109,7 @@ if [ -e "$CONF" ] && ! grep -q "^$MARK" "$CONF"; then
     fail "$CONF exists and was not written by this script: not replacing it (a real cluster's?)"
 fi
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
-cat > "$CONF.new" <<EOF
-$MARK: one node, this machine ($HOST), $CPUS CPUs, no GPUs.
-ClusterName=kfit
-SlurmctldHost=$HOST(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CryptoType=crypto/munge
-MpiDefault=none
-# no cgroups: they are not available (or not delegated) in a container
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-# requeued jobs (the preemption test) and quick turnaround
-JobRequeue=1
-ReturnToService=2
-KillWait=30
-MinJobAge=600
-SlurmctldPort=6817
-SlurmdPort=6818
-StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
-EOF
+conf_text > "$CONF.new"
 if ! cmp -s "$CONF.new" "$CONF" 2>/dev/null; then
     mv "$CONF.new" "$CONF"
     changed=1
@@ -116,13 +121,13 @@ fi
 [ -e /etc/slurm/cgroup.conf ] || echo "$MARK" > /etc/slurm/cgroup.conf
 
 # ---- the daemons: reuse running ones (reconfigure if the file changed), else start them
-running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+running() { [ -s "$1" ] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
 stop() {  # a node's CPU count changes only with a restart of both daemons (scontrol reconfigure keeps the old one)
     running "$1" || return 0
     kill "$(cat "$1")" 2>/dev/null
     i=0
     while running "$1" && [ $i -lt 20 ]; do sleep 0.5; i=$((i + 1)); done
-    running "$1" && kill -9 "$(cat "$1")" 2>/dev/null
+    running "$1" && kill -9 "$(cat "$1" 2>/dev/null)" 2>/dev/null
     return 0
 }
 if [ "$changed" = 1 ]; then
