@@ -450,15 +450,12 @@ def test_a_gpu_run_writes_docs_validation_and_its_index_row(tmp_path):
 def test_make_validate_gpu_on_the_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "OUT",
                                                               "DEVICE", "QUICK", "KFIT_INJECT_OOM")}
-    start = time.monotonic()
     run = subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "validate-gpu",
                           "DEVICE=cpu", f"OUT={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    seconds = time.monotonic() - start
+                         timeout=300)  # a runaway's bound; how long it takes is not this test's business
     assert run.returncode == 0, run.stdout + run.stderr
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("validate-gpu: device=cpu checks=9 passed=6 failed=0 skipped=3"), run.stdout
-    assert seconds < 120  # about 30 s on 2 busy cores; the bound only catches a runaway
     [path] = tmp_path.glob("cpu-*.json")
     assert f"json={path}" in last
     doc = json.loads(path.read_text())
