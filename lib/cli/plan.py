@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -12,6 +11,7 @@ from .common import config_to_plan, hardware_from_env, plan_for
 from .flags import MACHINE, command
 from .. import config as kconfig
 from ..errors import KfitError
+from ..planning import edits
 from ..planning.render import format_plan, time_rows  # noqa: F401  (time_rows: for scripts/cli_plan.py)
 
 
@@ -20,7 +20,7 @@ def cmd_plan(args) -> int:
     config, note = config_to_plan()
     model, plan = plan_for(config, hardware)
     if note:
-        plan = dataclasses.replace(plan, notes=plan.notes + (note,))
+        plan = edits.with_note(plan, note)
     if args.format == "json":
         print(json.dumps({**plan.to_dict(), "hardware": hardware.to_dict()}, indent=2, sort_keys=True))
     else:
