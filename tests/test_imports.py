@@ -242,11 +242,6 @@ def test_the_layer_reader_reads_items_until_the_list_ends():
 # --------------------------------------------------------------------------
 # Only lib/planning/ changes a plan
 
-# Plan changes outside lib/planning/ in files owned elsewhere, each to move to lib/planning/edits.py; empty
-# this as they are fixed. lib/cli/plan.py: `kfit plan`'s no-config note (edits.with_note does it).
-PLAN_EDIT_LEFTOVERS: set[str] = set()
-
-
 def plan_replacements(path: Path, root: Path = ROOT) -> list[str]:
     """`replace(<a plan>, ...)` and `dataclasses.replace(<a plan>, ...)` in one file: a call whose first argument
     names a plan (plan, self.plan, old_plan, ...)."""
@@ -275,14 +270,9 @@ def _plan_edits_outside_planning() -> dict[str, list[str]]:
 
 def test_only_planning_changes_a_plan():
     found = _plan_edits_outside_planning()
-    new = [w for rel, where in found.items() if rel not in PLAN_EDIT_LEFTOVERS for w in where]
+    new = [w for where in found.values() for w in where]
     assert not new, "plans changed outside lib/planning/ (add a function to lib/planning/edits.py or ladder.py " \
                     "and call it):\n" + "\n".join(new)
-
-
-def test_the_plan_edit_leftovers_are_still_there():
-    stale = PLAN_EDIT_LEFTOVERS - set(_plan_edits_outside_planning())
-    assert not stale, f"fixed, so take them off PLAN_EDIT_LEFTOVERS: {sorted(stale)}"
 
 
 def test_the_plan_edit_finder_sees_both_spellings(tmp_path):
