@@ -26,9 +26,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_node(cwd: Path, config: Path, rank: int, port: int, **extra: str) -> subprocess.Popen:
+def start_node(cwd: Path, config: Path, rank: int, port: int, nnodes: str = "2", **extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "RESUME", "GPUS")}
-    env.update(KCONFIG_CONFIG=str(config), OMP_NUM_THREADS="1", GPUS="1", NNODES="2", NODE_RANK=str(rank),
+    env.update(KCONFIG_CONFIG=str(config), OMP_NUM_THREADS="1", GPUS="1", NNODES=nnodes, NODE_RANK=str(rank),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
     return subprocess.Popen(KFIT + ["train"], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
@@ -40,10 +40,11 @@ def finish(node: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_process_with_the_same_effective_batch_and_finish_cleanly(make_config, tmp_path):
+@pytest.mark.parametrize("nnodes", ["2", "2:2"], ids=["static", "c10d"])  # 2:2, elastic: torchrun's c10d rendezvous
+def test_two_nodes_train_as_one_process_with_the_same_effective_batch_and_finish_cleanly(make_config, tmp_path, nnodes):
     two = make_config(manual(16, 1, COMMON))
     port = free_port()
-    nodes = [start_node(tmp_path, Path(two.source), rank, port) for rank in (0, 1)]
+    nodes = [start_node(tmp_path, Path(two.source), rank, port, nnodes) for rank in (0, 1)]
     results = [finish(node) for node in nodes]
     for rank, (code, out, err) in enumerate(results):
         assert code == 0, f"node {rank}: {out}{err}"
