@@ -201,10 +201,30 @@ def kfit(cwd, *args, **env):
     return subprocess.run([*KFIT, *args], cwd=cwd, capture_output=True, text=True, env={**base, **env}, timeout=600)
 
 
+@pytest.fixture
+def kfit_here(monkeypatch, capsys):
+    """kfit's command in this process, as `kfit` runs it (its variables as environment, in cwd): the
+    commands that only plan and write files, without an interpreter's start and torch's import (about 3 s)."""
+    from lib.cli import main
+
+    def run(cwd, *args, **env):
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            for name in CLEARED:
+                m.delenv(name, raising=False)
+            for name, value in env.items():
+                m.setenv(name, value)
+            capsys.readouterr()
+            code = main(list(args))
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["kfit", *args], code, out, err)
+    return run
+
+
 @pytest.mark.slow
-def test_recommend_without_a_config_chooses_gpt2_and_llama_sizes_and_writes_valid_defconfigs(tmp_path):
+def test_recommend_without_a_config_chooses_gpt2_and_llama_sizes_and_writes_valid_defconfigs(tmp_path, kfit_here):
     out = tmp_path / "recommended"
-    run = kfit(tmp_path, "recommend", "--format", "json", WRITE="1", OUT=str(out))
+    run = kfit_here(tmp_path, "recommend", "--format", "json", WRITE="1", OUT=str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     doc = json.loads(run.stdout)
     assert [r["mode"] for r in doc["recommendations"]] == ["conservative", "balanced", "extreme"]
@@ -226,19 +246,19 @@ def test_recommend_without_a_config_chooses_gpt2_and_llama_sizes_and_writes_vali
     assert "CONFIG_MODEL_LLAMA=y" in llama and "CONFIG_LLAMA_PRESET_" in llama and "CONFIG_MAX_STEPS=" in llama
     text = (out / "recommended-extreme").read_text()
     assert "CONFIG_MAX_STEPS=" in text and "CONFIG_MEMORY_PROFILE_EXTREME=y" in text
-    applied = kfit(tmp_path, "defconfig", str(out / "recommended-extreme"))  # strictly valid
+    applied = kfit_here(tmp_path, "defconfig", str(out / "recommended-extreme"))  # strictly valid
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "CONFIG_GPT2_BLOCK_SIZE=2048" in (tmp_path / ".config").read_text()
 
 
 @pytest.mark.slow
-def test_a_recommended_defconfig_trains(tmp_path):
+def test_a_recommended_defconfig_trains(tmp_path, kfit_here):
     """LeNet-5 (the default config): its model is kept, the modes set the memory share; one trains."""
-    assert kfit(tmp_path, "defconfig", "lenet5").returncode == 0
-    run = kfit(tmp_path, "recommend", WRITE="1", OUT=str(tmp_path / "rec"))
+    assert kfit_here(tmp_path, "defconfig", "lenet5").returncode == 0
+    run = kfit_here(tmp_path, "recommend", WRITE="1", OUT=str(tmp_path / "rec"))
     assert run.returncode == 0 and "Performance score:" in run.stdout, run.stdout + run.stderr
     assert "CONFIG_MEMORY_PROFILE_CONSERVATIVE=y" in (tmp_path / "rec" / "recommended-conservative").read_text()
-    applied = kfit(tmp_path, "defconfig", str(tmp_path / "rec" / "recommended-conservative"), "--fragments",
+    applied = kfit_here(tmp_path, "defconfig", str(tmp_path / "rec" / "recommended-conservative"), "--fragments",
                    "cpu-smoke")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     trained = kfit(tmp_path, "train")
