@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import subprocess
 import sys
@@ -150,15 +149,19 @@ def test_recommendations_name_only_memory_profiles_that_change_the_plan(lenet, t
     assert advice.startswith("CONFIG_MEMORY_PROFILE_CONSERVATIVE (50%): micro-batch") and plan.micro_batch == 64
 
 
-def kfit(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, "KCONFIG_CONFIG": str(cwd / ".config"), **env}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "kfit.py"), *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=300)
+def test_cli_check_hardware_shows_memory_warnings_and_advice(tmp_path, lenet, monkeypatch, capsys):
+    from lib.cli import main
 
-
-def test_cli_check_hardware_shows_memory_warnings_and_advice(tmp_path, lenet):
     (tmp_path / ".config").write_text(lenet.text)
-    hw = kfit(tmp_path, "check-hardware", GPU="t4", FREE_GB="8")
+    # kfit check-hardware in this process (make runs it with its variables as environment): no interpreter start
+    monkeypatch.chdir(tmp_path)
+    for name, value in (("KCONFIG_CONFIG", str(tmp_path / ".config")), ("GPU", "t4"), ("FREE_GB", "8")):
+        monkeypatch.setenv(name, value)
+    for name in ("HW", "GPUS", "WORLD_SIZE", "FORMAT"):
+        monkeypatch.delenv(name, raising=False)
+    capsys.readouterr()
+    code = main(["check-hardware"])
+    hw = subprocess.CompletedProcess(["kfit", "check-hardware"], code, *capsys.readouterr())
     assert hw.returncode == 0, hw.stderr
     assert "policy planner" in hw.stdout and "memory: predicted peak" in hw.stdout
     assert "warning: GPU 0 (Tesla T4)" in hw.stdout
