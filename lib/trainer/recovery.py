@@ -116,7 +116,7 @@ class Recovery:
 
     def apply_marker(self, marker: dict | None) -> None:
         """A relaunch after out-of-memory under FSDP takes the marker's micro-batch and rungs (the rungs are in
-        the plan already, from before the model was built: rundir.marker_rungs)."""
+        the plan already, from before the model was built: checkpoint.read_oom_marker)."""
         if marker is None:
             return
         p = self.progress

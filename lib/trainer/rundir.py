@@ -12,7 +12,6 @@ it holds).
 from __future__ import annotations
 
 import itertools
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Callable
@@ -207,24 +206,3 @@ class RunDirectory:
 
     def write_marker(self, marker: dict) -> None:
         checkpoint.write_json_atomic(self.path / checkpoint.OOM_MARKER, marker)
-
-    def marker(self) -> dict | None:
-        return read_marker(self.path)
-
-    def has_marker(self) -> bool:
-        return (self.path / checkpoint.OOM_MARKER).is_file()
-
-
-def read_marker(run_dir: Path) -> dict | None:
-    """The out-of-memory marker of a sharded run that ran out of memory (recovery.py's `mark`), or None."""
-    try:
-        marker = json.loads((Path(run_dir) / checkpoint.OOM_MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
-
-
-def marker_rungs(run_dir: Path) -> list[str]:
-    """The ladder rungs an out-of-memory marker asks the relaunched run to take."""
-    marker = read_marker(run_dir)
-    return list(marker.get("rungs", [])) if marker is not None else []
