@@ -170,6 +170,13 @@ def test_set_overrides_one_command_and_refuses_what_does_not_take(tmp_path, monk
         code, out, err = run(*argv)
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    monkeypatch.setenv(flags.MAKE_LIST, r"SET=EPOCHS=4\ CONFIG_SEED=7")  # make train SET="EPOCHS=4 CONFIG_SEED=7"
+    code, out, err = run("plan", "--gpu", "cpu", "--format", "json")
+    assert code == 0, err
+    assert "overrides: CONFIG_EPOCHS=4 CONFIG_SEED=7 (command line; .config unchanged)" in json.loads(out)["notes"]
+    monkeypatch.setenv(flags.MAKE_LIST, "SET=EPOCHS=abc")
+    code, out, err = run("plan", "--gpu", "cpu")
+    assert code == 2 and [line for line in err.splitlines() if line.startswith("error:")][0].count("CONFIG_EPOCHS")
     monkeypatch.setenv(flags.MAKE_LIST, "EPOCHS=2")
     code, out, err = run("savedefconfig")
     assert code == 2 and "does not train or plan" in err

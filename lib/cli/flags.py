@@ -134,9 +134,11 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
             given[name] = FLAGS[name].option
     command = getattr(args, "command", "")
     takes = {dest[len(_DEST):] for dest in vars(args) if dest.startswith(_DEST)}
-    variables, overrides = overrides_from_make(make_assignments(os.environ.get(MAKE_LIST, "")), command, takes,
-                                               lambda line: print(line, file=sys.stderr))
-    overrides += [_set_option(text) for text in getattr(args, "set_overrides", None) or ()]
+    pairs = make_assignments(os.environ.get(MAKE_LIST, ""))
+    variables, overrides = overrides_from_make(pairs, command, takes, lambda line: print(line, file=sys.stderr))
+    # make's SET="EPOCHS=1 LEARNING_RATE=0.01": each word one --set
+    set_words = [word for name, value in pairs if name == "SET" for word in value.split()]
+    overrides += [_set_option(text) for text in (*set_words, *(getattr(args, "set_overrides", None) or ()))]
     for name, value in overrides:
         if "\n" in value or "\r" in value or "\0" in value:
             raise KfitError(f"CONFIG_{name}={value!r}: an override's value cannot hold a line break")
