@@ -128,6 +128,33 @@ def cmd_mergeconfig(args) -> int:
     return 0
 
 
+def cmd_config_set(args) -> int:
+    """Write NAME=VALUE assignments into the config, as the kernel's scripts/config --set-val does, but checked as
+    strictly as a fragment: a value that does not take is one error naming it, and the config is left as it was."""
+    import json
+
+    pairs = json.loads(os.environ.get(flags.SET_VARIABLE) or "[]")  # make's SET= and NAME=value, --set
+    pairs += [flags.set_option(text) for text in args.assignments]
+    if not pairs:
+        raise KfitError("config-set: nothing to set: give NAME=VALUE pairs ('make config-set SET=\"EPOCHS=3 "
+                        "LEARNING_RATE=0.01\"' or 'kfit config-set EPOCHS=3 LEARNING_RATE=0.01')")
+    changes = dict(pairs)  # a symbol given twice: the last wins, as in make
+    path = kconfig.config_path()
+    shown = " ".join(f"CONFIG_{name}={value}" for name, value in changes.items())
+    notes: list[str] = []
+    try:
+        written = kconfig.apply_assignments(path, changes, notes)
+    except KfitError as err:
+        reason = " ".join(str(err).replace("invalid configuration:", "").replace("requested change: ", "").split())
+        raise KfitError(f"config-set {reason}; {path} is unchanged (asked: {shown})") from None
+    for note in notes:
+        print(f"note: {note}")
+    lines = dict(line.split("=", 1) for line in written.text.splitlines() if line.startswith("CONFIG_"))
+    now = ", ".join(f"CONFIG_{name}={lines.get('CONFIG_' + name, 'n')}" for name in changes)  # n: '# ... is not set'
+    print(f"# {now} written to {path} (previous in {path}.old)")
+    return 0
+
+
 def cmd_defconfigs(args) -> int:
     """Names for the Makefile's help and pattern rules."""
     names = kconfig.fragment_names() if args.fragments else kconfig.defconfig_names()
@@ -164,6 +191,10 @@ def parser() -> argparse.ArgumentParser:
     p = flags.command(sub, "mergeconfig", "merge a fragment onto the config (make <fragment>.config)",
                       func=cmd_mergeconfig)
     p.add_argument("fragment", help="a name from defconfigs/fragments/, or a path")
+    p = flags.command(sub, "config-set", "write NAME=VALUE settings into the config, each checked as in a fragment",
+                      func=cmd_config_set)
+    p.add_argument("assignments", nargs="*", metavar="NAME=VALUE",
+                   help="a Kconfig symbol (CONFIG_ optional) and its value, or a choice as PRECISION=BF16")
     p = flags.command(sub, "list", "list the defconfig (or fragment) names", func=cmd_defconfigs)
     p.add_argument("--fragments", action="store_true", help="list the fragments instead")
     for area in AREAS:

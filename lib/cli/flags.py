@@ -113,7 +113,9 @@ def command(sub, name: str, text: str, *variables: str, func=None, help: dict[st
         p.set_defaults(format=None)  # resolved from --format / FORMAT= when the command runs
     if name in OVERRIDABLE:
         p.add_argument("--set", dest="set_overrides", action="append", metavar="NAME=VALUE",
-                       help="override a Kconfig symbol for this command only (CONFIG_ optional; repeat it), checked "
+                       help="set a Kconfig symbol in the config (CONFIG_ optional; repeat it), checked as a fragment; "
+                       "on make's command line: NAME=VALUE or SET=\"A=1 B=2\"" if name == WRITES_OVERRIDES else
+                       "override a Kconfig symbol for this command only (CONFIG_ optional; repeat it), checked "
                        "as a fragment and never written to the config; on make's command line: NAME=VALUE")
     if func is not None:
         p.set_defaults(func=func)
@@ -138,7 +140,7 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     variables, overrides = overrides_from_make(pairs, command, takes, lambda line: print(line, file=sys.stderr))
     # make's SET="EPOCHS=1 LEARNING_RATE=0.01": each word one --set
     set_words = [word for name, value in pairs if name == "SET" for word in value.split()]
-    overrides += [_set_option(text) for text in (*set_words, *(getattr(args, "set_overrides", None) or ()))]
+    overrides += [set_option(text) for text in (*set_words, *(getattr(args, "set_overrides", None) or ()))]
     for name, value in overrides:
         if "\n" in value or "\r" in value or "\0" in value:
             raise KfitError(f"CONFIG_{name}={value!r}: an override's value cannot hold a line break")
@@ -165,7 +167,7 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
                 os.environ[name] = value
 
 
-def _set_option(text: str) -> tuple[str, str]:
+def set_option(text: str) -> tuple[str, str]:
     """--set NAME=VALUE: NAME a Kconfig symbol (CONFIG_ optional), or a choice as PRECISION=BF16."""
     name, sep, value = text.partition("=")
     found = _symbol_assignment(name.strip(), value, _symbols()) if sep else None
@@ -204,8 +206,10 @@ MAKE_VARIABLES = frozenset({
 # Names of other tools' settings a user may put on make's command line: not a near-miss of a kfit symbol.
 FOREIGN = ("KFIT_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "HF_", "WANDB_", "MLFLOW_", "XDG_",
            "TORCHELASTIC_", "LD_", "PATH", "HOME", "LANG", "LC_", "TERM", "TMP")
-# The commands that read the config through ensure_config / config_to_plan, where an override applies.
-OVERRIDABLE = frozenset({"plan", "train", "find-lr", "hpo"})
+# The commands that read the config through ensure_config / config_to_plan, where an override applies; and
+# config-set, which writes the overrides into the config (make config-set SET="A=1 B=2").
+WRITES_OVERRIDES = "config-set"
+OVERRIDABLE = frozenset({"plan", "train", "find-lr", "hpo", WRITES_OVERRIDES})
 
 
 def make_assignments(text: str) -> list[tuple[str, str]]:

@@ -163,10 +163,19 @@ def _merged(base_text: str, assignments: Mapping[str, object], source: str,
         base, change = Path(tmp) / "config", Path(tmp) / "changes"
         base.write_text(base_text)
         change.write_text(_assignment_lines(assignments))
+        found: list[str] = []
+
+        def named(text: str) -> str:  # the user's file and "the requested change", not temporary paths
+            return (text.replace(str(change), "requested change").replace(str(base), source)
+                    .replace("after the later fragments", "after the requested change"))
+
         try:
-            kconf = load_strict([base, change], notes)
-        except ConfigError as err:  # name the user's file and "the requested change", not temp paths
-            raise ConfigError(str(err).replace(str(change), "requested change").replace(str(base), source)) from None
+            kconf = load_strict([base, change], found)
+        except ConfigError as err:
+            raise ConfigError(named(str(err))) from None
+        finally:
+            if notes is not None:
+                notes.extend(named(note) for note in found)
         return kconf, typed_config(kconf, source)
 
 
