@@ -25,8 +25,8 @@ def main(output_dir: str = "runs") -> None:
     # (kfit plan --gpu h100 --free-gb 70), and for this one.
     for where, plan in (("an H100", kfit.resolve_plan(config, gpu="h100", free_gb=70)),
                         ("this machine", kfit.resolve_plan(config))):
-        print(f"on {where}: {plan.device_type}, {plan.precision}, micro-batch {plan.micro_batch} x "
-              f"{plan.grad_accum} accumulation, predicted peak {plan.predicted_peak_bytes / 2**20:.0f} MiB")
+        print(f"on {where}: {plan.device_type}, {plan.precision}, micro-batches {plan.split.text()}, "
+              f"predicted peak {plan.predicted_peak_bytes / 2**20:.0f} MiB")
 
     # A short run here with kfit's loop (what `kfit train` does, in this process): the same defconfig with
     # a fragment merged on top (a few small CPU steps) and overrides, checked as strictly.

@@ -12,6 +12,7 @@ from typing import Any, Callable, Protocol
 
 from .config import Config
 from .hardware import HardwareProfile
+from .units import BatchSplit, batch_split
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,21 @@ class Plan:
     predicted_energy_kwh: float | None = None  # the device's power limit x the run's time
     predicted_mfu: float | None = None  # model FLOPs utilisation: counted FLOPs/s over the datasheet peak
 
+    @property
+    def split(self) -> BatchSplit:
+        """How a step's effective batch runs as micro-batches over the processes (lib.units.batch_split): its
+        text() and compact() are what every line showing the micro-batch and accumulation prints."""
+        return batch_split(self.effective_batch, self.micro_batch, self.world_size)
+
+    @property
+    def last_micro_batch(self) -> int:
+        """The last micro-batch of each process's step: short where the micro-batch does not divide the share."""
+        return self.split.last_micro_batch
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["notes"] = list(self.notes)
+        d["last_micro_batch"] = self.last_micro_batch  # beside micro_batch and grad_accum: they multiply with it
         return d
 
     @classmethod

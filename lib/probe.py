@@ -230,8 +230,7 @@ def maybe_probe(config: Config, plan: Plan, hardware: HardwareProfile, task: Tas
     if result is None:
         return plan
     probed = apply(plan, result, result["how"])
-    log(f"Probe: micro-batch {plan.micro_batch} -> {probed.micro_batch}, accumulation {plan.grad_accum} -> "
-        f"{probed.grad_accum} (effective {probed.effective_batch}); eval batch {probed.eval_batch}")
+    log(f"Probe: micro-batches {plan.split.text()} -> {probed.split.text()}; eval batch {probed.eval_batch}")
     return probed
 
 

@@ -89,8 +89,8 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
             changed = (other.micro_batch, other.grad_accum, other.gradient_checkpointing, other.strategy) != (
                 plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing, plan.strategy)
             if changed:  # a profile that leaves the plan as it is changes nothing worth saying
-                advice.append(f"CONFIG_MEMORY_PROFILE_{symbol} ({share:.0%}): micro-batch {other.micro_batch} x "
-                              f"accumulation {other.grad_accum}, predicted peak "
+                advice.append(f"CONFIG_MEMORY_PROFILE_{symbol} ({share:.0%}): micro-batches {other.split.text()}, "
+                              f"predicted peak "
                               f"{size(other.predicted_peak_bytes)} of {size(other.budget_bytes)}")
     elif plan.mode == "auto":
         advice.append("CONFIG_HYPER_PARAM_POLICY_PLANNER sizes the batch from a traced step of this model "
@@ -222,7 +222,7 @@ def format_matrix(rows: list[MatrixRow]) -> str:
             table.append((r.defconfig, r.machine, "-", "-", "-", "-", "-", "-", "-", "does not fit", "", ""))
             continue
         share = f"{p.predicted_peak_bytes / p.budget_bytes:.0%}" if p.predicted_peak_bytes else "-"
-        table.append((r.defconfig, r.machine, str(p.micro_batch), str(p.grad_accum), str(p.effective_batch),
+        table.append((r.defconfig, r.machine, p.split.compact(), str(p.split.count), str(p.effective_batch),
                       str(p.eval_batch), "on" if p.compile else "off", p.precision, p.strategy,
                       size(p.predicted_peak_bytes), size(p.budget_bytes), share))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]

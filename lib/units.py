@@ -1,11 +1,14 @@
-"""Bytes as kfit prints them, in binary units: GiB is 2**30 bytes, MiB 2**20 (the unit names say so: kfit
+"""Bytes and batches as kfit prints them. Bytes in binary units: GiB is 2**30 bytes, MiB 2**20 (the unit names say so: kfit
 never prints a decimal GB or MB for memory). Layer 1 (docs/architecture.md): it imports nothing from lib.
 
 `format_bytes` is kfit's one byte formatter; `gib` the figure kfit prints and reads back (FREE_GB=, the
-hardware profile's *_gb arguments) in GiB.
+hardware profile's *_gb arguments) in GiB. `batch_split` is kfit's one formatter of a step's micro-batches and
+accumulation (its lines multiply: '21 x 24 + 8 x 1 = 512').
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 MiB = 2**20
 GiB = 2**30
@@ -24,3 +27,84 @@ def format_bytes(n_bytes: int | float, mib_decimals: int = 0, *, sep: str = "") 
     if n_bytes >= GiB:
         return f"{n_bytes / GiB:.2f}{sep}GiB"
     return f"{n_bytes / MiB:.{mib_decimals}f}{sep}MiB"
+
+
+# --------------------------------------------------------------------------
+# Batches as kfit prints them: every line that shows a micro-batch and accumulation shows numbers that multiply.
+
+
+def _cut(share: int, micro: int) -> list[int]:
+    """The micro-batch sizes one process runs for `share` samples, as the trainer cuts them
+    (lib.trainer.windows.split_batches): `micro` each, the last one short where `micro` does not divide the share,
+    and a lone last sample joined to the micro-batch before it."""
+    sizes = [micro] * (share // micro) + ([share % micro] if share % micro else [])
+    if len(sizes) > 1 and sizes[-1] == 1:
+        sizes[-2:] = [sizes[-2] + 1]
+    return sizes
+
+
+def _groups(sizes: list[int]) -> list[tuple[int, int]]:
+    """[(size, how many)] of consecutive equal sizes."""
+    out: list[tuple[int, int]] = []
+    for size in sizes:
+        if out and out[-1][0] == size:
+            out[-1] = (size, out[-1][1] + 1)
+        else:
+            out.append((size, 1))
+    return out
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """One optimizer step's samples (`effective`) cut into micro-batches of `micro` over `processes` processes.
+
+    `sizes` are the micro-batches of the process with the most samples (all processes alike where `processes`
+    divides `effective`, as every plan's does); `last_micro_batch` the last of them, short where `micro` does not
+    divide the process's share; `count` how many there are, the accumulation."""
+
+    effective: int
+    micro: int
+    processes: int
+    sizes: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def last_micro_batch(self) -> int:
+        return self.sizes[-1]
+
+    def shares(self) -> list[int]:
+        """Each process's samples, as the trainer slices a window (lib.trainer.windows.rank_batches)."""
+        n, w = self.effective, self.processes
+        return [(r + 1) * n // w - r * n // w for r in range(w)]
+
+    def text(self) -> str:
+        """'21 x 24 + 8 x 1 = 512'; over processes '64 x 4 x 2 processes = 512' or
+        '(21 x 12 + 4 x 1) x 2 processes = 512': numbers that multiply and add up to the effective batch."""
+        parts = []
+        for share, ranks in _groups(sorted(self.shares())):
+            groups = _groups(_cut(share, self.micro))
+            one = " + ".join(f"{size} x {n}" for size, n in groups) or "0"  # a process with no sample
+            if self.processes == 1:
+                parts.append(one)
+            else:
+                noun = "process" if ranks == 1 else "processes"
+                parts.append(f"{f'({one})' if len(groups) > 1 else one} x {ranks} {noun}")
+        return f"{' + '.join(parts)} = {self.effective}"
+
+    def compact(self) -> str:
+        """The micro-batch as a key=value line shows it beside its accumulation: '21', or '21 (last 8)' where the
+        last is another size, so that '21 (last 8) x 25' is 21 x 24 + 8."""
+        first, last = self.sizes[0], self.sizes[-1]
+        return str(first) if first == last else f"{first} (last {last})"
+
+
+def batch_split(effective: int, micro: int, processes: int = 1) -> BatchSplit:
+    """How `effective` samples per optimizer step run as micro-batches of `micro` on `processes` processes."""
+    if effective < 1 or micro < 1 or processes < 1:
+        raise ValueError(f"a batch split needs counts of at least 1, not effective={effective!r}, "
+                         f"micro={micro!r}, processes={processes!r}")
+    share = -(-effective // processes)
+    return BatchSplit(effective, micro, processes, tuple(_cut(share, micro)))

@@ -307,7 +307,7 @@ def test_an_interrupted_search_says_what_it_kept(study_config, config_copy, tmp_
                               env=make_env(KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=url, TRIALS="1"),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = ""
-    while not out.endswith("accumulation, eval batch 128\n"):  # trial 1 is training
+    while not out.endswith(", eval batch 128\n"):  # trial 1 is training
         line = worker.stdout.readline()
         assert line, out
         out += line

@@ -289,7 +289,7 @@ def test_a_script_of_another_repository_calls_apply_hyperparams_on_its_own_confi
     assert lines[1].startswith("Compile: Disabled (CPU")
     _, micro, accum, compile_on, effective, planned = lines[-1].split()
     assert int(micro) * int(accum) >= 256 and effective == planned == "256"
-    assert f"batch={micro}, grad_acc={accum} (effective=256, target=256" in lines[0]
+    assert re.search(rf"batch={micro}( \(last \d+\))?, grad_acc={accum} \(effective=256, target=256", lines[0])
     assert compile_on == "n"  # a .config's 'y'/'n' stays a string
 
 
@@ -330,18 +330,16 @@ def test_a_plan_predicts_its_model_flops_utilisation(make_config):
 
 
 def test_the_summary_line_adds_up_when_the_last_micro_batch_is_short():
-    """batch x grad_acc x processes is the effective batch, or the line says how the step adds up."""
-    from lib.planning.render import short_micro_batch
-
+    """batch x grad_acc x processes is the effective batch: a short last micro-batch is shown beside the batch."""
     plan = resolve(kc.defconfig_config("lenet5"), CPU, ModelDescription(name="lenet5"))
     short = dataclasses.replace(plan, micro_batch=21, grad_accum=25, effective_batch=512, world_size=1)
-    assert short_micro_batch(short) == "; each step 24 x 21 + 8 = 512"
+    assert short.split.text() == "21 x 24 + 8 x 1 = 512"
     two = dataclasses.replace(short, micro_batch=21, grad_accum=13, world_size=2)
-    assert short_micro_batch(two) == "; each step 12 x 21 + 4 = 256 per process"
+    assert two.split.text() == "(21 x 12 + 4 x 1) x 2 processes = 512"
     exact = dataclasses.replace(plan, micro_batch=64, grad_accum=8, effective_batch=512, world_size=1)
-    assert short_micro_batch(exact) == ""
+    assert exact.split.text() == "64 x 8 = 512" and exact.split.compact() == "64"
     line = summary_line(short, CPU, ModelDescription(name="lenet5"))
-    assert line.endswith("batch=21, grad_acc=25 (effective=512, target=512; each step 24 x 21 + 8 = 512)")
+    assert line.endswith("batch=21 (last 8), grad_acc=25 (effective=512, target=512)")
 
 
 def test_the_ladder_is_taken_before_training_when_no_strategy_of_several_fits(tmp_path):

@@ -147,8 +147,7 @@ def _text(rec, title: str | None = None) -> list[str]:
         lines.append(f"  model     {rec.shape.name}: {rec.parameters / 1e6:.1f}M parameters, context {mode.context}")
     else:
         lines.append(f"  model     {rec.config.model}")
-    lines.append(f"  batch     micro-batch {plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es) "
-                 f"= {plan.effective_batch}; {plan.precision}, checkpointing "
+    lines.append(f"  batch     micro-batches {plan.split.text()}; {plan.precision}, checkpointing "
                  f"{'on' if plan.gradient_checkpointing else 'off'}, strategy {plan.strategy}")
     if plan.predicted_peak_bytes and plan.budget_bytes:
         lines.append(f"  memory    predicted peak {format_size(plan.predicted_peak_bytes)} of a "

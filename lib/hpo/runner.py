@@ -15,6 +15,7 @@ import torch
 from ..config import Config
 from ..errors import KfitError
 from ..hyperparams import ModelDescription, Plan, resolve
+from ..units import batch_split
 from .space import assignments, check_space, describe, sample, trial_config
 from . import storage as storage_module
 from .storage import (HEARTBEAT_GRACE_S, no_experimental_warning, open_study, redact, storage_failure, storage_label,
@@ -90,12 +91,13 @@ def objective(config: Config, hardware, task, *, storage: str | None = None, log
         run_dir = new_trial_dir(directory, trial.number)
         cfg = trial_config(config, params, run_dir.name)
         plan = capped(plan_of(cfg, hardware), probed)
-        for name, value in (("micro_batch", plan.micro_batch), ("grad_accum", plan.grad_accum),
+        split = plan.split
+        for name, value in (("micro_batch", plan.micro_batch), ("grad_accum", split.count),
+                            ("last_micro_batch", split.last_micro_batch), ("world_size", plan.world_size),
                             ("effective_batch", plan.effective_batch), ("eval_batch", plan.eval_batch),
                             ("policy", plan.policy), ("run_dir", str(run_dir))):
             trial.set_user_attr(name, value)
-        log(f"trial {trial.number}: {describe(params)} -> micro-batch {plan.micro_batch} x {plan.grad_accum} "
-            f"accumulation, eval batch {plan.eval_batch}"
+        log(f"trial {trial.number}: {describe(params)} -> micro-batches {split.text()}, eval batch {plan.eval_batch}"
             + (f" (in {run_dir.name}: an earlier study of this name left trial-{trial.number:04d})"
                if run_dir.name != f"trial-{trial.number:04d}" else ""))
 
@@ -256,10 +258,17 @@ def status_lines(study: optuna.Study, storage: str) -> list[str]:
               + (f", accuracy {a['accuracy']:.2%}" if "accuracy" in a else "")
               + (f", perplexity {a['perplexity']:.2f}" if "perplexity" in a else ""),
               f"    {describe(best.params)}",
-              f"    plan: micro-batch {a.get('micro_batch')} x accumulation {a.get('grad_accum')} = "
-              f"{a.get('effective_batch')}, eval batch {a.get('eval_batch')} (policy {a.get('policy')})",
+              f"    plan: micro-batches {_split_text(a)}, eval batch {a.get('eval_batch')} (policy {a.get('policy')})",
               f"    run: {a.get('run_dir')}"]
     return lines
+
+
+def _split_text(attrs: dict) -> str:
+    """A trial's micro-batches as they multiply ('21 x 24 + 8 x 1 = 512'), from what its user attributes keep."""
+    try:
+        return batch_split(attrs["effective_batch"], attrs["micro_batch"], attrs.get("world_size", 1)).text()
+    except (KeyError, TypeError, ValueError):  # a trial that recorded no plan
+        return "unknown"
 
 
 def best_assignments(study: optuna.Study) -> dict:

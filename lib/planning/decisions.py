@@ -11,6 +11,7 @@ import math
 from ..config import Config
 from ..errors import PlanError
 from ..hardware import GPUInfo, HardwareProfile
+from ..units import batch_split
 
 
 # GPUs where torch.compile is known to misbehave.
@@ -110,7 +111,7 @@ def calculate_gradient_accumulation(target: int, max_micro: int, world_size: int
     _, micro, accum = best
     effective = micro * accum * world_size
     return micro, accum, (f"the target {target} is not divisible by the world size {world_size}: "
-                          f"closest is {micro} x {accum} x {world_size} = {effective} "
+                          f"closest is {batch_split(effective, micro, world_size).text()} "
                           f"({(effective - target) / target:+.1%})")
 
 

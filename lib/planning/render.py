@@ -17,29 +17,22 @@ def summary_line(plan: Plan, hardware: HardwareProfile, model: ModelDescription)
     """The one line training starts with, e.g.
     Hyperparams: AUTO mode - GPU: NVIDIA H100 (80.0GB total, 72.3GB free) x 1, model=resnet18, compile=ON
     -> batch=64, grad_acc=8 (effective=512, target=512)
-    """
+
+    batch x grad_acc x processes is the effective batch: where the last micro-batch of a step is short, the
+    batch says so ('batch=21 (last 8), grad_acc=25': 21 x 24 + 8 = 512; lib.units.batch_split)."""
     if plan.device_type == "cpu":
         where = (f"CPU: {hardware.cpu.name} ({hardware.cpu.physical_cores} cores, "
-                 f"{gib(hardware.cpu.ram_available_bytes):.1f}GiB RAM free)")
+                 f"{gib(hardware.cpu.ram_available_bytes):.1f}GiB RAM free)"
+                 + (f" x {plan.world_size} processes" if plan.world_size > 1 else ""))
     else:
         gpu = hardware.primary_gpu
         where = (f"GPU: {gpu.name} ({gib(gpu.total_bytes):.1f}GiB total, {gib(gpu.free_bytes):.1f}GiB free) "
                  f"x {plan.world_size}")
+    split = plan.split
     head = f"Hyperparams: {plan.mode.upper()} mode - {where}, model={model_label(model)}, " \
-           f"compile={'ON' if plan.compile else 'OFF'} -> batch={plan.micro_batch}, grad_acc={plan.grad_accum} "
+           f"compile={'ON' if plan.compile else 'OFF'} -> batch={split.compact()}, grad_acc={split.count} "
     target = f"target={plan.target_effective_batch}" if plan.mode == "auto" else "as configured"
-    return head + f"(effective={plan.effective_batch}, {target}{short_micro_batch(plan)})"
-
-
-def short_micro_batch(plan: Plan) -> str:
-    """Where batch x grad_acc x processes is not the effective batch (a micro-batch that does not divide a
-    process's share: the last one of each step is short), how the step adds up; else nothing."""
-    if plan.micro_batch * plan.grad_accum * plan.world_size == plan.effective_batch:
-        return ""
-    share = plan.effective_batch // plan.world_size
-    last = share - (plan.grad_accum - 1) * plan.micro_batch
-    per = " per process" if plan.world_size > 1 else ""
-    return f"; each step {plan.grad_accum - 1} x {plan.micro_batch} + {last} = {share}{per}"
+    return head + f"(effective={plan.effective_batch}, {target})"
 
 
 def compile_line(plan: Plan) -> str:
@@ -77,16 +70,14 @@ def memory_lines(plan: Plan, width: int = 30) -> list[str]:
 def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: ModelDescription) -> str:
     """The plan as a table: each decision, its value and why; the predicted time and memory; the notes."""
     target = f" (target {plan.target_effective_batch})" if plan.target_effective_batch else " (MANUAL)"
+    split = plan.split
     rows = [
         ("device", f"{plan.device_type} ({plan.device_name})", plan.reasons["device"]),
         ("precision", plan.precision + (" + grad scaler" if plan.grad_scaler else ""), plan.reasons["precision"]),
         ("compile", f"on ({plan.compile_mode})" if plan.compile else "off", plan.reasons["compile"]),
-        ("micro-batch", str(plan.micro_batch), plan.reasons["micro_batch"]),
-        ("grad accumulation", str(plan.grad_accum), plan.reasons["grad_accum"]),
-        ("effective batch", f"{plan.effective_batch}{target}",
-         f"{plan.micro_batch} x {plan.grad_accum} x {plan.world_size} process(es)"
-         + (", the last micro-batch short" if plan.micro_batch * plan.grad_accum * plan.world_size
-            != plan.effective_batch else "")),
+        ("micro-batch", split.compact(), plan.reasons["micro_batch"]),
+        ("grad accumulation", str(split.count), plan.reasons["grad_accum"]),
+        ("effective batch", f"{plan.effective_batch}{target}", f"each step {split.text()}"),
         *([("processes", f"{plan.world_size // plan.nodes} x {plan.nodes} machines",
              f"{plan.world_size // plan.nodes} per machine on each of {plan.nodes} machines = {plan.world_size}")]
           if plan.nodes > 1 else []),

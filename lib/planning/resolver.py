@@ -29,6 +29,7 @@ from ..hardware import HardwareProfile
 from ..parallel import is_sharded
 from ..plan import BatchChoice, BatchPolicy, ModelDescription, Plan
 from ..threads import decide_cpu_threads, decide_loader_workers, using_threads
+from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
                         decide_gradient_sync, decide_precision, decide_tf32)
@@ -176,9 +177,9 @@ def _resolve(request: PlanRequest) -> Plan:
             micro, accum, checkpointing, choice = best.micro_batch, best.grad_accum, option.checkpointing, option.choice
             share = target // world_size
             reasons["micro_batch"] = f"{choice.reason}; {why}"
-            last = share - (accum - 1) * micro
+            split = batch_split(share, micro)
             reasons["grad_accum"] = f"{share} per process / micro-batch {micro}" + (
-                f": {accum - 1} x {micro} + {last} (the short one weighs its samples)" if last != micro else "")
+                f": {split.text()} (the short one weighs its samples)" if split.last_micro_batch != micro else "")
             effective = target
         else:
             micro, accum, reasons["grad_accum"] = calculate_gradient_accumulation(target, cap, world_size)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..units import batch_split
 from .model import StepTimeModel
 
 TIE = 0.03
@@ -36,9 +37,12 @@ class Candidate:
     seconds: float  # one optimizer step
     samples_per_second: float  # over all processes
     measured: bool = True  # within the micro-batch sizes timed on this device (or none were)
+    share: int | None = None  # one process's samples per step (None: micro_batch x grad_accum)
 
     def describe(self) -> str:
-        text = f"{self.micro_batch} x {self.grad_accum}"
+        """'21 x 24 + 8 x 1 = 512 -> 9,870 samples/s': the step's micro-batches of one process, which multiply."""
+        share = self.share or self.micro_batch * self.grad_accum
+        text = batch_split(share, self.micro_batch).text()
         if self.gradient_checkpointing:
             text += " with checkpointing"
         rate = self.samples_per_second
@@ -67,7 +71,7 @@ def candidates(model: StepTimeModel, *, share: int, cap: int, world_size: int,
         accum = -(-share // micro)
         seconds = model.seconds(micro, accum, share)
         out.append(Candidate(micro, accum, gradient_checkpointing, seconds, share * world_size / seconds,
-                             model.measured_covers(micro)))
+                             model.measured_covers(micro), share))
     return out
 
 

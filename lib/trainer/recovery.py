@@ -56,7 +56,7 @@ class Recovery:
         self.halved(f"after out of memory at step {step + 1}")
         self.apply(self.plan, [], True)
         self.event("oom_recovery", f"Out of memory at step {step + 1} ({reason}): micro-batch {before} -> "
-                   f"{p.micro_batch}, accumulation {self.plan.grad_accum}; redoing the step with the "
+                   f"{p.micro_batch} ({self.plan.split.text()}); redoing the step with the "
                    f"same {p.window_size} samples", micro_batch=p.micro_batch, halvings=p.halvings)
 
     def climb(self, step: int, reason: str, stuck: OutOfMemory) -> None:
@@ -70,7 +70,7 @@ class Recovery:
             + (f"saves {format_bytes(peaks[0] - peaks[1])})" if peaks[1] < peaks[0] else "no saving predicted)"))
         self.event("oom_rung", f"Out of memory at step {step + 1} at micro-batch {p.micro_batch} ({reason}): "
                    f"out-of-memory ladder rung {len(p.rungs)}: {rung.what}{saving}; redoing the step with the same "
-                   f"{p.window_size} samples (micro-batch {p.micro_batch}, accumulation {self.plan.grad_accum})",
+                   f"{p.window_size} samples (micro-batches {self.plan.split.text()})",
                    rung=rung.name, micro_batch=p.micro_batch, grad_accum=self.plan.grad_accum,
                    effective_batch=p.window_size, predicted_peak_before_bytes=peaks[0] if peaks else None,
                    predicted_peak_after_bytes=peaks[1] if peaks else None,
@@ -131,7 +131,7 @@ class Recovery:
         before, p.micro_batch, p.halvings = p.micro_batch, marker["micro_batch"], marker["halvings"]
         self.halved(f"after out of memory at step {marker['step']} (FSDP relaunch)")
         self.log(f"Out of memory at step {marker['step']} ({marker['reason']}): micro-batch {before} -> "
-                 f"{p.micro_batch}, accumulation {self.plan.grad_accum}; the same {p.window_size} samples per step")
+                 f"{p.micro_batch} ({self.plan.split.text()}); the same {p.window_size} samples per step")
 
     # -- resuming ---------------------------------------------------------------------
 
@@ -161,7 +161,7 @@ class Recovery:
         p.micro_batch, p.halvings, p.rungs = self.plan.micro_batch, 0, []
         self.log(f"Resuming on {self.plan.device_type} ({self.plan.device_name}); the checkpoint was taken on "
                  f"{old.get('device_type')} ({old.get('device_name')}): micro-batch {old.get('micro_batch')} -> "
-                 f"{p.micro_batch}, accumulation {self.plan.grad_accum}, the same effective batch {p.window_size}")
+                 f"{p.micro_batch} ({self.plan.split.text()}), the same effective batch {p.window_size}")
 
 
 def moved(old: dict, plan: Plan) -> bool:

@@ -38,6 +38,7 @@ from ..memory import MemoryPredictor
 from .measure import measure_cpu
 from .report import Context, Result, failed, passed
 from ..env import environ as process_environ
+from ..units import batch_split
 
 STEPS = 20
 GiB, MiB = 2**30, 2**20
@@ -90,12 +91,14 @@ def environ(**values: str):
 
 def judge_squeeze(*, steps: int, events: list[dict], peak: int, plan, free: int, held: int) -> Result:
     share = plan.target_effective_batch // plan.world_size if plan.target_effective_batch else None
+    split = batch_split(plan.effective_batch, plan.micro_batch, plan.world_size)
     figures = {"free_bytes": free, "held_bytes": held, "budget_bytes": plan.budget_bytes,
-               "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "effective_batch": plan.effective_batch,
+               "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "last_micro_batch": split.last_micro_batch,
+               "effective_batch": plan.effective_batch,
                "predicted_peak_bytes": plan.predicted_peak_bytes, "measured_peak_bytes": peak, "steps": steps,
                "oom_events": len(events)}
-    text = (f"{free / MiB:.1f} MiB free -> budget {plan.budget_bytes / MiB:.1f} MiB -> micro-batch "
-            f"{plan.micro_batch} x {plan.grad_accum}; {steps} steps, peak {peak / MiB:.1f} MiB "
+    text = (f"{free / MiB:.1f} MiB free -> budget {plan.budget_bytes / MiB:.1f} MiB -> micro-batches "
+            f"{split.text()}; {steps} steps, peak {peak / MiB:.1f} MiB "
             f"({peak / plan.budget_bytes:.0%} of the budget, predicted {plan.predicted_peak_bytes / MiB:.1f})")
     problems = []
     if steps < STEPS:
