@@ -27,6 +27,18 @@ gradients, as every real range test has: full-batch gradient descent on a
 quadratic it has already solved has nothing left in the stiff direction to
 amplify, and its loss turns up only at about 5-10/L.
 
+The rate for the effective batch
+--------------------------------
+The sweep steps at one batch B (one process, no accumulation), while training
+steps at the effective batch E = micro-batch x accumulation x processes. A
+rate found at B is converted to E by a stated rule (CONFIG_LR_SCALING_*):
+linear, lr x E/B, for SGD (Goyal et al. 2017: k times the batch averages k
+times the noise away, so k times the step keeps the progress per sample);
+square root, lr x sqrt(E/B), for Adam and AdamW, whose update is normalised by
+the gradient's scale (Malladi et al. 2022, the square-root scaling rule for
+adaptive methods); or none. `make find-lr` prints both rates and APPLY=1
+writes the converted one.
+
 Why not the steepest descent of the loss (Lightning's and torch-lr-finder's
 default)? Where the loss falls fastest depends on the sweep, not the problem:
 the loss falls once the *accumulated* LR, about lr x r/(r-1) for a growth
@@ -161,6 +173,46 @@ def range_test(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Optimi
     low, steep, suggestion = suggest(lrs, smoothed)
     return RangeTest(lrs=tuple(lrs), losses=tuple(losses), smoothed=tuple(smoothed), stop_reason=stop,
                      seconds=time.perf_counter() - start, min_lr=low, steepest_lr=steep, suggestion=suggestion)
+
+
+# --------------------------------------------------------------------------
+# The rate for the effective batch
+
+RULES = {"linear": "linear", "sqrt": "square-root", "none": "no"}
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How a rate found at `measured_batch` converts to `effective_batch`, and why that rule."""
+
+    rule: str  # linear | sqrt | none
+    why: str  # the setting that chose it
+    measured_batch: int
+    effective_batch: int
+
+    @property
+    def factor(self) -> float:
+        ratio = self.effective_batch / self.measured_batch
+        return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[self.rule]
+
+    def convert(self, lr: float) -> float:
+        return lr * self.factor
+
+    def describe(self) -> str:
+        """'square-root scaling (CONFIG_LR_SCALING_AUTO, adamw): x sqrt(512 / 64) = x2.83'."""
+        ratio = f"{self.effective_batch} / {self.measured_batch}"
+        how = {"linear": f"x {ratio}", "sqrt": f"x sqrt({ratio})", "none": "x 1"}[self.rule]
+        return f"{RULES[self.rule]} scaling ({self.why}): {how} = x{self.factor:.3g}"
+
+
+def scaling_for(config, measured_batch: int, effective_batch: int) -> Scaling:
+    """The rule CONFIG_LR_SCALING_* names; AUTO: linear for SGD, square root for Adam and AdamW."""
+    if config.lr_scaling == "auto":
+        rule = "linear" if config.optimizer == "sgd" else "sqrt"
+        why = f"CONFIG_LR_SCALING_AUTO, {config.optimizer}"
+    else:
+        rule, why = config.lr_scaling, f"CONFIG_LR_SCALING_{config.lr_scaling.upper()}"
+    return Scaling(rule, why, measured_batch, effective_batch)
 
 
 # --------------------------------------------------------------------------

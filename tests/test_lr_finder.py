@@ -148,15 +148,19 @@ def test_make_find_lr_uses_the_per_device_batch_and_applies_the_median(tmp_path)
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    assert "one process on cpu (fp32) at batch 16 (the plan's per-device micro-batch; training steps 64 = 16 x 1 x 4" \
-        in out
+    assert "one process on cpu (fp32) at batch 16 (the plan's per-device micro-batch; training steps micro-batches " \
+        "16 x 1 x 4 processes = 64" in out
     assert len(re.findall(r"^  run \d \(seed \d+\): \d+ steps", out, re.M)) == 2
-    suggested = float(re.search(r"Suggested learning rate: (\S+) \(median of 2 runs", out).group(1))
+    suggested = float(re.search(r"Suggested learning rate at the measured batch 16: (\S+) \(median of 2 runs",
+                                out).group(1))
+    # AdamW at 4 x the measured batch: the square-root rule doubles it (each figure rounded to two digits)
+    converted = float(re.search(r"at the effective batch 64: (\S+) \(square-root scaling", out).group(1))
+    assert converted == pytest.approx(2 * suggested, rel=0.06)
     report = Path(re.search(r"Report: (\S+)", out).group(1))
     html = (tmp_path / report).read_text()
     assert "<svg" in html and "<polyline" in html and f"<b>{suggested:.2g}</b>" in html
     assert (tmp_path / report).parent.parent == tmp_path / "runs"
-    assert kc.read_config(config).learning_rate == suggested  # APPLY=1 went through the strict writer
+    assert kc.read_config(config).learning_rate == converted  # APPLY=1 went through the strict writer
     assert (tmp_path / "config.old").is_file()
 
 

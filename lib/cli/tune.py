@@ -73,9 +73,10 @@ def cmd_find_lr(args) -> int:
     model, plan = plan_for(config, hardware)
     batch = _positive("BATCH") or plan.micro_batch
     runs = _positive("RUNS") or 1
-    why = "BATCH=" if os.environ.get("BATCH") else (
-        f"the plan's per-device micro-batch; training steps {plan.effective_batch} = {plan.micro_batch} x "
-        f"{plan.grad_accum} x {plan.world_size} process(es)")
+    split = plan.split
+    why = "BATCH=" if os.environ.get("BATCH") else "the plan's per-device micro-batch"
+    why += f"; training steps micro-batches {split.text()}"
+    scaling = lr_finder.scaling_for(config, batch, plan.effective_batch)
     print(f"LR range test: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
           f"{config.optimizer}, one process on {plan.device_type} ({plan.precision}) at batch {batch} ({why})")
     print(f"Sweep {config.lr_finder_min_lr:g} -> {config.lr_finder_max_lr:g} over {config.lr_finder_steps} steps, "
@@ -95,21 +96,30 @@ def cmd_find_lr(args) -> int:
     facts = [("config", config.source), ("model", model.name + (f"-{model.preset}" if model.preset else "")),
              ("optimizer", f"{config.optimizer}, weight decay {config.weight_decay:g}"),
              ("device", f"{plan.device_type} ({plan.device_name}), {plan.precision}"),
-             ("batch", f"{batch} ({why})"), ("configured learning rate", f"{config.learning_rate:g}")]
+             ("batch", f"{batch} ({why})"), ("configured learning rate", f"{config.learning_rate:g}"),
+             ("for the effective batch", f"{plan.effective_batch}: {scaling.describe()}")]
     (directory / "report.html").write_text(lr_finder.render_report(
         results, summary, title=f"LR range test: {facts[1][1]}", facts=facts))
+    found = summary.suggestion
     (directory / "result.json").write_text(json.dumps(
-        {"batch": batch, "suggestion": summary.suggestion, "low": summary.low, "high": summary.high,
+        {"batch": batch, "suggestion": found, "low": summary.low, "high": summary.high,
+         "effective_batch": plan.effective_batch, "micro_batch": plan.micro_batch, "grad_accum": split.count,
+         "last_micro_batch": split.last_micro_batch, "world_size": plan.world_size,
+         "scaling": {"rule": scaling.rule, "why": scaling.why, "factor": scaling.factor},
+         "effective_suggestion": scaling.convert(found) if found is not None else None,
          "runs": [r.to_dict() for r in results]}, indent=1))
     if summary.suggestion is None:
         raise KfitError(f"the loss never fell in the sweep (report: {directory / 'report.html'}): lower "
                         f"CONFIG_LR_FINDER_MIN_LR (now {config.lr_finder_min_lr:g})")
-    lr = lr_finder.rounded(summary.suggestion)
+    measured = lr_finder.rounded(summary.suggestion)
+    lr = lr_finder.rounded(scaling.convert(summary.suggestion))
     spread = (f" (median of {runs - summary.failed} runs: {summary.low:.2g} to {summary.high:.2g}, "
               f"spread x{summary.spread:.2f})" if runs > 1 else "")
-    print(f"Suggested learning rate: {lr:.2g}{spread}; configured: {config.learning_rate:g}")
+    print(f"Suggested learning rate at the measured batch {batch}: {measured:.2g}{spread}")
+    print(f"Suggested learning rate at the effective batch {plan.effective_batch}: {lr:.2g} ({scaling.describe()}); "
+          f"configured: {config.learning_rate:g}")
     print(f"Report: {directory / 'report.html'}")
-    if apply:
+    if apply:  # training steps at the effective batch: its rate is the one written
         _apply({"LEARNING_RATE": lr})
     return 0
 

@@ -114,6 +114,7 @@ class Config:
     lr_finder_steps: int
     lr_finder_smoothing: float
     lr_finder_diverge: float
+    lr_scaling: str  # auto | linear | sqrt | none: the finder's rate converted to the effective batch
 
     # hyperparameter search
     hpo_trials: int
@@ -248,6 +249,7 @@ def _tuning(kconf) -> dict:
         lr_finder_steps=_int(kconf, "LR_FINDER_STEPS"),
         lr_finder_smoothing=_number(kconf, "LR_FINDER_SMOOTHING", low=0, high=1, low_open=True),
         lr_finder_diverge=_number(kconf, "LR_FINDER_DIVERGE", low=1, low_open=True),
+        lr_scaling=_choice(kconf, "LR_SCALING_", {"AUTO": "auto", "LINEAR": "linear", "SQRT": "sqrt", "NONE": "none"}),
         hpo_trials=_int(kconf, "HPO_TRIALS"),
         hpo_timeout_s=_int(kconf, "HPO_TIMEOUT"),
         hpo_study_name=_str(kconf, "HPO_STUDY_NAME") or "",
