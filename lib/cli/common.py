@@ -8,12 +8,14 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .. import api, config as kconfig
+from .. import config as kconfig
 from ..env import env_number
 from ..errors import KfitError
-from .invocation import Invocation
+
+if TYPE_CHECKING:
+    from .invocation import Invocation
 
 
 def run_main(main: Callable[[], int | None]) -> int:
@@ -31,6 +33,8 @@ def run_main(main: Callable[[], int | None]) -> int:
 
 def parsed(run: Invocation | None) -> Invocation:
     """The command's variables: `run` as its start parsed them, else parsed now."""
+    from .invocation import Invocation
+
     return Invocation.from_environment() if run is None else run
 
 
@@ -123,6 +127,8 @@ def _overridden(config: "kconfig.Config", run: Invocation) -> tuple["kconfig.Con
 def processes(config, hardware, world_size: int | None = None, run: Invocation | None = None) -> tuple[int, int]:
     """(training processes, machines) as 'make train' would run them, from the command's variables (WORLD_SIZE=,
     GPUS=, NNODES=): lib.api.processes. So a plan previewed with the arguments of a run is the plan that runs."""
+    from .. import api
+
     run = parsed(run)
     return api.processes(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes)
 
@@ -130,6 +136,8 @@ def processes(config, hardware, world_size: int | None = None, run: Invocation |
 def plan_for(config, hardware, world_size: int | None = None, run: Invocation | None = None):
     """(model description, plan) for a config on a machine, as training would resolve it, with the command's
     settings (lib.planning.Settings: never the API's default)."""
+    from .. import api
+
     run = parsed(run)
     return api.plan_for(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes,
                         settings=run.settings)

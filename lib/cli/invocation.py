@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from .. import distributed
 from ..errors import KfitError
 from ..env import env_bool, env_number, env_text
-from ..planning import Settings
 from .slurm import with_slurm
+
+if TYPE_CHECKING:
+    from ..planning import Settings
 
 # The one-command Kconfig overrides, as JSON [[symbol, value], ...] (lib/cli/flags.py writes it).
 SET_VARIABLE = "KFIT_SET"
@@ -34,7 +35,7 @@ class Invocation:
     gpu: str | None = None
     free_gb: float | None = None
     plan_path: str | None = None  # KFIT_PLAN: the launcher's plan, in a rank
-    settings: Settings = field(default_factory=Settings)
+    settings: Settings = field(default_factory=lambda: _settings_type()())
     # Kconfig symbols set for this command only (make's NAME=value, `--set`), as (symbol, value) in the order
     # given: KFIT_SET, which lib/cli/flags.py writes and torchrun's ranks inherit
     overrides: tuple[tuple[str, str], ...] = ()
@@ -42,18 +43,31 @@ class Invocation:
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> "Invocation":
         env = with_slurm(os.environ if env is None else env)  # inside a SLURM job: its nodes, rank and host
-        return cls(gpus=env_number("GPUS", int, None, env, minimum=1),
-                   world_size=env_number("WORLD_SIZE", int, None, env, minimum=1),
-                   nodes=distributed.nodes_range(env), resume=env_bool("RESUME", None, env),
+        gpus, world_size = env_number("GPUS", int, None, env, minimum=1), env_number("WORLD_SIZE", int, None, env,
+                                                                                     minimum=1)
+        # torch is imported only now (lib.distributed, lib.planning), after the plain values above are checked:
+        # a refused GPUS= costs no torch import (about 3 s)
+        from .. import distributed
+
+        return cls(gpus=gpus, world_size=world_size, nodes=distributed.nodes_range(env),
+                   resume=env_bool("RESUME", None, env),
                    resume_from=env_text("RESUME_FROM", env), init_from=env_text("INIT_FROM", env),
                    hw=env_text("HW", env), gpu=env_text("GPU", env), free_gb=env_number("FREE_GB", float, None, env),
-                   plan_path=env_text(PLAN_VARIABLE, env), settings=Settings.from_environment(env),
+                   plan_path=env_text(PLAN_VARIABLE, env), settings=_settings_type().from_environment(env),
                    overrides=_overrides(env_text(SET_VARIABLE, env)))
 
     @property
     def planned_nodes(self) -> int:
         """The machines a plan is made for: an elastic range plans for its largest."""
         return self.nodes[1]
+
+
+def _settings_type() -> type:
+    """lib.planning.Settings, imported when first needed: lib.planning imports torch, which a command that only
+    writes a config (or refuses a variable) never needs."""
+    from ..planning import Settings
+
+    return Settings
 
 
 def _overrides(text: str | None) -> tuple[tuple[str, str], ...]:

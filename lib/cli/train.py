@@ -15,15 +15,29 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..api import train_planned, usable_hardware  # noqa: F401  (usable_hardware: for tests)
 from .common import ensure_config, hardware_from_env, plan_for
 from ..env import env_number, env_text
 from ..errors import KfitError
-from ..planning.decisions import decide_device
 from .flags import command
 from .invocation import PLAN_VARIABLE, Invocation
 from .slurm import with_slurm
 
+# torch and what needs it are imported by the commands that use them, not with this module: kfit's parser
+# imports every command's module, and a config target or a refused variable then starts in about 0.5 s, not 3 s.
+
+
+def train_planned(*args, **kwargs):
+    """lib.api.train_planned (a name here, so a test can replace what cmd_train calls)."""
+    from ..api import train_planned as train
+
+    return train(*args, **kwargs)
+
+
+def usable_hardware(*args, **kwargs):
+    """lib.api.usable_hardware (scripts/cli_train.py's tests call it by this name)."""
+    from ..api import usable_hardware as usable
+
+    return usable(*args, **kwargs)
 
 
 def _rank_script() -> Path:
@@ -116,15 +130,16 @@ PEER_LOST_EXIT = 3
 
 
 def cmd_train(args) -> int:
+    # the command's variables, parsed once: each is checked before a config is written or a process launched
+    run = Invocation.from_environment()
     import torch
 
     from .. import distributed
     from ..oom import ADVICE, is_oom
     from ..parallel import is_sharded
+    from ..planning.decisions import decide_device
     from ..trainer import TrainingInterrupted
 
-    # the command's variables, parsed once: each is checked before a config is written or a process launched
-    run = Invocation.from_environment()
     hardware = hardware_from_env(allow_simulated=False, run=run)
     config = ensure_config(run)
     # RESUME_FROM is checked before any process is launched (torchrun's rank 0 checks it again, and resumes)
@@ -195,10 +210,10 @@ def _run(command: str, what: str, example: str = "") -> Path:
 
 
 def cmd_export(args) -> int:
-    from ..export import export
-
     run = _run("export", "a run directory (under CONFIG_OUTPUT_DIR) or a checkpoint")
     out = env_text("OUT")
+    from ..export import export
+
     path = export(run, Path(out).expanduser() if out else None)
     print(f"Exported {path} (the model's state_dict: safetensors.torch.load_file(path)), with config and "
           f"plan.json beside it")
@@ -206,14 +221,14 @@ def cmd_export(args) -> int:
 
 
 def cmd_sample(args) -> int:
+    run = _run("sample", "a GPT-2 run directory, a checkpoint or an exported model.safetensors", ' PROMPT="def "')
+    settings = dict(max_tokens=env_number("MAX_TOKENS", int, 200, minimum=1),
+                    temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0),
+                    top_k=env_number("TOP_K", int, 200, minimum=0) or None,
+                    seed=env_number("SEED", int, 0, minimum=0))
     from ..sample import sample
 
-    run = _run("sample", "a GPT-2 run directory, a checkpoint or an exported model.safetensors", ' PROMPT="def "')
-    text, about = sample(run, os.environ.get("PROMPT", ""),
-                         max_tokens=env_number("MAX_TOKENS", int, 200, minimum=1),
-                         temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0),
-                         top_k=env_number("TOP_K", int, 200, minimum=0) or None,
-                         seed=env_number("SEED", int, 0, minimum=0))
+    text, about = sample(run, os.environ.get("PROMPT", ""), **settings)
     step = f" at step {about['step']}" if about["step"] is not None else ""
     print(f"# {about.get('model', 'gpt2')} {about['preset']}{step}, {about['tokenizer']}, on {about['device']}", file=sys.stderr)
     print(os.environ.get("PROMPT", "") + text)
