@@ -16,8 +16,10 @@ import torch.nn.functional as F
 from .config import Config
 from .data import BatchSplit, DatasetInfo, load_image_data, load_text_data
 from .data.splits import DatasetSplit, TensorSplit
+from .errors import ConfigError
 from .models import build_model
-from .models.registry import spec_for
+from .models.freeze import freeze
+from .models.registry import checkpointing_for, spec_for
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -34,7 +36,9 @@ class Task:
     info: DatasetInfo
     train: BatchSplit
     eval: BatchSplit
-    build: Callable[[bool], torch.nn.Module]  # build(gradient_checkpointing) -> a fresh model
+    # build(gradient_checkpointing) -> a fresh model, CONFIG_FREEZE's parameters frozen, checkpointing on where
+    # asked (a custom model's way: lib/models/registry.py's checkpointing_for)
+    build: Callable[[bool], torch.nn.Module]
     loss: LossFn
 
     def example_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,10 +47,18 @@ class Task:
 
 
 def _custom_task(config: Config) -> Task:
+    from .models.checkpointing import switch
     from .models.custom import build_custom, check, draw, first_batch
 
     spec = config.custom_model_factory
     custom = build_custom(spec)
+    freeze(custom.model, config.freeze)  # before the check: the patterns are checked against the model's names
+    how = checkpointing_for(config, custom.model)  # CONFIG_CHECKPOINT_MODULES's names checked too
+    if config.gradient_checkpointing and how is None:
+        raise ConfigError(f"CONFIG_GRADIENT_CHECKPOINTING=y: the model ({type(custom.model).__name__}) from {spec} "
+                          "has no way to checkpoint (no Hugging Face gradient checkpointing, no grad_checkpointing "
+                          "attribute, no layers that a ModuleList or Sequential holds two or more of): name the "
+                          "classes to recompute in CONFIG_CHECKPOINT_MODULES, or say n")
     if custom.datasets is not None:
         train, test = (DatasetSplit(*d) if isinstance(d, tuple) else DatasetSplit(d) for d in custom.datasets)
         check(custom, *first_batch(train, spec), spec)
@@ -64,7 +76,11 @@ def _custom_task(config: Config) -> Task:
     first = [custom.model]  # the factory built one model already: hand it out once, then build afresh
 
     def build(gradient_checkpointing: bool) -> torch.nn.Module:
-        return first.pop() if first else build_custom(spec).model
+        model = first.pop() if first else build_custom(spec).model
+        freeze(model, config.freeze)
+        if gradient_checkpointing and how is not None:
+            switch(model, how, True)
+        return model
 
     return Task(info=info, train=train, eval=test, build=build, loss=custom.loss_fn)
 
@@ -83,8 +99,13 @@ def load_task(config: Config) -> Task:
         train, test, info = load_image_data(source, config.data_dir, config.image_size)
 
     def build(gradient_checkpointing: bool) -> torch.nn.Module:
-        return build_model(config.model, grad_checkpointing=gradient_checkpointing, **spec.build_args(config, info))
+        model = build_model(config.model, grad_checkpointing=gradient_checkpointing, **spec.build_args(config, info))
+        freeze(model, config.freeze)
+        return model
 
+    if config.freeze:  # a pattern that matches nothing is an error now, not when a trace or the trainer builds
+        with torch.device("meta"):
+            build(False)
     return Task(info=info, train=train, eval=test, build=build, loss=cross_entropy)
 
 

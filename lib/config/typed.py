@@ -49,6 +49,8 @@ class Config:
     lr_schedule: str  # cosine | constant
     warmup_steps: int
     grad_clip: float
+    # parameter-name patterns (fnmatch) whose parameters are frozen: no gradient, no optimizer state
+    freeze: tuple[str, ...]
     seed: int
     log_interval: int
     eval_interval: int
@@ -72,6 +74,8 @@ class Config:
     tf32: str  # auto | on | off
     cudnn_benchmark: str  # auto | on | off
     gradient_checkpointing: bool
+    # a custom model's blocks to checkpoint, by class name; () = its own switch or its repeated blocks
+    checkpoint_modules: tuple[str, ...]
     workers_mode: str  # auto | manual
     dataloader_workers: int | None
     cpu_threads: int  # intra-op threads per process; 0 = AUTO (lib.threads)
@@ -229,6 +233,23 @@ def _ordered(low_name: str, low: float, high_name: str, high: float) -> None:
         raise ConfigError(f"CONFIG_{low_name}={low:g} must be below CONFIG_{high_name}={high:g}")
 
 
+def _words(kconf, name: str) -> tuple[str, ...]:
+    """A string symbol's words, separated by spaces or commas, each once, in order."""
+    return tuple(dict.fromkeys(w for w in re.split(r"[\s,]+", _str(kconf, name) or "") if w))
+
+
+_CLASS_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _class_names(kconf) -> tuple[str, ...]:
+    names = _words(kconf, "CHECKPOINT_MODULES")
+    bad = [n for n in names if not _CLASS_NAME.fullmatch(n)]
+    if bad:
+        raise ConfigError(f'CONFIG_CHECKPOINT_MODULES="{_str(kconf, "CHECKPOINT_MODULES")}": {bad[0]!r} is not a '
+                          'class name: name module classes, separated by spaces or commas (e.g. "LlamaDecoderLayer")')
+    return names
+
+
 def _batch_sizes(kconf) -> tuple[int, ...]:
     text = _str(kconf, "HPO_BATCH_SIZES") or ""
     try:
@@ -361,6 +382,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         lr_schedule=_choice(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "CONSTANT": "constant"}),
         warmup_steps=_int(kconf, "WARMUP_STEPS"),
         grad_clip=_number(kconf, "GRAD_CLIP", low=0),
+        freeze=_words(kconf, "FREEZE"),
         seed=_int(kconf, "SEED"),
         log_interval=_int(kconf, "LOG_INTERVAL"),
         eval_interval=_int(kconf, "EVAL_INTERVAL"),
@@ -384,6 +406,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         tf32=_choice(kconf, "TF32_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
         cudnn_benchmark=_choice(kconf, "CUDNN_BENCHMARK_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
         gradient_checkpointing=_bool(kconf, "GRADIENT_CHECKPOINTING"),
+        checkpoint_modules=_class_names(kconf),
         workers_mode=_choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
         dataloader_workers=_int(kconf, "DATALOADER_WORKERS"),
         cpu_threads=_int(kconf, "CPU_THREADS"),

@@ -105,7 +105,9 @@ def _code_hash(sharded: bool = False) -> str:
 
 
 def model_fingerprint(config: Config) -> dict:
-    """The config fields that decide the model's shapes (and so its traces), never the data's contents."""
+    """The config fields that decide the model's shapes (and so its traces), never the data's contents: with
+    the parameters CONFIG_FREEZE freezes and the blocks CONFIG_CHECKPOINT_MODULES checkpoints (left out where
+    empty, so the keys of configs without them stay as they were)."""
     fp: dict = {"model": config.model}
     if config.model in ("gpt2", "llama"):
         llama = config.model == "llama"
@@ -122,9 +124,13 @@ def model_fingerprint(config: Config) -> dict:
 
         fp.update(factory=config.custom_model_factory,
                   source=_file_hash(source_file(load_factory(config.custom_model_factory))))
+        if config.checkpoint_modules:  # which blocks a checkpointed step recomputes
+            fp.update(checkpoint_modules=list(config.checkpoint_modules))
     else:  # image models: channels and classes come from the data set's format
         fp.update(image_size=config.image_size,
                   data=config.dataset_format if config.dataset == "dir" else "digits")
+    if config.freeze:  # frozen parameters have no gradients and no optimizer state
+        fp.update(freeze=list(config.freeze))
     return fp
 
 

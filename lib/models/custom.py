@@ -188,6 +188,35 @@ def build_custom(spec: str) -> CustomModel:
     return CustomModel(model, None if datasets else data, loss_fn, datasets)
 
 
+_HOW: dict[tuple, object] = {}  # checkpointing_of's answers, by factory, its source and the class names
+
+
+def checkpointing_of(config, model: torch.nn.Module | None = None):
+    """How the factory's model checkpoints (lib/models/checkpointing.py's `find`, with the classes
+    CONFIG_CHECKPOINT_MODULES names), or None where it cannot: found once per factory, its source file and
+    those names. `model`: one the factory built already; else one is built under torch.device("meta")
+    (a factory that cannot build there is called for real)."""
+    from .checkpointing import find
+
+    spec = config.custom_model_factory
+    path = source_file(load_factory(spec))
+    try:
+        with open(path, "rb") as source:
+            digest = hash(source.read())
+    except (OSError, TypeError):
+        digest = None
+    key = (spec, digest, tuple(config.checkpoint_modules))
+    if key not in _HOW:
+        if model is None:
+            try:
+                with torch.device("meta"):
+                    model = build_custom(spec).model
+            except ConfigError:
+                model = build_custom(spec).model
+        _HOW[key] = find(model, tuple(config.checkpoint_modules))
+    return _HOW[key]
+
+
 CHECK_SAMPLES = 2  # a forward pass on two real samples: BatchNorm in training mode needs more than one
 
 

@@ -1,6 +1,6 @@
 """Every model kfit can train, by name, and what the rest of kfit needs to know about it.
 
-The one answer to "which models support gradient checkpointing", "what data does it train on" and "how many
+The one answer to "which models support gradient checkpointing" (`checkpointing_for`, `can_checkpoint`), "what data does it train on" and "how many
 samples per step does the tier policy give it": the config's choices, the planner, the out-of-memory ladder,
 the reports and lib/task.py all read a `ModelSpec` from here. Importing this module imports no torch: the
 builders import their model modules when called.
@@ -15,6 +15,7 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config import Config
+    from .checkpointing import Checkpointing
     from ..data import DatasetInfo
 
 
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 class ModelSpec:
     name: str
     data: str  # images | text | custom (the factory brings its own)
-    # whether the builder takes a gradient-checkpointing switch; a custom model has one when the module it
-    # builds has a `grad_checkpointing` attribute (known once built: see can_checkpoint)
+    # whether the builder takes a gradient-checkpointing switch; a custom model's answer comes from the module
+    # its factory builds (lib/models/checkpointing.py: its own switch, or its repeated blocks; checkpointing_for)
     supports_checkpointing: bool
     tier_scale: float | None  # the tier policy's samples per step relative to GPT-2; None: planned as GPT-2
     builder: Callable[..., object] | None = None  # (**build arguments) -> torch.nn.Module; None: custom
@@ -110,10 +111,27 @@ def spec_for(name: str) -> ModelSpec:
         raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
 
 
-def can_checkpoint(name: str, model: object | None = None) -> bool:
-    """Whether gradient checkpointing can be switched on for this model: a built-in that supports it, or a
-    built custom model with a `grad_checkpointing` attribute."""
-    spec = MODELS.get(name)
-    if spec is not None and spec.supports_checkpointing:
-        return True
-    return model is not None and hasattr(model, "grad_checkpointing")
+def checkpointing_for(model_or_config: "str | Config", model: object | None = None) -> "Checkpointing | None":
+    """How gradient checkpointing is switched on for this model (lib/models/checkpointing.py), or None where it
+    cannot be: a built-in model's own switch where its spec supports it; a custom model's from the module its
+    factory builds (`model`, one built already, or the config's factory: lib/models/custom.py), or from the
+    built `model` alone where given no Config. Every "can this model checkpoint" in kfit asks here."""
+    config = None if isinstance(model_or_config, str) else model_or_config
+    spec = MODELS.get(model_or_config if config is None else config.model)
+    if spec is None:
+        return None
+    from .checkpointing import Checkpointing, find
+
+    if spec.builder is not None:
+        return Checkpointing("own") if spec.supports_checkpointing else None
+    if config is not None:
+        from .custom import checkpointing_of
+
+        return checkpointing_of(config, model)
+    return find(model) if model is not None else None
+
+
+def can_checkpoint(model_or_config: "str | Config", model: object | None = None) -> bool:
+    """Whether gradient checkpointing can be switched on for this model (`checkpointing_for`): given a name,
+    a built-in that supports it or a built custom `model` that has a way; given the Config, any model."""
+    return checkpointing_for(model_or_config, model) is not None
