@@ -5,7 +5,7 @@ Halving comes first (`halved`): it keeps the step's math. When the micro-batch i
 is spent) and the step still runs out of memory, the next rung is taken, in this order, each only where
 CONFIG_OOM_LADDER_<RUNG> allows it and where it applies:
 
-  checkpointing  gradient checkpointing on (models that have it: lib/models/registry.py)
+  checkpointing  gradient checkpointing on (models that have a way: lib/models/registry.py, checkpointing_for)
   autocast       bf16 autocast, fp16 with a gradient scaler on a GPU without bf16: float32 runs of
                  CONFIG_PRECISION_AUTO only, on CUDA/ROCm or the CPU (not MPS)
   offload        FSDP2's CPU offload: sharded runs on a CUDA GPU, taken by the relaunch (no rank can
@@ -70,7 +70,7 @@ def taken(config: Config, plan: Plan, name: str, hardware: HardwareProfile | Non
     """The plan with rung `name` taken, or None where it does not apply (or is already in effect).
     can_checkpoint: None asks the model registry."""
     if can_checkpoint is None:
-        can_checkpoint = model_can_checkpoint(plan.model)
+        can_checkpoint = model_can_checkpoint(config)
     change = changes(config, name, device_type=plan.device_type, precision=plan.precision,
                      gradient_checkpointing=plan.gradient_checkpointing, strategy=plan.strategy,
                      cpu_offload=plan.cpu_offload, supports_bf16=_bf16(plan, hardware), can_checkpoint=can_checkpoint)
@@ -87,7 +87,7 @@ def pre_training(config: Config, *, device_type: str, precision: str, supports_b
             continue
         change = changes(config, name, device_type=device_type, precision=precision,
                          gradient_checkpointing=checkpointing, supports_bf16=supports_bf16,
-                         can_checkpoint=model_can_checkpoint(config.model))
+                         can_checkpoint=model_can_checkpoint(config))
         if change is None:
             continue
         if "gradient_checkpointing" in change:

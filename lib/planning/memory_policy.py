@@ -128,7 +128,7 @@ class PlannerPolicy:
         if precision == "fp32":
             bf16 = self.predictor.predict(config, batch=1, device_type=device_type, precision="bf16", **sharding)
             helps.append(f"bf16 autocast (CONFIG_PRECISION_BF16 or _AUTO on a bf16 GPU): {_fmt(bf16.peak_bytes)}")
-        if not config.gradient_checkpointing and can_checkpoint(config.model):
+        if not config.gradient_checkpointing and can_checkpoint(config):
             ckpt = self.predictor.predict(config, batch=1, device_type=device_type, precision=precision,
                                           gradient_checkpointing=True, **sharding)
             helps.append(f"gradient checkpointing (CONFIG_GRADIENT_CHECKPOINTING=y): {_fmt(ckpt.peak_bytes)}")

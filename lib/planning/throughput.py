@@ -27,7 +27,8 @@ class _Option:
 def _other_checkpointing(config: Config, choice: BatchChoice, share: int) -> bool:
     """Whether the other checkpointing setting could help: the model has it, and it is on (recomputing
     costs time) or memory caps the micro-batch below the share (it would let a larger one fit)."""
-    return can_checkpoint(config.model) and (config.gradient_checkpointing or choice.max_micro < share)
+    # the registry last: a custom model's answer may build the factory's model (under the meta device)
+    return (config.gradient_checkpointing or choice.max_micro < share) and can_checkpoint(config)
 
 
 def _speed_reason(choice, ranked, share: int, cap: int, source: str, tie: float) -> str:

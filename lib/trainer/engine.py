@@ -23,6 +23,9 @@ from .. import distributed, parallel
 from ..config import Config
 from ..distributed import Rank
 from ..models import count_parameters
+from ..models.checkpointing import is_on, switch
+from ..models.freeze import trainable_parameters
+from ..models.registry import checkpointing_for
 from ..oom import Injector, release
 from ..plan import Plan
 from ..step import autocast_for, make_optimizer
@@ -42,6 +45,8 @@ class Engine:
         if initial_weights is not None:  # before sharding: names and shapes of the whole model (checked already)
             self.model.load_state_dict(initial_weights)
         self.parameters = count_parameters(self.model)
+        self.trainable_parameters = trainable_parameters(self.model)  # CONFIG_FREEZE's are not
+        self.checkpointing = checkpointing_for(config, self.model)  # how it recomputes, None where it cannot
         self.sharded = parallel.is_sharded(plan.strategy) and rank.active
         if self.sharded:  # before the optimizer: fully_shard replaces the parameters
             mesh = parallel.make_mesh(device.type, plan.strategy, rank.world_size, rank.local_world_size)
@@ -75,12 +80,12 @@ class Engine:
 
     @property
     def can_checkpoint(self) -> bool:
-        return hasattr(self.model, "grad_checkpointing")  # GPT-2 and ResNet recompute per block or stage
+        return self.checkpointing is not None
 
     def follow(self, plan: Plan, rungs: list[str]) -> None:
         """Compute steps as `plan` says from now on, the ladder's rungs `rungs` taken: checkpointing, a scaler."""
-        if self.can_checkpoint:
-            self.model.grad_checkpointing = plan.gradient_checkpointing
+        if self.checkpointing is not None and is_on(self.model, self.checkpointing) != plan.gradient_checkpointing:
+            switch(self.model, self.checkpointing, plan.gradient_checkpointing)
         if plan.grad_scaler and not self.scaler.is_enabled():
             self.scaler = torch.amp.GradScaler(plan.device_type, enabled=True)
         self.inject.adapted = self.inject.adapted or bool(rungs)
@@ -121,7 +126,7 @@ class Engine:
         (CONFIG_GRAD_CLIP), at the schedule's learning rate."""
         self.updating = True  # until the update is done, the tensors are neither the last step's nor this one's
         if self.ddp is not None and not self.ddp_sync_last:
-            distributed.all_reduce_gradients(list(self.model.parameters()))
+            distributed.all_reduce_gradients([p for p in self.model.parameters() if p.requires_grad])
         if self.config.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)

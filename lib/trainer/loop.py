@@ -179,7 +179,9 @@ class Trainer:
             self.directory.write_files(config, plan, self.hardware)
             log(f"Data: {self.info.description}")
             log(f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
-                f"{self.parameters:,} parameters, on {plan.device_type} ({plan.precision}); "
+                f"{self.engine.trainable_parameters:,} trainable / {self.parameters:,} parameters"
+                + (f" (CONFIG_FREEZE: {', '.join(config.freeze)})" if config.freeze else "")
+                + f", on {plan.device_type} ({plan.precision}); "
                 f"{self.total_steps} optimizer steps of {p.window_size} samples"
                 + (f" over {self.rank.world_size} processes" if self.rank.active else ""))
             log(f"Run directory: {self.run_dir}")
