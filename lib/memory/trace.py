@@ -336,6 +336,16 @@ def kernel_workspace(func, args, out, device_type: str) -> int:
     return extra
 
 
+class _NoHook:
+    """The handle of a gradient hook never installed (a frozen parameter's): removing it does nothing."""
+
+    def remove(self) -> None:
+        pass
+
+
+_NO_HOOK = _NoHook()
+
+
 def _peak_tracker(device_type: str):
     """A MemTracker that keeps only the whole-step peak, counting kernel workspaces as they happen.
 
@@ -346,6 +356,13 @@ def _peak_tracker(device_type: str):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class PeakTracker(MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            # torch hooks every parameter's gradient and raises on a frozen one (CONFIG_FREEZE), which has none
+            for p in module.parameters():
+                if not p.requires_grad:
+                    self._param_to_grad_hook_handles.setdefault(p, (_NO_HOOK, _NO_HOOK))
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def _update_peak_stats(self, peak_state) -> None:
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
