@@ -43,18 +43,17 @@ class Invocation:
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> "Invocation":
         env = with_slurm(os.environ if env is None else env)  # inside a SLURM job: its nodes, rank and host
-        gpus, world_size = env_number("GPUS", int, None, env, minimum=1), env_number("WORLD_SIZE", int, None, env,
-                                                                                     minimum=1)
-        # torch is imported only now (lib.distributed, lib.planning), after the plain values above are checked:
-        # a refused GPUS= costs no torch import (about 3 s)
+        plain = dict(gpus=env_number("GPUS", int, None, env, minimum=1),
+                     world_size=env_number("WORLD_SIZE", int, None, env, minimum=1),
+                     resume=env_bool("RESUME", None, env), resume_from=env_text("RESUME_FROM", env),
+                     init_from=env_text("INIT_FROM", env), hw=env_text("HW", env), gpu=env_text("GPU", env),
+                     free_gb=env_number("FREE_GB", float, None, env), plan_path=env_text(PLAN_VARIABLE, env),
+                     overrides=_overrides(env_text(SET_VARIABLE, env)))
+        # NNODES= and the planning settings after the plain values: their parsers live beside torch (lib.distributed,
+        # lib.planning), so a refused GPUS=, RESUME=, FREE_GB=, ... costs no torch import (about 3 s)
         from .. import distributed
 
-        return cls(gpus=gpus, world_size=world_size, nodes=distributed.nodes_range(env),
-                   resume=env_bool("RESUME", None, env),
-                   resume_from=env_text("RESUME_FROM", env), init_from=env_text("INIT_FROM", env),
-                   hw=env_text("HW", env), gpu=env_text("GPU", env), free_gb=env_number("FREE_GB", float, None, env),
-                   plan_path=env_text(PLAN_VARIABLE, env), settings=_settings_type().from_environment(env),
-                   overrides=_overrides(env_text(SET_VARIABLE, env)))
+        return cls(nodes=distributed.nodes_range(env), settings=_settings_type().from_environment(env), **plain)
 
     @property
     def planned_nodes(self) -> int:
