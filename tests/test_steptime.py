@@ -264,7 +264,7 @@ def test_resolve_takes_a_faster_micro_batch_that_does_not_divide_the_target(cach
     plan = resolve(lenet, resolve_hardware(gpu="cpu"), ModelDescription("lenet5"), policy=FixedPolicy(200))
     assert (plan.micro_batch, plan.grad_accum, plan.effective_batch) == (171, 3, 512)
     assert "fastest predicted" in plan.reasons["micro_batch"] and "128 x 4" in plan.reasons["micro_batch"]
-    assert "2 x 171 + 170" in plan.reasons["grad_accum"]
+    assert "171 x 2 + 170 x 1 = 512" in plan.reasons["grad_accum"]
     assert plan.predicted_step_seconds == pytest.approx(heavy.seconds(171, 3, 512))
     # samples cost the same at any size and nothing else counts: every candidate ties, the largest is kept
     flat = StepTimeModel(counts=fake_counts(per_sample=Phase(flops=1e6), optimizer=Phase()),
