@@ -72,7 +72,10 @@ from lib.errors import KfitError  # noqa: E402
 CASES = {"lenet5": (512, 1024, 2048), "resnet18": (8, 16, 32), "gpt2-tiny": (8, 16, 32),
          "custom-transformer": (32, 128, 512), "outside": (8, 32, 128),
          "hf-gpt2": (8, 32, 128), "hf-bert": (8, 32, 128),
-         "llama-tiny": (16, 64), "llama-tiny-ckpt": (16, 64), "llama-20m": (4, 16), "llama-20m-ckpt": (4, 16)}
+         "llama-tiny": (16, 64), "llama-tiny-ckpt": (16, 64), "llama-20m": (4, 16), "llama-20m-ckpt": (4, 16),
+         # the zoo (scripts/zoo.py): Hugging Face families from small configs
+         "hf-llama": (4, 16, 64), "hf-mixtral": (4, 16, 64), "hf-t5": (4, 16, 64), "hf-vit": (8, 32, 128),
+         "hf-convnext": (8, 32, 128), "hf-mamba": (4, 16, 64)}
 # a CASES name that is a defconfig with changes: name -> (defconfig, its changes). Llama 20M at 256 tokens
 # keeps a case's run short on a CPU; "-ckpt": gradient checkpointing (each block recomputed in backward).
 VARIANTS = {"llama-tiny-ckpt": ("llama-tiny", {"GRADIENT_CHECKPOINTING": True}),
@@ -80,7 +83,8 @@ VARIANTS = {"llama-tiny-ckpt": ("llama-tiny", {"GRADIENT_CHECKPOINTING": True}),
             "llama-20m-ckpt": ("llama-tiny", {"LLAMA_PRESET_20M": True, "LLAMA_BLOCK_SIZE": 256,
                                               "GRADIENT_CHECKPOINTING": True})}
 FACTORIES = {"outside": "outside_model:build", "hf-gpt2": "scripts.bench_memory:hf_gpt2",
-             "hf-bert": "scripts.bench_memory:hf_bert"}
+             "hf-bert": "scripts.bench_memory:hf_bert",
+             **{f"hf-{name}": f"scripts.zoo:{name}" for name in ("llama", "mixtral", "t5", "vit", "convnext", "mamba")}}
 # name -> (defconfig, its changes, strategy, processes, micro-batches, precisions): torchrun, CPU only.
 # GPT-2 124M at 64 tokens: a model whose peak falls inside an all-gather (gloo's scratch copy counts there).
 SHARDED_CASES = {"gpt2-tiny-fsdp-x2": ("gpt2-tiny", {}, "fsdp", 2, (8, 16, 32), ("fp32",)),

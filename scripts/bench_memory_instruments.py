@@ -1,15 +1,13 @@
 """bench_memory's instruments, which share nothing with the tracer they check: a block's peak resident
 memory (`PeakRSS`: the kernel's VmHWM, reset first, on Linux; else psutil sampled every millisecond), the
 resident memory now (`rss`), and the CPU allocator's peak over a run, from torch.profiler's memory events
-(`allocator_peak`)."""
+(`allocator_peak`, lib/memory/measured.py's: where the tracer cannot run a model, the planner measures with it)."""
 
 from __future__ import annotations
 
 import threading
 
-import torch
-
-from lib.validation.measure import quiet_stderr
+from lib.memory.measured import allocator_peak  # noqa: F401  the planner's measured fallback uses it too
 
 
 def _status_bytes(field: str) -> int | None:
@@ -62,23 +60,3 @@ def rss() -> int:
 
         rss = psutil.Process().memory_info().rss
     return rss
-
-
-def allocator_peak(run) -> int:
-    """torch.profiler's memory events around run(), which builds everything it uses: the CPU allocator's peak."""
-    from torch._C._profiler import _EventType
-
-    with quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                profile_memory=True) as prof:
-        run()
-    allocations, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag == _EventType.Allocation:
-            allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
-    live = peak = 0
-    for _, size in sorted(allocations):
-        live += size
-        peak = max(peak, live)
-    return peak

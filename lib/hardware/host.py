@@ -196,6 +196,15 @@ def cpu_load_since_start(min_sample_s: float = 0.2) -> CPULoad | None:
     return meter.read()
 
 
+def ram_available_bytes() -> int:
+    """RAM available now, capped to the container's cgroup memory limit (as detect_cpu reads it)."""
+    import psutil
+
+    available = int(psutil.virtual_memory().available)
+    limit = _cgroup_memory_limit()
+    return min(available, limit) if limit is not None and limit > 0 else available
+
+
 def detect_cpu() -> CPUInfo:
     """This machine's CPU and RAM.
 

@@ -45,3 +45,47 @@ def model_features(model: torch.nn.Module) -> tuple[str, ...]:
              torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
     conv = any(isinstance(m, convs) for m in model.modules())
     return ("attention",) * attention + ("conv",) * conv
+
+
+# --------------------------------------------------------------------------
+# Fake kernels kfit supplies where torch's own is missing or too strict for what real models run
+
+
+def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten._grouped_mm's output, for every input dtype: torch's meta kernel repeats the CUDA kernel's
+    bf16-only check, while the CPU kernel (and CUDA's fallback) multiply float32 too, so a mixture of experts
+    in fp32 (transformers' grouped_mm experts) trains but could not be traced. Shapes as the kernel's:
+    2D x 3D (tokens grouped by offs, one matrix per expert) -> (tokens, n); 3D x 2D -> (m, n);
+    2D x 2D (the weight gradient, summed per group) -> (groups, m, n); 3D x 3D -> a batched matmul."""
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        shape = (offs.shape[0], mat_a.shape[0], mat_b.shape[1])
+    elif mat_a.dim() == 2:
+        shape = (mat_a.shape[0], mat_b.shape[-1])
+    elif mat_b.dim() == 2:
+        shape = (mat_a.shape[1], mat_b.shape[1])
+    else:
+        shape = (mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1])
+    return torch.empty(shape, dtype=out_dtype or mat_a.dtype, device=mat_a.device)
+
+
+# op -> (does torch's fake kernel refuse these arguments, kfit's kernel). Checked by tests/test_fake_kernels.py
+# against the real kernel's output on the CPU.
+FAKE_KERNELS = {torch.ops.aten._grouped_mm.default: (
+    lambda a, b, *rest, **kw: a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16, _grouped_mm)}
+
+
+def fake_kernels():
+    """A dispatch mode, entered inside FakeTensorMode (under any tracker), that runs FAKE_KERNELS' kernel
+    for the ops and arguments torch's fake kernel refuses; every other op passes through untouched."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class FakeKernels(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            entry = FAKE_KERNELS.get(func)
+            if entry is not None and entry[0](*args, **kwargs):
+                return entry[1](*args, **kwargs)
+            return func(*args, **kwargs)
+
+    return FakeKernels()

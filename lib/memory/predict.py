@@ -88,9 +88,10 @@ import json
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..config import Config
+from ..errors import KfitError
 from ..hardware.allocator import expandable_segments
 from ..parallel import is_sharded
 from . import allocator_model
@@ -98,6 +99,9 @@ from .allocator_model import ATTENTION_WORKSPACE_SHARE  # noqa: F401  re-exporte
 from .cache import default_cache_dir, fingerprint, parallel_key, read_traces, write_traces
 from .curve import PeakCurve, Vector, affine_runs, largest_fitting  # noqa: F401  largest_fitting: re-exported
 from .trace import CATEGORIES, MiB, Trace, trace_step
+
+if TYPE_CHECKING:
+    from .measured import MeasuredFit
 
 HOST_HEAP_BYTES = 256 * 1024
 SHARDED_HOST_HEAP_BYTES = 512 * 1024  # beyond HOST_HEAP_BYTES, a sharded step on a CPU (module docstring)
@@ -129,7 +133,7 @@ def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = 
     `precision`: the step's (bf16 and fp16 autocast keep a cast cache and halve cuDNN's workspaces)."""
     if device_type == "cpu":
         return {"host_heap": HOST_HEAP_BYTES}
-    if device_type != "cuda":
+    if device_type != "cuda" or "measured" in trace.features:  # a measured reserved peak holds them all
         return {}
     act, tmp = trace.breakdown["activations"], trace.breakdown["temporaries"]
     autocast = precision in allocator_model.AUTOCAST_PRECISIONS
@@ -234,7 +238,9 @@ class MemoryPredictor:
         self._cache_dir = Path(cache_dir) if cache_dir else None
         self._memo: dict[str, dict[str, dict]] = {}
         self._sharded = None  # sharded_process.ShardedTracer: its child process starts at the first sharded trace
+        self._fits: dict[str, "MeasuredFit | None"] = {}  # key -> the measured fit, where the trace failed
         self.traces = 0
+        self.measured = 0  # steps fitted from real steps (measured.py)
 
     def close(self) -> None:
         """Stop the sharded tracer's child process, if one runs (it also stops with this object)."""
@@ -277,9 +283,19 @@ class MemoryPredictor:
                     if parallel is None:
                         from ..task import task_once
 
+                        fit = self._fit(key)
+                        if fit is not None:
+                            return fit.trace(batch)
                         task = task_once(config, json.dumps(contents["model"], sort_keys=True))
-                        result = trace_step(task, config, batch=batch, precision=precision, device_type=device_type,
-                                            gradient_checkpointing=ckpt, train=train)
+                        try:
+                            result = trace_step(task, config, batch=batch, precision=precision,
+                                                device_type=device_type, gradient_checkpointing=ckpt, train=train)
+                        except KfitError:
+                            raise
+                        except Exception as err:  # noqa: BLE001 - no fake kernel for an op: measure real steps
+                            return self._measure(key, config, err, batch=batch, precision=precision,
+                                                 device_type=device_type, gradient_checkpointing=ckpt,
+                                                 train=train).trace(batch)
                     else:  # in a child process: the fake process group must not replace this process's own
                         if self._sharded is None:
                             from .sharded_process import ShardedTracer
@@ -299,6 +315,35 @@ class MemoryPredictor:
             return Trace.from_json(self._entries(key)[str(batch)])
 
         return key, trace
+
+    def _fit(self, key: str) -> "MeasuredFit | None":
+        """The measured fit cached under this step's key (measured.py), where the trace could not run."""
+        if key not in self._fits:
+            from .measured import read_fit
+
+            self._fits[key] = read_fit(self.cache_dir / f"{key}.measured.json")
+        return self._fits[key]
+
+    def _measure(self, key: str, config: Config, err: BaseException, **step) -> "MeasuredFit":
+        """Fit the step from real steps on this machine's device (measured.py) and cache the fit."""
+        from .measured import fit_step, why_untraceable, write_fit
+
+        fit = self._fits[key] = fit_step(config, reason=why_untraceable(err), **step)
+        self.measured += 1
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        write_fit(self.cache_dir / f"{key}.measured.json", fit)
+        return fit
+
+    def measured_note(self, trace: Trace, config: Config, **step) -> str | None:
+        """How a measured trace's figures were found (measured.py), None for a traced one."""
+        if "measured" not in trace.features:
+            return None
+        parallel = parallel_key(step.pop("strategy", "none"), step.pop("world_size", 1),
+                                step.pop("local_world_size", None), step.pop("cpu_offload", False),
+                                step["device_type"])
+        key, _ = self._step(config, gradient_checkpointing=None, parallel=parallel, **step)
+        fit = self._fit(key)
+        return fit.describe() if fit else None
 
     # strategy, world_size, local_world_size (None: = world_size, one machine), cpu_offload: the data-parallel
     # setup whose per-process peak is wanted (module docstring); the defaults are one process.

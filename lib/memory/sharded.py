@@ -76,7 +76,7 @@ import time
 import torch
 
 from ..config import Config
-from .fake import fake_copy, model_features
+from .fake import fake_copy, fake_kernels, model_features
 from .trace import Trace, evaluation_pass, kernel_workspace, step_optimizer, training_steps
 
 # FSDPMemTracker's categories (_FSDPRefType values) -> ours.
@@ -219,7 +219,7 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
     autocast = TracedAutocast(precision, device_type)
     _fake_group(world_size)
     mesh = make_mesh("cpu", strategy, world_size, local_world_size)  # outside FakeTensorMode: it runs collectives
-    with FakeTensorMode():
+    with FakeTensorMode(), fake_kernels():
         model = shard_model(fake_copy(model), strategy, mesh, precision=precision)
         optimizer = step_optimizer(config, model, device_type) if train else None
         tracker = _tracker(model, optimizer, device_type, cpu_offload)

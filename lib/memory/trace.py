@@ -50,7 +50,7 @@ from typing import Callable
 import torch
 
 from ..config import Config
-from .fake import fake_copy, model_features
+from .fake import fake_copy, fake_kernels, model_features
 
 MiB = 2**20
 
@@ -396,7 +396,7 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
     parameters = sum(p.numel() for p in model.parameters())
     # The trace runs on the CPU (see the module docstring): CPU autocast, with CUDA's float32 casts for a GPU
     autocast = TracedAutocast(precision, device_type)
-    with FakeTensorMode():
+    with FakeTensorMode(), fake_kernels():
         model = fake_copy(model)
         tracker = _peak_tracker(device_type)
 

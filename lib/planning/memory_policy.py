@@ -102,6 +102,10 @@ class PlannerPolicy:
             reason += f"; {cap} is the largest micro-batch kfit plans (CONFIG_BATCH_SIZE's upper bound)"
         else:
             reason += f"; {cap + 1} would need {_fmt(train.at(cap + 1))}"
+        measured = self.predictor.measured_note(train.trace(cap), config, device_type=device_type,
+                                                precision=precision, train=True, **sharding)
+        if measured:  # the tracer could not run the model (lib/memory/measured.py)
+            reason = reason.replace("predicted peak", "peak", 1) + f"; {measured}"
 
         # Evaluation runs while the gradients and optimizer state are alive (they are freed at the next step).
         at = train.trace(cap)
@@ -117,6 +121,9 @@ class PlannerPolicy:
                        f"{_fmt(state)} of gradients and optimizer state that stay alive during evaluation")
         eval_reason += (f"; covers the whole evaluation split ({samples} samples) in one batch"
                         if eval_batch >= samples else f"; {eval_batch + 1} would not fit the budget")
+        if "measured" in evaluate.trace(eval_batch).features:
+            eval_reason = eval_reason.replace("forward-only trace: predicted peak", "forward only: peak", 1) + (
+                "; measured by real steps, as the training step")
         return BatchChoice(max_micro=cap, reason=reason, eval_batch=eval_batch, eval_reason=eval_reason,
                            budget_bytes=budget, eval_peak_bytes=eval_peak, predict=train.prediction)
 

@@ -23,6 +23,7 @@ this file out, for what real steps measured).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..errors import KfitError
 from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
 from .cache import is_count, read_json, write_json
@@ -173,27 +175,34 @@ class _Counter:
 
 
 def count_step(task, config: Config, *, batch: int, precision: str, device_type: str,
-               gradient_checkpointing: bool) -> tuple[dict[str, Phase], int]:
-    """The counts of one micro-batch's forward and backward and one optimizer step at `batch`."""
+               gradient_checkpointing: bool, real: bool = False) -> tuple[dict[str, Phase], int]:
+    """The counts of one micro-batch's forward and backward and one optimizer step at `batch`.
+
+    Under FakeTensorMode, as the memory tracer runs; `real`: on real CPU tensors instead (the model built and
+    initialised, a real batch), for a model with an op that has no fake kernel (lib/memory/measured.py):
+    the same counts, at the cost of running the step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..memory import step_optimizer
     from ..memory.autocast import TracedAutocast
-    from ..memory.fake import fake_copy
+    from ..memory.fake import fake_copy, fake_kernels
 
     x1, y1 = task.example_batch(1)
-    with torch.device("meta"):
+    with contextlib.nullcontext() if real else torch.device("meta"):
         model = task.build(gradient_checkpointing)
     parameters = sum(p.numel() for p in model.parameters())
     autocast = TracedAutocast(precision, device_type)  # fake tensors are CPU ones
     counter = _Counter()
     phases: dict[str, Phase] = {}
-    with FakeTensorMode():
-        model = fake_copy(model)
+    with contextlib.nullcontext() if real else FakeTensorMode(), contextlib.nullcontext() if real else fake_kernels():
+        model = model if real else fake_copy(model)
         model.train()
         optimizer = step_optimizer(config, model, device_type)
-        x = torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype)
-        y = torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype)
+        if real:
+            x, y = task.example_batch(batch)
+        else:
+            x = torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype)
+            y = torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype)
         with counter.mode():
             with autocast:
                 loss = task.loss(model(x), y)
@@ -277,10 +286,15 @@ class StepCounter:
                 cache_note(path, f"invalid ({err})", then="dropped; counted again")
         task = task or task_for(config)
         phases, parameters = {}, 0
-        for batch in COUNT_BATCHES:
-            phases[batch], parameters = count_step(task, config, batch=batch, precision=precision,
-                                                   device_type=device_type,
-                                                   gradient_checkpointing=gradient_checkpointing)
+        step = dict(precision=precision, device_type=device_type, gradient_checkpointing=gradient_checkpointing)
+        try:
+            for batch in COUNT_BATCHES:
+                phases[batch], parameters = count_step(task, config, batch=batch, **step)
+        except KfitError:
+            raise
+        except Exception:  # noqa: BLE001 - an op with no fake kernel: count a real step on the CPU instead
+            for batch in COUNT_BATCHES:
+                phases[batch], parameters = count_step(task, config, batch=batch, real=True, **step)
         self.counted += 1
         counts = Counts(phases=phases, parameters=parameters, train_samples=len(task.train),
                         eval_samples=len(task.eval))

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..memory import step_optimizer, training_steps
+from ..memory.measured import quiet_stderr
 from ..step import autocast_for
 
 MiB = 2**20
@@ -111,19 +112,6 @@ class CudaDevice:
         self.synchronize()
         kept = sum(t.numel() * t.element_size() for t in (a, *outputs))
         return max(0, self.allocated() - before - kept)
-
-
-@contextlib.contextmanager
-def quiet_stderr():
-    """Kineto writes profiler start/stop lines straight to fd 2; they would drown the table."""
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 class ScaledOptimizer:
