@@ -135,7 +135,7 @@ test: export PYTEST_ADDOPTS += $(PYTEST_ARGS)
 test: export KFIT_OVERRIDES :=
 test: $(ENV_STAMP) ## Run the test suite (installs Debian's chromium for the HTML checks when missing)
 	$(Q)$(call q,$(ROOT)/scripts/ensure-chromium.sh)
-	$(Q)cd $(call q,$(ROOT)) && $(RUN_PY) -m pytest -q -n $(call q,$(PYTEST_JOBS)) --dist loadfile
+	$(Q)cd $(call q,$(ROOT)) && $(RUN_PY) -m pytest -q -n $(call q,$(PYTEST_JOBS)) --dist loadfile --no-loadscope-reorder
 
 # Each area adds its targets (and their '## ' help lines) in scripts/make/<area>.mk.
 include $(sort $(wildcard $(ROOT)/scripts/make/*.mk))

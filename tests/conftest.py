@@ -12,6 +12,25 @@ from pathlib import Path
 
 import pytest
 
+# The files that take longest, longest first (minutes of a fresh clone's `make test` on 2 cores: real torchrun,
+# SLURM and make runs, and the cold fake-tensor traces that fill the shared cache). `make test` runs each file on
+# one xdist worker (--dist loadfile) in collection order (--no-loadscope-reorder): started first, they leave the
+# short files to fill the end, instead of one of them starting last and running alone while the other worker idles.
+LONGEST_FIRST = (
+    "test_fsdp.py", "test_slurm_scheduler.py", "test_recommend.py", "test_make.py", "test_memory_replay.py",
+    "test_llama.py", "test_validation.py", "test_report.py", "test_kconfig_targets.py", "test_hyperparams.py",
+    "test_llm_path.py", "test_distributed.py", "test_resume.py", "test_planner.py", "test_sharded_memory.py",
+    "test_make_quoting.py", "test_cache_fuzz.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of LONGEST_FIRST first, in its order; the others after them, as collected. A file's tests
+    keep their order, and every test stays independent of which file ran before it."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), position[id(item)]))
+
 
 @pytest.fixture(autouse=True, scope="session")
 def kfit_cache_dir():
