@@ -33,13 +33,16 @@ def format_bytes(n_bytes: int | float, mib_decimals: int = 0, *, sep: str = "") 
 # Batches as kfit prints them: every line that shows a micro-batch and accumulation shows numbers that multiply.
 
 
-def _cut(share: int, micro: int) -> list[int]:
-    """The micro-batch sizes one process runs for `share` samples, as the trainer cuts them
-    (lib.trainer.windows.split_batches): `micro` each, the last one short where `micro` does not divide the share,
-    and a lone last sample joined to the micro-batch before it."""
+def micro_batch_sizes(share: int, micro: int) -> list[int]:
+    """The micro-batch sizes one process runs for `share` samples (lib.trainer.windows.split_batches cuts by
+    them): `micro` each, the last one short where `micro` does not divide the share. A lone last sample would
+    break BatchNorm's training statistics, so from a micro-batch of 3 up it and the micro-batch before it are
+    cut into two halves instead (21 + 1 -> 11 + 11): no micro-batch is ever larger than `micro`, which is
+    what the memory plan fits (a micro-batch of 1 or 2 keeps its lone sample: there is no larger one)."""
     sizes = [micro] * (share // micro) + ([share % micro] if share % micro else [])
-    if len(sizes) > 1 and sizes[-1] == 1:
-        sizes[-2:] = [sizes[-2] + 1]
+    if len(sizes) > 1 and sizes[-1] == 1 and micro >= 3:
+        both = sizes[-2] + 1
+        sizes[-2:] = [both - both // 2, both // 2]
     return sizes
 
 
@@ -85,7 +88,7 @@ class BatchSplit:
         '(21 x 12 + 4 x 1) x 2 processes = 512': numbers that multiply and add up to the effective batch."""
         parts = []
         for share, ranks in _groups(sorted(self.shares())):
-            groups = _groups(_cut(share, self.micro))
+            groups = _groups(micro_batch_sizes(share, self.micro))
             one = " + ".join(f"{size} x {n}" for size, n in groups) or "0"  # a process with no sample
             if self.processes == 1:
                 parts.append(one)
@@ -96,9 +99,12 @@ class BatchSplit:
 
     def compact(self) -> str:
         """The micro-batch as a key=value line shows it beside its accumulation: '21', or '21 (last 8)' where the
-        last is another size, so that '21 (last 8) x 25' is 21 x 24 + 8."""
-        first, last = self.sizes[0], self.sizes[-1]
-        return str(first) if first == last else f"{first} (last {last})"
+        last is another size, so that '21 (last 8) x 25' is 21 x 24 + 8, or '21 (last 2: 11 + 11)' where a lone
+        last sample made the last two halves (21 x 23 + 11 + 11)."""
+        first, sizes = self.sizes[0], self.sizes
+        if len(sizes) > 1 and sizes[-2] != first:
+            return f"{first} (last 2: {sizes[-2]} + {sizes[-1]})"
+        return str(first) if first == sizes[-1] else f"{first} (last {sizes[-1]})"
 
 
 def batch_split(effective: int, micro: int, processes: int = 1) -> BatchSplit:
@@ -107,4 +113,4 @@ def batch_split(effective: int, micro: int, processes: int = 1) -> BatchSplit:
         raise ValueError(f"a batch split needs counts of at least 1, not effective={effective!r}, "
                          f"micro={micro!r}, processes={processes!r}")
     share = -(-effective // processes)
-    return BatchSplit(effective, micro, processes, tuple(_cut(share, micro)))
+    return BatchSplit(effective, micro, processes, tuple(micro_batch_sizes(share, micro)))

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from ..data import BatchSplit
 from ..plan import Plan
+from ..units import micro_batch_sizes
 
 
 def epoch_micro_batches(num_samples: int, micro_batch: int, seed: int, epoch: int) -> list[list[int]]:
@@ -39,11 +40,12 @@ def epoch_micro_batches(num_samples: int, micro_batch: int, seed: int, epoch: in
 
 
 def split_batches(indices: list[int], size: int) -> list[list[int]]:
-    """Consecutive batches of `size`; a lone trailing sample would break BatchNorm's training
-    statistics, so it joins the previous batch."""
-    batches = [indices[i:i + size] for i in range(0, len(indices), size)]
-    if len(batches) > 1 and len(batches[-1]) == 1:
-        batches[-2].extend(batches.pop())
+    """Consecutive batches of at most `size`, cut as lib.units.micro_batch_sizes says (a lone trailing
+    sample shares the last two batches' samples instead, for BatchNorm's statistics)."""
+    batches, start = [], 0
+    for n in micro_batch_sizes(len(indices), size):
+        batches.append(indices[start:start + n])
+        start += n
     return batches
 
 
