@@ -34,6 +34,7 @@ from .fileio import format_bytes, open_nofollow, unsafe
 from .hardware import THROTTLE_KIND, GpuTelemetry, HardwareProfile, device_memory, on_battery
 from .hardware.host import BatteryState, battery_state  # noqa: F401  (re-exported for the trainer)
 from .hardware.runtime import is_device_lost
+from .plan import Plan
 
 REDRAW_S = 0.1  # progress-bar refresh period
 BAR_WIDTH = 20
@@ -42,6 +43,9 @@ RATE_POINTS = 40  # so the rate and ETA follow the last ~10 s (or 40 steps when 
 BATTERY_CHECK_S = 60.0
 GROWTH_EPOCHS = 3  # memory growing this many epochs in a row ...
 GROWTH_FRACTION = 0.05  # ... by more than this each time is a warning
+INPUT_WAIT_STEPS = 20  # the window of steps the input-wait warning judges ...
+INPUT_WAIT_WARN = 0.20  # ... when they spent more than this share of their time waiting for the loader
+INPUT_WAIT_SHOW = 0.05  # a log line shows the interval's input wait from this share on
 
 
 _THROTTLE_FIX = {
@@ -94,6 +98,23 @@ def _telemetry_text(t: dict) -> str:
     return f"GPU {text}" if text else ""
 
 
+def input_wait_fix(plan: Plan | None) -> str:
+    """The settings that let the loader keep up, for the plan's loader as it is."""
+    bench = "; `make bench-data` measures which setting loads fastest"
+    if plan is None:
+        return "more data loader workers (CONFIG_DATALOADER_WORKERS) or a deeper prefetch " \
+               "(CONFIG_DATA_PREFETCH_FACTOR)" + bench
+    if not plan.num_workers:
+        fix = ("load batches in worker processes: CONFIG_DATALOADER_WORKERS_MANUAL=y with "
+               "CONFIG_DATALOADER_WORKERS=2 or more (then CONFIG_DATA_PREFETCH_FACTOR)")
+    else:
+        fix = (f"raise CONFIG_DATALOADER_WORKERS (now {plan.num_workers}) or CONFIG_DATA_PREFETCH_FACTOR "
+               f"(now {plan.prefetch_factor or 2})")
+    if plan.device_type == "cuda" and not plan.pin_memory:
+        fix += ", and pin host memory"
+    return fix + bench
+
+
 def open_metrics(path: Path, append: bool) -> int:
     """metrics.jsonl's descriptor to append to (emptied first unless `append`): never through a link, a
     directory or a file with other hard links planted in the run directory (a shared OUTPUT_DIR), which are an
@@ -112,13 +133,14 @@ class Monitor:
                  interval_s: float = 1.0, telemetry: bool = True, tokens_per_sample: int = 0,
                  log: Callable[[str], None] = print, enabled: bool = True, append: bool = False,
                  write_metrics: bool = True, stream=None, gpu: GpuTelemetry | None = None,
-                 tracking=None) -> None:
+                 tracking=None, plan: Plan | None = None) -> None:
         """``enabled=False`` (CONFIG_MONITOR=n): no sampler thread, no bar, still
         metrics.jsonl and plain lines.  ``write_metrics=False`` (DDP ranks other
         than 0): nothing at all.  ``append=True`` (resume) keeps earlier lines.
         ``gpu``: the telemetry source (anything with GpuTelemetry's read, index and
         close; a fake in tests) instead of NVML's. ``tracking``: experiment trackers
-        (lib.tracking.Tracking) that get every metrics.jsonl line too; closed with the monitor."""
+        (lib.tracking.Tracking) that get every metrics.jsonl line too; closed with the monitor. ``plan``: the
+        run's plan, whose loader settings the input-wait warning names."""
         self.total_steps, self.device, self.log = max(1, total_steps), torch.device(device), log
         self.interval_s, self.tokens_per_sample = interval_s, tokens_per_sample
         self.active = write_metrics
@@ -135,6 +157,9 @@ class Monitor:
         self._pending: collections.deque = collections.deque()  # (kind, message, data) from the sampler
         self._warned: set[str] = set()
         self._epoch_mem: list[int] = []
+        self.plan = plan
+        self._waits: collections.deque = collections.deque(maxlen=INPUT_WAIT_STEPS)  # (input wait s, step s)
+        self._interval_wait = [0.0, 0.0]  # input wait and step seconds since the last training log entry
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._gpu: GpuTelemetry | None = None
@@ -171,13 +196,17 @@ class Monitor:
         self._flush_pending()
         return self
 
-    def update(self, step: int, epoch: int, loss: float, lr: float, samples: int) -> None:
+    def update(self, step: int, epoch: int, loss: float, lr: float, samples: int, *,
+               input_wait_s: float = 0.0, step_s: float | None = None) -> None:
         """After every optimizer step; ``samples`` is the running total of training
-        samples (not this step's), ``epoch`` is 1-based like the log entries."""
+        samples (not this step's), ``epoch`` is 1-based like the log entries;
+        ``input_wait_s``: the part of the step's ``step_s`` seconds spent waiting for the data loader."""
         if not self.active:
             return
         now = time.perf_counter()
         self.step, self.epoch, self.loss, self.lr, self.samples = step, epoch, loss, lr, samples
+        if step_s:
+            self._input_wait(step, input_wait_s, step_s)
         if not self._points or now - self._points[-1][0] >= RATE_POINT_S:
             self._points.append((now, step, samples))
         if self._pending:
@@ -196,6 +225,11 @@ class Monitor:
         record["mem_bytes"], record["mem_peak_bytes"] = self._mem
         record.update({k: v for k, v in self.telemetry.items() if k not in record})
         is_eval = "eval_loss" in record
+        if not is_eval and self._interval_wait[1] > 0:
+            waited, stepped = self._interval_wait
+            record.setdefault("input_wait_s", round(waited, 4))
+            record.setdefault("input_wait_fraction", round(min(1.0, waited / stepped), 4))
+            self._interval_wait = [0.0, 0.0]
         if not is_eval:
             if "tokens_per_s" not in record and self.tokens_per_sample and "samples_per_s" in record:
                 record["tokens_per_s"] = record["samples_per_s"] * self.tokens_per_sample
@@ -299,6 +333,8 @@ class Monitor:
         elif "samples_per_s" in entry:
             parts.append(f"{entry['samples_per_s']:,.0f} samples/s")
         parts.append(f"mem {format_bytes(entry['mem_bytes'])} (peak {format_bytes(entry['mem_peak_bytes'])})")
+        if entry.get("input_wait_fraction", 0) >= INPUT_WAIT_SHOW:
+            parts.append(f"input wait {entry['input_wait_fraction']:.0%}")
         gpu = _telemetry_text(entry)
         if gpu:
             parts.append(gpu)
@@ -383,6 +419,23 @@ class Monitor:
         except Exception as e:  # noqa: BLE001 - monitoring must never stop training
             self._warn("monitor_error", f"monitoring stopped sampling ({type(e).__name__}: {e})")
             self._stop.set()
+
+    def _input_wait(self, step: int, waited: float, stepped: float) -> None:
+        """Count a step's wait for input; warn once when the last INPUT_WAIT_STEPS steps spent more than
+        INPUT_WAIT_WARN of their time waiting."""
+        waited = min(waited, stepped)
+        self._interval_wait[0] += waited
+        self._interval_wait[1] += stepped
+        self._waits.append((waited, stepped))
+        if len(self._waits) < INPUT_WAIT_STEPS or "input_wait" in self._warned:
+            return
+        total_wait, total = sum(w for w, _ in self._waits), sum(s for _, s in self._waits)
+        if total > 0 and total_wait / total > INPUT_WAIT_WARN:
+            self._warn("input_wait",
+                       f"steps {step - INPUT_WAIT_STEPS + 1}-{step} spent {total_wait / total:.0%} of their time "
+                       f"waiting for the data loader ({format_seconds(total_wait)} of {format_seconds(total)}), "
+                       f"so training idles: {input_wait_fix(self.plan)}",
+                       input_wait_fraction=round(total_wait / total, 4), steps=INPUT_WAIT_STEPS)
 
     def _warn(self, kind: str, message: str, **data) -> None:
         """Queue a warning, once per kind; the training thread prints and writes it."""

@@ -63,6 +63,7 @@ class Plan:
     # whole unsharded gradients) or after every micro-batch ("micro_batch": less memory, more communication)
     gradient_sync: str = "step"
     cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy (CUDA only)
+    prefetch_factor: int = 0  # batches each loader worker prepares ahead (0: torch's default, 2; unused without workers)
     # The memory planner's prediction (None under the tier policy and in MANUAL mode).
     max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
     predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included

@@ -89,6 +89,16 @@ def decide_loader_workers(config: Config, device_type: str, hardware: HardwarePr
                                          f"training loop (at most {GPU_MAX_WORKERS})")
 
 
+def decide_prefetch(config: Config, workers: int) -> tuple[int, str | None]:
+    """Batches each loader worker prepares ahead (0: torch's default), and a note where
+    CONFIG_DATA_PREFETCH_FACTOR is set but the plan has no workers to use it."""
+    factor = config.data_prefetch_factor
+    if factor and not workers:
+        return 0, (f"CONFIG_DATA_PREFETCH_FACTOR={factor} is unused: the plan has no data loader workers "
+                   "(CONFIG_DATALOADER_WORKERS_MANUAL sets some)")
+    return factor, None
+
+
 @contextlib.contextmanager
 def using_threads(threads: int | None) -> Iterator[None]:
     """torch's intra-op threads set to `threads` inside (unchanged for None), restored after: timings taken

@@ -78,6 +78,7 @@ class Config:
     checkpoint_modules: tuple[str, ...]
     workers_mode: str  # auto | manual
     dataloader_workers: int | None
+    data_prefetch_factor: int  # batches each loader worker prepares ahead; 0 = torch's default (2)
     cpu_threads: int  # intra-op threads per process; 0 = AUTO (lib.threads)
     cpu_fallback: bool  # DEVICE_AUTO: train on the CPU when the GPU fails at start
 
@@ -348,6 +349,16 @@ def _adaptation(kconf) -> dict:
     return a
 
 
+def _prefetch_factor(kconf) -> int:
+    """CONFIG_DATA_PREFETCH_FACTOR, which only loader worker processes use: refused with MANUAL 0 workers."""
+    factor = _int(kconf, "DATA_PREFETCH_FACTOR") or 0
+    if factor and _choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}) == "manual" \
+            and not _int(kconf, "DATALOADER_WORKERS"):
+        raise ConfigError(f"CONFIG_DATA_PREFETCH_FACTOR={factor} needs data loader worker processes: set "
+                          "CONFIG_DATALOADER_WORKERS above 0, or CONFIG_DATA_PREFETCH_FACTOR=0")
+    return factor
+
+
 def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = _str(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
@@ -409,6 +420,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         checkpoint_modules=_class_names(kconf),
         workers_mode=_choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
         dataloader_workers=_int(kconf, "DATALOADER_WORKERS"),
+        data_prefetch_factor=_prefetch_factor(kconf),
         cpu_threads=_int(kconf, "CPU_THREADS"),
         cpu_fallback=_bool(kconf, "CPU_FALLBACK"),
         probe=_choice(kconf, "PROBE_", {"AUTO": "auto", "ALWAYS": "always", "NEVER": "never"}),

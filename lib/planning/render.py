@@ -89,7 +89,8 @@ def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: Mo
         ("eval batch", str(plan.eval_batch), plan.reasons["eval_batch"]),
         ("tf32", "on" if plan.tf32 else "off", plan.reasons["tf32"]),
         ("cudnn benchmark", "on" if plan.cudnn_benchmark else "off", plan.reasons["cudnn_benchmark"]),
-        ("loader workers", f"{plan.num_workers}{' + pinned memory' if plan.pin_memory else ''}",
+        ("loader workers", f"{plan.num_workers}{' + pinned memory' if plan.pin_memory else ''}"
+         + (f", prefetch {plan.prefetch_factor}" if plan.prefetch_factor else ""),
          plan.reasons["workers"]),
         ("cpu threads", str(plan.cpu_threads), plan.reasons["cpu_threads"]),
         ("checkpointing", "on" if plan.gradient_checkpointing else "off",

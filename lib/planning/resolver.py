@@ -28,7 +28,7 @@ from ..errors import NoFitError, PlanError
 from ..hardware import HardwareProfile
 from ..parallel import is_sharded
 from ..plan import BatchChoice, BatchPolicy, ModelDescription, Plan
-from ..threads import decide_cpu_threads, decide_loader_workers, using_threads
+from ..threads import decide_cpu_threads, decide_loader_workers, decide_prefetch, using_threads
 from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
@@ -117,6 +117,9 @@ def _resolve(request: PlanRequest) -> Plan:
                                                              idle_cores=idle,
                                                              omp_threads=request.settings.omp_threads)
     workers, reasons["workers"] = decide_loader_workers(config, device_type, hardware, world_size, idle_cores=idle)
+    prefetch, prefetch_note = decide_prefetch(config, workers)
+    if prefetch_note:
+        notes.append(prefetch_note)
     timing_threads = cpu_threads if device_type == "cpu" else None
 
     per_machine = world_size // nodes
@@ -216,6 +219,6 @@ def _resolve(request: PlanRequest) -> Plan:
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
         gradient_checkpointing=checkpointing, num_workers=workers, cpu_threads=cpu_threads,
         pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), strategy=strategy, nodes=nodes,
-        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, **memory)
+        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, prefetch_factor=prefetch, **memory)
     with using_threads(timing_threads):
         return with_predictions(config, hardware, plan, speed_model)

@@ -51,7 +51,7 @@ from .recovery import Recovery
 from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
 from .rundir import RunDirectory, output_directory
 from .timing import StepTimer, finish_line, format_seconds
-from .windows import Progress, epoch_micro_batches
+from .windows import InputWait, Progress, epoch_micro_batches
 
 Log = Callable[[str], None]
 # Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
@@ -189,7 +189,7 @@ class Trainer:
                 self.run_dir, self.total_steps, self.device, self.hardware,
                 interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
                 tokens_per_sample=self.info.block_size or 0, log=log, enabled=config.monitor,
-                append=self.resumed_from is not None, write_metrics=main, gpu=self.sensors.gpu)
+                append=self.resumed_from is not None, write_metrics=main, gpu=self.sensors.gpu, plan=plan)
             if main and config.tracking:  # opened once metrics.jsonl is, so that a refused one leaves none open
                 self.monitor.tracking = tracking.Tracking.open(
                     config.tracking, run_dir=self.run_dir, run_name=self.run_dir.name,
@@ -265,7 +265,8 @@ class Trainer:
         while p.window < len(windows):
             started = time.perf_counter()
             loss, timed_out, signalled = self.optimizer_step(windows, p.window, p.step)
-            self.timer.record(self.plan, time.perf_counter() - started)
+            step_s = time.perf_counter() - started
+            self.timer.record(self.plan, step_s)
             if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"loss became {loss} at step {p.step + 1}: lower CONFIG_LEARNING_RATE "
@@ -274,7 +275,9 @@ class Trainer:
             p.step, p.window, p.samples = p.step + 1, p.window + 1, p.samples + n
             p.interval_loss, p.interval_samples = p.interval_loss + loss * n, p.interval_samples + n
             lr = self.optimizer.param_groups[0]["lr"]
-            self.monitor.update(p.step, p.epoch + 1, loss, lr, p.samples)
+            # the step's wait for the loader (windows.InputWait), for the monitor's input-wait share
+            waited = self.engine.feed.take() if isinstance(self.engine.feed, InputWait) else 0.0
+            self.monitor.update(p.step, p.epoch + 1, loss, lr, p.samples, input_wait_s=waited, step_s=step_s)
             if p.step % config.log_interval == 0 or p.step == self.total_steps:
                 history.append(self.log_interval(lr))
             if config.eval_interval and p.step % config.eval_interval == 0 and p.step < self.total_steps:

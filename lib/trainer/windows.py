@@ -23,6 +23,7 @@ checkpoint needs to continue exactly.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -69,9 +70,50 @@ def rank_batches(window: list[int], rank: int, world_size: int, micro_batch: int
 
 
 def loader(split: BatchSplit, batches: list[list[int]], plan: Plan) -> DataLoader:
-    """Loads `batches` of `split` in the given order, with the plan's workers and pinning."""
-    return DataLoader(split, sampler=batches, batch_size=None, num_workers=plan.num_workers,
-                      pin_memory=plan.pin_memory)
+    """Loads `batches` of `split` in the given order, with the plan's workers, prefetch depth and pinning;
+    iterating it times each wait for a batch (InputWait)."""
+    prefetch = {"prefetch_factor": plan.prefetch_factor} if plan.num_workers and plan.prefetch_factor else {}
+    return TimedLoader(split, sampler=batches, batch_size=None, num_workers=plan.num_workers,
+                       pin_memory=plan.pin_memory, **prefetch)
+
+
+class InputWait:
+    """An iterator over a loader's batches that adds up the seconds spent inside next(): the time the
+    training loop waited for input, which the step's own compute does not include.
+
+    The first batch's wait is kept apart (`first_s`): it is the loader starting (worker processes, their
+    first fill), paid once per epoch, which neither more workers nor a deeper prefetch shortens."""
+
+    def __init__(self, batches) -> None:
+        self._batches = batches
+        self.waited_s = 0.0  # since the last take(), the first batch's wait left out
+        self.first_s: float | None = None
+
+    def __iter__(self) -> InputWait:
+        return self
+
+    def __next__(self):
+        started = time.perf_counter()
+        try:
+            return next(self._batches)
+        finally:
+            waited = time.perf_counter() - started
+            if self.first_s is None:
+                self.first_s = waited
+            else:
+                self.waited_s += waited
+
+    def take(self) -> float:
+        """The seconds waited since the last take(), and start counting again."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
+
+
+class TimedLoader(DataLoader):
+    """A DataLoader whose iterators time their waits (InputWait)."""
+
+    def __iter__(self) -> InputWait:
+        return InputWait(super().__iter__())
 
 
 @dataclass
