@@ -4,14 +4,18 @@ and warns past a threshold naming the setting that helps; CONFIG_DATA_PREFETCH_F
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from lib import config as kc
-from lib.errors import ConfigError
+from lib.errors import ConfigError, KfitError
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
 from lib.monitor import INPUT_WAIT_STEPS, Monitor, input_wait_fix
@@ -144,3 +148,37 @@ def test_prefetch_without_workers_is_refused_or_noted(make_config):
     plan = resolve(auto, CPU, ModelDescription.from_config(auto))
     assert plan.prefetch_factor == 0
     assert any("CONFIG_DATA_PREFETCH_FACTOR=4 is unused" in note for note in plan.notes)
+
+
+# --------------------------------------------------------------------------
+# make bench-data (scripts/bench_data.py)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_data  # noqa: E402
+
+
+def test_bench_data_at_a_tiny_size_ends_with_the_summary_line(tmp_path):
+    config = kc.make_defconfig("lenet5", out=tmp_path / ".config")
+    assert config.model == "lenet5"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "SET")}
+    env.update(KCONFIG_CONFIG=str(tmp_path / ".config"), WORKERS="0,1", PREFETCH="1,3", BATCH="8", BATCHES="6",
+               ROUNDS="1")
+    result = subprocess.run(["make", "--no-print-directory", "-s", "-C", str(ROOT), "bench-data"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[1].split() == ["workers", "prefetch", "batches/s", "samples/s", "start", "ms"]
+    assert [line.split()[:2] for line in lines[2:5]] == [["0", "-"], ["1", "1"], ["1", "3"]]
+    assert re.fullmatch(r"data-loader: best workers=[01] prefetch=[013] batches_per_s=\d+\.\d", lines[-1])
+
+
+def test_bench_data_picks_the_fewest_workers_among_ties_and_names_bad_lists(monkeypatch):
+    points = [bench_data.Point(0, 0, [100.0]), bench_data.Point(1, 2, [104.0]), bench_data.Point(2, 4, [200.0]),
+              bench_data.Point(4, 1, [195.0])]
+    assert bench_data.best_point(points).label() == "workers=2 prefetch=4"
+    assert bench_data.best_point(points[:2]).label() == "workers=0 prefetch=0"  # within 5%: no worker at all
+    assert bench_data.summary(points[2]) == "data-loader: best workers=2 prefetch=4 batches_per_s=200.0"
+    monkeypatch.setenv("WORKERS", "0,two")
+    with pytest.raises(KfitError, match=r"WORKERS='0,two' must be whole numbers >= 0 separated by commas"):
+        bench_data.counts("WORKERS", [0, 1, 2], 0)

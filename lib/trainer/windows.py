@@ -72,9 +72,15 @@ def rank_batches(window: list[int], rank: int, world_size: int, micro_batch: int
 def loader(split: BatchSplit, batches: list[list[int]], plan: Plan) -> DataLoader:
     """Loads `batches` of `split` in the given order, with the plan's workers, prefetch depth and pinning;
     iterating it times each wait for a batch (InputWait)."""
-    prefetch = {"prefetch_factor": plan.prefetch_factor} if plan.num_workers and plan.prefetch_factor else {}
-    return TimedLoader(split, sampler=batches, batch_size=None, num_workers=plan.num_workers,
-                       pin_memory=plan.pin_memory, **prefetch)
+    return make_loader(split, batches, plan.num_workers, plan.prefetch_factor, plan.pin_memory)
+
+
+def make_loader(split, batches: list[list[int]], workers: int, prefetch_factor: int, pin_memory: bool) -> DataLoader:
+    """The DataLoader the trainer uses, from its settings (make bench-data measures the same one).
+    prefetch_factor 0: torch's default (it takes none without workers)."""
+    prefetch = {"prefetch_factor": prefetch_factor} if workers and prefetch_factor else {}
+    return TimedLoader(split, sampler=batches, batch_size=None, num_workers=workers, pin_memory=pin_memory,
+                       **prefetch)
 
 
 class InputWait:
