@@ -4,7 +4,7 @@ The trainer calls ``update`` after every optimizer step (cheap: counters, and a
 progress-bar refresh at most 10 times a second on a terminal), ``log_entry`` at
 LOG_INTERVAL and for every evaluation, ``event`` for things that happen (OOM
 recovery, checkpoint, resume), and ``epoch_end``.  A background thread samples
-memory and, on NVIDIA GPUs, NVML telemetry every ``interval_s``; it does no I/O
+memory and GPU telemetry (NVML on NVIDIA GPUs, amdsmi on AMD ones under ROCm) every ``interval_s``; it does no I/O
 of its own: the warnings it raises are printed and written by the training
 thread at its next call, so lines never interleave.
 
@@ -31,7 +31,8 @@ import torch
 
 from .checkpoint import full_disk_is_an_error
 from .fileio import format_bytes, open_nofollow, unsafe
-from .hardware import THROTTLE_KIND, GpuTelemetry, HardwareProfile, device_memory, on_battery
+from .hardware import (TELEMETRY_LIBRARY, THROTTLE_KIND, GpuTelemetry, HardwareProfile, device_memory,
+                       on_battery, open_telemetry)
 from .hardware.host import BatteryState, battery_state  # noqa: F401  (re-exported for the trainer)
 from .hardware.runtime import is_device_lost
 from .plan import Plan
@@ -138,7 +139,7 @@ class Monitor:
         metrics.jsonl and plain lines.  ``write_metrics=False`` (DDP ranks other
         than 0): nothing at all.  ``append=True`` (resume) keeps earlier lines.
         ``gpu``: the telemetry source (anything with GpuTelemetry's read, index and
-        close; a fake in tests) instead of NVML's. ``tracking``: experiment trackers
+        close; a fake in tests) instead of NVML's or amdsmi's. ``tracking``: experiment trackers
         (lib.tracking.Tracking) that get every metrics.jsonl line too; closed with the monitor. ``plan``: the
         run's plan, whose loader settings the input-wait warning names."""
         self.total_steps, self.device, self.log = max(1, total_steps), torch.device(device), log
@@ -153,7 +154,7 @@ class Monitor:
         self._last_draw = 0.0
         self._bar_shown = False
         self._mem = (0, 0)  # (current, peak) bytes, refreshed by the sampler and log_entry
-        self.telemetry: dict = {}  # latest NVML reading
+        self.telemetry: dict = {}  # latest GPU reading (NVML or amdsmi)
         self._pending: collections.deque = collections.deque()  # (kind, message, data) from the sampler
         self._warned: set[str] = set()
         self._epoch_mem: list[int] = []
@@ -175,14 +176,14 @@ class Monitor:
         size = os.fstat(self._fd).st_size
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
             self._write_line(b"\n")  # a line a full disk cut short: the next ones start whole
-        nvidia = hardware.primary_gpu is not None and hardware.primary_gpu.vendor == "nvidia"
+        vendor = hardware.primary_gpu.vendor if hardware.primary_gpu is not None else None
         if self.enabled and gpu is not None:
             self._gpu = gpu
-        elif self.enabled and telemetry and nvidia and self.device.type == "cuda":
-            self._gpu = GpuTelemetry.open(self.device.index or 0)
+        elif self.enabled and telemetry and vendor in TELEMETRY_LIBRARY and self.device.type == "cuda":
+            self._gpu = open_telemetry(vendor, self.device.index or 0)  # NVML, or amdsmi under ROCm
             if self._gpu is None:
-                self._print("note: GPU telemetry is off: NVML is not available (no NVIDIA driver, or "
-                            "nvidia-ml-py is not installed); memory and throughput are still monitored")
+                self._print(f"note: GPU telemetry is off: {TELEMETRY_LIBRARY[vendor]} is not available; "
+                            "memory and throughput are still monitored")
 
     # -- the trainer's calls ---------------------------------------------------
 
@@ -399,7 +400,7 @@ class Monitor:
             self._sample()
 
     def _sample(self) -> None:
-        """Memory, telemetry, battery: cheap reads, no I/O beyond /proc and NVML."""
+        """Memory, telemetry, battery: cheap reads, no I/O beyond /proc and NVML or amdsmi."""
         try:
             self._mem = device_memory(self.device)
             if self._gpu is not None:

@@ -12,7 +12,8 @@ Who owns what:
 * ``nvml``      what the NVIDIA driver sees (NVML), without a CUDA context
 * ``detection`` detect(): GPUs through torch (CUDA, ROCm, MPS) and notes on unusable ones
 * ``runtime``   the device in use: memory, cache, whether a GPU can train
-* ``telemetry`` GpuTelemetry: NVML readings while training, throttle reasons
+* ``telemetry`` GpuTelemetry (NVML), AmdTelemetry (amdsmi): readings while training, throttle reasons
+* ``amd``       ROCm's amdsmi, loaded lazily
 * ``simulate``  resolve_hardware: HW= files, GPU= catalog machines, GPU=cpu, FREE_GB=/GPUS=
 * ``catalog``   GPUs to plan for without having them (data)
 """
@@ -30,7 +31,7 @@ from .host import detect_cpu, on_battery
 from .profile import BACKENDS, VENDORS, CPUInfo, GPUInfo, HardwareProfile, format_size, load_profile
 from .runtime import device_memory, empty_device_cache, gpu_unusable_reason, reset_peak_memory
 from .simulate import from_catalog, resolve_hardware
-from .telemetry import THROTTLE_KIND, GpuTelemetry
+from .telemetry import TELEMETRY_LIBRARY, THROTTLE_KIND, AmdTelemetry, GpuTelemetry, open_telemetry
 
 __all__ = [
     "BACKENDS",
@@ -48,7 +49,10 @@ __all__ = [
     "load_profile",
     "resolve_hardware",
     # runtime queries (the trainer and the monitor)
+    "AmdTelemetry",
     "GpuTelemetry",
+    "TELEMETRY_LIBRARY",
+    "open_telemetry",
     "THROTTLE_KIND",
     "device_memory",
     "empty_device_cache",

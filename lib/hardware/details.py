@@ -168,12 +168,12 @@ def read_speed(directory: str | Path, budget_s: float = 2.0) -> tuple[float | No
     return value, f"{done / 2**20:.0f} MiB of {largest.name}"
 
 
-def gpu_power(index: int, **nvml) -> tuple[float | None, float | None]:
-    """(enforced power limit, current draw) in watts through NVML; (None, None) without NVML. `nvml`:
-    GpuTelemetry.open's pynvml_mod / torch_mod (tests)."""
-    from .telemetry import GpuTelemetry
+def gpu_power(index: int, vendor: str = "nvidia", **modules) -> tuple[float | None, float | None]:
+    """(enforced power limit, current draw) in watts through NVML (amdsmi for vendor "amd"); (None, None)
+    without the library. `modules`: open_telemetry's pynvml_mod / amdsmi_mod / torch_mod (tests)."""
+    from .telemetry import open_telemetry
 
-    telemetry = GpuTelemetry.open(index, **nvml)
+    telemetry = open_telemetry(vendor, index, **modules)
     if telemetry is None:
         return None, None
     try:
@@ -204,7 +204,7 @@ def collect(hardware, data_dir: str | Path | None) -> dict:
     if data_dir:
         out["data"]["read_bytes_per_s"], out["data"]["read"] = read_speed(data_dir)
     for gpu in hardware.gpus:
-        limit, draw = gpu_power(gpu.index)
+        limit, draw = gpu_power(gpu.index, gpu.vendor)
         out["gpus"].append({"index": gpu.index, "power_limit_watts": limit, "power_draw_watts": draw,
                             **low_precision(gpu.compute_capability)})
     return out
