@@ -65,3 +65,29 @@ def make_config(tmp_path):
         fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\n' + text)
         return kc.make_defconfig(base, [str(fragment)], out=tmp_path / f"config{n}")
     return build
+
+
+@pytest.fixture
+def kfit_here(monkeypatch, capsys):
+    """run(cwd, *args, **variables): kfit's command in this process, as `kfit` runs it (its variables as
+    environment, every other kfit variable unset, in cwd), as a CompletedProcess. For the commands a test only
+    needs the output of (a plan, a config written): no interpreter start and torch import (about 3 s each). A
+    test of the process itself (exit status, signals, a traceback kept out) runs scripts/kfit.py instead."""
+    from lib.cli import flags, main
+
+    cleared = (*flags.FLAGS, flags.MAKE_LIST, flags.SET_VARIABLE, "KFIT_PLAN")
+
+    def run(cwd, *args, **env):
+        import subprocess
+
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            for name in cleared:
+                m.delenv(name, raising=False)
+            for name, value in env.items():
+                m.setenv(name, value)
+            capsys.readouterr()
+            code = main(list(args))
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["kfit", *args], code, out, err)
+    return run

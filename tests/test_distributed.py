@@ -103,12 +103,12 @@ def _kfit(cwd: Path, config: Path, *args: str, **env: str) -> subprocess.Complet
                           timeout=300, env={**base, "KCONFIG_CONFIG": str(config), "OMP_NUM_THREADS": "1", **env})
 
 
-def test_gpus_means_processes_when_planning_a_simulated_machine(tmp_path):
+def test_gpus_means_processes_when_planning_a_simulated_machine(tmp_path, kfit_here):
     (tmp_path / "target").write_text("CONFIG_TARGET_EFFECTIVE_BATCH=1024\n")
     from lib import config as kc
 
     config = kc.make_defconfig("lenet5", [str(tmp_path / "target")], out=tmp_path / ".config")
-    result = _kfit(tmp_path, Path(config.source), "plan", GPU="b200", GPUS="4", FORMAT="json")
+    result = kfit_here(tmp_path, "plan", KCONFIG_CONFIG=config.source, GPU="b200", GPUS="4", FORMAT="json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["world_size"] == 4 and plan["effective_batch"] == 1024

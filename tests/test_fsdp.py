@@ -344,14 +344,14 @@ def test_gradients_sync_once_per_step_only_where_whole_gradients_fit():
 
 
 @pytest.mark.slow
-def test_out_of_memory_under_fsdp_relaunches_at_half_the_micro_batch(tmp_path, reference):
+def test_out_of_memory_under_fsdp_relaunches_at_half_the_micro_batch(tmp_path, reference, kfit_here):
     """Every rank runs out of memory at the planned micro-batch (injected): no rank can redo the step alone, so the
     run marks half the micro-batch, torchrun is relaunched, and the run restarts in the same directory with
     the same effective batch: the same weights as one process."""
     weights, _ = reference
     config = write_config(tmp_path, "CONFIG_OOM_MAX_HALVINGS=10\n")  # evaluation halves from 31 to below it
-    planned = subprocess.run(KFIT + ["plan", "--format", "json"], cwd=tmp_path, env=env_for(config, GPUS="2"),
-                             capture_output=True, text=True, timeout=300)
+    # the plan `make plan GPUS=2` shows, in this process (what trains below is a real torchrun run)
+    planned = kfit_here(tmp_path, "plan", "--format", "json", KCONFIG_CONFIG=str(config), GPUS="2")
     micro = json.loads(planned.stdout)["micro_batch"]  # the planner's pick among near-ties: 4 or 8 here
     assert micro >= 2, planned.stdout
     resolves = tmp_path / "resolves.log"

@@ -201,26 +201,6 @@ def kfit(cwd, *args, **env):
     return subprocess.run([*KFIT, *args], cwd=cwd, capture_output=True, text=True, env={**base, **env}, timeout=600)
 
 
-@pytest.fixture
-def kfit_here(monkeypatch, capsys):
-    """kfit's command in this process, as `kfit` runs it (its variables as environment, in cwd): the
-    commands that only plan and write files, without an interpreter's start and torch's import (about 3 s)."""
-    from lib.cli import main
-
-    def run(cwd, *args, **env):
-        with monkeypatch.context() as m:
-            m.chdir(cwd)
-            for name in CLEARED:
-                m.delenv(name, raising=False)
-            for name, value in env.items():
-                m.setenv(name, value)
-            capsys.readouterr()
-            code = main(list(args))
-            out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["kfit", *args], code, out, err)
-    return run
-
-
 @pytest.mark.slow
 def test_recommend_without_a_config_chooses_gpt2_and_llama_sizes_and_writes_valid_defconfigs(tmp_path, kfit_here):
     out = tmp_path / "recommended"
