@@ -76,6 +76,14 @@ CPUs
 A CPU's throughput is measured on the machine (lib.steptime.device); its
 power has no catalog: ``CPU_WATTS_PER_CORE`` is a documented guess.
 
+A catalog GPU is planned with the CPU of the machine it is usually rented in
+(``HOSTS``): each GPU's share of the vCPUs and RAM of the common cloud
+instance with that GPU (an 8-GPU instance's share for the data-centre parts,
+the smallest one-GPU size for the others), so ``GPU=h100`` sizes data loader
+workers and CPU threads for an H100 machine, not for the machine planning.
+Cards no large cloud rents (GeForce, Radeon PRO, Instinct MI210) get a stated
+assumption.  ``HW=`` profiles carry their own CPU.
+
 Default free memory
 -------------------
 A real GPU never offers its whole ``total_bytes`` to a training run: creating
@@ -128,6 +136,60 @@ PCIE5_X16_GBS = 63.0  # 32 GT/s
 # and cloud VMs without RDMA may have far less (a 100 Gb/s Ethernet NIC shared by 8 GPUs is ~1.6 GB/s
 # each).  25 GB/s under-promises on the best clusters and over-promises on Ethernet-only ones.
 NETWORK_GBS = 25.0
+
+
+@dataclass(frozen=True)
+class Host:
+    """The CPU and RAM each GPU of a catalog machine comes with (see "CPUs" above)."""
+
+    machine: str  # the machine the figures are a share of
+    vcpus: int  # logical CPUs per GPU
+    smt: bool  # two logical CPUs to a physical core (cloud x86 vCPUs are hyperthreads)
+    ram_gib: int  # per GPU
+
+
+# Per GPU: the instance's vCPUs and memory divided by its GPUs, from the cloud's instance table.
+HOSTS = {
+    # AWS p5.48xlarge: 8 H100, 192 vCPUs, 2048 GiB (https://aws.amazon.com/ec2/instance-types/p5/)
+    "h100": Host("AWS p5.48xlarge", 24, True, 256),
+    # AWS p5e.48xlarge: 8 H200, 192 vCPUs, 2048 GiB (same page)
+    "h200": Host("AWS p5e.48xlarge", 24, True, 256),
+    # The superchip's own Grace CPU: 72 Arm Neoverse V2 cores (no SMT), 480 GB LPDDR5X
+    # (https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/)
+    "gh200": Host("GH200 Grace CPU", 72, False, 447),
+    # AWS p4d.24xlarge: 8 A100 40GB, 96 vCPUs, 1152 GiB (https://aws.amazon.com/ec2/instance-types/p4/)
+    "a100-40gb": Host("AWS p4d.24xlarge", 12, True, 144),
+    # AWS p4de.24xlarge: 8 A100 80GB, 96 vCPUs, 1152 GiB (same page)
+    "a100-80gb": Host("AWS p4de.24xlarge", 12, True, 144),
+    # AWS g5.xlarge: 1 A10G, 4 vCPUs, 16 GiB (https://aws.amazon.com/ec2/instance-types/g5/)
+    "a10g": Host("AWS g5.xlarge", 4, True, 16),
+    # AWS g6.xlarge: 1 L4, 4 vCPUs, 16 GiB (https://aws.amazon.com/ec2/instance-types/g6/)
+    "l4": Host("AWS g6.xlarge", 4, True, 16),
+    # AWS g6e.xlarge: 1 L40S, 4 vCPUs, 32 GiB (https://aws.amazon.com/ec2/instance-types/g6e/)
+    "l40s": Host("AWS g6e.xlarge", 4, True, 32),
+    # No large cloud rents GeForce cards: assumed a desktop with a 16-core, 32-thread CPU and 64 GiB
+    "rtx4090": Host("a desktop (assumed)", 32, True, 64),
+    "rtx3090": Host("a desktop (assumed)", 32, True, 64),
+    # AWS g4dn.xlarge: 1 T4, 4 vCPUs, 16 GiB (https://aws.amazon.com/ec2/instance-types/g4/)
+    "t4": Host("AWS g4dn.xlarge", 4, True, 16),
+    # AWS p3.16xlarge: 8 V100-SXM2-16GB, 64 vCPUs, 488 GiB (https://aws.amazon.com/ec2/instance-types/p3/)
+    "v100": Host("AWS p3.16xlarge", 8, True, 61),
+    # AWS p6-b200.48xlarge: 8 B200, 192 vCPUs, 2048 GiB (https://aws.amazon.com/ec2/instance-types/p6/)
+    "b200": Host("AWS p6-b200.48xlarge", 24, True, 256),
+    # A workstation card: assumed a workstation with a 16-core, 32-thread CPU and 64 GiB
+    "w7900": Host("a workstation (assumed)", 32, True, 64),
+    # No large cloud rents it: assumed an 8-GPU server's share of two 64-core CPUs' threads, halved (16), and
+    # 128 GiB
+    "mi210": Host("a GPU server (assumed)", 16, True, 128),
+    # Azure ND MI300X v5: 8 MI300X, 96 vCPUs (physical cores, no SMT), 1850 GiB
+    # (https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ndmi300xv5-series)
+    "mi300x": Host("Azure ND MI300X v5", 12, False, 231),
+}
+
+
+def host(key: str) -> Host:
+    """The CPU and RAM per GPU that catalog GPU `key` (catalog_keys()) is planned with."""
+    return HOSTS[key]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """resolve_hardware, the one entry the CLI uses, and the machines it simulates.
 
 * ``HW=profile.json``  -> :func:`load_profile` (a file written by ``to_json``)
-* ``GPU=h100``         -> :func:`from_catalog` (lib.hardware.catalog), on this CPU
+* ``GPU=h100``         -> :func:`from_catalog` (lib.hardware.catalog), with the CPU and RAM of the machine
+                          that GPU usually comes in (catalog.HOSTS)
 * ``GPU=cpu``          -> this machine's CPU, no GPU
 * neither              -> :func:`detect`, the real machine
 * ``FREE_GB=`` / ``GPUS=`` override the result in every case.
@@ -51,9 +52,10 @@ def from_catalog(
 ) -> HardwareProfile:
     """A machine with ``gpus`` identical catalog GPUs.
 
-    The CPU is ``cpu`` when given, else THIS machine's detected CPU and RAM:
-    ``GPU=h100`` plans for an H100 attached to a CPU like this one (data loading
-    and host RAM are planned from it).  Disk is this machine's; there is no
+    The CPU is ``cpu`` when given, else the machine the GPU usually comes in
+    (catalog.HOSTS: ``gpus`` times one GPU's share of its cores and RAM, all idle):
+    ``GPU=h100`` plans data loader workers, CPU threads and host RAM for an H100
+    machine, not for the machine planning.  Disk is this machine's; there is no
     battery.  torch/CUDA/HIP versions are this torch's (None where it lacks the
     backend) - the catalog describes hardware, not software.
 
@@ -85,7 +87,7 @@ def from_catalog(
     torch_version, cuda_version, hip_version = _this_torch()
     return HardwareProfile(
         gpus=tuple(dataclasses.replace(gpu, index=i) for i in range(count)),
-        cpu=cpu if cpu is not None else detect_cpu(),
+        cpu=cpu if cpu is not None else host_cpu(entry.key, count),
         disk_free_bytes=disk_free(disk_path),
         on_battery=None,
         torch_version=torch_version,
@@ -94,6 +96,16 @@ def from_catalog(
         source=f"catalog:{entry.key}",
         notes=(),
     )
+
+
+def host_cpu(key: str, gpus: int = 1) -> CPUInfo:
+    """The CPU and RAM of a machine with `gpus` of catalog GPU `key`, as catalog.HOSTS gives them per GPU;
+    planned idle (idle_cores None: every core counts)."""
+    h = catalog.host(key)
+    logical, ram = h.vcpus * gpus, h.ram_gib * gpus * GiB
+    return CPUInfo(name=f"{h.machine}: {h.vcpus} vCPUs and {h.ram_gib} GiB per GPU",
+                   physical_cores=logical // 2 if h.smt else logical, logical_cores=logical,
+                   ram_total_bytes=ram, ram_available_bytes=ram, idle_cores=None)
 
 
 def _cpu_only(disk_path: str) -> HardwareProfile:
