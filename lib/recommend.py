@@ -1,7 +1,7 @@
 """Three ready-to-train configurations for a machine: conservative, balanced, extreme (seed 002).
 
 Each mode is a memory profile (the share of free memory the planner may use:
-kfit's MEMORY_PROFILE_CONSERVATIVE / BALANCED / EXTREME, 50 / 75 / 95%), a
+kfit's MEMORY_PROFILE_CONSERVATIVE / BALANCED / EXTREME, whose shares lib/config/profiles.py holds), a
 Chinchilla ratio of training tokens to parameters (12, 20, 25: Hoffmann et al.
 2022 put the compute-optimal ratio near 20), the seed's parameter range, a
 context length, and the longest run the mode accepts (2 h, 6 h, 72 h: the
@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .config import Config
+from .config import MEMORY_PROFILES, Config
 from .errors import PlanError
 from .plan import Plan
 from .units import format_bytes
@@ -69,9 +69,9 @@ class Mode:
 
 
 MODES = (
-    Mode("conservative", "CONSERVATIVE", 0.50, 12, (23e6, 70e6), 512, 2.0),
-    Mode("balanced", "BALANCED", 0.75, 20, (70e6, 200e6), 1024, 6.0),
-    Mode("extreme", "EXTREME", 0.95, 25, (200e6, None), 2048, 72.0),
+    Mode("conservative", "CONSERVATIVE", MEMORY_PROFILES["CONSERVATIVE"], 12, (23e6, 70e6), 512, 2.0),
+    Mode("balanced", "BALANCED", MEMORY_PROFILES["BALANCED"], 20, (70e6, 200e6), 1024, 6.0),
+    Mode("extreme", "EXTREME", MEMORY_PROFILES["EXTREME"], 25, (200e6, None), 2048, 72.0),
 )
 
 

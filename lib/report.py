@@ -77,7 +77,7 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
         if capped and not plan.gradient_checkpointing and can_checkpoint(config.model):
             advice.append(f"memory caps the micro-batch at {plan.max_micro_batch}: CONFIG_GRADIENT_CHECKPOINTING=y "
                           "trades compute for activation memory and allows a larger one")
-        for symbol, share in (("CONSERVATIVE", 0.5), ("BALANCED", 0.75), ("EXTREME", 0.95)):
+        for symbol, share in kconfig.MEMORY_PROFILES.items():
             if share == config.memory_profile:
                 continue
             other_config = kconfig.derive(config, {f"MEMORY_PROFILE_{symbol}": True})

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from lib.config import DEFAULT_SHARE
 from lib.errors import ConfigError
 from lib.hyperparams import ModelDescription, resolve
 from lib.memory import model_fingerprint
@@ -149,7 +150,7 @@ def test_where_only_checkpointing_fits_the_planner_takes_it_for_a_hugging_face_m
     one = PLANNER.predictor.predict(config, batch=1, device_type="cpu", precision="fp32")
     ckpt = PLANNER.predictor.predict(config, batch=1, device_type="cpu", precision="fp32", gradient_checkpointing=True)
     assert ckpt.peak_bytes < one.peak_bytes
-    between = (one.peak_bytes + ckpt.peak_bytes) / 2 / 0.75 / 2**20  # a budget (75% of RAM) only ckpt fits at 1
+    between = (one.peak_bytes + ckpt.peak_bytes) / 2 / DEFAULT_SHARE / 2**20  # a budget only ckpt fits at 1
     plan = resolve(config, ram(between), ModelDescription.from_config(config))
     assert plan.gradient_checkpointing and plan.reasons["oom_ladder"] == "before training: gradient checkpointing on"
 

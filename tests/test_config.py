@@ -209,15 +209,25 @@ def test_learning_rate_messages(tmp_path, value, message):
 
 
 @pytest.mark.parametrize("fragment, share", [
-    ("", 0.75),
+    ("", 0.90),
     ("CONFIG_MEMORY_PROFILE_CONSERVATIVE=y\n", 0.50),
-    ("CONFIG_MEMORY_PROFILE_EXTREME=y\n", 0.95),
+    ("CONFIG_MEMORY_PROFILE_EXTREME=y\n", 0.97),
     ("CONFIG_MEMORY_PROFILE_CUSTOM=y\nCONFIG_MEMORY_PROFILE_PERCENT=60\n", 0.60),
 ])
 def test_memory_profile_is_a_share_of_free_memory(fragment, share, tmp_path):
     frag = write(tmp_path / "frag", fragment)
     config = kc.make_defconfig("lenet5", [str(frag)], out=tmp_path / ".config")
     assert config.hyperparam_policy == "planner" and config.memory_profile == pytest.approx(share)
+
+
+def test_memory_profile_prompts_state_the_shares_the_reader_gives():
+    """lib/config/profiles.py is the one source of the shares; the Kconfig prompts repeat them in words."""
+    kconf = kconfiglib.Kconfig(str(kc.KCONFIG), warn=False)
+    for name, share in kc.MEMORY_PROFILES.items():
+        [node] = kconf.syms["MEMORY_PROFILE_" + name].nodes
+        assert f"{share:.0%} of free memory" in node.prompt[0], (name, node.prompt[0])
+    assert kconf.syms["MEMORY_PROFILE_PERCENT"].nodes[0].defaults[0][0].str_value == f"{kc.DEFAULT_SHARE * 100:.0f}"
+    assert kc.DEFAULT_SHARE == kc.MEMORY_PROFILES["BALANCED"] == 0.90 and kc.MEMORY_PROFILES["EXTREME"] == 0.97
 
 
 def test_manual_mode_has_no_batch_policy(tmp_path):

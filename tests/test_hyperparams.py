@@ -244,16 +244,17 @@ def test_gib_formatting_matches_free_memory():
     assert gib(70 * GIB) == 70.0
 
 
-def ram(mib: float):
-    """This CPU with `mib` MiB of RAM available (the memory planner's budget is 75% of it)."""
-    return dataclasses.replace(CPU, cpu=dataclasses.replace(CPU.cpu, ram_available_bytes=int(mib * 2**20)))
+def budget(mib: float):
+    """This CPU with RAM available for a memory budget of `mib` MiB at the default memory profile."""
+    available = int(mib * 2**20 / kc.DEFAULT_SHARE)
+    return dataclasses.replace(CPU, cpu=dataclasses.replace(CPU.cpu, ram_available_bytes=available))
 
 
 def test_where_nothing_fits_the_plan_takes_the_out_of_memory_ladder_before_training(make_config):
     # gpt2-tiny at micro-batch 1: about 17.8 MiB predicted, 15.0 MiB with gradient checkpointing
     config = make_config("CONFIG_DEVICE_CPU=y\nCONFIG_TARGET_EFFECTIVE_BATCH=8\n", base="gpt2-tiny")
     model = ModelDescription.from_config(config)
-    plan = resolve(config, ram(22.7), model)
+    plan = resolve(config, budget(17.0), model)
     assert plan.gradient_checkpointing and plan.precision == "fp32" and plan.effective_batch == 8
     assert plan.predicted_peak_bytes <= plan.budget_bytes
     assert "out-of-memory ladder" in plan.reasons["gradient_checkpointing"]
@@ -261,9 +262,9 @@ def test_where_nothing_fits_the_plan_takes_the_out_of_memory_ladder_before_train
     forbidden = make_config("CONFIG_DEVICE_CPU=y\nCONFIG_TARGET_EFFECTIVE_BATCH=8\n"
                             "# CONFIG_OOM_LADDER_CHECKPOINTING is not set\n", base="gpt2-tiny")
     with pytest.raises(PlanError, match="does not fit even at micro-batch 1"):
-        resolve(forbidden, ram(22.7), model)
+        resolve(forbidden, budget(17.0), model)
     with pytest.raises(PlanError, match="does not fit even at micro-batch 1"):  # no rung is enough
-        resolve(config, ram(18), model)
+        resolve(config, budget(13.5), model)
 
 
 def test_a_script_of_another_repository_calls_apply_hyperparams_on_its_own_config(tmp_path, capsys):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lib.config import DEFAULT_SHARE
+
 ROOT = Path(__file__).resolve().parent.parent
 MAKEFILE = ROOT / "Makefile"
 DEFCONFIG_NAMES = sorted(p.name for p in (ROOT / "defconfigs").iterdir() if p.is_file())
@@ -232,7 +234,7 @@ def test_plan_resnet18_on_h100_json_planner(tmp_path):
     plan = json.loads(ok(make(tmp_path, "plan", "GPU=h100", "FREE_GB=70", "FORMAT=json")).stdout)
     assert plan["policy"] == "planner" and plan["effective_batch"] == 512
     assert plan["micro_batch"] * plan["grad_accum"] == 512
-    assert 0 < plan["predicted_peak_bytes"] <= plan["budget_bytes"] == int(70 * 2**30 * 0.75)
+    assert 0 < plan["predicted_peak_bytes"] <= plan["budget_bytes"] == int(70 * 2**30 * DEFAULT_SHARE)
     assert plan["memory_breakdown"] and plan["compile"] is True and plan["precision"] == "bf16"
 
 
@@ -502,7 +504,7 @@ def test_mixed_gpus_plan_for_the_smallest_everywhere(lenet5_dir):
     smallest = json.loads(ok(kfit(lenet5_dir, "plan", env={"GPU": "a10g", "GPUS": "2", "FORMAT": "json"})).stdout)
     assert planned["device_name"] == "NVIDIA A10G" and planned["budget_bytes"] == smallest["budget_bytes"]
     assert planned["micro_batch"] == smallest["micro_batch"]
-    assert planned["budget_bytes"] < profiles["h100"]["gpus"][0]["free_bytes"] * 0.75 * 0.9  # not the H100's
+    assert planned["budget_bytes"] < profiles["h100"]["gpus"][0]["free_bytes"] * DEFAULT_SHARE * 0.9  # not the H100's
     assert any("sized for the smallest, GPU 1 NVIDIA A10G" in note for note in planned["notes"])
     report = ok(kfit(lenet5_dir, "check-hardware", env={"HW": "mixed.json", "GPUS": "2"})).stdout
     assert "plans for GPU 0" not in report and "planned for the smallest, GPU 1 NVIDIA A10G" in report

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lib import config as kc
+from lib.config import MEMORY_PROFILES
 from lib.memory import MemoryPredictor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,3 +60,20 @@ def test_every_committed_h100_case_is_predicted_within_its_band(replay):
     assert not out, f"outside -{UNDER:.0%}..+{OVER:.0%} of the measured reserved peak: {out}"
     mean = sum(map(abs, replay.values())) / len(replay)
     assert mean < 0.025, mean  # 1.9% at the refit (5.1% before it)
+
+
+@pytest.mark.parametrize("profile", list(MEMORY_PROFILES))
+def test_at_every_memory_profile_each_committed_case_peaks_under_the_free_memory_it_was_planned_for(replay, profile):
+    """The planner takes a case's micro-batch once free x share covers its predicted peak: at the least free
+    memory that does, free = predicted / share, the measured reserved peak must still fit (lib/config/profiles.py's
+    margin evidence). With predicted = measured x (1 + error): measured < predicted / share <=> share < 1 + error."""
+    share = MEMORY_PROFILES[profile]
+    over = {}
+    for label, error in replay.items():
+        measured = CASES[label]["measured_bytes"]
+        free = measured * (1 + error) / share  # the smallest free memory that plans this case's micro-batch
+        if measured >= free:
+            over[label] = f"{measured / free:.1%} of free memory"
+    assert not over, f"{profile} ({share:.0%}) would plan these cases past free memory: {over}"
+    headroom = min(1 + e for e in replay.values()) - share  # 0.98 - 0.97 at extreme
+    assert headroom > 0.005, headroom

@@ -30,7 +30,7 @@ def plan(config, hardware, policy=None, world_size=1):
 def test_planner_is_the_default_and_fills_the_plan(gpt2_tiny):
     p = plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=0.3))
     assert p.policy == "planner" and p.precision == "fp16"
-    assert p.budget_bytes == int(0.3 * GIB * 0.75)
+    assert p.budget_bytes == int(0.3 * GIB * kc.DEFAULT_SHARE)
     assert p.predicted_peak_bytes <= p.budget_bytes
     assert sum(p.memory_breakdown.values()) == p.predicted_peak_bytes
     assert {"parameters", "gradients", "optimizer_state", "activations"} <= set(p.memory_breakdown)
@@ -60,7 +60,7 @@ def test_capped_batch_fits_and_the_next_one_does_not(gpt2_tiny):
 def test_memory_profile_scales_the_budget(gpt2_tiny):
     hardware = resolve_hardware(gpu="t4", free_gb=1.0)
     sizes = []
-    for symbol, share in (("CONSERVATIVE", 0.5), ("BALANCED", 0.75), ("EXTREME", 0.95)):
+    for symbol, share in kc.MEMORY_PROFILES.items():
         config = kc.derive(gpt2_tiny, {f"MEMORY_PROFILE_{symbol}": True})
         assert memory_budget(config, hardware, "cuda")[0] == int(GIB * share)
         sizes.append(plan(config, hardware).max_micro_batch)
@@ -71,7 +71,7 @@ def test_batch_one_too_big_is_a_plan_error_with_numbers_and_advice(gpt2_tiny):
     with pytest.raises(PlanError) as err:
         plan(gpt2_tiny, resolve_hardware(gpu="t4", free_gb=0.02))
     text = str(err.value)
-    assert "does not fit even at micro-batch 1" in text and "budget is 15MiB" in text
+    assert "does not fit even at micro-batch 1" in text and "budget is 18MiB" in text  # 0.02 GiB x 90%
     assert "CONFIG_GRADIENT_CHECKPOINTING=y" in text and "CONFIG_GPT2_PRESET" in text
     assert "CONFIG_MEMORY_PROFILE_EXTREME" in text
 
@@ -154,7 +154,7 @@ def test_tier_policy_plans_carry_no_prediction(gpt2_tiny):
 def test_cpu_budget_is_available_ram():
     cpu = resolve_hardware(gpu="cpu")
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
-    assert memory_budget(config, cpu, "cpu")[0] == int(cpu.cpu.ram_available_bytes * 0.75)
+    assert memory_budget(config, cpu, "cpu")[0] == int(cpu.cpu.ram_available_bytes * kc.DEFAULT_SHARE)
 
 
 FACTORY = textwrap.dedent('''

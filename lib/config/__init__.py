@@ -9,6 +9,7 @@ and nothing is written to disk unless the whole configuration is valid.
 
     kconfig.py      the Kconfig tree, strict loading and validation, atomic writes
     typed.py        the typed Config and the parsing of a loaded kconfig into it
+    profiles.py     the memory profiles' shares of free memory (the one source)
     operations.py   what the make targets call (defconfig, olddefconfig, ...),
                     programmatic changes (derive, apply_assignments) and menuconfig's edited copy
     generate.py     the kernel's other targets: all*config, randconfig, oldconfig, <fragment>.config
@@ -24,10 +25,11 @@ from .operations import (
     defconfig_names, derive, edit_config, edit_copy_path, fragment_file, fragment_names, listnewconfig,
     make_defconfig, minimal_config_text, olddefconfig, read_config, savedefconfig,
 )
+from .profiles import DEFAULT_SHARE, LARGEST_SHARE, MEMORY_PROFILES, profile_name
 from .typed import Config
 
 __all__ = [
-    "Config", "DEFAULT_DEFCONFIG", "DEFCONFIG_DIR", "FRAGMENT_DIR", "KCONFIG", "ROOT", "alldefconfig",
+    "Config", "DEFAULT_DEFCONFIG", "DEFAULT_SHARE", "LARGEST_SHARE", "MEMORY_PROFILES", "profile_name", "DEFCONFIG_DIR", "FRAGMENT_DIR", "KCONFIG", "ROOT", "alldefconfig",
     "allnoconfig", "allyesconfig", "apply_assignments", "config_path", "defconfig_config", "defconfig_file",
     "defconfig_names", "derive", "edit_config", "edit_copy_path", "fragment_file", "fragment_names", "listnewconfig",
     "make_defconfig", "merge_fragment", "minimal_config_text", "oldconfig", "olddefconfig", "randconfig",

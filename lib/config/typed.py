@@ -17,6 +17,7 @@ import kconfiglib
 
 from ..errors import ConfigError
 from .kconfig import config_text
+from .profiles import MEMORY_PROFILES
 
 
 @dataclass(frozen=True)
@@ -218,11 +219,10 @@ ONE_OF = (("HPO_OPTIMIZER_SGD", "HPO_OPTIMIZER_ADAM", "HPO_OPTIMIZER_ADAMW"),)
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
-_PROFILES = {"CONSERVATIVE": 0.50, "BALANCED": 0.75, "EXTREME": 0.95}
 
 
 def _memory_profile(kconf) -> float | None:
-    for name, share in _PROFILES.items():
+    for name, share in MEMORY_PROFILES.items():
         if _bool(kconf, "MEMORY_PROFILE_" + name):
             return share
     percent = _int(kconf, "MEMORY_PROFILE_PERCENT")

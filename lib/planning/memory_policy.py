@@ -17,7 +17,7 @@ import math
 import functools
 from typing import TYPE_CHECKING
 
-from ..config import Config
+from ..config import DEFAULT_SHARE, LARGEST_SHARE, Config, profile_name
 from ..errors import NoFitError
 from ..hardware import HardwareProfile, gib
 from ..models.registry import can_checkpoint, spec_for
@@ -27,25 +27,18 @@ from ..units import format_bytes
 if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
     from ..memory import MemoryPredictor, Prediction
 
-# Margin evidence (tests/test_memory_replay.py): on the 38 committed H100 memory cases the predicted
-# peak is -1.99%..+4.99% of the measured reserved peak (mean 1.9%), so a real peak is at most 1/(1-0.0199)
-# = 1.020 x the prediction. Balanced at 0.90 then peaks at <= 91.8% of free memory, extreme at 0.97 at
-# <= 99.0% (the replay allows extreme up to 0.980). Not yet applied: the shares a config gets live in
-# lib/config/typed.py (_PROFILES) and lib/report.py, outside this module; they must move together.
-PROFILES = {0.5: "conservative", 0.75: "balanced", 0.95: "extreme"}
-DEFAULT_PROFILE = 0.75
 MAX_MICRO_BATCH = 65536  # CONFIG_BATCH_SIZE's upper bound
 
 
 def profile_label(config: Config) -> str:
-    share = config.memory_profile or DEFAULT_PROFILE
+    share = config.memory_profile or DEFAULT_SHARE
     custom = config.symbols.get("MEMORY_PROFILE_CUSTOM") == "y"
-    return f"{'custom' if custom else PROFILES.get(share, 'custom')} {share:.0%}"
+    return f"{'custom' if custom else profile_name(share) or 'custom'} {share:.0%}"
 
 
 def memory_budget(config: Config, hardware: HardwareProfile, device_type: str) -> tuple[int, str]:
     """(bytes the planner may use, how that was worked out)."""
-    share = config.memory_profile or DEFAULT_PROFILE
+    share = config.memory_profile or DEFAULT_SHARE  # the shares and their margin evidence: lib/config/profiles.py
     if device_type == "cpu":
         free, where = hardware.cpu.ram_available_bytes, "RAM available"
     else:
@@ -145,7 +138,7 @@ class PlannerPolicy:
         smaller = spec_for(config.model).smaller
         if smaller:
             helps.append(smaller)
-        if (config.memory_profile or DEFAULT_PROFILE) < 0.95:
+        if (config.memory_profile or DEFAULT_SHARE) < LARGEST_SHARE:
             helps.append("a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)")
         helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
         if sharding:
