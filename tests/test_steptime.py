@@ -151,7 +151,7 @@ def test_roofline_with_a_fake_device():
 
 def test_a_short_last_micro_batch_is_timed_as_the_trainer_cuts_it():
     assert window_sizes(512, 171) == [171, 171, 170]
-    assert window_sizes(513, 256) == [256, 257]  # a lone trailing sample joins the previous micro-batch
+    assert window_sizes(513, 256) == [256, 129, 128]  # a lone trailing sample: the last two halve
     from lib.trainer.windows import split_batches
 
     for samples, micro in ((512, 171), (513, 256), (1437, 512), (7, 3), (64, 64)):

@@ -31,19 +31,15 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from ..units import micro_batch_sizes
 from .comm import Communication
 from .count import Counts, Phase
 from .device import COMPILE_MEMORY_FACTOR, COMPILE_OPS_FACTOR, Device
 
 
 def window_sizes(samples: int, micro_batch: int) -> list[int]:
-    """The micro-batch sizes of a window of `samples`, as lib/trainer/windows.split_batches cuts it."""
-    full, rest = divmod(samples, micro_batch)
-    sizes = [micro_batch] * full + ([rest] if rest else [])
-    if len(sizes) > 1 and sizes[-1] == 1:  # a lone trailing sample joins the previous micro-batch
-        lone = sizes.pop()
-        sizes[-1] += lone
-    return sizes
+    """The micro-batch sizes of a window of `samples`, as the trainer cuts it (lib.units.micro_batch_sizes)."""
+    return micro_batch_sizes(samples, micro_batch)
 
 
 @dataclass(frozen=True)
