@@ -256,20 +256,26 @@ def cpu_conv_workspace(name: str, args, out) -> int:
     path = cpu_conv_path(x, weight, stride, padding, dilation, transposed, output_padding, groups)
     if path == "transposed":
         return _bytes(weight)
+    # torch's own kernels have no groups: it runs one group at a time (a group's channels, so its columns are
+    # 1/groups of the whole) and keeps each group's result until it concatenates them: forward, the outputs;
+    # backward, the input and weight gradients
+    pieces = 0 if groups == 1 else (
+        (_bytes(x) if mask[0] else 0) + (_bytes(weight) if mask[1] else 0) if backward else _bytes(out))
     if path in ("nnpack", "dilated"):
         if path == "nnpack" and not backward:
             return 0
-        return _columns(x, weight, out_shape, stride, padding, per_sample=True)
+        return _columns(x, weight, out_shape, stride, padding, per_sample=True) // groups + pieces
     if path == "im2col":
-        columns = _columns(x, weight, out_shape, stride, padding)
+        columns = _columns(x, weight, out_shape, stride, padding) // groups
         if not backward:
-            return columns
+            return columns + pieces
         phases = [columns if mask[1] else 0]
         if mask[0]:
-            phases.append(torch.get_num_threads() * _columns(x, weight, out_shape, stride, padding, per_sample=True))
+            phases.append(torch.get_num_threads() * _columns(x, weight, out_shape, stride, padding,
+                                                             per_sample=True) // groups)
         if mask[2] and grad_out.dtype != torch.float32:
             phases.append(grad_out.numel() * 4)
-        return max(phases)
+        return max(phases) + pieces
     _, _, block = _onednn()
     if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
         return _bytes(weight)  # channels-last tensors go to oneDNN as they are
