@@ -121,3 +121,18 @@ def test_the_grouped_matmul_fake_kernel_gives_the_real_kernels_shape_in_fp32(a_s
             fake = torch._grouped_mm(a, b, offs=o)
     assert fake.shape == real.shape and fake.dtype == real.dtype == torch.float32
     assert torch.ops.aten._grouped_mm.default in FAKE_KERNELS
+
+
+def test_make_plan_for_a_gpu_not_here_is_one_error_line(untraceable, tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: kfit measures on it")
+    (tmp_path / ".config").write_text(untraceable.text)
+    run = subprocess.run(["make", "-s", "--no-print-directory", "-f",
+                          str(Path(__file__).resolve().parent.parent / "Makefile"), "plan", "GPU=h100"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode != 0 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "kfit_test::gate" in errors[0] and "on a machine with that GPU" in errors[0]
