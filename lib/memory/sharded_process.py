@@ -204,7 +204,9 @@ class ShardedTracer:
             raise PlanError(f"tracing the sharded step ({what}) failed: the tracing process died ({reason})")
         reply = json.loads(line)
         if "error" in reply:
-            raise PlanError(f"tracing the sharded step ({what}) failed: {reply['error']}")
+            raise PlanError(f"tracing the sharded step ({what}) failed: {reply['error'].split('. ')[0]}; a model the "
+                            "tracer cannot run trains under DDP (CONFIG_PARALLEL_DDP), which kfit plans from real "
+                            "steps of one process")
         return Trace.from_json(reply["trace"])
 
 
