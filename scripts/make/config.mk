@@ -1,5 +1,6 @@
 # Config targets beyond the kernel's (lib/cli/__init__.py, lib/config/operations.py).
-# SET="A=1 B=2" (or NAME=value on make's command line) reaches kfit through KFIT_OVERRIDES, never a shell.
+# SET="A=1 B=2" (or the assignments themselves on make's command line) reaches kfit through KFIT_OVERRIDES,
+# never a shell.
 
 .PHONY: config-set
 
