@@ -74,7 +74,7 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
     if plan.policy == "planner":
         share_per_process = -(-plan.effective_batch // plan.world_size)
         capped = (plan.max_micro_batch or share_per_process) < share_per_process
-        if capped and not plan.gradient_checkpointing and can_checkpoint(config.model):
+        if capped and not plan.gradient_checkpointing and can_checkpoint(config):
             advice.append(f"memory caps the micro-batch at {plan.max_micro_batch}: CONFIG_GRADIENT_CHECKPOINTING=y "
                           "trades compute for activation memory and allows a larger one")
         for symbol, share in kconfig.MEMORY_PROFILES.items():
