@@ -9,28 +9,13 @@ import pytest
 from lib import config as kc
 
 ROOT = Path(__file__).resolve().parent.parent
-CLEARED = ("KCONFIG_CONFIG", "KFIT_OVERRIDES", "KFIT_SET", "FORMAT")
 
 
 @pytest.fixture
-def kfit(tmp_path, monkeypatch, capsys):
-    """kfit's command in this process, in tmp_path, on a lenet5 .config there."""
-    from lib.cli import main
-
+def kfit(tmp_path, kfit_here):
+    """kfit's command in this process (conftest's kfit_here), in tmp_path, on a lenet5 .config there."""
     kc.make_defconfig("lenet5", out=tmp_path / ".config")
-
-    def run(*args, **env):
-        with monkeypatch.context() as m:
-            m.chdir(tmp_path)
-            for name in CLEARED:
-                m.delenv(name, raising=False)
-            for name, value in env.items():
-                m.setenv(name, value)
-            capsys.readouterr()
-            code = main(list(args))
-            out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["kfit", *args], code, out, err)
-    return run
+    return lambda *args, **env: kfit_here(tmp_path, *args, **env)
 
 
 def test_writes_each_setting_through_the_strict_reader(kfit, tmp_path):
@@ -72,7 +57,8 @@ def test_make_config_set_takes_set_and_command_line_symbols(tmp_path):
     import os
 
     kc.make_defconfig("lenet5", out=tmp_path / ".config")
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED and k not in ("MAKEFLAGS", "MAKELEVEL")}
+    cleared = ("KCONFIG_CONFIG", "KFIT_OVERRIDES", "KFIT_SET", "FORMAT", "MAKEFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in cleared}
 
     def make(*args):
         return subprocess.run(["make", "-s", "--no-print-directory", "-f", str(ROOT / "Makefile"), *args],
