@@ -264,13 +264,34 @@ def device_for(rank: Rank, device_type: str) -> torch.device:
     return torch.device("cuda", rank.local_rank) if device_type == "cuda" and rank.active else torch.device(device_type)
 
 
-def all_sum(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise sum over all ranks (the values themselves in a single process)."""
+def all_sum(values: list[float], device: torch.device, group=None) -> list[float]:
+    """Element-wise sum over all ranks (the values themselves in a single process); group: the ranks' group
+    to sum over (None: the default one), its tensor on `device`."""
     if not (dist.is_available() and dist.is_initialized()):
         return values
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     return t.tolist()
+
+
+def sum_on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over all ranks in place, over the default group: with NCCL the host queues the
+    collective and goes on, and waits only when it reads the tensor."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def collectives_on_device() -> bool:
+    """Whether the default group's collectives run on the device (NCCL), so that reading their result back
+    waits for every kernel queued before them; gloo's run on the host."""
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo"
+
+
+def host_group():
+    """A gloo group of all ranks, for values the host holds (a step's flags): its all-reduce waits for the
+    other ranks' hosts, never for a device. Every rank must call it, in the same order."""
+    return dist.new_group(backend="gloo")
 
 
 def all_min(value: int, device: torch.device) -> int:

@@ -15,8 +15,10 @@ state where it can still be read and stops with the command that resumes (exit 3
 the run plans its micro-batch again.
 
 One optimizer step: the engine accumulates this rank's micro-batches of the window; one collective tells
-every rank whether any ran out of memory (or must stop); after out-of-memory the step is redone with the
-same samples as recovery.py changed the plan. Under FSDP out-of-memory cannot be redone in place (one rank
+every rank whether any ran out of memory (or must stop), on the host where the device would make it wait
+(agreement.py); after out-of-memory the step is redone with the same samples as recovery.py changed the plan.
+The step's loss stays on the device until the host needs it (settle): the steady-state step reads nothing
+back, so the CPU queues the next step while the device runs this one. Under FSDP out-of-memory cannot be redone in place (one rank
 cannot leave the collectives alone): the rank marks the run directory and the launcher relaunches the run
 from its last checkpoint (mark_oom).
 """
@@ -41,6 +43,7 @@ from ..plan import Plan
 from ..step import configure_backends, seed_everything
 from ..task import Task, load_task
 from . import best
+from .agreement import Agreement, Losses
 from .checkpoints import Checkpoints
 from .conditions import Conditions, Sensors
 from .ending import finish, quietly
@@ -128,6 +131,9 @@ class Trainer:
         self.on_eval = on_eval
         self.sensors = sensors or Sensors()
         self.evaluator = Evaluator(self.task, config, self.device, self.engine.inject)
+        self.agreement = Agreement(self.device, self.rank.active)  # a host group under NCCL: every rank makes it
+        self.losses = Losses()  # the steps' losses not yet read (settle)
+        self.last_loss = math.nan  # the newest loss read, for the monitor's progress line
 
     # -- the parts' state, as the Trainer's own ------------------------------------
 
@@ -264,20 +270,22 @@ class Trainer:
         self.engine.feed = None
         while p.window < len(windows):
             started = time.perf_counter()
-            loss, timed_out, signalled = self.optimizer_step(windows, p.window, p.step)
+            loss_sum, timed_out, signalled = self.optimizer_step(windows, p.window, p.step)
+            n = len(windows[p.window])
+            self.losses.add(p.step + 1, n, loss_sum)
+            if not self.timer.done:  # the timed steps are the device's: read (and wait for) each one
+                self.settle()
             step_s = time.perf_counter() - started
             self.timer.record(self.plan, step_s)
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss became {loss} at step {p.step + 1}: lower CONFIG_LEARNING_RATE "
-                    f"(now {config.learning_rate:g}) or enable CONFIG_GRAD_CLIP")
-            n = len(windows[p.window])
             p.step, p.window, p.samples = p.step + 1, p.window + 1, p.samples + n
-            p.interval_loss, p.interval_samples = p.interval_loss + loss * n, p.interval_samples + n
+            p.interval_samples += n
+            if self.boundary(timed_out, signalled, last=p.window == len(windows)):
+                self.settle()  # before anything acts on this step's state: divergence stops the run here
             lr = self.optimizer.param_groups[0]["lr"]
             # the step's wait for the loader (windows.InputWait), for the monitor's input-wait share
             waited = self.engine.feed.take() if isinstance(self.engine.feed, InputWait) else 0.0
-            self.monitor.update(p.step, p.epoch + 1, loss, lr, p.samples, input_wait_s=waited, step_s=step_s)
+            self.monitor.update(p.step, p.epoch + 1, self.last_loss, lr, p.samples, input_wait_s=waited,
+                                step_s=step_s)
             if p.step % config.log_interval == 0 or p.step == self.total_steps:
                 history.append(self.log_interval(lr))
             if config.eval_interval and p.step % config.eval_interval == 0 and p.step < self.total_steps:
@@ -304,6 +312,29 @@ class Trainer:
         self.monitor.epoch_end(p.epoch + 1)
         p.epoch, p.window = p.epoch + 1, 0
         return "early_stop" if stop else "epochs"
+
+    def boundary(self, timed_out: bool, signalled: bool, last: bool) -> bool:
+        """Whether the host acts on the state of the step just taken (every rank answers alike): a log line, an
+        evaluation, a stop, a checkpoint due, the epoch's last step. A heat pause's checkpoint settles in
+        save_periodic."""
+        config, step = self.config, self.progress.step
+        return (step % config.log_interval == 0 or step == self.total_steps or last or timed_out or signalled
+                or self.battery_stop or self.checkpoint_now
+                or bool(config.eval_interval and step % config.eval_interval == 0)
+                or bool(config.max_steps and step >= config.max_steps))
+
+    def settle(self) -> None:
+        """Read the losses of the steps not read yet, in one transfer: into the interval's mean, or a stop at
+        the first that is not finite, named by its step."""
+        p = self.progress
+        for step, n, total in self.losses.read():
+            loss = total / n
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"loss became {loss} at step {step}: lower CONFIG_LEARNING_RATE "
+                    f"(now {self.config.learning_rate:g}) or enable CONFIG_GRAD_CLIP")
+            p.interval_loss += loss * n
+            self.last_loss = loss
 
     def log_interval(self, lr: float) -> dict:
         """Log the mean loss and throughput of the steps since the last log line."""
@@ -344,6 +375,7 @@ class Trainer:
         return self.checkpoints.save(path, final_eval, keep)
 
     def save_periodic(self) -> Path:
+        self.settle()  # the checkpoint's progress holds the interval's loss (a heat pause saves between boundaries)
         return self.checkpoints.save_periodic()
 
     def interrupt(self) -> None:
@@ -352,19 +384,21 @@ class Trainer:
 
     # -- one optimizer step --------------------------------------------------
 
-    def optimizer_step(self, windows: list[list[int]], position: int, step: int) -> tuple[float, bool, bool]:
+    def optimizer_step(self, windows: list[list[int]], position: int, step: int) -> tuple[torch.Tensor | float, bool,
+                                                                                         bool]:
         """One optimizer step over windows[position], redone with the same samples after out-of-memory as
-        recovery.py changed the plan. Returns (mean loss, time limit reached, stop signal) as all ranks agree
-        on them; `checkpoint_now` says whether rank 0 found a periodic checkpoint due (every rank writes its
-        shard under FSDP)."""
+        recovery.py changed the plan. Returns (the loss summed over the window's samples and the ranks, time limit
+        reached, stop signal) as all ranks agree on them, the loss unread (a device tensor, or a float where
+        reading it cost nothing: agreement.py); `checkpoint_now` says whether rank 0 found a periodic checkpoint
+        due (every rank writes its shard under FSDP)."""
         window, engine = windows[position], self.engine
         while True:
             engine.optimizer.zero_grad(set_to_none=True)
             if engine.feed is None:
                 engine.start_feed(windows, position, self.plan, self.progress.micro_batch)
-            failed, loss_sum = False, 0.0
+            failed, loss_sum = False, None
             try:
-                loss_sum = engine.accumulate(window, step, self.plan, self.progress.micro_batch).item()
+                loss_sum = engine.accumulate(window, step, self.plan, self.progress.micro_batch)
             except Exception as err:  # noqa: BLE001 - only out-of-memory is recovered; the rest re-raises
                 if self.sharded and self.config.oom_recovery and is_oom(err):
                     self.mark_oom(step, err)  # the launcher relaunches the run at half the micro-batch
@@ -376,16 +410,15 @@ class Trainer:
                                                        self.checkpoint_interval_s())
             # One collective per step: every rank learns whether any ran out of memory or must stop.
             low_battery = self.conditions is not None and self.conditions.stop_requested
-            oom, loss_sum, time_flag, signal_flag, due_flag, battery_flag = distributed.all_sum(
-                [float(failed), loss_sum, float(timed_out), float(self.signals.received is not None), float(due),
-                 float(low_battery)], self.device)
-            self.checkpoint_now, self.battery_stop = due_flag > 0, battery_flag > 0
-            if not oom:
+            agreed, loss_sum = self.agreement.step(failed, timed_out, self.signals.received is not None, due,
+                                                   low_battery, loss_sum)
+            self.checkpoint_now, self.battery_stop = agreed.checkpoint_due, agreed.battery_stop
+            if not agreed.oom:
                 break
             engine.free()  # out of the except block: its traceback no longer holds the step's tensors
             self.recovery.after_oom(step, reason if failed else "another rank ran out of memory")
         engine.update(step, self.total_steps)
-        return loss_sum / len(window), time_flag > 0, signal_flag > 0
+        return loss_sum, agreed.time_limit, agreed.signal
 
     def mark_oom(self, step: int, err: BaseException) -> None:
         """Under FSDP: record in the run directory what the relaunched run takes (recovery.py), for `make train`
