@@ -17,6 +17,29 @@ from .config import Config
 from .plan import Plan
 
 
+def fused_on(config: Config, device_type: str) -> bool:
+    """Whether the trainer's optimizer runs torch's fused kernel on `device_type`: Adam and AdamW on CUDA,
+    where torch has it. One kernel launch per step updates every parameter in place (the foreach path launches
+    several per list and allocates whole lists of temporaries), and with fp16 GradScaler hands it the scale and
+    the inf flag without reading them back. Elsewhere torch's default implementation runs (the multi-tensor
+    foreach one where torch picks it, the per-parameter loop on a CPU). The memory tracer asks the same question
+    (lib/memory/trace.py step_optimizer)."""
+    return config.optimizer in ("adam", "adamw") and device_type == "cuda" and device_type in _fused_devices()
+
+
+def _fused_devices() -> list[str]:
+    """The device types this torch has fused optimizer kernels for."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    return _get_fused_kernels_supported_devices()
+
+
+def _device_type_of(parameters: list[torch.nn.Parameter]) -> str | None:
+    """The one device type every parameter is on, or None (none, or several)."""
+    types = {p.device.type for p in parameters}
+    return types.pop() if len(types) == 1 else None
+
+
 def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     # Decay weight matrices and kernels only; biases and norm scales are not regularised.
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -27,9 +50,12 @@ def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimi
     if config.optimizer == "sgd":
         momentum = config.sgd_momentum or 0.0
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
+    # fused where every parameter is on a device it runs on (CUDA); elsewhere torch's default
+    device_type = _device_type_of(decay + no_decay)
+    fused = {"fused": True} if device_type is not None and fused_on(config, device_type) else {}
     if config.optimizer == "adam":
-        return torch.optim.Adam(groups, lr=lr)
-    return torch.optim.AdamW(groups, lr=lr)
+        return torch.optim.Adam(groups, lr=lr, **fused)
+    return torch.optim.AdamW(groups, lr=lr, **fused)
 
 
 def seed_everything(seed: int) -> None:
