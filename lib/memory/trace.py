@@ -30,8 +30,10 @@ fp16's GradScaler is not traced: it keeps a few scalars.
 Fake tensors live on the CPU: a CPU-only torch cannot run autograd on fake
 CUDA tensors (it aborts looking for a CUDA device guard). What differs on a
 CUDA target is modelled explicitly:
-  * the optimizer runs its foreach (multi-tensor) implementation, as torch
-    picks on CUDA; its temporaries are whole lists of parameter-sized tensors;
+  * the optimizer runs the implementation the trainer runs on CUDA: Adam and
+    AdamW fused (updated in place, no temporaries), SGD foreach (multi-tensor,
+    as torch picks on CUDA), whose temporaries are whole lists of
+    parameter-sized tensors;
   * autocast follows the CPU cast lists, which for matmul/conv/linear/SDPA
     agree with CUDA's, plus the float32 casts only CUDA's makes (autocast.py);
   * `device_overheads` (lib/memory/predict.py) adds the named terms a trace
@@ -90,16 +92,20 @@ class Trace:
 
 
 def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> torch.optim.Optimizer:
-    """The trainer's optimizer, with the implementation torch picks on `device_type` made explicit.
+    """The trainer's optimizer, with the implementation it runs on `device_type` made explicit.
 
     torch defaults to foreach (multi-tensor) kernels on CUDA only, and it cannot
     tell for fake tensors, so the trace would otherwise always take the CPU path.
+    Adam and AdamW run fused on CUDA (lib.step.fused_on): the fused kernel updates
+    every list in place, with none of foreach's list-sized temporaries.
     """
-    from ..step import make_optimizer
+    from ..step import fused_on, make_optimizer
 
     optimizer = make_optimizer(config, model)
+    fused = fused_on(config, device_type)
     for group in optimizer.param_groups:
-        group["foreach"] = device_type == "cuda"
+        group["foreach"] = device_type == "cuda" and not fused
+        group["fused"] = fused
     return optimizer
 
 
