@@ -455,11 +455,12 @@ def test_kconfig_config_naming_a_directory_is_one_error_and_moves_nothing(tmp_pa
         assert files(tmp_path) == {"adir": None}, args  # defconfig used to move it aside to adir.old
 
 
-def test_plan_without_a_config_plans_the_default_in_memory_and_writes_nothing(tmp_path):
-    out = ok(kfit(tmp_path, "plan")).stdout
+def test_plan_without_a_config_plans_the_default_in_memory_and_writes_nothing(tmp_path, kfit_here):
+    # kfit's plan command in this process (conftest's kfit_here): what it prints and writes, not the process
+    out = ok(kfit_here(tmp_path, "plan")).stdout
     assert line_starting(out, "Plan for defconfigs/lenet5 (lenet5)")
     assert "note: no .config: this plans the default defconfig 'lenet5' in memory and writes nothing" in out
-    plan = json.loads(ok(kfit(tmp_path, "plan", env={"FORMAT": "json"})).stdout)  # JSON, nothing before it
+    plan = json.loads(ok(kfit_here(tmp_path, "plan", FORMAT="json")).stdout)  # JSON, nothing before it
     assert any("in memory" in note for note in plan["notes"])
     assert not any(tmp_path.iterdir())
 
@@ -494,19 +495,19 @@ def test_plan_report_checks_its_output_before_planning(lenet5_dir):
         assert "plan-matrix" not in result.stderr  # no progress: refused before a minute of planning
 
 
-def test_mixed_gpus_plan_for_the_smallest_everywhere(lenet5_dir):
-    profiles = {gpu: json.loads(ok(kfit(lenet5_dir, "check-hardware", env={"GPU": gpu, "FORMAT": "json"})).stdout)
+def test_mixed_gpus_plan_for_the_smallest_everywhere(lenet5_dir, kfit_here):
+    # kfit's commands in this process (conftest's kfit_here): the plans they print, not the process
+    profiles = {gpu: json.loads(ok(kfit_here(lenet5_dir, "check-hardware", GPU=gpu, FORMAT="json")).stdout)
                 for gpu in ("h100", "a10g")}
     mixed = {**profiles["h100"], "gpus": [profiles["h100"]["gpus"][0], {**profiles["a10g"]["gpus"][0], "index": 1}]}
     (lenet5_dir / "mixed.json").write_text(json.dumps(mixed))
-    planned = json.loads(ok(kfit(lenet5_dir, "plan", env={"HW": "mixed.json", "WORLD_SIZE": "2",
-                                                          "FORMAT": "json"})).stdout)
-    smallest = json.loads(ok(kfit(lenet5_dir, "plan", env={"GPU": "a10g", "GPUS": "2", "FORMAT": "json"})).stdout)
+    planned = json.loads(ok(kfit_here(lenet5_dir, "plan", HW="mixed.json", WORLD_SIZE="2", FORMAT="json")).stdout)
+    smallest = json.loads(ok(kfit_here(lenet5_dir, "plan", GPU="a10g", GPUS="2", FORMAT="json")).stdout)
     assert planned["device_name"] == "NVIDIA A10G" and planned["budget_bytes"] == smallest["budget_bytes"]
     assert planned["micro_batch"] == smallest["micro_batch"]
     assert planned["budget_bytes"] < profiles["h100"]["gpus"][0]["free_bytes"] * DEFAULT_SHARE * 0.9  # not the H100's
     assert any("sized for the smallest, GPU 1 NVIDIA A10G" in note for note in planned["notes"])
-    report = ok(kfit(lenet5_dir, "check-hardware", env={"HW": "mixed.json", "GPUS": "2"})).stdout
+    report = ok(kfit_here(lenet5_dir, "check-hardware", HW="mixed.json", GPUS="2")).stdout
     assert "plans for GPU 0" not in report and "planned for the smallest, GPU 1 NVIDIA A10G" in report
     assert "note: the 2 GPUs the processes use differ" in report  # the plan for GPUS=2 says so too
 
