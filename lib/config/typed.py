@@ -137,6 +137,9 @@ class Config:
     hpo_reduction_factor: int
     hpo_bootstrap_count: int
     hpo_patience: int  # 0 = off
+    hpo_space: str = ""  # CONFIG_HPO_SPACE as written; "" = the learning rate, weight decay, optimizer, batch
+    hpo_objective: str = "eval_loss"  # eval_loss | accuracy | macro_f1
+    hpo_folds: int = 1  # cross-validation folds; 1 = none
 
     source: str = ""  # the file this was read from
     text: str = ""  # the full .config as kconfiglib writes it (stored with checkpoints)
@@ -286,6 +289,10 @@ def _tuning(kconf) -> dict:
         hpo_reduction_factor=_int(kconf, "HPO_REDUCTION_FACTOR"),
         hpo_bootstrap_count=_int(kconf, "HPO_BOOTSTRAP_COUNT"),
         hpo_patience=_int(kconf, "HPO_PATIENCE"),
+        hpo_space=" ".join((_str(kconf, "HPO_SPACE") or "").split()),
+        hpo_objective=_choice(kconf, "HPO_OBJECTIVE_", {"EVAL_LOSS": "eval_loss", "ACCURACY": "accuracy",
+                                                        "MACRO_F1": "macro_f1"}),
+        hpo_folds=_int(kconf, "HPO_FOLDS"),
     )
     _ordered("LR_FINDER_MIN_LR", t["lr_finder_min_lr"], "LR_FINDER_MAX_LR", t["lr_finder_max_lr"])
     _ordered("HPO_LR_MIN", t["hpo_lr_min"], "HPO_LR_MAX", t["hpo_lr_max"])
@@ -304,11 +311,11 @@ _METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def lower_is_better(metric: str) -> bool | None:
     """Whether a smaller value of an evaluation metric is better, decided by its name: losses and
-    perplexities are, accuracies are not; None for a name that says neither."""
+    perplexities are, accuracies and F1 scores are not; None for a name that says neither."""
     name = metric.lower()
     if "loss" in name or "perplexity" in name:
         return True
-    if "accuracy" in name:
+    if "accuracy" in name or "f1" in name:
         return False
     return None
 

@@ -1,7 +1,8 @@
 """Hyperparameter search with Optuna, inside what the hardware plan allows.
 
 Each trial samples a learning rate, a weight decay, an optimizer and an
-*effective* batch from the Kconfig search space, derives a strictly validated
+*effective* batch from the Kconfig search space (or the symbols CONFIG_HPO_SPACE
+names, over its ranges), derives a strictly validated
 Config from them, and lets the plan turn the effective batch into the
 micro-batch the device holds plus gradient accumulation
 (`calculate_gradient_accumulation(sampled, max_safe)`); the trial then trains
@@ -27,19 +28,20 @@ Kconfig values a trial's parameters stand for), runner.py (the trials, the study
 
 from ..errors import KfitError  # noqa: F401  (lib.hpo.KfitError, as before the split)
 from .runner import (
-    TRIAL_FAILURES, Interrupted, Log, best_assignments, best_trial, capped, counts, fail_stale_trials, new_trial_dir,
-    objective, plan_of, probe_once, run_study, status_lines, trial_line,
+    TRIAL_FAILURES, Interrupted, Log, best_assignments, best_trial, capped, counts, fail_stale_trials, fold_task,
+    new_trial_dir, objective, plan_of, probe_once, run_study, status_lines, trial_line,
 )
-from .space import SPACE_SYMBOLS, assignments, check_space, describe, sample, search_space, trial_config
+from .space import (OBJECTIVES, SPACE_SYMBOLS, assignments, check_objective, check_space, describe, heaviest,
+                    parse_space, sample, search_space, space_text, trial_config)
 from .storage import (
     HEARTBEAT_GRACE_S, HEARTBEAT_S, HyperbandWithPatience, make_pruner, open_study, redact, storage_url, study_dir,
     study_name,
 )
 
 __all__ = [
-    "HEARTBEAT_GRACE_S", "HEARTBEAT_S", "SPACE_SYMBOLS", "TRIAL_FAILURES", "HyperbandWithPatience", "Interrupted",
-    "Log", "assignments", "best_assignments", "best_trial", "capped", "check_space", "counts", "describe",
-    "fail_stale_trials", "make_pruner", "new_trial_dir", "objective", "open_study", "plan_of", "probe_once",
-    "redact", "run_study", "sample", "search_space", "status_lines", "storage_url", "study_dir", "study_name",
-    "trial_config", "trial_line",
+    "HEARTBEAT_GRACE_S", "HEARTBEAT_S", "OBJECTIVES", "SPACE_SYMBOLS", "TRIAL_FAILURES", "HyperbandWithPatience",
+    "Interrupted", "Log", "assignments", "best_assignments", "best_trial", "capped", "check_objective", "check_space",
+    "counts", "describe", "fail_stale_trials", "fold_task", "heaviest", "make_pruner", "new_trial_dir", "objective",
+    "open_study", "parse_space", "plan_of", "probe_once", "redact", "run_study", "sample", "search_space",
+    "space_text", "status_lines", "storage_url", "study_dir", "study_name", "trial_config", "trial_line",
 ]

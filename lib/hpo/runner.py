@@ -3,6 +3,7 @@ told every evaluation, the line per finished trial, and what hpo-status and hpo-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -13,10 +14,12 @@ import optuna
 import torch
 
 from ..config import Config
+from ..data.splits import BatchSplit
 from ..errors import KfitError
 from ..hyperparams import ModelDescription, Plan, resolve
 from ..units import batch_split
-from .space import assignments, check_space, describe, sample, trial_config
+from .space import (OBJECTIVES, assignments, check_objective, check_space, describe, heaviest, maximise,
+                    objective_label, sample, search_space, space_text, stored_space, study_objective, trial_config)
 from . import storage as storage_module
 from .storage import (HEARTBEAT_GRACE_S, no_experimental_warning, open_study, redact, storage_failure, storage_label,
                       storage_reason, storage_url, study_dir)
@@ -45,19 +48,13 @@ def plan_of(config: Config, hardware) -> Plan:
     return resolve(config, hardware, ModelDescription.from_config(config), 1)
 
 
-# Optimizers by the state they keep, most first: the probe runs the trial that needs the most memory.
-_HEAVIEST_FIRST = ("adamw", "adam", "sgd")
-
-
 def probe_once(config: Config, hardware, task, log: Log = print) -> dict | None:
     """Before the first trial: the probe (lib/probe.py, as CONFIG_PROBE_* says) of the trial that needs the most
     memory, the largest effective batch with the optimizer that keeps the most state; its largest micro-batch
     and evaluation batch that fit cap every trial (`capped`). None where the config does not probe here."""
     from ..probe import confirm
 
-    params = {"optimizer": next(o for o in _HEAVIEST_FIRST if o in config.hpo_optimizers),
-              "learning_rate": config.hpo_lr_max, "weight_decay": config.hpo_wd_max,
-              "effective_batch": max(config.hpo_batch_sizes)}
+    params = heaviest(config)
     cfg = trial_config(config, params, "probe")
     result = confirm(cfg, plan_of(cfg, hardware), hardware, task, log=log)
     if result is not None:
@@ -101,20 +98,40 @@ def objective(config: Config, hardware, task, *, storage: str | None = None, log
             + (f" (in {run_dir.name}: an earlier study of this name left trial-{trial.number:04d})"
                if run_dir.name != f"trial-{trial.number:04d}" else ""))
 
-        def on_eval(step: int, epoch: int, metrics: dict) -> None:
+        goal = config.hpo_objective
+        folds = config.hpo_folds
+
+        def on_eval(step: int, epoch: int, metrics: dict, fold: int = 0) -> None:
             loss = metrics["eval_loss"]
             if not math.isfinite(loss):
                 raise FloatingPointError(f"evaluation loss became {loss} at epoch {epoch}")
-            trial.report(loss, epoch)
-            for name in ("accuracy", "perplexity"):
-                if name in metrics:
-                    trial.set_user_attr(name, metrics[name])
+            if fold:  # the pruner judges a cross-validated trial by its first fold
+                return
+            trial.report(metrics[goal], epoch)
+            if folds == 1:
+                for name in METRICS:
+                    if name in metrics:
+                        trial.set_user_attr(name, metrics[name])
             # After the last epoch the trial is done: its result counts in full, pruned or not.
             if epoch < cfg.epochs and trial.should_prune():
-                raise optuna.TrialPruned(f"pruned at epoch {epoch} (eval loss {loss:.4f})")
+                raise optuna.TrialPruned(f"pruned at epoch {epoch} ({objective_label(goal)} {metrics[goal]:.4f})")
 
-        return train(cfg, plan, hardware, run_dir=run_dir, log=lambda line: None, task=task,
-                     on_eval=on_eval).final_eval["eval_loss"]
+        if folds == 1:
+            return train(cfg, plan, hardware, run_dir=run_dir, log=lambda line: None, task=task,
+                         on_eval=on_eval).final_eval[goal]
+        results = []
+        for fold in range(folds):
+            fold_dir = run_dir / f"fold-{fold + 1}"
+            fold_dir.mkdir()
+            final = train(cfg, plan, hardware, run_dir=fold_dir, log=lambda line: None,
+                          task=fold_task(task, folds, fold, config.seed),
+                          on_eval=lambda step, epoch, metrics, f=fold: on_eval(step, epoch, metrics, f)).final_eval
+            results.append(final)
+        means = {name: sum(r[name] for r in results) / folds for name in METRICS if name in results[0]}
+        for name, value in means.items():
+            trial.set_user_attr(name, value)
+        trial.set_user_attr("folds", folds)
+        return means[goal]
 
     def run(trial: optuna.Trial) -> float:
         try:
@@ -126,17 +143,37 @@ def objective(config: Config, hardware, task, *, storage: str | None = None, log
     return run
 
 
-def trial_line(trial: optuna.trial.FrozenTrial) -> str:
+# The evaluation's metrics a trial keeps (the mean over folds where it cross-validates).
+METRICS = ("eval_loss", "accuracy", "macro_f1", "perplexity")
+
+
+def _metric_text(name: str, value: float) -> str:
+    if name == "accuracy":
+        return f"accuracy {value:.2%}"
+    if name == "perplexity":
+        return f"perplexity {value:.2f}"
+    return f"{OBJECTIVES[name][0]} {value:.4f}"
+
+
+def metrics_text(trial: optuna.trial.FrozenTrial, goal: str, names=("eval_loss", "accuracy", "macro_f1")) -> str:
+    """The trial's value (its objective) first, then the other metrics it kept."""
+    values = {goal: trial.value, **{n: trial.user_attrs[n] for n in names if n in trial.user_attrs and n != goal}}
+    if goal != "eval_loss" and "eval_loss" not in trial.user_attrs:
+        values.pop("eval_loss", None)
+    return ", ".join(_metric_text(n, v) for n, v in values.items() if v is not None)
+
+
+def trial_line(trial: optuna.trial.FrozenTrial, goal: str = "eval_loss") -> str:
     """One line per finished trial, as `make hpo` prints them."""
     state = trial.state.name.lower()
     seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete else 0
     if trial.state == optuna.trial.TrialState.COMPLETE:
-        extra = f"eval loss {trial.value:.4f}"
-        if "accuracy" in trial.user_attrs:
-            extra += f", accuracy {trial.user_attrs['accuracy']:.2%}"
+        extra = metrics_text(trial, goal, ("accuracy",) if goal == "eval_loss" else ("eval_loss", "accuracy"))
+        if "folds" in trial.user_attrs:
+            extra += f" (mean of {trial.user_attrs['folds']} folds)"
     elif trial.state == optuna.trial.TrialState.PRUNED:
-        extra = f"at epoch {trial.last_step} (eval loss {trial.intermediate_values[trial.last_step]:.4f})" \
-            if trial.last_step is not None else ""
+        extra = (f"at epoch {trial.last_step} ({objective_label(goal)} "
+                 f"{trial.intermediate_values[trial.last_step]:.4f})") if trial.last_step is not None else ""
     else:
         extra = trial.user_attrs.get("error", "")
     return f"trial {trial.number} {state} in {seconds:.1f}s: {extra}"
@@ -155,17 +192,30 @@ def run_study(config: Config, hardware, *, trials: int, timeout: float | None = 
     """Run `trials` more trials (or until `timeout` seconds) of the config's study; returns the study."""
     from ..task import load_task
 
+    space = search_space(config)  # CONFIG_HPO_SPACE checked before the study is opened
     study = open_study(config, storage)
     url = storage_url(config, storage)
+    check_objective(study, config, storage_label(url, bool(storage)))
     check_space(study, config, storage_label(url, bool(storage)))
     task = task or load_task(config)  # loaded once; every trial reuses the data
+    check_metric(config, task)
+    if config.hpo_folds > 1 and len(task.train) < config.hpo_folds:
+        raise KfitError(f"CONFIG_HPO_FOLDS={config.hpo_folds}: the training set has {len(task.train)} samples, "
+                        "fewer than the folds: lower CONFIG_HPO_FOLDS")
+    # the study keeps what it searches: hpo-status shows it from any machine
+    study.set_user_attr("objective", config.hpo_objective)
+    study.set_user_attr("space", space_text(space))
+    study.set_user_attr("folds", config.hpo_folds)
+    log(f"Space: {space_text(space)}; objective {objective_label(config.hpo_objective)} "
+        f"({'maximised' if maximise(config.hpo_objective) else 'minimised'})"
+        + (f"; {config.hpo_folds}-fold cross-validation" if config.hpo_folds > 1 else ""))
     probed = probe_once(config, hardware, task, log) if trials else None
     current: dict = {}
     # a line per finished trial always; on a terminal Optuna's own bar (stderr) shows the one running too
     try:
         study.optimize(objective(config, hardware, task, storage=storage, log=log, probed=probed, current=current),
                        n_trials=trials, timeout=timeout or None, catch=TRIAL_FAILURES,
-                       callbacks=[lambda study, trial: log(trial_line(trial))],
+                       callbacks=[lambda study, trial: log(trial_line(trial, config.hpo_objective))],
                        show_progress_bar=bool(trials) and sys.stderr.isatty())
     except KeyboardInterrupt as stop:  # Optuna has recorded the trial it cut short as failed
         n = counts(study)
@@ -219,7 +269,42 @@ def counts(study: optuna.Study) -> dict[str, int]:
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    return min(complete, key=lambda t: t.value) if complete else None
+    if not complete:
+        return None
+    return (max if maximise(study_objective(study)) else min)(complete, key=lambda t: t.value)
+
+
+def check_metric(config: Config, task) -> None:
+    """Refuse an objective the model's evaluation does not report (accuracy, macro-F1: classifiers only)."""
+    from ..trainer.evaluation import metric_names
+
+    goal = config.hpo_objective
+    if goal not in metric_names(task.info.kind):
+        raise KfitError(f"CONFIG_HPO_OBJECTIVE_{goal.upper()}: the {config.model} model's evaluation reports no "
+                        f"{objective_label(goal)} (a {task.info.kind} model: "
+                        f"{', '.join(metric_names(task.info.kind))}): choose CONFIG_HPO_OBJECTIVE_EVAL_LOSS")
+
+
+class FoldSplit(BatchSplit):
+    """The samples `indices` of a split (a cross-validation fold, or the other folds)."""
+
+    def __init__(self, base, indices: torch.Tensor) -> None:
+        self.base, self.indices = base, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, indices):
+        return self.base[self.indices[torch.as_tensor(indices, dtype=torch.long)].tolist()]
+
+
+def fold_task(task, folds: int, fold: int, seed: int):
+    """The task that trains on all folds of the training set but `fold` and evaluates on that one: the samples
+    shuffled once by the config's seed, then cut into `folds` parts of (nearly) equal size."""
+    order = torch.randperm(len(task.train), generator=torch.Generator().manual_seed(seed))
+    parts = torch.tensor_split(order, folds)
+    rest = torch.cat([p for i, p in enumerate(parts) if i != fold])
+    return dataclasses.replace(task, train=FoldSplit(task.train, rest), eval=FoldSplit(task.train, parts[fold]))
 
 
 def fail_stale_trials(study: optuna.Study) -> list[int]:
@@ -250,13 +335,17 @@ def status_lines(study: optuna.Study, storage: str) -> list[str]:
     if busy > 0:
         lines.append(f"  {len(done) / busy * 60:.1f} trials per minute of trial time; "
                      f"{n['pruned'] / len(done):.0%} of finished trials pruned")
+    goal = study_objective(study)
+    space = study.user_attrs.get("space") or space_text(stored_space(study))
+    folds = study.user_attrs.get("folds", 1)
+    lines += [f"  space: {space or 'no trial yet'}",
+              f"  objective: {objective_label(goal)} ({'maximised' if maximise(goal) else 'minimised'})"
+              + (f", mean over {folds} cross-validation folds" if folds > 1 else "")]
     best = best_trial(study)
     if best is None:
         return lines + ["  no complete trial yet"]
     a = best.user_attrs
-    lines += [f"  best: trial {best.number}, eval loss {best.value:.4f}"
-              + (f", accuracy {a['accuracy']:.2%}" if "accuracy" in a else "")
-              + (f", perplexity {a['perplexity']:.2f}" if "perplexity" in a else ""),
+    lines += [f"  best: trial {best.number}, {metrics_text(best, goal, METRICS)}",
               f"    {describe(best.params)}",
               f"    plan: micro-batches {_split_text(a)}, eval batch {a.get('eval_batch')} (policy {a.get('policy')})",
               f"    run: {a.get('run_dir')}"]
