@@ -116,9 +116,10 @@ def test_gpus_means_processes_when_planning_a_simulated_machine(tmp_path, kfit_h
 
 
 @pytest.mark.slow
-def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_path):
+def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_path, kfit_here):
     config = make_config("CONFIG_MAX_STEPS=2\nCONFIG_TARGET_EFFECTIVE_BATCH=64\n")
-    previewed = _kfit(tmp_path, Path(config.source), "plan", GPUS="2", FORMAT="json")
+    # `kfit plan` in this process (the preview's output), then `kfit train` as make runs it: torchrun's ranks
+    previewed = kfit_here(tmp_path, "plan", KCONFIG_CONFIG=config.source, GPUS="2", FORMAT="json")
     assert previewed.returncode == 0, previewed.stderr
     plan = json.loads(previewed.stdout)
     resolves = tmp_path / "resolves.log"
