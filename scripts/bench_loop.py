@@ -2,13 +2,15 @@
 """kfit's training loop against a minimal hand-written one (make bench-loop).
 
 For each case, the same model (kfit's model definition, built with the same seed), the same training data
-(the split's tensors), the same optimizer (AdamW, the same rate and weight-decay groups), the same micro-batch
+(the data set's split, indexed a micro-batch at a time: LeNet-5's digits are normalised and resized per
+batch), the same optimizer (AdamW, the same rate and weight-decay groups, CONFIG_GRAD_CLIP's clipping), the same micro-batch
 (no accumulation, fp32, eager, one process, the same intra-op threads) train twice:
 
   kfit       lib.trainer.Trainer.fit() as `make train` runs it, with the config's defaults (its data loader,
              monitor, log lines every CONFIG_LOG_INTERVAL steps, step timer, agreement and checkpoints)
-  reference  the loop below, written without kfit: a random permutation per epoch, a slice of the
-             tensors, zero_grad / forward / loss / backward / step, and the loss read every LOG_INTERVAL steps
+  reference  the loop below, written without kfit: a random permutation per epoch, the split indexed with
+             a slice of it, zero_grad / forward / loss / backward / step, and the loss read every LOG_INTERVAL
+             steps
 
 The instrument is this script's own: time.perf_counter() around a whole run of STEPS steps after WARMUP
 warm-up steps (kfit: from the entry of step WARMUP + 1 to the entry of step WARMUP + STEPS + 1, so every
@@ -72,8 +74,8 @@ def run_kfit(config, plan, hardware, task, warmup: int, steps: int) -> float:
     return entries[warmup + steps] - entries[warmup]
 
 
-def reference(build, x_all: torch.Tensor, y_all: torch.Tensor, lr: float, weight_decay: float, micro_batch: int,
-              warmup: int, steps: int, seed: int) -> float:
+def reference(build, split, lr: float, weight_decay: float, grad_clip: float, micro_batch: int, warmup: int,
+              steps: int, seed: int) -> float:
     """The minimal loop: seconds of `steps` steps after `warmup`."""
     torch.manual_seed(seed)
     model = build()
@@ -82,7 +84,7 @@ def reference(build, x_all: torch.Tensor, y_all: torch.Tensor, lr: float, weight
     rest = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                    {"params": rest, "weight_decay": 0.0}], lr=lr)
-    n, order, at, started = len(x_all), torch.randperm(len(x_all)), 0, 0.0
+    n, order, at, started = len(split), torch.randperm(len(split)), 0, 0.0
     for i in range(warmup + steps):
         if i == warmup:
             started = time.perf_counter()
@@ -90,12 +92,14 @@ def reference(build, x_all: torch.Tensor, y_all: torch.Tensor, lr: float, weight
             order, at = torch.randperm(n), 0
         index = order[at:at + micro_batch]
         at += micro_batch
-        x, y = x_all[index], y_all[index]
+        x, y = split[index.tolist()]
         optimizer.zero_grad(set_to_none=True)
         logits = model(x)
         loss = F.cross_entropy(logits.flatten(0, 1) if logits.dim() == 3 else logits,
                                y.flatten() if logits.dim() == 3 else y)
         loss.backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         if (i + 1) % LOG_INTERVAL == 0:
             loss.item()
@@ -132,13 +136,12 @@ def bench(name: str, micro_batch: int, steps: int, warmup: int, rounds: int, out
     hardware = resolve_hardware(gpu="cpu")
     plan = resolve(config, hardware, ModelDescription.from_config(config))
     task = load_task(config)
-    x_all, y_all = task.train[list(range(len(task.train)))]
     kfit_s, ref_s = [], []
     for _ in range(rounds):
         kfit_s.append(run_kfit(config, plan, hardware, task, warmup, steps))
         torch.set_num_threads(plan.cpu_threads)  # as kfit's configure_backends
-        ref_s.append(reference(lambda: task.build(False), x_all, y_all, config.learning_rate, config.weight_decay,
-                               micro_batch, warmup, steps, config.seed))
+        ref_s.append(reference(lambda: task.build(False), task.train, config.learning_rate, config.weight_decay,
+                               config.grad_clip, micro_batch, warmup, steps, config.seed))
     kfit, ref = statistics.median(kfit_s), statistics.median(ref_s)
     return {"case": name, "micro_batch": micro_batch, "steps": steps, "threads": plan.cpu_threads,
             "workers": plan.num_workers, "reference": steps * micro_batch / ref, "kfit": steps * micro_batch / kfit,
