@@ -37,6 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..config import Config
+from ..env import environ
 from ..errors import KfitError
 from ..fileio import cache_note, read_json_cache, write_atomic
 
@@ -178,7 +179,7 @@ def fit_step(config: Config, *, batch: int, precision: str, device_type: str, gr
         case.write_text(json.dumps({"config": str(Path(tmp) / "case.config"), "batch": batch, "precision": precision,
                                     "device": device_type, "train": train, "free_bytes": free_bytes(device_type),
                                     "gradient_checkpointing": gradient_checkpointing, "deadline": MEASURE_SECONDS}))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**environ(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         run = subprocess.run([sys.executable, "-m", "lib.memory.measured", str(case), str(out)], env=env,
                              capture_output=True, text=True)
         result = _read_result(out)
