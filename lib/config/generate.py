@@ -103,7 +103,8 @@ def randconfig_seed(text: str | None) -> int:
     return seed
 
 
-def _active_range(sym: kconfiglib.Symbol) -> tuple[int, int] | None:
+def active_range(sym: kconfiglib.Symbol) -> tuple[int, int] | None:
+    """The (low, high) of the first `range` of an int or hex symbol whose condition holds now, or None."""
     base = 16 if sym.orig_type == kconfiglib.HEX else 10
     for low, high, cond in sym.ranges:
         if kconfiglib.expr_value(cond):
@@ -134,7 +135,7 @@ def _randomize(kconf: kconfiglib.Kconfig, rng: random.Random) -> None:
             if item.orig_type == kconfiglib.BOOL and len(item.assignable) > 1:
                 item.set_value(rng.choice(item.assignable))
             elif item.orig_type in (kconfiglib.INT, kconfiglib.HEX) and rng.random() < 0.5:
-                bounds = _active_range(item)
+                bounds = active_range(item)
                 if bounds is not None:
                     value = _log_uniform(rng, *bounds)
                     item.set_value(hex(value) if item.orig_type == kconfiglib.HEX else str(value))

@@ -176,9 +176,9 @@ def _numeric(entry: str, name: str, spec: str, kind: str, sym: kconfiglib.Symbol
     if scale == "log" and low <= 0:
         raise _refuse(entry, f"a log scale needs a low end above 0 (it is {low:g}): raise it or drop ':log'")
     if integer:
-        from ..config.generate import _active_range
+        from ..config.generate import active_range
 
-        bounds = _active_range(sym)
+        bounds = active_range(sym)
         if bounds and (low < bounds[0] or high > bounds[1]):
             raise _refuse(entry, f"CONFIG_{name} takes {bounds[0]}..{bounds[1]}: keep the range inside it")
     return Param(name, kind, low, high, scale == "log")
