@@ -19,6 +19,7 @@ With gloo on a CPU nothing runs ahead of the host: the loss joins the flags' ten
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -82,3 +83,15 @@ class Losses:
         tensors = [t for _, _, t in pending if isinstance(t, torch.Tensor)]
         values = iter(torch.stack(tensors).tolist() if tensors else ())
         return [(step, n, next(values) if isinstance(t, torch.Tensor) else t) for step, n, t in pending]
+
+    def settle(self, progress, learning_rate: float, last: float) -> float:
+        """Read every pending loss in one transfer into the progress's interval mean and return the newest
+        (`last` when none pends); FloatingPointError at the first that is not finite, named by its step."""
+        for step, n, total in self.read():
+            loss = total / n
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at step {step}: lower CONFIG_LEARNING_RATE "
+                                         f"(now {learning_rate:g}) or enable CONFIG_GRAD_CLIP")
+            progress.interval_loss += loss * n
+            last = loss
+        return last

@@ -50,6 +50,7 @@ from .ending import finish, quietly
 from .engine import Engine
 from .evaluation import Evaluator
 from .initial import load_initial, not_both
+from .opening import open_run
 from .recovery import Recovery
 from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
 from .rundir import RunDirectory, output_directory
@@ -181,31 +182,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         config, plan, log, p = self.config, self.plan, self.log, self.progress
         main = self.rank.is_main
-        try:  # a run file or metrics.jsonl kfit refuses (a link planted there, say): the directory is let go
-            self.directory.write_files(config, plan, self.hardware)
-            log(f"Data: {self.info.description}")
-            log(f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
-                f"{self.engine.trainable_parameters:,} trainable / {self.parameters:,} parameters"
-                + (f" (CONFIG_FREEZE: {', '.join(config.freeze)})" if config.freeze else "")
-                + f", on {plan.device_type} ({plan.precision}); "
-                f"{self.total_steps} optimizer steps of {p.window_size} samples"
-                + (f" over {self.rank.world_size} processes" if self.rank.active else ""))
-            log(f"Run directory: {self.run_dir}")
-            self.monitor = Monitor(
-                self.run_dir, self.total_steps, self.device, self.hardware,
-                interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
-                tokens_per_sample=self.info.block_size or 0, log=log, enabled=config.monitor,
-                append=self.resumed_from is not None, write_metrics=main, gpu=self.sensors.gpu, plan=plan)
-            if main and config.tracking:  # opened once metrics.jsonl is, so that a refused one leaves none open
-                self.monitor.tracking = tracking.Tracking.open(
-                    config.tracking, run_dir=self.run_dir, run_name=self.run_dir.name,
-                    params=tracking.params_of(config.text, plan.to_dict()),
-                    project=config.tracking_project or "kfit", output_dir=Path(config.output_dir))
-        except BaseException:
-            if self.monitor is not None:
-                quietly(log, "closing the monitor", self.monitor.close)
-            self.release_run_directory()
-            raise
+        open_run(self)  # the run's files, its first lines, the monitor and trackers
         self.start_conditions()
         self.timer = StepTimer(config, self.hardware, self.event, calibrate=main)
         line = finish_line(plan, self.total_steps, p.step)
@@ -324,17 +301,8 @@ class Trainer:
                 or bool(config.max_steps and step >= config.max_steps))
 
     def settle(self) -> None:
-        """Read the losses of the steps not read yet, in one transfer: into the interval's mean, or a stop at
-        the first that is not finite, named by its step."""
-        p = self.progress
-        for step, n, total in self.losses.read():
-            loss = total / n
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss became {loss} at step {step}: lower CONFIG_LEARNING_RATE "
-                    f"(now {self.config.learning_rate:g}) or enable CONFIG_GRAD_CLIP")
-            p.interval_loss += loss * n
-            self.last_loss = loss
+        """Read the losses of the steps not read yet (agreement.Losses.settle): a stop at the first not finite."""
+        self.last_loss = self.losses.settle(self.progress, self.config.learning_rate, self.last_loss)
 
     def log_interval(self, lr: float) -> dict:
         """Log the mean loss and throughput of the steps since the last log line."""

@@ -1,0 +1,52 @@
+"""The start of a run, before its first step: the run's files, its first lines (the data, the model with its
+trainable and total parameters, the steps) and the monitor and trackers, opened in that order so that a file
+kfit refuses (a link planted in the run directory, say) leaves nothing open and the directory let go.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import tracking
+from ..monitor import Monitor
+from .ending import quietly
+
+if TYPE_CHECKING:
+    from .loop import Trainer
+
+
+def model_line(trainer: "Trainer") -> str:
+    config, plan, p = trainer.config, trainer.plan, trainer.progress
+    return (f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
+            f"{trainer.engine.trainable_parameters:,} trainable / {trainer.parameters:,} parameters"
+            + (f" (CONFIG_FREEZE: {', '.join(config.freeze)})" if config.freeze else "")
+            + f", on {plan.device_type} ({plan.precision}); "
+            f"{trainer.total_steps} optimizer steps of {p.window_size} samples"
+            + (f" over {trainer.rank.world_size} processes" if trainer.rank.active else ""))
+
+
+def open_run(trainer: "Trainer") -> None:
+    """Write the run's files, say what trains, and open trainer.monitor (and its trackers on rank 0)."""
+    config, plan, log = trainer.config, trainer.plan, trainer.log
+    main = trainer.rank.is_main
+    try:
+        trainer.directory.write_files(config, plan, trainer.hardware)
+        log(f"Data: {trainer.info.description}")
+        log(model_line(trainer))
+        log(f"Run directory: {trainer.run_dir}")
+        trainer.monitor = Monitor(
+            trainer.run_dir, trainer.total_steps, trainer.device, trainer.hardware,
+            interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
+            tokens_per_sample=trainer.info.block_size or 0, log=log, enabled=config.monitor,
+            append=trainer.resumed_from is not None, write_metrics=main, gpu=trainer.sensors.gpu, plan=plan)
+        if main and config.tracking:  # opened once metrics.jsonl is, so that a refused one leaves none open
+            trainer.monitor.tracking = tracking.Tracking.open(
+                config.tracking, run_dir=trainer.run_dir, run_name=trainer.run_dir.name,
+                params=tracking.params_of(config.text, plan.to_dict()),
+                project=config.tracking_project or "kfit", output_dir=Path(config.output_dir))
+    except BaseException:
+        if trainer.monitor is not None:
+            quietly(log, "closing the monitor", trainer.monitor.close)
+        trainer.release_run_directory()
+        raise
