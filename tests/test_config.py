@@ -354,8 +354,9 @@ def test_checkpoint_control_symbols_are_off_by_default_and_parsed_strictly(tmp_p
     config = kc.make_defconfig("lenet5", [str(frag)], out=tmp_path / ".config")
     assert (config.checkpoint_best_keep, config.checkpoint_best_metric) == (3, "accuracy")
     assert (config.early_stop_patience, config.early_stop_min_delta) == (4, 1e-3)
-    assert [lower_is_better(m) for m in ("eval_loss", "perplexity", "accuracy", "f1")] == [True, True, False, None]
-    for text, message in [('CONFIG_CHECKPOINT_BEST_KEEP=1\nCONFIG_CHECKPOINT_BEST_METRIC="f1"\n', "kfit can rank"),
+    assert [lower_is_better(m) for m in ("eval_loss", "perplexity", "accuracy", "macro_f1", "bleu")] == [
+        True, True, False, False, None]
+    for text, message in [('CONFIG_CHECKPOINT_BEST_KEEP=1\nCONFIG_CHECKPOINT_BEST_METRIC="bleu"\n', "kfit can rank"),
                           ('CONFIG_EARLY_STOP_PATIENCE=1\nCONFIG_EARLY_STOP_MIN_DELTA="-0.1"\n', "out of range"),
                           ('CONFIG_EARLY_STOP_MIN_DELTA="0.1"\n', "EARLY_STOP_MIN_DELTA")]:  # while it is off
         with pytest.raises(ConfigError, match=message):

@@ -7,8 +7,6 @@ numbers held in string symbols, names and cross-field orderings.
 from __future__ import annotations
 
 import os
-
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
@@ -18,6 +16,7 @@ import kconfiglib
 from ..errors import ConfigError
 from .kconfig import config_text
 from .profiles import MEMORY_PROFILES
+from .symbols import bool_of, choice_of, int_of, member_of, number_of, str_of
 
 
 @dataclass(frozen=True)
@@ -162,61 +161,6 @@ class Config:
 # Parsing a loaded kconfig
 
 
-def _str(kconf, name: str) -> str | None:
-    sym = kconf.syms[name]
-    return sym.str_value if sym.visibility or sym.str_value else None
-
-
-def _int(kconf, name: str) -> int | None:
-    sym = kconf.syms[name]
-    # Base 10 as the C tools read it: "040" is forty, not an octal literal.
-    return int(sym.str_value, 16 if sym.orig_type == kconfiglib.HEX else 10) if sym.str_value else None
-
-
-def _bool(kconf, name: str) -> bool:
-    return kconf.syms[name].str_value == "y"
-
-
-def _choice(kconf, prefix: str, options: Mapping[str, str]) -> str | None:
-    """The selected member of a choice, mapped to a short name; None if hidden."""
-    for suffix, value in options.items():
-        if _bool(kconf, prefix + suffix):
-            return value
-    return None
-
-
-def _member(kconf, prefix: str) -> str | None:
-    """The selected member of the choice whose members are all named PREFIX<NAME>, as <name> in lower case
-    (CONFIG_MODEL_RESNET18 -> "resnet18"); None if hidden. The menu holds the names: the model choice's
-    members are lib/models/registry.py's models, which tests/test_hygiene.py checks."""
-    for choice in kconf.choices:
-        if choice.syms and all(sym.name.startswith(prefix) for sym in choice.syms):
-            return next((sym.name[len(prefix):].lower() for sym in choice.syms if sym.str_value == "y"), None)
-    raise ConfigError(f"the Kconfig tree has no choice of {prefix}* symbols")
-
-
-def _number(kconf, name: str, *, low: float, high: float = math.inf, low_open: bool = False,
-            high_open: bool = False) -> float | None:
-    """Parse a string symbol holding a number (Kconfig has no float type)."""
-    text = _str(kconf, name)
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f'CONFIG_{name}="{text}" is not a number: write it like 3e-4 or 0.1') from None
-    if not math.isfinite(value):
-        raise ConfigError(f'CONFIG_{name}="{text}" must be a finite number')
-    below = value <= low if low_open else value < low
-    above = value >= high if high_open else value > high
-    if below or above:
-        bound = f"{'>' if low_open else '>='} {low:g}"
-        if high != math.inf:
-            bound = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        raise ConfigError(f'CONFIG_{name}="{text}" is out of range: it must be {bound}')
-    return value
-
-
 # Groups of bool symbols the reader needs at least one of (Kconfig cannot say so); allnoconfig keeps one.
 ONE_OF = (("HPO_OPTIMIZER_SGD", "HPO_OPTIMIZER_ADAM", "HPO_OPTIMIZER_ADAMW"),)
 
@@ -226,9 +170,9 @@ _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za
 
 def _memory_profile(kconf) -> float | None:
     for name, share in MEMORY_PROFILES.items():
-        if _bool(kconf, "MEMORY_PROFILE_" + name):
+        if bool_of(kconf, "MEMORY_PROFILE_" + name):
             return share
-    percent = _int(kconf, "MEMORY_PROFILE_PERCENT")
+    percent = int_of(kconf, "MEMORY_PROFILE_PERCENT")
     return percent / 100 if percent is not None else None
 
 
@@ -239,7 +183,7 @@ def _ordered(low_name: str, low: float, high_name: str, high: float) -> None:
 
 def _words(kconf, name: str) -> tuple[str, ...]:
     """A string symbol's words, separated by spaces or commas, each once, in order."""
-    return tuple(dict.fromkeys(w for w in re.split(r"[\s,]+", _str(kconf, name) or "") if w))
+    return tuple(dict.fromkeys(w for w in re.split(r"[\s,]+", str_of(kconf, name) or "") if w))
 
 
 _CLASS_NAME = re.compile(r"[A-Za-z_]\w*")
@@ -249,13 +193,13 @@ def _class_names(kconf) -> tuple[str, ...]:
     names = _words(kconf, "CHECKPOINT_MODULES")
     bad = [n for n in names if not _CLASS_NAME.fullmatch(n)]
     if bad:
-        raise ConfigError(f'CONFIG_CHECKPOINT_MODULES="{_str(kconf, "CHECKPOINT_MODULES")}": {bad[0]!r} is not a '
+        raise ConfigError(f'CONFIG_CHECKPOINT_MODULES="{str_of(kconf, "CHECKPOINT_MODULES")}": {bad[0]!r} is not a '
                           'class name: name module classes, separated by spaces or commas (e.g. "LlamaDecoderLayer")')
     return names
 
 
 def _batch_sizes(kconf) -> tuple[int, ...]:
-    text = _str(kconf, "HPO_BATCH_SIZES") or ""
+    text = str_of(kconf, "HPO_BATCH_SIZES") or ""
     try:
         sizes = tuple(int(word, 10) for word in text.split())
     except ValueError:
@@ -269,30 +213,30 @@ def _batch_sizes(kconf) -> tuple[int, ...]:
 def _tuning(kconf) -> dict:
     """The LR-finder and HPO fields, checked for ranges that Kconfig cannot express."""
     t = dict(
-        lr_finder_min_lr=_number(kconf, "LR_FINDER_MIN_LR", low=0, low_open=True),
-        lr_finder_max_lr=_number(kconf, "LR_FINDER_MAX_LR", low=0, low_open=True),
-        lr_finder_steps=_int(kconf, "LR_FINDER_STEPS"),
-        lr_finder_smoothing=_number(kconf, "LR_FINDER_SMOOTHING", low=0, high=1, low_open=True),
-        lr_finder_diverge=_number(kconf, "LR_FINDER_DIVERGE", low=1, low_open=True),
-        lr_scaling=_choice(kconf, "LR_SCALING_", {"AUTO": "auto", "LINEAR": "linear", "SQRT": "sqrt", "NONE": "none"}),
-        hpo_trials=_int(kconf, "HPO_TRIALS"),
-        hpo_timeout_s=_int(kconf, "HPO_TIMEOUT"),
-        hpo_study_name=_str(kconf, "HPO_STUDY_NAME") or "",
-        hpo_lr_min=_number(kconf, "HPO_LR_MIN", low=0, low_open=True),
-        hpo_lr_max=_number(kconf, "HPO_LR_MAX", low=0, low_open=True),
-        hpo_wd_min=_number(kconf, "HPO_WD_MIN", low=0, low_open=True),
-        hpo_wd_max=_number(kconf, "HPO_WD_MAX", low=0, low_open=True),
+        lr_finder_min_lr=number_of(kconf, "LR_FINDER_MIN_LR", low=0, low_open=True),
+        lr_finder_max_lr=number_of(kconf, "LR_FINDER_MAX_LR", low=0, low_open=True),
+        lr_finder_steps=int_of(kconf, "LR_FINDER_STEPS"),
+        lr_finder_smoothing=number_of(kconf, "LR_FINDER_SMOOTHING", low=0, high=1, low_open=True),
+        lr_finder_diverge=number_of(kconf, "LR_FINDER_DIVERGE", low=1, low_open=True),
+        lr_scaling=choice_of(kconf, "LR_SCALING_", {"AUTO": "auto", "LINEAR": "linear", "SQRT": "sqrt", "NONE": "none"}),
+        hpo_trials=int_of(kconf, "HPO_TRIALS"),
+        hpo_timeout_s=int_of(kconf, "HPO_TIMEOUT"),
+        hpo_study_name=str_of(kconf, "HPO_STUDY_NAME") or "",
+        hpo_lr_min=number_of(kconf, "HPO_LR_MIN", low=0, low_open=True),
+        hpo_lr_max=number_of(kconf, "HPO_LR_MAX", low=0, low_open=True),
+        hpo_wd_min=number_of(kconf, "HPO_WD_MIN", low=0, low_open=True),
+        hpo_wd_max=number_of(kconf, "HPO_WD_MAX", low=0, low_open=True),
         hpo_batch_sizes=_batch_sizes(kconf),
-        hpo_optimizers=tuple(o for o in ("sgd", "adam", "adamw") if _bool(kconf, "HPO_OPTIMIZER_" + o.upper())),
-        hpo_min_resource=_int(kconf, "HPO_MIN_RESOURCE"),
-        hpo_max_resource=_int(kconf, "HPO_MAX_RESOURCE"),
-        hpo_reduction_factor=_int(kconf, "HPO_REDUCTION_FACTOR"),
-        hpo_bootstrap_count=_int(kconf, "HPO_BOOTSTRAP_COUNT"),
-        hpo_patience=_int(kconf, "HPO_PATIENCE"),
-        hpo_space=" ".join((_str(kconf, "HPO_SPACE") or "").split()),
-        hpo_objective=_choice(kconf, "HPO_OBJECTIVE_", {"EVAL_LOSS": "eval_loss", "ACCURACY": "accuracy",
+        hpo_optimizers=tuple(o for o in ("sgd", "adam", "adamw") if bool_of(kconf, "HPO_OPTIMIZER_" + o.upper())),
+        hpo_min_resource=int_of(kconf, "HPO_MIN_RESOURCE"),
+        hpo_max_resource=int_of(kconf, "HPO_MAX_RESOURCE"),
+        hpo_reduction_factor=int_of(kconf, "HPO_REDUCTION_FACTOR"),
+        hpo_bootstrap_count=int_of(kconf, "HPO_BOOTSTRAP_COUNT"),
+        hpo_patience=int_of(kconf, "HPO_PATIENCE"),
+        hpo_space=" ".join((str_of(kconf, "HPO_SPACE") or "").split()),
+        hpo_objective=choice_of(kconf, "HPO_OBJECTIVE_", {"EVAL_LOSS": "eval_loss", "ACCURACY": "accuracy",
                                                         "MACRO_F1": "macro_f1"}),
-        hpo_folds=_int(kconf, "HPO_FOLDS"),
+        hpo_folds=int_of(kconf, "HPO_FOLDS"),
     )
     _ordered("LR_FINDER_MIN_LR", t["lr_finder_min_lr"], "LR_FINDER_MAX_LR", t["lr_finder_max_lr"])
     _ordered("HPO_LR_MIN", t["hpo_lr_min"], "HPO_LR_MAX", t["hpo_lr_max"])
@@ -324,10 +268,10 @@ def _checkpoint_control(kconf) -> dict:
     """Best-k checkpoints and early stopping; the metric's name must say which way is better (whether this
     model's evaluation reports it is checked when training starts: lib/trainer/best.py)."""
     c = dict(
-        checkpoint_best_keep=_int(kconf, "CHECKPOINT_BEST_KEEP"),
-        checkpoint_best_metric=_str(kconf, "CHECKPOINT_BEST_METRIC"),
-        early_stop_patience=_int(kconf, "EARLY_STOP_PATIENCE"),
-        early_stop_min_delta=_number(kconf, "EARLY_STOP_MIN_DELTA", low=0),
+        checkpoint_best_keep=int_of(kconf, "CHECKPOINT_BEST_KEEP"),
+        checkpoint_best_metric=str_of(kconf, "CHECKPOINT_BEST_METRIC"),
+        early_stop_patience=int_of(kconf, "EARLY_STOP_PATIENCE"),
+        early_stop_min_delta=number_of(kconf, "EARLY_STOP_MIN_DELTA", low=0),
     )
     metric = c["checkpoint_best_metric"]
     if metric is not None and (not _METRIC.fullmatch(metric) or lower_is_better(metric) is None):
@@ -342,13 +286,13 @@ LADDER_RUNGS = ("checkpointing", "autocast", "offload")  # the out-of-memory lad
 def _adaptation(kconf) -> dict:
     """The ladder's allowed rungs and the thermal and battery policies, with the order Kconfig cannot check."""
     a = dict(
-        oom_ladder=tuple(r for r in LADDER_RUNGS if _bool(kconf, "OOM_LADDER_" + r.upper())),
-        thermal_policy=_choice(kconf, "THERMAL_", {"WARN": "warn", "PAUSE": "pause"}),
-        thermal_pause_at_c=_int(kconf, "THERMAL_PAUSE_AT_C"),
-        thermal_resume_below_c=_int(kconf, "THERMAL_RESUME_BELOW_C"),
-        battery_low_percent=_int(kconf, "BATTERY_LOW_PERCENT"),
-        battery_checkpoint_minutes=_int(kconf, "BATTERY_CHECKPOINT_MINUTES"),
-        battery_stop=_bool(kconf, "BATTERY_STOP"),
+        oom_ladder=tuple(r for r in LADDER_RUNGS if bool_of(kconf, "OOM_LADDER_" + r.upper())),
+        thermal_policy=choice_of(kconf, "THERMAL_", {"WARN": "warn", "PAUSE": "pause"}),
+        thermal_pause_at_c=int_of(kconf, "THERMAL_PAUSE_AT_C"),
+        thermal_resume_below_c=int_of(kconf, "THERMAL_RESUME_BELOW_C"),
+        battery_low_percent=int_of(kconf, "BATTERY_LOW_PERCENT"),
+        battery_checkpoint_minutes=int_of(kconf, "BATTERY_CHECKPOINT_MINUTES"),
+        battery_stop=bool_of(kconf, "BATTERY_STOP"),
     )
     if a["thermal_policy"] == "pause":
         _ordered("THERMAL_RESUME_BELOW_C", a["thermal_resume_below_c"], "THERMAL_PAUSE_AT_C",
@@ -358,96 +302,96 @@ def _adaptation(kconf) -> dict:
 
 def _prefetch_factor(kconf) -> int:
     """CONFIG_DATA_PREFETCH_FACTOR, which only loader worker processes use: refused with MANUAL 0 workers."""
-    factor = _int(kconf, "DATA_PREFETCH_FACTOR") or 0
-    if factor and _choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}) == "manual" \
-            and not _int(kconf, "DATALOADER_WORKERS"):
+    factor = int_of(kconf, "DATA_PREFETCH_FACTOR") or 0
+    if factor and choice_of(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}) == "manual" \
+            and not int_of(kconf, "DATALOADER_WORKERS"):
         raise ConfigError(f"CONFIG_DATA_PREFETCH_FACTOR={factor} needs data loader worker processes: set "
                           "CONFIG_DATALOADER_WORKERS above 0, or CONFIG_DATA_PREFETCH_FACTOR=0")
     return factor
 
 
 def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
-    run_name = _str(kconf, "RUN_NAME") or ""
+    run_name = str_of(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
         raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
-    factory = _str(kconf, "CUSTOM_MODEL_FACTORY")
+    factory = str_of(kconf, "CUSTOM_MODEL_FACTORY")
     if factory is not None and not _FACTORY.fullmatch(factory):
         raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{factory}" must look like package.module:function')
     return Config(
-        model=_member(kconf, "MODEL_"),
-        gpt2_preset=_choice(kconf, "GPT2_PRESET_", {"TINY": "tiny", "30M": "30m", "51M": "51m", "124M": "124m", "355M": "355m",
+        model=member_of(kconf, "MODEL_"),
+        gpt2_preset=choice_of(kconf, "GPT2_PRESET_", {"TINY": "tiny", "30M": "30m", "51M": "51m", "124M": "124m", "355M": "355m",
                                                     "774M": "774m", "1558M": "1558m"}),
-        gpt2_block_size=_int(kconf, "GPT2_BLOCK_SIZE"),
-        gpt2_dropout=_number(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
-        resnet_image_size=_int(kconf, "RESNET_IMAGE_SIZE"),
-        llama_preset=_choice(kconf, "LLAMA_PRESET_", {p.upper(): p for p in ("tiny", "20m", "60m", "125m", "350m", "1b")}),
-        llama_block_size=_int(kconf, "LLAMA_BLOCK_SIZE"),
-        llama_tie_embeddings=_bool(kconf, "LLAMA_TIE_EMBEDDINGS") if kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility else None,
+        gpt2_block_size=int_of(kconf, "GPT2_BLOCK_SIZE"),
+        gpt2_dropout=number_of(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
+        resnet_image_size=int_of(kconf, "RESNET_IMAGE_SIZE"),
+        llama_preset=choice_of(kconf, "LLAMA_PRESET_", {p.upper(): p for p in ("tiny", "20m", "60m", "125m", "350m", "1b")}),
+        llama_block_size=int_of(kconf, "LLAMA_BLOCK_SIZE"),
+        llama_tie_embeddings=bool_of(kconf, "LLAMA_TIE_EMBEDDINGS") if kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility else None,
         custom_model_factory=factory,
-        custom_train_samples=_int(kconf, "CUSTOM_TRAIN_SAMPLES"),
-        custom_eval_samples=_int(kconf, "CUSTOM_EVAL_SAMPLES"),
-        dataset=_choice(kconf, "DATASET_", {"EMBEDDED": "embedded", "DIR": "dir"}),
-        data_dir=_str(kconf, "DATA_DIR"),
-        dataset_format=_choice(kconf, "DATASET_FORMAT_", {"MNIST": "mnist", "CIFAR10": "cifar10",
+        custom_train_samples=int_of(kconf, "CUSTOM_TRAIN_SAMPLES"),
+        custom_eval_samples=int_of(kconf, "CUSTOM_EVAL_SAMPLES"),
+        dataset=choice_of(kconf, "DATASET_", {"EMBEDDED": "embedded", "DIR": "dir"}),
+        data_dir=str_of(kconf, "DATA_DIR"),
+        dataset_format=choice_of(kconf, "DATASET_FORMAT_", {"MNIST": "mnist", "CIFAR10": "cifar10",
                                                           "CIFAR100": "cifar100"}),
-        epochs=_int(kconf, "EPOCHS"),
-        max_steps=_int(kconf, "MAX_STEPS"),
-        time_limit_s=_int(kconf, "TIME_LIMIT"),
-        optimizer=_choice(kconf, "OPTIMIZER_", {"SGD": "sgd", "ADAM": "adam", "ADAMW": "adamw"}),
-        sgd_momentum=_number(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
-        learning_rate=_number(kconf, "LEARNING_RATE", low=0, low_open=True),
-        weight_decay=_number(kconf, "WEIGHT_DECAY", low=0),
-        lr_schedule=_choice(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "CONSTANT": "constant"}),
-        warmup_steps=_int(kconf, "WARMUP_STEPS"),
-        grad_clip=_number(kconf, "GRAD_CLIP", low=0),
+        epochs=int_of(kconf, "EPOCHS"),
+        max_steps=int_of(kconf, "MAX_STEPS"),
+        time_limit_s=int_of(kconf, "TIME_LIMIT"),
+        optimizer=choice_of(kconf, "OPTIMIZER_", {"SGD": "sgd", "ADAM": "adam", "ADAMW": "adamw"}),
+        sgd_momentum=number_of(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
+        learning_rate=number_of(kconf, "LEARNING_RATE", low=0, low_open=True),
+        weight_decay=number_of(kconf, "WEIGHT_DECAY", low=0),
+        lr_schedule=choice_of(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "CONSTANT": "constant"}),
+        warmup_steps=int_of(kconf, "WARMUP_STEPS"),
+        grad_clip=number_of(kconf, "GRAD_CLIP", low=0),
         freeze=_words(kconf, "FREEZE"),
-        seed=_int(kconf, "SEED"),
-        log_interval=_int(kconf, "LOG_INTERVAL"),
-        eval_interval=_int(kconf, "EVAL_INTERVAL"),
-        output_dir=os.path.expanduser(_str(kconf, "OUTPUT_DIR") or "runs"),  # ~ as for DATA_DIR: never a "./~"
+        seed=int_of(kconf, "SEED"),
+        log_interval=int_of(kconf, "LOG_INTERVAL"),
+        eval_interval=int_of(kconf, "EVAL_INTERVAL"),
+        output_dir=os.path.expanduser(str_of(kconf, "OUTPUT_DIR") or "runs"),  # ~ as for DATA_DIR: never a "./~"
         run_name=run_name,
-        hyperparam_mode=_choice(kconf, "HYPER_PARAM_", {"AUTO": "auto", "MANUAL": "manual"}),
-        hyperparam_policy=_choice(kconf, "HYPER_PARAM_POLICY_", {"PLANNER": "planner", "TIERS": "tiers"}),
+        hyperparam_mode=choice_of(kconf, "HYPER_PARAM_", {"AUTO": "auto", "MANUAL": "manual"}),
+        hyperparam_policy=choice_of(kconf, "HYPER_PARAM_POLICY_", {"PLANNER": "planner", "TIERS": "tiers"}),
         memory_profile=_memory_profile(kconf),
-        target_effective_batch=_int(kconf, "TARGET_EFFECTIVE_BATCH"),
-        batch_size=_int(kconf, "BATCH_SIZE"),
-        gradient_accumulation=_int(kconf, "GRADIENT_ACCUMULATION"),
-        eval_batch_size=_int(kconf, "EVAL_BATCH_SIZE"),
-        compile_mode=_choice(kconf, "COMPILE_", {"AUTO": "auto", "MANUAL": "manual"}),
-        compile_model=_bool(kconf, "COMPILE_MODEL") if kconf.syms["COMPILE_MODEL"].visibility else None,
-        compile_kind=_choice(kconf, "COMPILE_MODE_", {"DEFAULT": "default",
+        target_effective_batch=int_of(kconf, "TARGET_EFFECTIVE_BATCH"),
+        batch_size=int_of(kconf, "BATCH_SIZE"),
+        gradient_accumulation=int_of(kconf, "GRADIENT_ACCUMULATION"),
+        eval_batch_size=int_of(kconf, "EVAL_BATCH_SIZE"),
+        compile_mode=choice_of(kconf, "COMPILE_", {"AUTO": "auto", "MANUAL": "manual"}),
+        compile_model=bool_of(kconf, "COMPILE_MODEL") if kconf.syms["COMPILE_MODEL"].visibility else None,
+        compile_kind=choice_of(kconf, "COMPILE_MODE_", {"DEFAULT": "default",
                                                       "REDUCE_OVERHEAD": "reduce-overhead",
                                                       "MAX_AUTOTUNE": "max-autotune"}),
-        device=_choice(kconf, "DEVICE_", {"AUTO": "auto", "CUDA": "cuda", "CPU": "cpu"}),
-        precision=_choice(kconf, "PRECISION_", {"AUTO": "auto", "BF16": "bf16", "FP16": "fp16",
+        device=choice_of(kconf, "DEVICE_", {"AUTO": "auto", "CUDA": "cuda", "CPU": "cpu"}),
+        precision=choice_of(kconf, "PRECISION_", {"AUTO": "auto", "BF16": "bf16", "FP16": "fp16",
                                                 "FP32": "fp32"}),
-        tf32=_choice(kconf, "TF32_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
-        cudnn_benchmark=_choice(kconf, "CUDNN_BENCHMARK_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
-        gradient_checkpointing=_bool(kconf, "GRADIENT_CHECKPOINTING"),
+        tf32=choice_of(kconf, "TF32_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
+        cudnn_benchmark=choice_of(kconf, "CUDNN_BENCHMARK_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
+        gradient_checkpointing=bool_of(kconf, "GRADIENT_CHECKPOINTING"),
         checkpoint_modules=_class_names(kconf),
-        workers_mode=_choice(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
-        dataloader_workers=_int(kconf, "DATALOADER_WORKERS"),
+        workers_mode=choice_of(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
+        dataloader_workers=int_of(kconf, "DATALOADER_WORKERS"),
         data_prefetch_factor=_prefetch_factor(kconf),
-        cpu_threads=_int(kconf, "CPU_THREADS"),
-        cpu_fallback=_bool(kconf, "CPU_FALLBACK"),
-        probe=_choice(kconf, "PROBE_", {"AUTO": "auto", "ALWAYS": "always", "NEVER": "never"}),
-        oom_recovery=_bool(kconf, "OOM_RECOVERY"),
-        oom_max_halvings=_int(kconf, "OOM_MAX_HALVINGS"),
-        checkpoint_interval=_choice(kconf, "CHECKPOINT_INTERVAL_", {"AUTO": "auto", "STEPS": "steps"}),
-        checkpoint_minutes=_int(kconf, "CHECKPOINT_MINUTES"),
-        checkpoint_lost_work_percent=_int(kconf, "CHECKPOINT_LOST_WORK_PERCENT"),
-        checkpoint_every_steps=_int(kconf, "CHECKPOINT_EVERY_STEPS"),
-        checkpoint_keep=_int(kconf, "CHECKPOINT_KEEP"),
-        resume=_bool(kconf, "RESUME"),
-        monitor=_bool(kconf, "MONITOR"),
-        monitor_interval_ms=_int(kconf, "MONITOR_INTERVAL_MS"),
-        tracking=tuple(sink for sink in ("tensorboard", "wandb", "mlflow") if _bool(kconf, f"TRACK_{sink.upper()}")),
-        tracking_project=_str(kconf, "TRACKING_PROJECT"),
-        nproc_mode=_choice(kconf, "NPROC_", {"AUTO": "auto", "MANUAL": "manual"}),
-        nproc=_int(kconf, "NPROC"),
-        parallel_strategy=_choice(kconf, "PARALLEL_", {"AUTO": "auto", "DDP": "ddp", "FSDP": "fsdp",
+        cpu_threads=int_of(kconf, "CPU_THREADS"),
+        cpu_fallback=bool_of(kconf, "CPU_FALLBACK"),
+        probe=choice_of(kconf, "PROBE_", {"AUTO": "auto", "ALWAYS": "always", "NEVER": "never"}),
+        oom_recovery=bool_of(kconf, "OOM_RECOVERY"),
+        oom_max_halvings=int_of(kconf, "OOM_MAX_HALVINGS"),
+        checkpoint_interval=choice_of(kconf, "CHECKPOINT_INTERVAL_", {"AUTO": "auto", "STEPS": "steps"}),
+        checkpoint_minutes=int_of(kconf, "CHECKPOINT_MINUTES"),
+        checkpoint_lost_work_percent=int_of(kconf, "CHECKPOINT_LOST_WORK_PERCENT"),
+        checkpoint_every_steps=int_of(kconf, "CHECKPOINT_EVERY_STEPS"),
+        checkpoint_keep=int_of(kconf, "CHECKPOINT_KEEP"),
+        resume=bool_of(kconf, "RESUME"),
+        monitor=bool_of(kconf, "MONITOR"),
+        monitor_interval_ms=int_of(kconf, "MONITOR_INTERVAL_MS"),
+        tracking=tuple(sink for sink in ("tensorboard", "wandb", "mlflow") if bool_of(kconf, f"TRACK_{sink.upper()}")),
+        tracking_project=str_of(kconf, "TRACKING_PROJECT"),
+        nproc_mode=choice_of(kconf, "NPROC_", {"AUTO": "auto", "MANUAL": "manual"}),
+        nproc=int_of(kconf, "NPROC"),
+        parallel_strategy=choice_of(kconf, "PARALLEL_", {"AUTO": "auto", "DDP": "ddp", "FSDP": "fsdp",
                                                       "FSDP_GRAD_OP": "fsdp_grad_op", "HSDP": "hsdp"}),
-        fsdp_cpu_offload=_bool(kconf, "FSDP_CPU_OFFLOAD"),
+        fsdp_cpu_offload=bool_of(kconf, "FSDP_CPU_OFFLOAD"),
         **_tuning(kconf),
         **_adaptation(kconf),
         **_checkpoint_control(kconf),
