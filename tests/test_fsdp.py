@@ -115,10 +115,10 @@ def assert_close_weights(state: dict, reference: dict) -> None:
 
 
 def test_every_rank_runs_as_many_micro_batches_under_fsdp():
-    window = list(range(7))  # an epoch's short last window: 3 and 4 samples
-    plain = [rank_batches(window, r, 2, 2) for r in range(2)]
-    assert [len(b) for b in plain] == [1, 2]  # 3 samples: 2 + a lone one, joined
-    even = [rank_batches(window, r, 2, 2, equal_counts=True) for r in range(2)]
+    window = list(range(9))  # an epoch's short last window: 4 and 5 samples
+    plain = [rank_batches(window, r, 2, 4) for r in range(2)]
+    assert [[len(i) for i, _ in b] for b in plain] == [[4], [3, 2]]  # 5: 4 + a lone one, the two halved
+    even = [rank_batches(window, r, 2, 4, equal_counts=True) for r in range(2)]
     assert [len(b) for b in even] == [2, 2]
     assert even[0][-1][1] == 0.0  # the filler weighs nothing
     assert sum(w for b in even for _, w in b) == pytest.approx(1.0)
