@@ -303,9 +303,12 @@ def test_an_interrupted_search_says_what_it_kept(study_config, config_copy, tmp_
     url = f"sqlite:///{tmp_path}/stop.db"
     _stored_trial(hpo.open_study(study_config, url), study_config, 0.5)
     kc.apply_assignments(config_copy, {"HPO_MAX_RESOURCE": 200})  # a trial far longer than the test waits
+    # SIGINT as from a terminal: a child inherits an ignored SIGINT (as pytest-xdist's workers may have it) and
+    # ignores it until the trainer installs its own handler, so on a loaded machine the signal could be lost
     worker = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "kfit.py"), "hpo"], cwd=tmp_path,
                               env=make_env(KCONFIG_CONFIG=str(config_copy), HPO_STORAGE=url, TRIALS="1"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out = ""
     while not out.endswith(", eval batch 128\n"):  # trial 1 is training
         line = worker.stdout.readline()
