@@ -25,9 +25,6 @@ the reference's, less 1, over the cases; negative where kfit was faster).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -36,9 +33,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from bench_throughput import fresh_cache  # noqa: E402  the memory traces kept, the step timer's calibration not
 
 # defconfig -> (micro-batch, timed steps, warm-up steps); GPT-2-tiny is context 128, 5-6 steps/s here
 CASES = {"lenet5": (64, 300, 30), "gpt2-tiny": (16, 40, 5)}
@@ -104,27 +104,6 @@ def reference(build, split, lr: float, weight_decay: float, grad_clip: float, mi
         if (i + 1) % LOG_INTERVAL == 0:
             loss.item()
     return time.perf_counter() - started
-
-
-@contextlib.contextmanager
-def fresh_cache():
-    """KFIT_CACHE_DIR in a temporary directory with the usual memory traces: the step timer's calibration of
-    these short runs stays out of the user's cache."""
-    from lib.memory import default_cache_dir
-
-    usual = default_cache_dir() / "memory"
-    previous = os.environ.get("KFIT_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as tmp:
-        if usual.is_dir():
-            shutil.copytree(usual, Path(tmp) / "memory")
-        os.environ["KFIT_CACHE_DIR"] = tmp
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop("KFIT_CACHE_DIR", None)
-            else:
-                os.environ["KFIT_CACHE_DIR"] = previous
 
 
 def bench(name: str, micro_batch: int, steps: int, warmup: int, rounds: int, out: Path) -> dict:
