@@ -5,7 +5,7 @@ index and close(); `open_telemetry` picks one by the GPU's vendor."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .amd import load_amdsmi, number, pci_bus
 from .nvml import load_pynvml
@@ -24,6 +24,22 @@ THROTTLE_KIND = {"sw_power_cap": "power", "hw_slowdown": "thermal", "sw_thermal"
                  "hw_thermal": "thermal", "hw_power_brake": "power"}
 
 
+
+def _opened(cls, library: Any, init: Callable[[], None], shutdown: Callable[[], None], index: int, torch_mod: Any):
+    """cls(library, its handle of torch's device `index`, index) once the vendor library starts, or None where
+    it is missing, does not start (no driver: telemetry off) or does not find the device (shut down again)."""
+    if library is None:
+        return None
+    try:
+        init()
+    except Exception:  # noqa: BLE001 - no library or driver: telemetry off
+        return None
+    try:
+        return cls(library, cls._handle(library, index, torch_mod), index)
+    except Exception:  # noqa: BLE001
+        safe_call(shutdown)
+        return None
+
 class GpuTelemetry:
     """NVML readings of one NVIDIA GPU: utilisation, temperature, power,
     throttle reasons, memory.  Holds an NVML session until close()."""
@@ -39,17 +55,7 @@ class GpuTelemetry:
         """Telemetry of torch's CUDA device ``index``, or None when NVML is not
         available (no driver, no nvidia-ml-py, not an NVIDIA GPU)."""
         nvml = pynvml_mod if pynvml_mod is not None else load_pynvml()
-        if nvml is None:
-            return None
-        try:
-            nvml.nvmlInit()
-        except Exception:  # noqa: BLE001 - no library or driver: telemetry off
-            return None
-        try:
-            return cls(nvml, cls._handle(nvml, index, torch_mod), index)
-        except Exception:  # noqa: BLE001
-            safe_call(nvml.nvmlShutdown)
-            return None
+        return _opened(cls, nvml, lambda: nvml.nvmlInit(), lambda: nvml.nvmlShutdown(), index, torch_mod)
 
     @staticmethod
     def _handle(nvml: Any, index: int, torch_mod: Any) -> Any:
@@ -118,18 +124,12 @@ class AmdTelemetry:
         """Telemetry of torch's GPU ``index`` (ROCm GPUs are torch's "cuda" devices), or None when amdsmi is
         not available (not installed, no amdgpu driver, no AMD GPU)."""
         smi = amdsmi_mod if amdsmi_mod is not None else load_amdsmi()
-        if smi is None:
-            return None
-        try:
+
+        def init() -> None:
             flags = getattr(getattr(smi, "AmdSmiInitFlags", None), "INIT_AMD_GPUS", None)
             smi.amdsmi_init(flags) if flags is not None else smi.amdsmi_init()
-        except Exception:  # noqa: BLE001 - no driver: telemetry off
-            return None
-        try:
-            return cls(smi, cls._handle(smi, index, torch_mod), index)
-        except Exception:  # noqa: BLE001
-            safe_call(smi.amdsmi_shut_down)
-            return None
+
+        return _opened(cls, smi, init, lambda: smi.amdsmi_shut_down(), index, torch_mod)
 
     @staticmethod
     def _handle(smi: Any, index: int, torch_mod: Any) -> Any:
