@@ -123,14 +123,11 @@ def model_flops_utilisation(plan: Plan, speed_model) -> tuple[float | None, str]
     """The predicted model FLOPs utilisation: the step's counted FLOPs per sample (matmuls, convolutions and
     attention: forward and backward, recomputation included under gradient checkpointing) x the predicted
     samples/s, over the datasheet peak of the plan's precision on every device (a CPU: its measured peak)."""
-    from ..steptime.device import GPU_COMPUTE_EFFICIENCY
-
     if plan.predicted_samples_per_second is None:
         return None, "unknown: no predicted throughput"
     device = speed_model.device
     per_sample = speed_model.counts.micro_batch(plan.micro_batch).flops / plan.micro_batch
-    reachable = device.flops(plan.precision, plan.tf32)
-    peak = reachable / GPU_COMPUTE_EFFICIENCY if device.kind == "gpu" else reachable
+    peak = device.peak_flops(plan.precision, plan.tf32)
     # every process's device; on a CPU each process's measured peak is at its own threads (plan.cpu_threads)
     devices = plan.world_size
     mfu = per_sample * plan.predicted_samples_per_second / (peak * devices)

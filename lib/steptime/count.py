@@ -11,6 +11,8 @@ does (lib/memory/trace.py), with one dispatch mode that counts, per phase:
     ops             kernels dispatched (views and non-aten queries such as prim.device excluded): what
                     per-op launch or dispatch overhead multiplies
     conv_flops      the part of flops in convolutions, which reach a smaller share of a GPU's peak
+    attention_flops the part of flops in fused attention (scaled_dot_product_*), with its own share of peak;
+                    flops - conv_flops - attention_flops are the matmuls' (mm, bmm, addmm, baddbmm)
 
 Counts are linear in the batch (a constant part from the weights, a part per
 sample), so a step is counted at two batch sizes only (`COUNT_BATCHES`) and
@@ -38,10 +40,10 @@ from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
 from .cache import is_count, read_json, write_json
 
-FORMAT = 2  # 2: conv_flops; prim.device no longer counted as an op moving its tensor
+FORMAT = 3  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops
 COUNT_BATCHES = (1, 2)
 PHASES = ("forward", "backward", "optimizer")
-FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops")
+FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops", "attention_flops")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,12 @@ class Phase:
     memory_bytes: float = 0.0
     ops: float = 0.0
     conv_flops: float = 0.0
+    attention_flops: float = 0.0
+
+    @property
+    def matmul_flops(self) -> float:
+        """The FLOPs of plain matmuls: what is neither a convolution nor fused attention."""
+        return max(0.0, self.flops - self.conv_flops - self.attention_flops)
 
     def __add__(self, other: "Phase") -> "Phase":
         return Phase(*(getattr(self, f) + getattr(other, f) for f in FIELDS))
@@ -167,6 +175,8 @@ class _Counter:
                     totals["compute_bytes"] += moved
                     if packet in CONVOLUTIONS:
                         totals["conv_flops"] += flops
+                    elif "scaled_dot_product" in str(packet) or "attention" in str(packet):
+                        totals["attention_flops"] += flops
                 else:
                     totals["memory_bytes"] += moved
                 return out

@@ -25,20 +25,60 @@ from ..errors import HardwareError
 from ..hardware import HardwareProfile, catalog
 from .cache import cpu_figures, write_json
 
-# What a training step reaches of a GPU's datasheet peak: matmuls at large sizes run at 60-80%
-# of the dense tensor-core peak, elementwise kernels at 70-85% of the bandwidth; calibration
-# (lib.steptime.calibrate) replaces these guesses with the machine's own ratio after a run.
-# Measured by make validate-gpu's diagnostics on an H100 (2026-11-23, torch 2.11, eager, bf16; kernel
-# times from torch.profiler): GPT-2 124M's kernels matched 60% / 75% once each kernel's floor is added;
-# ResNet-18 and -50's convolutions (32x32 images) ran at 9-10% of the peak; the host spent 26-48 us
-# per counted op (a VM's CPU; the median of 20 steps), which made GPT-2-tiny, LeNet-5, ResNet-50 and
-# GPT-2 at micro-batch 8 host-bound there.
-GPU_COMPUTE_EFFICIENCY = 0.6
-GPU_CONV_EFFICIENCY = 0.1  # convolutions' share of the datasheet peak
-GPU_BANDWIDTH_EFFICIENCY = 0.75
-GPU_KERNEL_FLOOR_S = 6e-6  # device time every kernel takes however small (launch, ramp, tail)
-GPU_OP_OVERHEAD_S = 30e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
-GPU_STEP_OVERHEAD_S = 1e-3  # the loss's .item(), the learning rate, the data loader hand-off
+# What a training step reaches of a GPU's datasheet peak, per op class (count.py attributes the FLOPs:
+# matmuls, fused attention, convolutions; every other op is memory-bound bytes) and per GPU family
+# (`FAMILIES`, by the catalog's arch). Calibration (lib.steptime.calibrate) scales the result by the
+# machine's own ratio after a run. The figures, and the committed H100 measurements they rest on
+# (docs/validation/, 2026-11-23, torch 2.11, bf16; replayed by tests/test_steptime_replay.py):
+#
+#   matmul 0.60     GPT-2 124M compiled, micro-batch 128 x 4 (step-time check, runs -2 and -4): 680.7 and
+#                   691.7 ms measured against 726-740 ms predicted at 0.60 (+5-7%); the diagnostics' kernel
+#                   times (diag.jsonl, torch.profiler) matched 60% of the bf16 peak once each kernel's floor
+#                   was added. Large bf16 GEMMs reach 70-75% on an H100; GPT-2's 768-wide ones less.
+#   attention 0.60  no separate evidence: GPT-2 124M, whose FLOPs are 20% fused attention (head size 64),
+#                   leaves no room for a slower attention (at 0.45 it would be +10% over), so it is the
+#                   matmuls' share until a run shows otherwise.
+#   conv 0.10       ResNet-18 eager bf16 at micro-batch 512, 32 px images: forward+backward 21.9 ms
+#                   (diagnostics-2026-11-23/phase_times.jsonl) for 1.70 TFLOP of convolutions: 9.8% once its
+#                   2.9 ms of elementwise bytes are taken off; ResNet-50 ran at 9-10% too.
+#   conv compiled 0.18  the same step compiled: 10.1 ms (phase_times.jsonl; inductor runs the convolutions
+#                   channels-last, cuDNN's faster bf16 kernels): 21% there; the trainer's compiled ResNet-18
+#                   at 512 measured 15.1-20.9 ms in five runs (mean 18.3), which 0.18 puts at 17.3 ms.
+#   bandwidth 0.75  elementwise kernels at large sizes reach 70-85% of the datasheet bandwidth.
+#   op overhead 30 us  the host's time per counted op, eager (op_overhead.jsonl: 26-48 us on the VM's CPU,
+#                   median of 20 steps); GPT-2-tiny's compiled forward+backward at 64 took 4.98 ms
+#                   (phase_times.jsonl) against 4.81 predicted with COMPILE_OPS_FACTOR.
+#   optimizer host 1.6 ms  clipping, the fused AdamW and zero_grad take the host 0.70-2.22 ms per step
+#                   whatever the model (phase_times.jsonl: eight readings, median 1.6 ms): the optimizer's
+#                   floor where its bytes take less (every model but GPT-2 124M's 2 GB of state).
+#   step overhead 4.2 ms  the trainer around the step (the loss's .item(), the learning rate, metrics, the
+#                   loader's hand-off): GPT-2-tiny's trainer steps at 64 measured 8.5-13.7 ms (five runs,
+#                   mean 11.4) where the bare loop of the same step took 8.3 ms (phase_times.jsonl).
+# Leave-one-model-out (docs/time.md): the figures that one model alone sets (conv compiled: ResNet-18;
+# step overhead: GPT-2-tiny) cannot be checked on the others; the rest were set before these runs.
+GPU_COMPUTE_EFFICIENCY = 0.6  # matmuls' share of the datasheet peak (the default family's)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """One GPU family's shares of its datasheet peaks, and its overheads (see the table above)."""
+
+    matmul: float = GPU_COMPUTE_EFFICIENCY
+    attention: float = 0.6
+    conv: float = 0.10
+    conv_compiled: float = 0.18
+    bandwidth: float = 0.75
+    kernel_floor_s: float = 6e-6  # device time every kernel takes however small (launch, ramp, tail)
+    op_overhead_s: float = 30e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
+    optimizer_host_s: float = 1.6e-3  # the optimizer step's host time, its floor
+    step_overhead_s: float = 4.2e-3  # the trainer's host time per optimizer step
+
+
+# Measured on: sm_90 (H100). The other families have no run of their own yet and take the same figures
+# (their datasheet peaks differ; the shares are the H100's until a run of theirs says otherwise).
+FAMILIES = {"hopper": Efficiency(), "default": Efficiency()}
+ARCH_FAMILY = {"sm_90": "hopper"}
+GPU_BANDWIDTH_EFFICIENCY = FAMILIES["default"].bandwidth
 CPU_STEP_OVERHEAD_S = 2e-4
 # torch.compile fuses elementwise chains into few kernels: what remains of eager's bytes (an estimate:
 # inductor keeps the matmuls and cuts most intermediate round trips) and of its host time per counted op.
@@ -70,11 +110,24 @@ class Device:
     here: bool = False  # a CPU whose figures were measured on it: real steps can be timed here
     conv_efficiency: float = 1.0  # convolutions' FLOP/s over the matmuls' (a CPU's measured ratio covers both)
     kernel_floor_s: float = 0.0  # device time per kernel (a GPU's; on a CPU the op overhead is all of it)
+    attention_efficiency: float = 1.0  # fused attention's FLOP/s over the matmuls'
+    conv_compiled_efficiency: float | None = None  # convolutions' over the matmuls' under torch.compile
+    optimizer_host_s: float = 0.0  # the optimizer step's host floor
+    compute_efficiency: float = 1.0  # the matmuls' share of the datasheet peak that fp32_flops etc. include
 
     def flops(self, precision: str, tf32: bool) -> float:
         if precision in ("bf16", "fp16"):
             return self.half_flops
         return self.tf32_flops if tf32 and self.tf32_flops else self.fp32_flops
+
+    def peak_flops(self, precision: str, tf32: bool) -> float:
+        """The datasheet peak of `precision` (a CPU: its measured rate): what model FLOPs utilisation divides by."""
+        return self.flops(precision, tf32) / self.compute_efficiency
+
+
+def family(arch: str | None) -> str:
+    """The GPU family whose efficiencies apply to a catalog arch ("sm_90" -> "hopper")."""
+    return ARCH_FAMILY.get(arch or "", "default")
 
 
 def gpu_device(name: str) -> Device | None:
@@ -84,14 +137,19 @@ def gpu_device(name: str) -> Device | None:
     except HardwareError:
         return None
     peak = entry.peak
-    eff, bw = GPU_COMPUTE_EFFICIENCY, GPU_BANDWIDTH_EFFICIENCY
+    name_of_family = family(entry.arch)
+    e = FAMILIES[name_of_family]
+    eff, bw = e.matmul, e.bandwidth
     return Device(kind="gpu", name=entry.name, fp32_flops=peak.fp32_tflops * 1e12 * eff,
                   tf32_flops=peak.tf32_tflops * 1e12 * eff if peak.tf32_tflops else None,
                   half_flops=peak.half_tflops * 1e12 * eff, bandwidth=peak.bandwidth_gbs * 1e9 * bw,
-                  op_overhead_s=GPU_OP_OVERHEAD_S, step_overhead_s=GPU_STEP_OVERHEAD_S,
-                  conv_efficiency=GPU_CONV_EFFICIENCY / eff, kernel_floor_s=GPU_KERNEL_FLOOR_S,
+                  op_overhead_s=e.op_overhead_s, step_overhead_s=e.step_overhead_s,
+                  conv_efficiency=e.conv / eff, conv_compiled_efficiency=e.conv_compiled / eff,
+                  attention_efficiency=e.attention / eff, optimizer_host_s=e.optimizer_host_s,
+                  kernel_floor_s=e.kernel_floor_s, compute_efficiency=eff,
                   power_watts=float(entry.tdp_watts), key=entry.name,
-                  source=f"{entry.key} datasheet peaks x {eff:.0%} compute / {bw:.0%} bandwidth")
+                  source=f"{entry.key} datasheet peaks x {name_of_family} efficiencies (matmul {eff:.0%}, "
+                         f"conv {e.conv:.0%}/{e.conv_compiled:.0%} compiled, bandwidth {bw:.0%})")
 
 
 # --------------------------------------------------------------------------

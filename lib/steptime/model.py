@@ -2,17 +2,24 @@
 
 One micro-batch (forward + backward) takes
 
-    device = max(matmul flops / peak FLOP/s + conv flops / conv FLOP/s, compute bytes / bandwidth)
+    device = max(matmul flops / peak FLOP/s + attention flops / attention FLOP/s + conv flops / conv FLOP/s,
+                 compute bytes / bandwidth)
              + other bytes / bandwidth + ops x kernel floor
     host   = ops x per-op overhead
     time   = device + host          on a CPU (one set of cores does both)
              max(device, host)      on a GPU (the host queues kernels ahead of the device)
 
 with torch.compile cutting the elementwise bytes and the op count
-(device.COMPILE_*) of the model's forward and backward; the optimizer step
-is never compiled (kfit compiles the model only). An optimizer step is
+(device.COMPILE_*) of the model's forward and backward and running its convolutions
+at the family's compiled share; the optimizer step is never compiled (kfit compiles
+the model only). Each op class has its own share of the peak per GPU family
+(device.FAMILIES, with the runs that set them). An optimizer step is
 
-    micro-batches of the window + the optimizer's own time + a fixed per-step overhead
+    micro-batches of the window + max(the optimizer's own time, its host floor) + a fixed per-step overhead
+
+a fixed part (the optimizer, the trainer's overhead, and on a host-bound GPU the
+ops' launches) and a part that grows with the samples, so a calibration at one
+micro-batch carries to the others (tests/test_steptime_replay.py replays it).
 
 where a window of `samples` per process is cut as the trainer cuts it
 (lib/trainer/windows.py: full micro-batches, then a short one). Two
@@ -65,7 +72,9 @@ class StepTimeModel:
         memory_bytes = work.memory_bytes * (COMPILE_MEMORY_FACTOR if compiled else 1.0)
         ops = work.ops * (COMPILE_OPS_FACTOR if compiled else 1.0)
         peak = dev.flops(self.precision, self.tf32)
-        compute = (work.flops - work.conv_flops) / peak + work.conv_flops / (peak * dev.conv_efficiency)
+        conv = dev.conv_compiled_efficiency if compiled and dev.conv_compiled_efficiency else dev.conv_efficiency
+        compute = (work.matmul_flops / peak + work.attention_flops / (peak * dev.attention_efficiency)
+                   + work.conv_flops / (peak * conv))
         device = max(compute, work.compute_bytes / dev.bandwidth) + memory_bytes / dev.bandwidth
         device += ops * dev.kernel_floor_s
         host = ops * dev.op_overhead_s
@@ -115,7 +124,7 @@ class StepTimeModel:
     def optimizer_seconds(self) -> float:
         if self.measured_optimizer_s is not None:
             return self.measured_optimizer_s
-        return self._seconds(self.counts.at(1, "optimizer"), compiled=False)
+        return max(self._seconds(self.counts.at(1, "optimizer"), compiled=False), self.device.optimizer_host_s)
 
     # -- one optimizer step ----------------------------------------------------
 
