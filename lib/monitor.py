@@ -1,16 +1,13 @@
 """Live view of a training run, and the one writer of run_dir/metrics.jsonl.
 
-The trainer calls ``update`` after every optimizer step (cheap: counters, and a
-progress-bar refresh at most 10 times a second on a terminal), ``log_entry`` at
-LOG_INTERVAL and for every evaluation, ``event`` for things that happen (OOM
-recovery, checkpoint, resume), and ``epoch_end``.  A background thread samples
-memory and GPU telemetry (NVML on NVIDIA GPUs, amdsmi on AMD ones under ROCm) every ``interval_s``; it does no I/O
-of its own: the warnings it raises are printed and written by the training
-thread at its next call, so lines never interleave.
-
-Without a terminal (a log file, CI, CONFIG_MONITOR=n) every entry is one plain
-line; on a terminal a ``\\r``-refreshed progress bar stays at the bottom and
-evaluation, event and warning lines are printed above it.
+The trainer calls ``update`` after every optimizer step (cheap: counters, and a progress-bar refresh at most
+10 times a second on a terminal), ``log_entry`` at LOG_INTERVAL (with the measured MFU where the plan predicts
+one) and for every evaluation, ``event`` for things that happen (OOM recovery, checkpoint, resume), and
+``epoch_end``. A background thread samples memory and GPU telemetry (NVML on NVIDIA GPUs, amdsmi on AMD ones
+under ROCm) every ``interval_s``; it does no I/O of its own: the warnings it raises are printed and written by
+the training thread at its next call, so lines never interleave. Without a terminal (a log file, CI,
+CONFIG_MONITOR=n) every entry is one plain line; on a terminal a ``\\r``-refreshed progress bar stays at the
+bottom and evaluation, event and warning lines are printed above it.
 """
 
 from __future__ import annotations
@@ -116,6 +113,14 @@ def input_wait_fix(plan: Plan | None) -> str:
     return fix + bench
 
 
+def measured_mfu(plan: Plan | None, samples_per_s: float | None) -> float | None:
+    """MFU at a measured rate: the plan's predicted_mfu (counted FLOPs per sample x predicted samples/s over the
+    datasheet peak of its precision x devices) scaled by measured / predicted samples/s; None without them."""
+    if plan is None or not (plan.predicted_mfu and plan.predicted_samples_per_second and samples_per_s):
+        return None
+    return plan.predicted_mfu * samples_per_s / plan.predicted_samples_per_second
+
+
 def open_metrics(path: Path, append: bool) -> int:
     """metrics.jsonl's descriptor to append to (emptied first unless `append`): never through a link, a
     directory or a file with other hard links planted in the run directory (a shared OUTPUT_DIR), which are an
@@ -135,37 +140,28 @@ class Monitor:
                  log: Callable[[str], None] = print, enabled: bool = True, append: bool = False,
                  write_metrics: bool = True, stream=None, gpu: GpuTelemetry | None = None,
                  tracking=None, plan: Plan | None = None) -> None:
-        """``enabled=False`` (CONFIG_MONITOR=n): no sampler thread, no bar, still
-        metrics.jsonl and plain lines.  ``write_metrics=False`` (DDP ranks other
-        than 0): nothing at all.  ``append=True`` (resume) keeps earlier lines.
-        ``gpu``: the telemetry source (anything with GpuTelemetry's read, index and
-        close; a fake in tests) instead of NVML's or amdsmi's. ``tracking``: experiment trackers
-        (lib.tracking.Tracking) that get every metrics.jsonl line too; closed with the monitor. ``plan``: the
-        run's plan, whose loader settings the input-wait warning names."""
+        """``enabled=False`` (CONFIG_MONITOR=n): no sampler thread, no bar, still metrics.jsonl and plain lines.
+        ``write_metrics=False`` (DDP ranks other than 0): nothing at all. ``append=True`` (resume) keeps earlier
+        lines. ``gpu``: the telemetry source (anything with GpuTelemetry's read, index and close; a fake in tests)
+        instead of NVML's or amdsmi's. ``tracking``: experiment trackers (lib.tracking.Tracking) that get every
+        metrics.jsonl line too; closed with the monitor. ``plan``: the run's plan, whose loader settings the
+        input-wait warning names and whose predicted MFU the measured one scales."""
         self.total_steps, self.device, self.log = max(1, total_steps), torch.device(device), log
-        self.interval_s, self.tokens_per_sample = interval_s, tokens_per_sample
-        self.active = write_metrics
-        self.enabled = enabled and write_metrics
-        self.stream = stream if stream is not None else sys.stdout
+        self.interval_s, self.tokens_per_sample, self.active = interval_s, tokens_per_sample, write_metrics
+        self.enabled, self.stream = enabled and write_metrics, stream if stream is not None else sys.stdout
         self.tty = self.enabled and bool(getattr(self.stream, "isatty", lambda: False)())
-        self.step = self.epoch = self.samples = 0
-        self.loss = self.lr = math.nan
+        self.step, self.epoch, self.samples, self.loss, self.lr = 0, 0, 0, math.nan, math.nan
         self._points: collections.deque = collections.deque(maxlen=RATE_POINTS)
-        self._last_draw = 0.0
-        self._bar_shown = False
+        self._last_draw, self._bar_shown = 0.0, False
         self._mem = (0, 0)  # (current, peak) bytes, refreshed by the sampler and log_entry
         self.telemetry: dict = {}  # latest GPU reading (NVML or amdsmi)
         self._pending: collections.deque = collections.deque()  # (kind, message, data) from the sampler
-        self._warned: set[str] = set()
-        self._epoch_mem: list[int] = []
+        self._warned, self._epoch_mem = set(), []  # warnings given once; each epoch's peak memory
         self.plan = plan
         self._waits: collections.deque = collections.deque(maxlen=INPUT_WAIT_STEPS)  # (input wait s, step s)
         self._interval_wait = [0.0, 0.0]  # input wait and step seconds since the last training log entry
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._gpu: GpuTelemetry | None = None
-        self._next_battery = 0.0
-        self._fd: int | None = None
+        self._stop, self._thread, self._gpu = threading.Event(), None, None  # _thread, _gpu: set by start()
+        self._next_battery, self._fd = 0.0, None
         self.tracking = tracking if write_metrics else None
         if not self.active:
             return
@@ -234,6 +230,8 @@ class Monitor:
         if not is_eval:
             if "tokens_per_s" not in record and self.tokens_per_sample and "samples_per_s" in record:
                 record["tokens_per_s"] = record["samples_per_s"] * self.tokens_per_sample
+            if (mfu := measured_mfu(self.plan, record.get("samples_per_s"))) is not None:
+                record.setdefault("mfu", round(mfu, 4))
             eta = self.eta_s(record.get("step", self.step))
             if eta is not None:
                 record["eta_s"] = round(eta, 1)
@@ -326,13 +324,15 @@ class Monitor:
         return max(0, self.total_steps - (self.step if step is None else step)) / rate[0]
 
     def format_line(self, entry: dict) -> str:
-        """``step    10/120 | epoch   1 | loss 1.2345 | lr 1.00e-02 | 15,000 samples/s | mem 312MiB (peak 340MiB) | ETA 0:12``"""
+        """``step    10/120 | epoch   1 | loss 1.2345 | lr 1.00e-02 | 15,000 samples/s | MFU 41.2% | mem 312MiB (peak 340MiB) | ETA 0:12``"""
         parts = [f"step {entry['step']:>5}/{self.total_steps}", f"epoch {entry['epoch']:>3}",
                  f"loss {entry['loss']:.4f}", f"lr {entry['lr']:.2e}"]
         if "tokens_per_s" in entry:
             parts.append(f"{entry['tokens_per_s']:,.0f} tokens/s")
         elif "samples_per_s" in entry:
             parts.append(f"{entry['samples_per_s']:,.0f} samples/s")
+        if "mfu" in entry:
+            parts.append(f"MFU {entry['mfu']:.1%}")
         parts.append(f"mem {format_bytes(entry['mem_bytes'])} (peak {format_bytes(entry['mem_peak_bytes'])})")
         if entry.get("input_wait_fraction", 0) >= INPUT_WAIT_SHOW:
             parts.append(f"input wait {entry['input_wait_fraction']:.0%}")

@@ -219,3 +219,27 @@ def test_memory_growing_across_epochs_warns_once(tmp_path, cpu_profile):
     assert warning["warning"] == "memory_growth" and warning["epoch"] == 6
     assert "grew every epoch for 3 epochs" in warning["message"] and len(warning["mem_bytes"]) == 4
     assert sum(line.startswith("warning: process memory (RSS) grew") for line in lines) == 1
+
+
+def test_measured_mfu_scales_the_plans_predicted_mfu_by_the_measured_rate(tmp_path, cpu_profile):
+    """MFU = counted FLOPs per sample x measured samples/s / (datasheet peak x devices): the plan's predicted MFU
+    carries the FLOPs and the peak, at its predicted rate; a line at 1500 samples/s against 3000 predicted
+    halves it. A plan without a prediction (or no plan) logs no MFU."""
+    from types import SimpleNamespace
+
+    from lib.monitor import measured_mfu
+
+    plan = SimpleNamespace(predicted_mfu=0.4, predicted_samples_per_second=3000.0, num_workers=0,
+                           prefetch_factor=0, device_type="cpu", pin_memory=False)
+    assert measured_mfu(plan, 1500.0) == pytest.approx(0.2)
+    assert measured_mfu(None, 1500.0) is None
+    assert measured_mfu(SimpleNamespace(predicted_mfu=None, predicted_samples_per_second=3000.0), 1500.0) is None
+    lines = []
+    with monitor(tmp_path, cpu_profile, lines, plan=plan) as m:
+        run_steps(m, 10)
+    train = [r for r in records(tmp_path) if "loss" in r]
+    assert train and all(r["mfu"] == pytest.approx(0.2) for r in train)
+    assert any("MFU 20.0%" in line for line in lines)
+    with monitor(tmp_path / "none", cpu_profile) as m:
+        run_steps(m, 10)
+    assert all("mfu" not in r for r in records(tmp_path / "none"))
