@@ -53,7 +53,7 @@ DEFAULT_DEFCONFIG := lenet5
 .DEFAULT_GOAL := help
 .PHONY: FORCE help env menuconfig oldconfig olddefconfig savedefconfig listnewconfig defconfig \
         alldefconfig allnoconfig allyesconfig randconfig \
-        plan check-hardware train export sample test clean mrproper distclean
+        plan check-hardware train export sample test check clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change, or when a package it needs is
 # gone although the stamp is there (a glob per package: no Python starts on every make); install-deps.sh then
@@ -129,11 +129,18 @@ export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<r
 sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN= PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
 	$(Q)$(KFIT) sample
 
-# PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS, which pytest splits as a shell would but runs nothing;
-# the suite's own kfit commands see none of this make's command line.
-test: export PYTEST_ADDOPTS += $(PYTEST_ARGS)
-test: export KFIT_OVERRIDES :=
-test: $(ENV_STAMP) ## Run the test suite (installs Debian's chromium for the HTML checks when missing)
+# Two tiers, as larger projects keep them: 'make test' runs every test not marked slow (minutes: run it on every
+# change), 'make check' runs them all (the end-to-end torchrun, FSDP, SLURM, PostgreSQL and make runs too; CI
+# runs it). PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS after the tier's -m, so PYTEST_ARGS="-m slow" with
+# 'make check' runs only the slow tier; pytest splits it as a shell would but runs nothing. The suite's own kfit
+# commands see none of this make's command line.
+test: TEST_TIER := -m 'not slow'
+check: TEST_TIER :=
+test check: export PYTEST_ADDOPTS += $(TEST_TIER) $(PYTEST_ARGS)
+test check: export KFIT_OVERRIDES :=
+test: ## Run the quick tier of the tests: all but those marked slow (installs chromium for the HTML checks)
+check: ## Run every test, the slow end-to-end runs too (what CI runs)
+test check: $(ENV_STAMP)
 	$(Q)$(call q,$(ROOT)/scripts/ensure-chromium.sh)
 	$(Q)cd $(call q,$(ROOT)) && $(RUN_PY) -m pytest -q -n $(call q,$(PYTEST_JOBS)) --dist loadfile --no-loadscope-reorder
 
