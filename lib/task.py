@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from .config import Config
 from .data import BatchSplit, DatasetInfo, load_image_data, load_text_data
 from .data.splits import DatasetSplit, TensorSplit
+from .data.stream import StreamSplit, is_stream
 from .errors import ConfigError
 from .models import build_model
 from .models.freeze import freeze
@@ -59,7 +60,11 @@ def _custom_task(config: Config) -> Task:
                           "has no way to checkpoint (no Hugging Face gradient checkpointing, no grad_checkpointing "
                           "attribute, no layers that a ModuleList or Sequential holds two or more of): name the "
                           "classes to recompute in CONFIG_CHECKPOINT_MODULES, or say n")
-    if custom.datasets is not None:
+    if custom.datasets is not None and any(is_stream(d) for d in custom.datasets):
+        train, test = stream_splits(config, *custom.datasets)
+        check(custom, *first_batch(train, spec), spec)
+        origin = f"{type(custom.datasets[0]).__name__} stream"
+    elif custom.datasets is not None:
         train, test = (DatasetSplit(*d) if isinstance(d, tuple) else DatasetSplit(d) for d in custom.datasets)
         check(custom, *first_batch(train, spec), spec)
         first = custom.datasets[0]
@@ -72,7 +77,9 @@ def _custom_task(config: Config) -> Task:
         origin = "make_batch"
     info = DatasetInfo(name=f"custom:{spec}", kind="custom", num_classes=0, channels=0, image_size=0,
                        vocab_size=0, block_size=0, train_samples=len(train), eval_samples=len(test),
-                       description=f"{len(train)} train / {len(test)} eval samples from {spec} {origin}")
+                       description=f"a {origin} from {spec}, read in order, and {len(test)} eval samples"
+                       if isinstance(train, StreamSplit) else
+                       f"{len(train)} train / {len(test)} eval samples from {spec} {origin}")
     first = [custom.model]  # the factory built one model already: hand it out once, then build afresh
 
     def build(gradient_checkpointing: bool) -> torch.nn.Module:
@@ -83,6 +90,35 @@ def _custom_task(config: Config) -> Task:
         return model
 
     return Task(info=info, train=train, eval=test, build=build, loss=custom.loss_fn)
+
+
+def stream_splits(config: Config, train, evaluation) -> tuple[BatchSplit, BatchSplit]:
+    """A custom model's splits where its data is a stream (lib/data/stream.py): the training one read in order,
+    CONFIG_MAX_STEPS steps at most; the evaluation set the first CONFIG_CUSTOM_EVAL_SAMPLES items of an
+    evaluation stream, or of the one stream (held out from training in every pass), read once and kept."""
+    spec, n = config.custom_model_factory, config.custom_eval_samples or 512
+    if not is_stream(train):
+        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": the training data is a map-style dataset and the '
+                          "evaluation data a stream: return both as streams, or a stream for training")
+    if not config.max_steps:
+        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": the training data is a stream '
+                          f"({type(train).__name__}), whose length kfit cannot know in advance: set CONFIG_MAX_STEPS "
+                          "to the run's budget of optimizer steps (the LR schedule runs over it; a pass over the "
+                          "stream is an epoch, CONFIG_EPOCHS of them at most)")
+    split = StreamSplit(train, skip=0 if evaluation is not None else n, nominal=config.custom_train_samples or 4096)
+    if evaluation is None:
+        held = split.head(n)
+    elif is_stream(evaluation):
+        held = StreamSplit(evaluation).head(n)
+    elif len(evaluation) < 1:
+        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": the evaluation dataset is empty: return one with '
+                          "samples")
+    else:
+        return split, DatasetSplit(evaluation)
+    if not held:
+        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{spec}": the evaluation stream yielded no items: return '
+                          "one with items")
+    return split, DatasetSplit(held)
 
 
 def load_task(config: Config) -> Task:

@@ -9,7 +9,9 @@ The factory takes no arguments and returns (model, data, loss_fn):
                 datasets.Dataset: anything with __len__ and __getitem__(int)) whose items
                 are (input, target) pairs or dicts with one input and one target key
                 ("labels", "label", "targets", "target" or "y"), or a pair of them
-                (train, eval); a single one gives its last EVAL_FRACTION to evaluation
+                (train, eval); a single one gives its last EVAL_FRACTION to evaluation;
+                or a stream (a torch IterableDataset, a Hugging Face IterableDataset) with the
+                same items, or a (train stream, eval stream or dataset) pair
     loss_fn     loss_fn(outputs, targets) -> scalar mean loss over the batch
 
 kfit draws the training and evaluation sets from make_batch once (seeded); a
@@ -17,8 +19,18 @@ dataset is read item by item as batches need it (in the data loader's workers
 when the plan has them), so it may be larger than memory. Either way batches,
 accumulation, out-of-memory recovery and resume treat them exactly like a
 built-in data set; the memory planner traces model + loss_fn on an example
-batch of any size. An IterableDataset is refused: kfit's sample order, exact
-resume and the planner's example batches index samples.
+batch of any size.
+
+A stream (lib/data/stream.py) is read in order, in the training process (no
+loader workers), one optimizer step's items at a time; every rank reads it and
+keeps its own slice of each step's items. It has no length, so CONFIG_MAX_STEPS
+is required (the run's step budget, which the LR schedule spans); a pass ends
+where the stream does (an epoch), CONFIG_EPOCHS passes at most. Evaluation takes
+the first CONFIG_CUSTOM_EVAL_SAMPLES items of the eval stream, or of the one
+stream (then held out from training), read once. Resume is exact: a stream with
+state_dict()/load_state_dict() continues from its saved state; any other is
+read again from its start, skipping the items already trained on (the run warns
+that this is what resume does). Planning reads the stream's first items.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from typing import Callable
 
 import torch
 
+from ..data.stream import is_stream
 from ..errors import ConfigError, KfitError
 from ..resources import CHECKOUT, PACKAGE
 
@@ -50,7 +63,7 @@ class CustomModel:
     model: torch.nn.Module
     make_batch: MakeBatch | None
     loss_fn: LossFn
-    datasets: tuple | None = None  # (train, eval) map-style datasets, where data is not make_batch
+    datasets: tuple | None = None  # (train, eval) datasets or streams, where data is not make_batch
 
 
 def is_dataset(value) -> bool:
@@ -59,17 +72,15 @@ def is_dataset(value) -> bool:
 
 
 def datasets_of(data, spec: str) -> tuple | None:
-    """(train, eval) from what the factory returned as data; None for make_batch."""
-    from torch.utils.data import IterableDataset
-
+    """(train, eval) from what the factory returned as data; None for make_batch. A single stream's eval is
+    None: its first items are held out (lib/task.py)."""
     pair = data if isinstance(data, (tuple, list)) and len(data) == 2 else None
-    for value in (pair or (data,)):
-        if isinstance(value, IterableDataset):
-            raise ConfigError(f"{symbol(spec)}: the data is an IterableDataset, which has no length or index; "
-                              "kfit's sample order, exact resume and planning index samples: return a map-style "
-                              "Dataset (its __getitem__ may read each item from disk, so it need not fit in memory)")
-    if pair and all(is_dataset(v) for v in pair):
+    if pair and all(is_dataset(v) or is_stream(v) for v in pair):
         train, evaluation = pair
+        if is_stream(train) or is_stream(evaluation):
+            return train, evaluation
+    elif is_stream(data):
+        return data, None
     elif is_dataset(data):
         cut = len(data) - max(1, int(len(data) * EVAL_FRACTION))
         train, evaluation = (data, range(cut)), (data, range(cut, len(data)))
@@ -181,8 +192,9 @@ def build_custom(spec: str) -> CustomModel:
                           f"torch.nn.Module, not {type(model).__name__}")
     datasets = datasets_of(data, spec)
     if datasets is None and not callable(data):
-        raise ConfigError(f"{symbol(spec)}: the second value returned must be make_batch (a function) or a "
-                          f"map-style dataset (or a (train, eval) pair of them), not {type(data).__name__}")
+        raise ConfigError(f"{symbol(spec)}: the second value returned must be make_batch (a function), a "
+                          f"map-style dataset or an IterableDataset (or a (train, eval) pair of them), not "
+                          f"{type(data).__name__}")
     if not callable(loss_fn):
         raise ConfigError(f"{symbol(spec)}: loss_fn is not callable")
     return CustomModel(model, None if datasets else data, loss_fn, datasets)

@@ -31,6 +31,7 @@ from ..plan import Plan
 from ..step import autocast_for, make_optimizer
 from ..task import Task
 from .schedule import lr_at
+from ..data.stream import StreamWindows
 from .windows import loader, rank_batches
 
 
@@ -96,7 +97,11 @@ class Engine:
         return rank_batches(window, self.rank.rank, self.rank.world_size, micro_batch, equal_counts=self.sharded)
 
     def start_feed(self, windows: list[list[int]], first: int, plan: Plan, micro_batch: int) -> None:
-        """Load this rank's micro-batches from window `first` on, at `micro_batch`."""
+        """Load this rank's micro-batches from window `first` on, at `micro_batch`: a stream's as its windows are
+        read, in this process (windows.epoch_windows; its reading counts as step time, not as a loader's wait)."""
+        if isinstance(windows, StreamWindows):
+            self.feed = windows.batches(first, lambda window: self.window_batches(window, micro_batch))
+            return
         batches = [b for window in windows[first:] for b, _ in self.window_batches(window, micro_batch)]
         self.feed = iter(loader(self.task.train, batches, plan))
 

@@ -55,7 +55,7 @@ from .recovery import Recovery
 from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
 from .rundir import RunDirectory, output_directory
 from .timing import StepTimer, finish_line, format_seconds
-from .windows import InputWait, Progress, epoch_micro_batches
+from .windows import InputWait, Progress, epoch_windows, total_steps
 
 Log = Callable[[str], None]
 # Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
@@ -122,9 +122,7 @@ class Trainer:
         self.resumed_from = self.checkpoints.restore(chosen, marker) if resume is not None else None
         self.engine.wrap(self.plan)
         self.recover_oom = config.oom_recovery and not self.sharded
-        self.windows_per_epoch = len(epoch_micro_batches(len(self.train_split), self.progress.window_size, 0, 0))
-        total = config.epochs * self.windows_per_epoch
-        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        self.total_steps = total_steps(self.train_split, self.progress.window_size, config.epochs, config.max_steps)
         self.signals = StopSignals()
         self.checkpoint_now = False
         self.battery_stop = False  # all ranks agreed to stop for a low battery (conditions.py) after this step
@@ -243,7 +241,7 @@ class Trainer:
         """The rest of the current epoch, window by window. Returns "epochs" when the epoch ended, else why
         training stops ("max_steps", "time_limit", "early_stop"); raises TrainingInterrupted on SIGTERM or SIGINT."""
         config, p = self.config, self.progress
-        windows = epoch_micro_batches(len(self.train_split), p.window_size, config.seed, p.epoch)
+        windows = epoch_windows(self.train_split, p, config.seed, self.rank.rank, self.rank.world_size)
         self.engine.feed = None
         while p.window < len(windows):
             started = time.perf_counter()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import tracking
+from ..data.stream import StreamSplit, resume_note
 from ..monitor import Monitor
 from .ending import quietly
 
@@ -33,6 +34,9 @@ def open_run(trainer: "Trainer") -> None:
     try:
         trainer.directory.write_files(config, plan, trainer.hardware)
         log(f"Data: {trainer.info.description}")
+        if isinstance(trainer.train_split, StreamSplit) and not trainer.train_split.stateful:
+            p = trainer.progress  # a stream without state: what a resume does (lib/data/stream.py)
+            log(resume_note(trainer.train_split, p.window * p.window_size if trainer.resumed_from else 0))
         log(model_line(trainer))
         log(f"Run directory: {trainer.run_dir}")
         trainer.monitor = Monitor(

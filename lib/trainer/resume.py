@@ -130,7 +130,7 @@ def checkpoint_problem(state) -> str | None:
 
 # What each Progress field holds (a crafted or foreign checkpoint may hold anything there).
 PROGRESS_TYPES = {"int": (int,), "float": (int, float), "list[str]": (list,), "list[list]": (list,),
-                  "list | None": (list, type(None))}
+                  "list | None": (list, type(None)), "dict | None": (dict, type(None))}
 
 
 def progress_type_problem(progress: dict) -> str | None:

@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..data import BatchSplit
+from ..data.stream import StreamSplit, StreamWindows, saved_state
 from ..plan import Plan
 from ..units import micro_batch_sizes
 
@@ -58,7 +59,7 @@ def rank_batches(window: list[int], rank: int, world_size: int, micro_batch: int
     fill the rest). FSDP needs it: its collectives run inside every forward and backward, so a rank
     that ran one micro-batch fewer (an uneven last window) would leave the others waiting."""
     n = len(window)
-    mine = window[rank * n // world_size:(rank + 1) * n // world_size]
+    mine = rank_slice(window, rank, world_size)
     batches = [(b, len(b) / n) for b in split_batches(mine, micro_batch)]
     if not batches:  # fewer samples than ranks: a zero-weight pass keeps DDP's bookkeeping in step
         batches = [(window[:2], 0.0)]
@@ -67,6 +68,39 @@ def rank_batches(window: list[int], rank: int, world_size: int, micro_batch: int
                    for r in range(world_size))
         batches += [(window[:2], 0.0)] * (most - len(batches))
     return batches
+
+
+def rank_slice(window: list[int], rank: int, world_size: int) -> list[int]:
+    """This rank's disjoint share of a window: its contiguous slice."""
+    n = len(window)
+    return window[rank * n // world_size:(rank + 1) * n // world_size]
+
+
+def epoch_windows(split: BatchSplit, progress: Progress, seed: int, rank: int, world_size: int):
+    """The windows of the epoch in progress: the (seed, epoch) order cut into windows, or for a stream
+    (lib/data/stream.py) its pass read window by window from where `progress` stands, at the stream's state
+    the checkpoint saved or by skipping the items already trained on."""
+    p = progress
+    if not isinstance(split, StreamSplit):
+        return epoch_micro_batches(len(split), p.window_size, seed, p.epoch)
+
+    def keep(window: list[int]) -> set[int]:  # rank_batches' share, and the two a zero-weight pass takes
+        return set(rank_slice(window, rank, world_size)) | set(window[:2])
+
+    def record(position: dict | None) -> None:
+        p.stream = position
+
+    state = saved_state(split, p.stream, p.epoch, p.window) if p.window else None
+    return StreamWindows(split, p.window_size, p.epoch, p.window, state, keep, record)
+
+
+def total_steps(split: BatchSplit, window_size: int, epochs: int, max_steps: int) -> int:
+    """The run's optimizer steps: epochs x windows per epoch, capped by CONFIG_MAX_STEPS; for a stream, whose
+    passes have no length known in advance, CONFIG_MAX_STEPS (required for one: lib/task.py)."""
+    if isinstance(split, StreamSplit):
+        return max_steps
+    total = epochs * len(epoch_micro_batches(len(split), window_size, 0, 0))
+    return min(total, max_steps) if max_steps else total
 
 
 def loader(split: BatchSplit, batches: list[list[int]], plan: Plan) -> DataLoader:
@@ -141,3 +175,5 @@ class Progress:
     best: list[list] = field(default_factory=list)  # [step, value] of the best-<step> checkpoints, best first
     early_best: list | None = None  # early stopping: [step, value] of the best evaluation so far
     stale_evals: int = 0  # evaluations since early_best without improvement
+    # a stateful stream's position after the windows done (lib/data/stream.py's StreamWindows.position)
+    stream: dict | None = None
