@@ -64,6 +64,9 @@ class Context:
     log: Callable[[str], None] = print
     cuda: Any = None  # a measure.CudaDevice on CUDA (tests hand over one around a fake torch.cuda)
     deadline: float = math.inf  # time.monotonic() at which this check's budget ends
+    # what one check measured that a later one may reuse instead of measuring again (the compile check's
+    # compiled GPT-2 throughput for mfu): a later check measures itself where the entry is missing
+    shared: dict = field(default_factory=dict)
 
     def seconds_left(self) -> float:
         return self.deadline - time.monotonic()
