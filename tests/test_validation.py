@@ -15,7 +15,8 @@ import torch
 from lib import config as kconfig
 from lib.hardware import resolve_hardware
 from lib.memory import FRAGMENTATION_SHARE, Prediction, Trace, device_overheads
-from lib.validation import budget, compile_check, detection, fsdp_check, memory_check, report, suite, torchrun
+from lib.validation import (budget, compile_check, detection, fsdp_check, loop_check, memory_check, mfu_check,
+                            report, steptime_check, suite, sweep_check, torchrun, vocab)
 from lib.validation.measure import CudaDevice, measure_cuda
 from lib.validation.suite import run_suite
 
@@ -394,8 +395,11 @@ def test_a_failing_check_never_stops_the_others_and_budgets_are_kept(tmp_path):
 
 def test_the_budgets_keep_a_full_gpu_run_under_9_minutes():
     assert suite.BUDGET_S <= 9 * 60 - 25  # start-up, device queries and writing the JSON
-    assert [c.name for c in suite.CHECKS] == ["detection", "telemetry", "memory", "compile", "squeezed-budget",
-                                              "oom-recovery", "step-time", "torchrun", "fsdp"]
+    assert [c.name for c in suite.CHECKS] == ["detection", "telemetry", "memory", "compile", "mfu",
+                                              "squeezed-budget", "oom-recovery", "step-time", "micro-batch", "loop",
+                                              "torchrun", "fsdp"]
+    names = [c.name for c in suite.CHECKS]
+    assert names.index("compile") < names.index("mfu")  # mfu reuses the compiled GPT-2's throughput
 
 
 def test_output_paths():
@@ -455,14 +459,17 @@ def test_make_validate_gpu_on_the_cpu(tmp_path):
                          timeout=300)  # a runaway's bound; how long it takes is not this test's business
     assert run.returncode == 0, run.stdout + run.stderr
     last = run.stdout.strip().splitlines()[-1]
-    assert last.startswith("validate-gpu: device=cpu checks=9 passed=6 failed=0 skipped=3"), run.stdout
+    assert last.startswith("validate-gpu: device=cpu checks=12 passed=7 failed=0 skipped=5"), run.stdout
     [path] = tmp_path.glob("cpu-*.json")
     assert f"json={path}" in last
     doc = json.loads(path.read_text())
     checks = doc["checks"]
     assert {k: v["status"] for k, v in checks.items()} == {
-        "detection": "skip", "telemetry": "skip", "memory": "pass", "compile": "skip", "squeezed-budget": "pass",
-        "oom-recovery": "pass", "step-time": "pass", "torchrun": "pass", "fsdp": "pass"}
+        "detection": "skip", "telemetry": "skip", "memory": "pass", "compile": "skip", "mfu": "skip",
+        "squeezed-budget": "pass", "oom-recovery": "pass", "step-time": "pass", "micro-batch": "skip", "loop": "pass",
+        "torchrun": "pass", "fsdp": "pass"}
+    loop = checks["loop"]["figures"]
+    assert loop["model"] == "lenet5" and loop["kfit_ms"] > 0 and loop["reference_ms"] > 0
     # FSDP over gloo at one process trains exactly as the plain model
     assert checks["fsdp"]["figures"]["equivalence"] == {"backend": "gloo", "steps": fsdp_check.EQUIVALENCE_STEPS,
                                                         "max_abs_diff": 0.0}
@@ -504,3 +511,104 @@ def test_step_time_is_judged_on_the_calibrated_error(tmp_path):
     assert steps(SimpleNamespace(predicted_step_seconds=1e-4)) == steptime_check.MAX_STEPS
     assert steps(SimpleNamespace(predicted_step_seconds=None)) == steptime_check.STEPS
 
+
+
+# --------------------------------------------------------------------------
+# GPT-2 on its real vocabulary, the micro-batch sweep, MFU, the loop, the step-time cache
+
+
+def test_gpt2_on_the_real_vocabulary_is_gpt2_124m(tmp_path):
+    from lib.task import load_task
+
+    config = vocab.make_config(tmp_path, "v")
+    task = load_task(config)
+    assert task.info.vocab_size == 50257 and len(task.train) >= 64
+    with torch.device("meta"):
+        model = task.build(False)
+    assert 123e6 < sum(p.numel() for p in model.parameters()) < 125e6  # 124M with the tied embedding
+    assert (vocab.write_corpus(tmp_path / "gpt2-vocab-corpus") / "meta.json").exists()  # kept, not rewritten
+    full = memory_check.cases("cuda", False)
+    assert [c.label for c in full if c.model == vocab.MODEL] == ["gpt2-124m-50k bf16 8", "gpt2-124m-50k bf16 16",
+                                                                 "gpt2-124m-50k fp32 8"]
+    assert compile_check.MODELS[-1] == (vocab.MODEL, mfu_check.BATCH)  # the throughput mfu reuses
+
+
+def test_sweep_sizes_around_the_plans_choice():
+    assert sweep_check.sizes_to_time(74, 75, 512) == [37, 64, 74]  # 74 x 7: the largest balanced size under 75
+    assert sweep_check.sizes_to_time(64, 100, 512) == [32, 64, 86]  # twice 64 does not fit: the largest that does
+    assert sweep_check.sizes_to_time(64, 256, 512) == [32, 64, 128]
+    assert sweep_check.sizes_to_time(16, 16, 16) == [8, 16]  # the whole share already
+
+
+def test_sweep_verdicts():
+    def rates(**kw):
+        return {int(k[1:]): {"samples_per_s": v} for k, v in kw.items()}
+
+    ok = sweep_check.judge(64, rates(m32=280.0, m64=300.0, m128=310.0), {})
+    assert ok.status == "pass" and ok.figures["best_micro_batch"] == 128 and ok.figures["chosen_over_best"] == 0.9677
+    slow = sweep_check.judge(64, rates(m32=400.0, m64=300.0), {})
+    assert slow.status == "fail" and "below 0.95" in slow.reason
+    assert sweep_check.judge(64, {64: {"error": "OutOfMemoryError"}, 32: {"samples_per_s": 1.0}}, {}).status == "fail"
+    assert sweep_check.check_sweep(ctx_for(Path("."), "cpu")).status == "skip"
+
+
+@on_the_cpu
+def test_sweep_times_real_steps_on_a_fake_gpu(tmp_path):
+    from lib.task import load_task
+
+    config = kconfig.make_defconfig("lenet5", out=tmp_path / "lenet5.config")
+    fake = FakeCuda()
+    ctx = ctx_for(tmp_path, cuda=fake_device(fake))
+    plan = SimpleNamespace(micro_batch=8, effective_batch=16, world_size=1, gradient_checkpointing=False,
+                           precision="fp32", device_type="cpu")
+    measured = sweep_check.time_steps(ctx, config, load_task(config), plan, [4, 8])
+    assert [measured[m]["split"] for m in (4, 8)] == ["4 x 4 = 16", "8 x 2 = 16"]
+    assert all(measured[m]["samples_per_s"] > 0 for m in (4, 8)) and "synchronize" in fake.calls
+    assert sweep_check.judge(8, measured, {}).figures["sizes"] == measured
+
+
+def test_mfu_is_the_plans_formula_with_the_measured_throughput(tmp_path):
+    plan = SimpleNamespace(micro_batch=16, precision="bf16", tf32=False, world_size=1, cpu_threads=1,
+                           predicted_samples_per_second=400.0, predicted_mfu=0.4, device_name="NVIDIA H100",
+                           compile=True)
+    # 1 TFLOP per sample on a device of 1 PFLOP/s (its datasheet peak)
+    speed = SimpleNamespace(device=SimpleNamespace(kind="gpu", flops=lambda precision, tf32: 600e12,
+                                                   peak_flops=lambda precision, tf32: 1e15),
+                            counts=SimpleNamespace(micro_batch=lambda b: SimpleNamespace(flops=b * 1e12)))
+    mfu, why = mfu_check.measured_mfu(plan, speed, 300.0)
+    assert mfu == pytest.approx(0.3) and "300.0 samples/s" in why
+    ctx = ctx_for(tmp_path, cuda=fake_device(FakeCuda()))
+    ctx.shared[compile_check.shared_key(vocab.MODEL, mfu_check.BATCH)] = {"samples_per_s": 300.0, "warm_up_s": 25.0}
+    result = mfu_check.check_mfu(ctx, plan_for=lambda ctx: (None, None, plan), speed_model_for=lambda *a: speed)
+    assert result.status == "pass" and result.figures["throughput_source"] == "the compile check's measurement"
+    assert result.figures["predicted_error"] == pytest.approx(1 / 3, abs=1e-3) and "MFU 30.0%" in result.reason
+    low = mfu_check.judge(0.2, "x", {"micro_batch": 16, "samples_per_s": 200.0})
+    assert low.status == "fail" and "under the 25% floor" in low.reason
+    assert mfu_check.check_mfu(ctx_for(tmp_path, "cpu")).status == "skip"
+
+
+def test_loop_verdicts():
+    figures = {"model": "gpt2-tiny", "micro_batch": 64, "precision": "bf16", "kfit_ms": 10.5, "reference_ms": 10.0,
+               "overhead": 0.05}
+    assert loop_check.judge("cuda", figures).status == "pass"
+    slow = loop_check.judge("cuda", {**figures, "kfit_ms": 12.0, "overhead": 0.2})
+    assert slow.status == "fail" and "overhead +20.0%: above 10%" in slow.reason
+    assert loop_check.judge("cpu", {**figures, "overhead": 0.2}).status == "pass"
+
+
+def test_step_time_calibration_starts_empty_and_keeps_the_traces(tmp_path):
+    usual = tmp_path / "cache"
+    (usual / "memory").mkdir(parents=True)
+    (usual / "memory" / "trace.json").write_text("{}")
+    (usual / "steptime").mkdir()
+    for name in ("counts-a.json", "cpu-b.json", "calibration.json", "measured-c.json"):
+        (usual / "steptime" / name).write_text("{}")
+    (usual / "probe.json").write_text("{}")
+    with steptime_check.fresh_calibration(usual) as fresh:
+        from lib.memory import default_cache_dir
+
+        assert default_cache_dir() == fresh
+        kept = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file())
+    assert kept == ["memory/trace.json", "steptime/counts-a.json", "steptime/cpu-b.json"]
+    assert not fresh.exists() and default_cache_dir() != fresh
+    assert all(steptime_check.SETTINGS[k] for k in ("PROBE_NEVER", "COMPILE_MANUAL"))
