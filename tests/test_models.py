@@ -186,6 +186,74 @@ def test_gpt2_tiny_sgd_reduces_loss() -> None:
 
 
 # --------------------------------------------------------------------------
+# CONFIG_DROPOUT: an image model's dropout before its classifier's last Linear layer
+
+LENET5_KEYS = [f"{part}.{i}.{kind}" for part, layers in (("features", (0, 3)), ("classifier", (1, 3, 5)))
+               for i in layers for kind in ("weight", "bias")]
+
+
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+def test_image_dropout_keeps_the_state_dict_keys(name: str) -> None:
+    with torch.device("meta"):
+        plain, dropped = build_model(name, in_channels=3), build_model(name, in_channels=3, dropout=0.3)
+    # at 0 the model is the one it always was: no Dropout module, the same keys; at any rate the same keys
+    assert not any(isinstance(m, nn.Dropout) for m in plain.modules())
+    assert [m.p for m in dropped.modules() if isinstance(m, nn.Dropout)] == [0.3]
+    assert list(plain.state_dict()) == list(dropped.state_dict())
+    if name == "lenet5":
+        assert list(plain.state_dict()) == LENET5_KEYS
+    else:
+        assert list(plain.state_dict())[-2:] == ["fc.weight", "fc.bias"]
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got 1"):
+        build_model(name, dropout=1.0)
+
+
+def test_lenet5_dropout_is_active_in_training_and_off_in_evaluation() -> None:
+    model = build_model("lenet5", image_size=28, dropout=0.5)
+    plain = build_model("lenet5", image_size=28)
+    plain.load_state_dict(model.state_dict())
+    seen = []
+    model.dropout.register_forward_hook(lambda module, inputs, output: seen.append((inputs[0], output)))
+    x = torch.randn(64, 1, 28, 28)
+    with torch.no_grad():
+        model.train()
+        first, second = model(x), model(x)
+        assert not torch.equal(first, second)  # a fresh mask each pass
+        before, after = seen[0]
+        assert before.shape == (64, 84)  # the input of the last Linear (120 -> 84 -> classes)
+        zeroed = ((after == 0) & (before != 0)).sum() / (before != 0).sum()
+        assert 0.4 < zeroed < 0.6
+        kept = after != 0
+        assert torch.allclose(after[kept], 2 * before[kept])  # the rest scaled by 1 / (1 - p)
+        model.eval()
+        plain.eval()
+        assert torch.equal(model(x), model(x)) and torch.equal(model(x), plain(x))
+        assert torch.equal(*seen[-1])
+
+
+def test_the_dropout_symbol_is_the_image_models_and_reaches_the_model(tmp_path) -> None:
+    from lib import config as kc
+    from lib.errors import ConfigError
+    from lib.models.registry import MODELS
+    from lib.task import load_task
+
+    lenet = kc.defconfig_config("lenet5")
+    assert lenet.dropout == 0.0  # the default: no Dropout module, every existing run unchanged
+    for name, spec in MODELS.items():
+        if spec.builder is None:
+            continue
+        symbol = kc.derive(lenet, {f"MODEL_{name.upper()}": True})
+        assert (symbol.dropout is not None) == (spec.data == "images"), name
+    with pytest.raises(ConfigError, match="CONFIG_DROPOUT.*depends on MODEL_LENET5"):
+        kc.derive(kc.defconfig_config("gpt2-tiny"), {"DROPOUT": "0.2"})
+    for bad, needle in (("1", r"is out of range: it must be in \[0, 1\)"), ("x", "is not a number")):
+        with pytest.raises(ConfigError, match=f'CONFIG_DROPOUT="{bad}" {needle}'):
+            kc.derive(lenet, {"DROPOUT": bad})
+    model = load_task(kc.derive(lenet, {"DROPOUT": "0.25"})).build(False)
+    assert model.dropout.p == 0.25
+
+
+# --------------------------------------------------------------------------
 # Custom models through the command line (issue 16, defect 7): one error line, never the planner's
 # fake-tensor logs or a traceback
 

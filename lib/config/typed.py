@@ -28,6 +28,7 @@ class Config:
     gpt2_block_size: int | None
     gpt2_dropout: float | None
     resnet_image_size: int | None
+    dropout: float | None  # before an image model's last Linear, [0, 1) (LeNet-5, ResNets); None: a model without it
     llama_preset: str | None  # tiny | 20m | 60m | 125m | 350m | 1b (MODEL_LLAMA)
     llama_block_size: int | None
     llama_tie_embeddings: bool | None
@@ -324,6 +325,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         gpt2_block_size=int_of(kconf, "GPT2_BLOCK_SIZE"),
         gpt2_dropout=number_of(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
         resnet_image_size=int_of(kconf, "RESNET_IMAGE_SIZE"),
+        dropout=number_of(kconf, "DROPOUT", low=0, high=1, high_open=True),
         llama_preset=choice_of(kconf, "LLAMA_PRESET_", {p.upper(): p for p in ("tiny", "20m", "60m", "125m", "350m", "1b")}),
         llama_block_size=int_of(kconf, "LLAMA_BLOCK_SIZE"),
         llama_tie_embeddings=bool_of(kconf, "LLAMA_TIE_EMBEDDINGS") if kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility else None,

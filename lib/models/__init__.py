@@ -41,6 +41,8 @@ def build_model(
     tie_embeddings: bool = True,
 ) -> torch.nn.Module:
     """Build a freshly initialised model. LeNet-5 is too small to need grad_checkpointing and ignores it.
+    `dropout` is GPT-2's on its attention and residual paths, an image model's before its last Linear layer
+    (none at 0); Llama has none.
 
     Build under `with torch.device("meta"):` to get shapes and counts without allocating memory.
     """
@@ -60,7 +62,8 @@ def build_model(
         gpt2_config = replace(GPT2_PRESETS[gpt2_preset], block_size=block_size, vocab_size=vocab_size,
                               dropout=dropout)
     return spec.builder(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                        gpt2_config=gpt2_config, llama_config=llama_config, grad_checkpointing=grad_checkpointing)
+                        gpt2_config=gpt2_config, llama_config=llama_config, grad_checkpointing=grad_checkpointing,
+                        dropout=dropout)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -39,18 +39,20 @@ class ModelSpec:
         return self.data == "text"
 
 
-def _lenet5(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False, **_):
+def _lenet5(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False,
+            dropout: float = 0.0, **_):
     from .lenet import LeNet5
 
-    return LeNet5(num_classes, in_channels, image_size)  # too small to need checkpointing
+    return LeNet5(num_classes, in_channels, image_size, dropout)  # too small to need checkpointing
 
 
 def _resnet(depth: int):
-    def build(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False, **_):
+    def build(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False,
+              dropout: float = 0.0, **_):
         from . import resnet
 
         factory = resnet.resnet18 if depth == 18 else resnet.resnet50
-        return factory(num_classes, in_channels, image_size, grad_checkpointing)
+        return factory(num_classes, in_channels, image_size, grad_checkpointing, dropout)
     return build
 
 
@@ -67,7 +69,9 @@ def _llama(llama_config, grad_checkpointing: bool = False, **_):
 
 
 def _image_args(config: "Config", info: "DatasetInfo") -> dict:
-    return dict(num_classes=info.num_classes, in_channels=info.channels, image_size=info.image_size)
+    # CONFIG_DROPOUT: before the classifier's last Linear (the Kconfig shows it for the image models only)
+    return dict(num_classes=info.num_classes, in_channels=info.channels, image_size=info.image_size,
+                dropout=config.dropout or 0.0)
 
 
 def _gpt2_args(config: "Config", info: "DatasetInfo") -> dict:

@@ -73,8 +73,11 @@ class ResNet(nn.Module):
         in_channels: int = 3,
         image_size: int = 32,
         grad_checkpointing: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.grad_checkpointing = grad_checkpointing
         if image_size <= CIFAR_STEM_MAX_SIZE:
             self.stem = nn.Sequential(_conv_bn(in_channels, 64, 3), nn.ReLU(inplace=True))
@@ -96,6 +99,9 @@ class ResNet(nn.Module):
                 in_ch = width * block.expansion
             self.stages.append(nn.Sequential(*blocks))
         self.pool = nn.AdaptiveAvgPool2d(1)
+        # Dropout before fc (CONFIG_DROPOUT), as torchvision's and timm's heads place it; none at 0. It holds
+        # no state, so a checkpoint's keys are the same at any rate.
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else None
         self.fc = nn.Linear(in_ch, num_classes)
         self._init_weights()
 
@@ -118,14 +124,15 @@ class ResNet(nn.Module):
                 x = checkpoint(stage, x, use_reentrant=False)
             else:
                 x = stage(x)
-        return self.fc(torch.flatten(self.pool(x), 1))
+        x = torch.flatten(self.pool(x), 1)
+        return self.fc(x if self.dropout is None else self.dropout(x))
 
 
 def resnet18(num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
-             grad_checkpointing: bool = False) -> ResNet:
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, in_channels, image_size, grad_checkpointing)
+             grad_checkpointing: bool = False, dropout: float = 0.0) -> ResNet:
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, in_channels, image_size, grad_checkpointing, dropout)
 
 
 def resnet50(num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
-             grad_checkpointing: bool = False) -> ResNet:
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, in_channels, image_size, grad_checkpointing)
+             grad_checkpointing: bool = False, dropout: float = 0.0) -> ResNet:
+    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, in_channels, image_size, grad_checkpointing, dropout)
