@@ -129,6 +129,8 @@ def model_fingerprint(config: Config) -> dict:
     else:  # image models: channels and classes come from the data set's format
         fp.update(image_size=config.image_size,
                   data=config.dataset_format if config.dataset == "dir" else "digits")
+        if config.dropout:  # its masks are saved for backward (left out at 0: the keys stay as they were)
+            fp.update(dropout=True)
     if config.freeze:  # frozen parameters have no gradients and no optimizer state
         fp.update(freeze=list(config.freeze))
     return fp
