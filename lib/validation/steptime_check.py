@@ -15,7 +15,7 @@ on the device before its first run, compiling a dynamic-batch copy of it; compil
 again in each of the two runs (GPT-2 124M: 23-29 s the first time); and GPT-2 124M's steps of 512
 sequences (0.7 s each) ran 14 times per run, with an evaluation at each epoch's end (EVAL_INTERVAL 0), and
 its 409 training windows make an epoch shorter than one step. Now the fresh cache keeps the memory traces and counted FLOPs already made
-(`fresh_calibration`: only calibration, measured CPU timings and probe results start empty), the runs do
+(`fresh_calibration`: calibration, this CPU's measured figures and probe results start empty), the runs do
 not probe (PROBE_NEVER: the probe is not what is checked here), run eager (the compiled prediction is
 the mfu check's, against a measured compiled GPT-2), evaluate once at the end, and GPT-2 124M trains
 an effective batch of 128, so its timed window is the trainer's 3 s like the others'.
@@ -37,7 +37,7 @@ CASES = {"cuda": (("gpt2-tiny", {}), ("resnet18", {}), ("gpt2", {"TARGET_EFFECTI
          "cpu": (("lenet5", {}), ("gpt2-tiny", {"GPT2_BLOCK_SIZE": 64}))}
 # every case: eager, no probe, one evaluation at the end (the module's docstring says why)
 SETTINGS = {"COMPILE_MANUAL": True, "COMPILE_MODEL": False, "PROBE_NEVER": True, "EVAL_INTERVAL": 1000000}
-KEPT = ("memory", "steptime/counts-*.json", "steptime/cpu-*.json")  # of the usual cache: no calibration
+KEPT = ("memory", "steptime/counts-*.json")  # of the usual cache: what no measurement of this machine made
 QUICK = 1  # cases in quick mode
 STEPS = 14  # the trainer times steps 3-12 (4-13 compiled); one more so it has them all
 MAX_STEPS = 300  # a run of steps the plan predicts short is made long enough for the trainer's 3 s window
@@ -71,8 +71,8 @@ def steps_for(plan) -> int:
 
 @contextlib.contextmanager
 def fresh_calibration(usual: Path):
-    """KFIT_CACHE_DIR in a temporary directory holding what of `usual` (kfit's cache) is no calibration:
-    the memory traces, the counted FLOPs and this CPU's micro-benchmark (KEPT)."""
+    """KFIT_CACHE_DIR in a temporary directory holding what of `usual` (kfit's cache) no measurement of
+    this machine made: the memory traces and the counted FLOPs (KEPT)."""
     with tempfile.TemporaryDirectory(prefix="kfit-steptime-") as tmp:
         for pattern in KEPT:
             for path in usual.glob(pattern):
