@@ -11,6 +11,11 @@
                       was measured, and the constants those figures suggest
     budget.py         planning for a squeezed free memory; recovering from a real out-of-memory
     compile_check.py  torch.compile on against off throughput, against compile AUTO
+    mfu_check.py      GPT-2 124M compiled: measured MFU against a floor, beside the predicted one
+    steptime_check.py predicted against measured step time, before and after calibration
+    sweep_check.py    the plan's micro-batch against its neighbours, timed as real steps
+    loop_check.py     kfit's trainer against a minimal loop on the same device
+    vocab.py          GPT-2 on GPT-2's 50,257-token vocabulary (a synthetic tokenized corpus)
     torchrun.py       a one-process torchrun run (NCCL on GPUs, gloo on CPUs), and its worker
     suite.py          which checks run for a device and mode, with their time budgets
 
