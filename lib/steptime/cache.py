@@ -17,7 +17,7 @@ from pathlib import Path
 from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_atomic
 
 SCHEMA = 1
-CPU_FIELDS = ("fp32_flops", "bf16_flops", "bandwidth", "op_overhead_s")
+CPU_FIELDS = ("fp32_flops", "bf16_flops", "bandwidth", "op_overhead_s", "conv_flops")  # positive; conv_op_s >= 0
 RUN_FIELDS = ("micro_batch", "grad_accum", "samples")  # positive integers; "seconds" a positive number
 
 
@@ -52,6 +52,8 @@ def cpu_figures(path: Path) -> dict | None:
     if not figures and not path.is_file():
         return None
     bad = [k for k in CPU_FIELDS if not is_number(figures.get(k), positive=True)]
+    if not (is_number(figures.get("conv_op_s")) and figures["conv_op_s"] >= 0):
+        bad.append("conv_op_s")
     if not is_count(figures.get("threads")):
         bad.append("threads")
     if bad:

@@ -13,6 +13,8 @@ does (lib/memory/trace.py), with one dispatch mode that counts, per phase:
     conv_flops      the part of flops in convolutions, which reach a smaller share of a GPU's peak
     attention_flops the part of flops in fused attention (scaled_dot_product_*), with its own share of peak;
                     flops - conv_flops - attention_flops are the matmuls' (mm, bmm, addmm, baddbmm)
+    conv_ops        the part of ops that are convolutions (forward or backward): on a CPU each costs far
+                    more to set up than another op (device.py's conv_op_s)
 
 Counts are linear in the batch (a constant part from the weights, a part per
 sample), so a step is counted at two batch sizes only (`COUNT_BATCHES`) and
@@ -40,10 +42,10 @@ from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
 from .cache import is_count, read_json, write_json
 
-FORMAT = 3  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops
+FORMAT = 4  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops
 COUNT_BATCHES = (1, 2)
 PHASES = ("forward", "backward", "optimizer")
-FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops", "attention_flops")
+FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops", "attention_flops", "conv_ops")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Phase:
     ops: float = 0.0
     conv_flops: float = 0.0
     attention_flops: float = 0.0
+    conv_ops: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
@@ -170,6 +173,8 @@ class _Counter:
                          else _cpu_attention_flops(str(packet), args))
                 totals = counter.totals
                 totals["ops"] += 1
+                if packet in CONVOLUTIONS:
+                    totals["conv_ops"] += 1
                 if flops:
                     totals["flops"] += flops
                     totals["compute_bytes"] += moved
@@ -182,6 +187,14 @@ class _Counter:
                 return out
 
         return CountMode()
+
+
+def counted(fn) -> Phase:
+    """The counts of what `fn()` dispatches, run on real tensors (device.py's micro-benchmarks count theirs)."""
+    counter = _Counter()
+    with counter.mode():
+        fn()
+    return counter.take()
 
 
 def count_step(task, config: Config, *, batch: int, precision: str, device_type: str,

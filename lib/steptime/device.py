@@ -1,17 +1,21 @@
 """How fast the device is: peak FLOP/s per precision, memory bandwidth, overheads and power.
 
 GPUs: the catalog's datasheet figures (lib/hardware/catalog.py, `Peak`, each
-with its source), found by the device's name, with the share of peak a
-training step reaches in practice (`GPU_COMPUTE_EFFICIENCY`,
-`GPU_BANDWIDTH_EFFICIENCY`) and a host-side cost per dispatched op
-(`GPU_OP_OVERHEAD_S`). A GPU the catalog does not know has no figures: plans
-there carry no time prediction and keep the largest-divisor micro-batch.
+with its source), found by the device's name, times the shares a training step
+reaches per op class and GPU family (`Efficiency`, `FAMILIES`: matmul,
+attention, convolutions eager and compiled, bandwidth), with its host-side
+overheads (`Efficiency.op_overhead_s` per dispatched op, `kernel_floor_s`,
+`optimizer_host_s`, `step_overhead_s`). A GPU the catalog does not know has no
+figures: plans there carry no time prediction and keep the largest-divisor
+micro-batch.
 
 CPUs: measured on this machine by `measure_cpu` (a matmul at fp32 and bf16, a
-large copy, and a loop of tiny ops for the per-op dispatch cost; about a
-second), cached per CPU, core count, thread count and torch version in
-<cache dir>/steptime/cpu-<key>.json. A profile of another machine's CPU
-(HW=file) is scaled from this one by its physical core count, and says so.
+large copy, a tiny training step for the per-op cost, a small CNN's forward and
+backward at two batches for convolutions' rate and setup; about a second, in
+CPU time where torch runs one thread), cached per CPU, core count, thread count
+and torch version in <cache dir>/steptime/cpu-<key>.json. A profile of another
+machine's CPU (HW=file) is scaled from this one by its physical core count, and
+says so.
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ CPU_STEP_OVERHEAD_S = 2e-4
 COMPILE_MEMORY_FACTOR = 0.4
 COMPILE_OPS_FACTOR = 0.7
 
-MEASURE_FORMAT = 1
+MEASURE_FORMAT = 2  # 2: CPU time, a training step's op cost, convolutions' rate and setup
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ class Device:
     conv_compiled_efficiency: float | None = None  # convolutions' over the matmuls' under torch.compile
     optimizer_host_s: float = 0.0  # the optimizer step's host floor
     compute_efficiency: float = 1.0  # the matmuls' share of the datasheet peak that fp32_flops etc. include
+    conv_op_s: float = 0.0  # a CPU's setup per convolution op (forward or backward), beyond op_overhead_s
 
     def flops(self, precision: str, tf32: bool) -> float:
         if precision in ("bf16", "fp16"):
@@ -156,13 +161,27 @@ def gpu_device(name: str) -> Device | None:
 # CPUs: measured
 
 
+def _clock():
+    """CPU time of this process where torch runs one thread, else wall time (several threads' CPU time adds up).
+
+    A step's cost where it has its core is its CPU time, whatever else runs; the fastest wall time is not,
+    on a shared machine. Here (2 cores, load 6-8, one thread) the fastest of 15 wall times of a 768x768
+    matmul was 1.7x its CPU time (47 against 81 GFLOP/s), of a tiny MLP's 128-sample forward+backward 2.4x
+    (13.5 against 5.5 ms) and of its 16-sample one 1.0x: the longer the call, the likelier a preemption,
+    so wall time made the per-sample part look up to twice as dear as the fixed part."""
+    import torch
+
+    return time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def _best(fn, repeats: int) -> float:
+    clock = _clock()
     fn()
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
@@ -181,8 +200,69 @@ def _matmul_flops(dtype, n: int = 768, small: int = 256, call_budget_s: float = 
     return flops
 
 
+def _op_seconds() -> float:
+    """Seconds per dispatched op of a training step whose ops do almost nothing: a 6-layer MLP of width 4
+    at batch 1, forward, backward and an AdamW step (one tensor at a time, as on a CPU), over the ops count.py
+    counts in it. Autograd's nodes, nn.Module calls and the optimizer's Python loop are all in it, which a
+    loop of bare adds (1.7 us here) leaves out: 5.9 us here (fwd+bwd 8.3 us a counted op, AdamW 5.0)."""
+    import torch
+
+    from .count import counted
+
+    net = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(4, 4), torch.nn.ReLU())])
+    optimizer = torch.optim.AdamW(net.parameters(), foreach=False)
+    x = torch.randn(1, 4)
+
+    def step():
+        net(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the optimizer's state exists from here on
+    return _best(step, 10) / counted(step).ops
+
+
+# The batches the convolutions are timed at: 2 and 16 gave 26-35 GFLOP/s here, in cache, where LeNet-5's
+# step from 16 to 128 samples ran at 12-13 (its activations, 2.4 MiB a layer at 128, leave the caches).
+CONV_BATCHES = (4, 64)
+
+
+def _conv_figures(op_s: float, bandwidth: float) -> tuple[float, float]:
+    """(FLOP/s of convolutions, seconds per convolution op beyond op_s) from a small CNN's forward+backward
+    timed at CONV_BATCHES: the slope is the rate, what is left at batch 2 the convolutions' own setup.
+
+    Small-channel convolutions are slow on a CPU and vary by shape (fwd+bwd here: 1->6 channels 5x5 at 32 px
+    6.5 GFLOP/s, 6->16 at 14 px 27.5, 3->16 3x3 at 32 px 18.3, 64->64 3x3 at 16 px 42; each call 200-250 us
+    to set up at batch 1): the shapes timed are a grey-scale CNN's first two layers (1->6 and 6->16, 5x5,
+    32 px), what kfit trains on a CPU; wider convolutions run faster than this predicts, which calibration
+    and measure.py's real timings correct."""
+    import torch
+
+    from .count import counted
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.Conv2d(6, 16, 5))
+    figures = {}
+    for batch in CONV_BATCHES:
+        x = torch.randn(batch, 1, 32, 32)
+
+        def step():
+            net(x).sum().backward()
+
+        step()  # oneDNN builds its primitives for the shape
+        figures[batch] = (_best(step, 5), counted(step))
+    (t0, c0), (t1, c1) = (figures[b] for b in CONV_BATCHES)
+
+    def bytes_s(c):
+        return (c.compute_bytes + c.memory_bytes) / bandwidth
+
+    rate = (c1.conv_flops - c0.conv_flops) / max(1e-9, (t1 - bytes_s(c1)) - (t0 - bytes_s(c0)))
+    setup = (t0 - bytes_s(c0) - c0.conv_flops / rate - c0.ops * op_s) / max(1.0, c0.conv_ops)
+    return rate, max(0.0, setup)
+
+
 def measure_cpu() -> dict:
-    """Matmul FLOP/s at fp32 and bf16, copy bandwidth and per-op dispatch time on this CPU (about 1 s)."""
+    """Matmul FLOP/s at fp32 and bf16, copy bandwidth, the per-op cost of a training step, and small
+    convolutions' FLOP/s and setup per op on this CPU (about a second; CPU time where torch runs one thread)."""
     import torch
 
     started = time.perf_counter()
@@ -192,13 +272,8 @@ def measure_cpu() -> dict:
     src = torch.empty(2**24)  # 64 MiB: past any cache
     dst = torch.empty_like(src)
     result["bandwidth"] = 2 * src.numel() * src.element_size() / _best(lambda: dst.copy_(src), 5)
-    x, y = torch.ones(8), torch.ones(8)
-
-    def tiny_ops():
-        for _ in range(500):
-            torch.add(x, y)
-
-    result["op_overhead_s"] = _best(tiny_ops, 3) / 500
+    result["op_overhead_s"] = _op_seconds()
+    result["conv_flops"], result["conv_op_s"] = _conv_figures(result["op_overhead_s"], result["bandwidth"])
     result["seconds"] = round(time.perf_counter() - started, 3)
     return result
 
@@ -231,6 +306,7 @@ def cpu_device(hardware: HardwareProfile, cache_dir) -> Device:
     return Device(kind="cpu", name=cpu.name, fp32_flops=figures["fp32_flops"] * scale, tf32_flops=None,
                   half_flops=figures["bf16_flops"] * scale, bandwidth=figures["bandwidth"],
                   op_overhead_s=figures["op_overhead_s"], step_overhead_s=CPU_STEP_OVERHEAD_S,
+                  conv_efficiency=figures["conv_flops"] / figures["fp32_flops"], conv_op_s=figures["conv_op_s"],
                   power_watts=catalog.CPU_WATTS_PER_CORE * cpu.physical_cores,
                   source=source, key=key if local else f"{cpu.name}/{cpu.logical_cores}", here=local)
 

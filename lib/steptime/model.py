@@ -1,13 +1,20 @@
 """The step-time model: counted work (count.py) over the device's speed (device.py), corrected by measurement.
 
-One micro-batch (forward + backward) takes
+One micro-batch (forward + backward) takes, on a GPU,
 
-    device = max(matmul flops / peak FLOP/s + attention flops / attention FLOP/s + conv flops / conv FLOP/s,
-                 compute bytes / bandwidth)
-             + other bytes / bandwidth + ops x kernel floor
-    host   = ops x per-op overhead
-    time   = device + host          on a CPU (one set of cores does both)
-             max(device, host)      on a GPU (the host queues kernels ahead of the device)
+    compute = matmul flops / peak FLOP/s + attention flops / attention FLOP/s + conv flops / conv FLOP/s
+    device  = max(compute, compute bytes / bandwidth) + other bytes / bandwidth + ops x kernel floor
+    host    = ops x per-op overhead
+    time    = max(device, host)     (the host queues kernels ahead of the device)
+
+and on a CPU, where one core does the arithmetic, the loads and the dispatch one after another,
+
+    time    = compute + (compute bytes + other bytes) / bandwidth + ops x per-op cost
+              + convolution ops x their setup
+
+the sum, not a roofline's max: a small matmul's fixed cost is reading (packing) its weights, the compute
+bytes (here, M = 16..128 rows of K = 256 or 512 by N = 512: 31-37 us + FLOPs / 70-91 GFLOP/s, the 31-37 us
+its 0.5-1 MiB of weights at ~30 GB/s), and the FLOPs then come on top (device.py measures each figure).
 
 with torch.compile cutting the elementwise bytes and the op count
 (device.COMPILE_*) of the model's forward and backward and running its convolutions
@@ -75,10 +82,13 @@ class StepTimeModel:
         conv = dev.conv_compiled_efficiency if compiled and dev.conv_compiled_efficiency else dev.conv_efficiency
         compute = (work.matmul_flops / peak + work.attention_flops / (peak * dev.attention_efficiency)
                    + work.conv_flops / (peak * conv))
+        host = ops * dev.op_overhead_s
+        if dev.kind == "cpu":  # one core does it all, one thing after another: nothing overlaps
+            return (compute + (work.compute_bytes + memory_bytes) / dev.bandwidth + host
+                    + work.conv_ops * dev.conv_op_s)
         device = max(compute, work.compute_bytes / dev.bandwidth) + memory_bytes / dev.bandwidth
         device += ops * dev.kernel_floor_s
-        host = ops * dev.op_overhead_s
-        return device + host if dev.kind == "cpu" else max(device, host)
+        return max(device, host)
 
     def roofline_micro_seconds(self, batch: float) -> float:
         return self._seconds(self.counts.micro_batch(batch), self.compile)
