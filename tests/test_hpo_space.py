@@ -3,6 +3,7 @@ symbols, the objective's direction, the study keeping both, and a real search th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import optuna
@@ -47,6 +48,10 @@ def test_a_space_names_int_number_and_choice_symbols(lenet):
         (0.01, 7, "sgd", 64)
     gpt2 = kc.derive(kc.defconfig_config("gpt2-tiny"), {"HPO_SPACE": "GPT2_DROPOUT=0..0.3 WARMUP_STEPS=0..500"})
     assert hpo.search_space(gpt2)["GPT2_DROPOUT"] == optuna.distributions.FloatDistribution(0.0, 0.3)
+    assert hpo.search_space(kc.derive(lenet, {"HPO_SPACE": "DROPOUT=0..0.5"}))["DROPOUT"] == \
+        optuna.distributions.FloatDistribution(0.0, 0.5)
+    with pytest.raises(hpo.KfitError, match="CONFIG_DROPOUT.*depends on MODEL_LENET5"):  # a symbol GPT-2 hides
+        hpo.search_space(kc.derive(gpt2, {"HPO_SPACE": "DROPOUT=0..0.5"}))
 
 
 @pytest.mark.parametrize("entry, needle", [
@@ -61,6 +66,7 @@ def test_a_space_names_int_number_and_choice_symbols(lenet):
     ("LEARNING_RATE=1..0.1", "must be below"),
     ("LEARNING_RATE=1e-3..1:cube", "no scale"),
     ("GPT2_DROPOUT=0..0.3", "depends on MODEL_GPT2"),  # a symbol lenet5 hides
+    ("DROPOUT=0..1", 'CONFIG_DROPOUT="1" is out of range: it must be in [0, 1)'),
     ("RUN_NAME=1..2", "not searched"),
     ("EPOCHS=1..3", "HPO_MAX_RESOURCE"),
     ("DEVICE_CPU=1..2", "yes/no option"),
@@ -102,21 +108,31 @@ def test_folds_split_the_training_set(lenet):
 
 
 def test_make_hpo_searches_the_kconfig_space_for_accuracy_over_folds(lenet, tmp_path):
+    # LeNet-5's classifier dropout and the warm-up, for accuracy over 3 folds
     config = tmp_path / ".config"
     config.write_text(Path(lenet.source).read_text())
-    kc.apply_assignments(config, {"HPO_SPACE": "LEARNING_RATE=1e-3..1e-1:log WARMUP_STEPS=0..50 OPTIMIZER=ADAMW|SGD",
+    kc.apply_assignments(config, {"HPO_SPACE": "DROPOUT=0..0.5 WARMUP_STEPS=0..50",
                                   "HPO_OBJECTIVE_ACCURACY": True, "HPO_FOLDS": 3})
-    run = kfit_cli("hpo", tmp_path, KCONFIG_CONFIG=str(config), TRIALS="2")
+    run = kfit_cli("hpo", tmp_path, KCONFIG_CONFIG=str(config), TRIALS="3")
     print(run.stdout)
     assert run.returncode == 0, run.stdout
-    assert "Space: LEARNING_RATE=0.001..0.1:log WARMUP_STEPS=0..50 OPTIMIZER=ADAMW|SGD" in run.stdout
-    assert "(mean of 3 folds)" in run.stdout
+    assert "Space: DROPOUT=0..0.5 WARMUP_STEPS=0..50; objective accuracy (maximised); 3-fold cross-validation" \
+        in run.stdout
+    assert run.stdout.count("(mean of 3 folds)") == 3
+    drawn = [float(m) for m in re.findall(r"^trial \d+: DROPOUT=(\S+) WARMUP_STEPS=\d+ ", run.stdout, re.M)]
+    assert len(drawn) == 3 and all(0 <= d <= 0.5 for d in drawn), run.stdout
+    # each fold trained with its trial's dropout
+    fold = Path(lenet.output_dir) / "hpo-space" / "trial-0000" / "fold-3" / "config"
+    [value] = re.findall(r'^CONFIG_DROPOUT="(.+)"$', fold.read_text(), re.M)
+    assert float(value) == pytest.approx(drawn[0], abs=1e-3)
     status = kfit_cli("hpo-status", tmp_path, KCONFIG_CONFIG=str(config))
     print(status.stdout)
     assert status.returncode == 0, status.stdout
-    assert "space: LEARNING_RATE=0.001..0.1:log WARMUP_STEPS=0..50 OPTIMIZER=ADAMW|SGD" in status.stdout
+    assert "3 trials: 3 complete" in status.stdout
+    assert "space: DROPOUT=0..0.5 WARMUP_STEPS=0..50" in status.stdout
     assert "objective: accuracy (maximised), mean over 3 cross-validation folds" in status.stdout
     assert "best: trial" in status.stdout and ", accuracy " in status.stdout
+    assert re.search(r"^ +DROPOUT=\S+ WARMUP_STEPS=\d+$", status.stdout, re.M), status.stdout
     # another objective for the same study: one error line, before any trial
     kc.apply_assignments(config, {"HPO_OBJECTIVE_EVAL_LOSS": True})
     assert_refused(kfit_cli("hpo", tmp_path, KCONFIG_CONFIG=str(config), TRIALS="1"), "objective changed")

@@ -234,6 +234,7 @@ def test_lenet5_dropout_is_active_in_training_and_off_in_evaluation() -> None:
 def test_the_dropout_symbol_is_the_image_models_and_reaches_the_model(tmp_path) -> None:
     from lib import config as kc
     from lib.errors import ConfigError
+    from lib.memory import model_fingerprint
     from lib.models.registry import MODELS
     from lib.task import load_task
 
@@ -249,8 +250,10 @@ def test_the_dropout_symbol_is_the_image_models_and_reaches_the_model(tmp_path) 
     for bad, needle in (("1", r"is out of range: it must be in \[0, 1\)"), ("x", "is not a number")):
         with pytest.raises(ConfigError, match=f'CONFIG_DROPOUT="{bad}" {needle}'):
             kc.derive(lenet, {"DROPOUT": bad})
-    model = load_task(kc.derive(lenet, {"DROPOUT": "0.25"})).build(False)
-    assert model.dropout.p == 0.25
+    dropped = kc.derive(lenet, {"DROPOUT": "0.25"})
+    assert load_task(dropped).build(False).dropout.p == 0.25
+    # its masks are saved for backward, so a memory trace at 0 is not reused; at 0 the trace key is as it was
+    assert "dropout" not in model_fingerprint(lenet) and model_fingerprint(dropped)["dropout"] is True
 
 
 # --------------------------------------------------------------------------
