@@ -134,6 +134,7 @@ def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_p
             in line), (plan, line)
 
 
+@pytest.mark.slow
 def test_one_process_train_resolves_its_plan_once(make_config, tmp_path):
     config = make_config("CONFIG_MAX_STEPS=1\nCONFIG_TARGET_EFFECTIVE_BATCH=64\n")
     resolves = tmp_path / "resolves.log"
@@ -143,6 +144,7 @@ def test_one_process_train_resolves_its_plan_once(make_config, tmp_path):
     assert line.endswith(" lenet5 world_size=1") and "Done: 1 steps" in trained.stdout
 
 
+@pytest.mark.slow
 def test_torchrun_of_one_process_started_by_hand_plans_in_its_rank(make_config, tmp_path):
     config = make_config("CONFIG_MAX_STEPS=1\nCONFIG_TARGET_EFFECTIVE_BATCH=32\n")
     trained = _kfit(tmp_path, Path(config.source), "train", TORCHELASTIC_RUN_ID="by-hand", RANK="0", LOCAL_RANK="0",

@@ -107,6 +107,7 @@ def test_folds_split_the_training_set(lenet):
     assert x.shape[0] == 2 and y.shape == (2,)
 
 
+@pytest.mark.slow
 def test_make_hpo_searches_the_kconfig_space_for_accuracy_over_folds(lenet, tmp_path):
     # LeNet-5's classifier dropout and the warm-up, for accuracy over 3 folds
     config = tmp_path / ".config"

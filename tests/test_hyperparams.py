@@ -250,6 +250,7 @@ def budget(mib: float):
     return dataclasses.replace(CPU, cpu=dataclasses.replace(CPU.cpu, ram_available_bytes=available))
 
 
+@pytest.mark.slow
 def test_where_nothing_fits_the_plan_takes_the_out_of_memory_ladder_before_training(make_config):
     # gpt2-tiny at micro-batch 1: about 17.8 MiB predicted, 15.0 MiB with gradient checkpointing
     config = make_config("CONFIG_DEVICE_CPU=y\nCONFIG_TARGET_EFFECTIVE_BATCH=8\n", base="gpt2-tiny")
@@ -343,6 +344,7 @@ def test_the_summary_line_adds_up_when_the_last_micro_batch_is_short():
     assert line.endswith("batch=21 (last 8), grad_acc=25 (effective=512, target=512)")
 
 
+@pytest.mark.slow
 def test_the_ladder_is_taken_before_training_when_no_strategy_of_several_fits(tmp_path):
     """World size 2 under CONFIG_PARALLEL_AUTO: DDP and both FSDP strategies refuse for lack of memory, and
     gradient checkpointing lets one fit: the plan takes that rung rather than refusing."""

@@ -128,6 +128,7 @@ def test_planner_plans_it_for_an_h100(tmp_path):
     assert plan.device_type == "cuda" and plan.precision == "bf16" and plan.predicted_peak_bytes > 0
 
 
+@pytest.mark.slow
 def test_the_1b_preset_plans_on_h100(tmp_path, monkeypatch):
     from lib.planning import resolver
 

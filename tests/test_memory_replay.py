@@ -55,6 +55,7 @@ def test_the_committed_runs_hold_every_memory_case():
     assert all(c["measured_allocated_bytes"] <= c["measured_bytes"] for c in CASES.values())
 
 
+@pytest.mark.slow  # the cold traces of 38 cases: over a minute on 2 cores
 def test_every_committed_h100_case_is_predicted_within_its_band(replay):
     out = {k: f"{e:+.2%}" for k, e in replay.items() if not -UNDER <= e <= OVER}
     assert not out, f"outside -{UNDER:.0%}..+{OVER:.0%} of the measured reserved peak: {out}"
@@ -62,6 +63,7 @@ def test_every_committed_h100_case_is_predicted_within_its_band(replay):
     assert mean < 0.025, mean  # 1.9% at the refit (5.1% before it)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", list(MEMORY_PROFILES))
 def test_at_every_memory_profile_each_committed_case_peaks_under_the_free_memory_it_was_planned_for(replay, profile):
     """The planner takes a case's micro-batch once free x share covers its predicted peak: at the least free

@@ -108,6 +108,7 @@ def test_the_search_stops_at_the_share_and_a_moved_budget_traces_nothing(tmp_pat
     assert policy.predictor.traces == traced
 
 
+@pytest.mark.slow
 def test_a_binding_budget_that_moves_is_read_off_the_traced_line(tmp_path, gpt2_tiny):
     policy = PlannerPolicy(cache_dir=str(tmp_path))
     for free_gb in (0.27, 0.33):  # the first budgets trace the curves around them (and a new micro-batch)

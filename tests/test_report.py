@@ -30,6 +30,7 @@ def lenet(tmp_path_factory):
     return kc.make_defconfig("lenet5", out=tmp_path_factory.mktemp("c") / ".config")
 
 
+@pytest.mark.slow
 def test_matrix_covers_every_defconfig_on_every_machine():
     rows = plan_matrix(policy=TierPolicy())  # the tier policy keeps this instant; the planner is below
     keys = {(r.defconfig, r.machine) for r in rows}
@@ -71,6 +72,7 @@ def test_matrix_progress_goes_to_stderr_and_names_what_is_traced(tmp_path, capsy
     assert "plan-matrix" in bar and "/2 [" in bar and "lenet5 on cpu" in bar
 
 
+@pytest.mark.slow
 def test_report_renders_html_with_svg_charts(tmp_path):
     targets = [m for m in machines() if m[0] in ("t4", "cpu")]
     rows = plan_matrix(["lenet5", "gpt2-tiny"], targets)
@@ -138,6 +140,7 @@ def test_hardware_warnings_name_the_problems():
     assert hardware_warnings(from_catalog("h100")) == []  # the catalog default leaves only a context
 
 
+@pytest.mark.slow
 def test_recommendations_name_only_memory_profiles_that_change_the_plan(lenet, tmp_path):
     hardware = resolve_hardware(gpu="t4")
     plan = resolve(lenet, hardware, ModelDescription.from_config(lenet))

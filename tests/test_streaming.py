@@ -95,6 +95,7 @@ def uninterrupted(tmp_path: Path, factory: str) -> tuple[Path, list[str]]:
     return result.run_dir, lines
 
 
+@pytest.mark.slow  # kills a training process and resumes it
 def test_a_stateful_stream_resumes_from_its_saved_state(tmp_path, streams):
     run_dir, lines, progress = killed_then_resumed(tmp_path, "stateful")
     fresh_dir, fresh_lines = uninterrupted(tmp_path, "stateful")
@@ -107,6 +108,7 @@ def test_a_stateful_stream_resumes_from_its_saved_state(tmp_path, streams):
                                       "state": {"position": 32 * window if window < 6 else 0}}
 
 
+@pytest.mark.slow  # kills a training process and resumes it
 def test_a_stream_without_state_is_read_again_and_skipped(tmp_path, streams):
     run_dir, lines, _ = killed_then_resumed(tmp_path, "stateless")
     fresh_dir, fresh_lines = uninterrupted(tmp_path, "stateless")

@@ -22,7 +22,9 @@ def zoo_config(tmp_path, name: str, **changes):
     return kconfig.derive(config, {"CUSTOM_MODEL_FACTORY": f"scripts.zoo:{name}", **changes})
 
 
-@pytest.mark.parametrize("name", zoo.FACTORIES)
+# the two whose cold traces take longest on 2 cores run in the slow tier
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("mamba", "t5") else n
+                                  for n in zoo.FACTORIES])
 def test_every_zoo_model_plans_from_a_trace(tmp_path, name):
     config = zoo_config(tmp_path, name, TARGET_EFFECTIVE_BATCH=16)
     plan = resolve_plan(config)
