@@ -131,7 +131,7 @@ sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN= PROMPT= MAX
 
 # Two tiers, as larger projects keep them: 'make test' runs every test not marked slow (minutes: run it on every
 # change), 'make check' runs them all (the end-to-end torchrun, FSDP, SLURM, PostgreSQL and make runs too; CI
-# runs it). PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS after the tier's -m, so PYTEST_ARGS="-m slow" with
+# runs it). PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS after the tier's -m, so -m slow in PYTEST_ARGS with
 # 'make check' runs only the slow tier; pytest splits it as a shell would but runs nothing. The suite's own kfit
 # commands see none of this make's command line.
 test: TEST_TIER := -m 'not slow'
