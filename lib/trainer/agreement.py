@@ -38,6 +38,9 @@ class Agreed:
     battery_stop: bool
 
 
+NONE_AGREED = Agreed(oom=False, time_limit=False, signal=False, checkpoint_due=False, battery_stop=False)
+
+
 class Agreement:
     """The step's flags over all ranks, and its loss summed over them (a device tensor, or a float on a CPU).
 
@@ -53,9 +56,11 @@ class Agreement:
              loss: torch.Tensor | None) -> tuple[Agreed, torch.Tensor | float | None]:
         """This rank's flags and loss sum (None after its own out-of-memory) -> what all agreed, and the loss
         summed over the ranks (None when any ran out of memory)."""
+        if not self.active:  # one process: its own flags, and at most steps nothing to build
+            if not (oom or time_limit or signal or checkpoint_due or battery_stop):
+                return NONE_AGREED, loss
+            return Agreed(oom, time_limit, signal, checkpoint_due, battery_stop), None if oom else loss
         flags = [oom, time_limit, signal, checkpoint_due, battery_stop]
-        if not self.active:
-            return Agreed(*flags), None if oom else loss
         if not self.host_flags:  # gloo: the loss is read on the host at no cost and joins the flags
             *summed, total = distributed.all_sum(
                 [float(f) for f in flags] + [0.0 if loss is None else loss.item()], self.device)

@@ -1,11 +1,11 @@
 """Heat and battery: what a run does about them, at optimizer step boundaries.
 
-Heat (CONFIG_THERMAL_PAUSE, with the monitor's NVML telemetry): at CONFIG_THERMAL_PAUSE_AT_C, or a
-thermal throttle reason, the run writes a checkpoint, then waits, reading the GPU every few seconds,
-until it is below CONFIG_THERMAL_RESUME_BELOW_C with no thermal throttle; "thermal_pause" and
-"thermal_resume" events go to the monitor and metrics.jsonl. The pause does not count as training
-time (CONFIG_TIME_LIMIT, throughput). A stop signal ends the pause; the next step boundary stops.
-CONFIG_THERMAL_WARN leaves it to the monitor's one warning.
+Heat (CONFIG_THERMAL_PAUSE, with the monitor's NVML telemetry, read between steps at most every
+`Sensors.thermal_every_s`): at CONFIG_THERMAL_PAUSE_AT_C, or a thermal throttle reason, the run writes a
+checkpoint, then waits, reading the GPU every few seconds, until it is below CONFIG_THERMAL_RESUME_BELOW_C
+with no thermal throttle; "thermal_pause" and "thermal_resume" events go to the monitor and metrics.jsonl.
+The pause does not count as training time (CONFIG_TIME_LIMIT, throughput). A stop signal ends the pause;
+the next step boundary stops. CONFIG_THERMAL_WARN leaves it to the monitor's one warning.
 
 Battery (CONFIG_BATTERY_LOW_PERCENT, read by rank 0 at most every `Sensors.battery_every_s`): on
 battery below that charge, checkpoints come every CONFIG_BATTERY_CHECKPOINT_MINUTES, and with
@@ -36,6 +36,7 @@ class Sensors:
     battery: Callable[[], BatteryState | None] = battery_state
     sleep: Callable[[float], None] = time.sleep
     battery_every_s: float = 60.0
+    thermal_every_s: float = 1.0  # between readings while training (CONFIG_THERMAL_PAUSE), as the monitor samples
 
 
 class Conditions:
@@ -50,12 +51,23 @@ class Conditions:
         self.low_battery = False
         self.percent: float | None = None  # the charge when it became low
         self.stop_requested = False
-        self.next_battery = 0.0
+        self.next_battery = self.next_thermal = 0.0
+        self.pauses = config.thermal_policy == "pause"
+        self.battery = main and bool(config.battery_low_percent)  # one machine: rank 0 decides
 
     def after_step(self, step: int) -> float:
-        """Apply both policies after optimizer step `step`; returns the seconds spent paused."""
-        self.check_battery(step)
-        return self.cool_down(step) if self.config.thermal_policy == "pause" else 0.0
+        """Apply both policies after optimizer step `step`; returns the seconds spent paused. Each reads its
+        sensor at most every battery_every_s or thermal_every_s (a GPU reading is an NVML call, not for every
+        step); with neither policy on, a step costs two attribute reads."""
+        if self.battery:
+            self.check_battery(step)
+        if not self.pauses:
+            return 0.0
+        now = time.monotonic()
+        if now < self.next_thermal:
+            return 0.0
+        self.next_thermal = now + self.sensors.thermal_every_s
+        return self.cool_down(step)
 
     @property
     def checkpoint_minutes(self) -> int | None:
@@ -103,7 +115,7 @@ class Conditions:
 
     def check_battery(self, step: int) -> None:
         c, now = self.config, time.monotonic()
-        if not (self.main and c.battery_low_percent) or now < self.next_battery:  # one machine: rank 0 decides
+        if not self.battery or now < self.next_battery:
             return
         self.next_battery = now + self.sensors.battery_every_s
         state = self.sensors.battery()

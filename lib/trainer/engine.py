@@ -110,7 +110,7 @@ class Engine:
         batches = self.window_batches(window, micro_batch)
         # DDP syncing on the last micro-batch and FSDP average over ranks: undo that mean.
         grad_factor = self.rank.world_size if self.ddp_sync_last or self.sharded else 1
-        total = torch.zeros((), device=self.device)
+        total = None  # no zeros to add to: one micro-batch's loss sum is one tensor op
         for i, (indices, weight) in enumerate(batches):
             x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
             self.inject.check(len(indices), step + 1 if i == 0 else None)
@@ -121,10 +121,12 @@ class Engine:
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with autocast_for(plan):
                     loss = self.loss_fn(self.forward(x), y)
-                self.scaler.scale(loss * (weight * grad_factor)).backward()
+                scale = weight * grad_factor  # 1 for one micro-batch on one process: no multiply, nor its backward
+                self.scaler.scale(loss if scale == 1 else loss * scale).backward()
             if weight:
-                total += loss.detach() * len(indices)
-        return total
+                part = loss.detach() * len(indices)
+                total = part.float() if total is None else total + part
+        return torch.zeros((), device=self.device) if total is None else total
 
     def update(self, step: int, total_steps: int) -> None:
         """The optimizer step after all ranks agreed the gradients are whole: summed where DDP did not, clipped
@@ -135,8 +137,9 @@ class Engine:
         if self.config.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        lr = lr_at(self.config, step, total_steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.config, step, total_steps)
+            group["lr"] = lr
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.updating = False

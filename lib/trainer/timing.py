@@ -31,6 +31,7 @@ class StepTimer:
         self.config, self.hardware, self.event, self.calibrate = config, hardware, event, calibrate
         self.plan: Plan | None = None
         self.times: list[float] = []
+        self.timed_s = 0.0  # the sum of the times after the skipped ones
         self.done = False
 
     def record(self, plan: Plan, seconds: float) -> None:
@@ -38,11 +39,13 @@ class StepTimer:
         starts over)."""
         if self.done:
             return
-        if self.plan is None or _step_shape(plan) != _step_shape(self.plan):
-            self.plan, self.times = plan, []
+        if plan is not self.plan and (self.plan is None or _step_shape(plan) != _step_shape(self.plan)):
+            self.plan, self.times, self.timed_s = plan, [], 0.0
         self.times.append(seconds)
-        timed = self.times[self.skip:]
-        if len(timed) >= MAX_STEPS or (len(timed) >= STEPS and sum(timed) >= MIN_SECONDS):
+        timed = len(self.times) - self.skip  # a running count and sum: no copy of the times per step
+        if timed > 0:
+            self.timed_s += seconds
+        if timed >= MAX_STEPS or (timed >= STEPS and self.timed_s >= MIN_SECONDS):
             self.report()
 
     @property
