@@ -1,5 +1,6 @@
-"""Adam and AdamW run torch's fused kernel where every parameter is on CUDA (lib/step.py), and the memory tracer
-traces that implementation for a CUDA target (lib/memory/trace.py step_optimizer): no list-sized temporaries.
+"""Adam and AdamW run torch's fused kernel where every parameter is on CUDA or on the CPU (lib/step.py), and the
+memory tracer traces that implementation for either target (lib/memory/trace.py step_optimizer): no list-sized
+temporaries.
 A CPU-only torch builds CUDA parameters as fake tensors, which the optimizer's own device checks accept."""
 
 from __future__ import annotations
@@ -32,11 +33,33 @@ def implementation(optimizer: torch.optim.Optimizer) -> str:
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam"])
-def test_adam_and_adamw_are_fused_when_every_parameter_is_on_cuda(configs, name):
+def test_adam_and_adamw_are_fused_when_every_parameter_is_on_cuda_or_the_cpu(configs, name):
     with FakeTensorMode():
         optimizer = step.make_optimizer(configs[name], model_on("cuda"))
     assert implementation(optimizer) == "fused" and optimizer._step_supports_amp_scaling  # GradScaler reads nothing
-    assert implementation(step.make_optimizer(configs[name], model_on("cpu"))) == "default"
+    assert implementation(step.make_optimizer(configs[name], model_on("cpu"))) == "fused"
+
+
+def test_the_fused_cpu_step_matches_torchs_default(configs):
+    """The same AdamW update as the per-parameter loop the CPU ran before, to float rounding."""
+    torch.manual_seed(0)
+    fused, default = model_on("cpu"), model_on("cpu")
+    for module in (fused, default):
+        torch.manual_seed(0)
+        for p in module.parameters():
+            torch.nn.init.normal_(p)
+    optimizers = [step.make_optimizer(configs["adamw"], fused), torch.optim.AdamW(
+        [{"params": [default.weight], "weight_decay": configs["adamw"].weight_decay},
+         {"params": [default.bias], "weight_decay": 0.0}], lr=configs["adamw"].learning_rate)]
+    assert implementation(optimizers[0]) == "fused" and implementation(optimizers[1]) == "default"
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in fused.parameters()]
+        for module, optimizer in zip((fused, default), optimizers):
+            for p, g in zip(module.parameters(), grads):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b in zip(fused.parameters(), default.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_sgd_and_a_model_across_devices_keep_torchs_default(configs):
@@ -58,7 +81,8 @@ def test_the_tracer_steps_the_implementation_the_trainer_runs(configs):
     model = model_on("cpu")  # the tracer's fake model lives on the CPU whatever the target
     assert implementation(step_optimizer(configs["adamw"], model, "cuda")) == "fused"
     assert implementation(step_optimizer(configs["sgd"], model, "cuda")) == "foreach"
-    assert implementation(step_optimizer(configs["adamw"], model, "cpu")) == "default"
+    assert implementation(step_optimizer(configs["adamw"], model, "cpu")) == "fused"
+    assert implementation(step_optimizer(configs["sgd"], model, "cpu")) == "default"
 
 
 def test_fused_adamw_traces_no_temporaries_where_foreach_traced_a_list(configs):

@@ -56,7 +56,7 @@ class Agreement:
              loss: torch.Tensor | None) -> tuple[Agreed, torch.Tensor | float | None]:
         """This rank's flags and loss sum (None after its own out-of-memory) -> what all agreed, and the loss
         summed over the ranks (None when any ran out of memory)."""
-        if not self.active:  # one process: its own flags, and at most steps nothing to build
+        if not self.active:  # one process: its own flags; most steps build nothing (NONE_AGREED)
             if not (oom or time_limit or signal or checkpoint_due or battery_stop):
                 return NONE_AGREED, loss
             return Agreed(oom, time_limit, signal, checkpoint_due, battery_stop), None if oom else loss
