@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(r"^loop-overhead: cases=(\d+) rounds=(\d+) max_overhead=(-?\d+\.\d+)$")
+SUMMARY = re.compile(r"^loop-overhead: cases=(\d+) rounds=(\d+) min_ratio=(\d+\.\d+) max_overhead=(-?\d+\.\d+)$")
 
 
 def test_bench_loop_times_both_loops_and_ends_with_its_summary_line():
@@ -21,9 +21,10 @@ def test_bench_loop_times_both_loops_and_ends_with_its_summary_line():
     match = SUMMARY.match(lines[-1])
     assert match and match.group(1) == "1" and match.group(2) == "1", lines[-1]
     [row] = [line for line in lines if line.startswith("lenet5")]
-    reference, kfit, overhead = row.split()[-3:]
+    reference, kfit, ratio, overhead = row.split()[-4:]
     assert float(reference.replace(",", "")) > 0 and float(kfit.replace(",", "")) > 0
-    assert abs(float(overhead.rstrip("%")) / 100 - float(match.group(3))) < 1e-3
+    assert ratio == match.group(3) and abs(float(overhead.rstrip("%")) / 100 - float(match.group(4))) < 1e-3
+    assert abs(float(match.group(4)) - (1 / float(ratio) - 1)) < 2e-3  # the overhead is the ratio's inverse, less 1
 
 
 def test_an_unknown_case_is_one_error_line():
