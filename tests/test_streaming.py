@@ -146,3 +146,16 @@ def test_a_pass_resumed_where_it_ended_has_no_more_windows(streams):
     assert len(resumed) == 3  # no fourth window: the stream's reset state is not read again
     middle = StreamWindows(split, 32, 0, 1, positions[0], keep=lambda w: set(w), record=positions.append)
     assert middle[1] == list(range(32, 64)) and len(middle) == 3
+
+
+def test_a_streams_epochs_are_the_passes_it_completed(streams):
+    """A stream's length is a planning stand-in, so a run's epochs count the passes it finished."""
+    from stream_model import Rows
+
+    from lib.data.splits import TensorSplit
+    from lib.data.stream import StreamSplit
+    from lib.trainer.windows import epochs_trained
+
+    assert epochs_trained(StreamSplit(Rows(0, 70), nominal=4096), samples=200, epoch=2) == 2.0
+    tensors = TensorSplit(torch.zeros(50, 4), torch.zeros(50))
+    assert epochs_trained(tensors, samples=125, epoch=2) == 2.5

@@ -55,7 +55,7 @@ from .recovery import Recovery
 from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
 from .rundir import RunDirectory, output_directory
 from .timing import StepTimer, finish_line, format_seconds
-from .windows import InputWait, Progress, epoch_windows, total_steps
+from .windows import InputWait, Progress, epoch_windows, epochs_trained, total_steps
 
 Log = Callable[[str], None]
 # Called after every evaluation with (optimizer step, epoch, metrics); an exception it raises
@@ -218,9 +218,9 @@ class Trainer:
             self.signals.restore()
             quietly(self.log, "closing the monitor and trackers", self.monitor.close)
             self.release_run_directory()
-        return TrainResult(run_dir=self.run_dir, steps=p.step, epochs=p.samples / len(self.train_split),
-                           samples=p.samples, seconds=seconds, stop_reason=stop_reason, final_eval=final,
-                           history=history)
+        return TrainResult(run_dir=self.run_dir, steps=p.step,
+                           epochs=epochs_trained(self.train_split, p.samples, p.epoch), samples=p.samples,
+                           seconds=seconds, stop_reason=stop_reason, final_eval=final, history=history)
 
     def start_conditions(self) -> None:
         """The heat and battery policies (conditions.py), and the checkpoint interval where the predicted run

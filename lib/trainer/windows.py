@@ -103,6 +103,12 @@ def total_steps(split: BatchSplit, window_size: int, epochs: int, max_steps: int
     return min(total, max_steps) if max_steps else total
 
 
+def epochs_trained(split: BatchSplit, samples: int, epoch: int) -> float:
+    """Epochs the run trained: samples over the split's length; for a stream, whose length is only a
+    planning stand-in (CONFIG_CUSTOM_TRAIN_SAMPLES), the passes it completed."""
+    return float(epoch) if isinstance(split, StreamSplit) else samples / len(split)
+
+
 def loader(split: BatchSplit, batches: list[list[int]], plan: Plan) -> DataLoader:
     """Loads `batches` of `split` in the given order, with the plan's workers, prefetch depth and pinning;
     iterating it times each wait for a batch (InputWait)."""
