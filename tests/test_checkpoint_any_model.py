@@ -145,6 +145,7 @@ def ram(mib: float):
     return dataclasses.replace(CPU, cpu=dataclasses.replace(CPU.cpu, ram_available_bytes=int(mib * 2**20)))
 
 
+@pytest.mark.slow  # cold traces of a Hugging Face model
 def test_where_only_checkpointing_fits_the_planner_takes_it_for_a_hugging_face_model(make_config):
     config = custom(make_config, "hf_llama", "CONFIG_TARGET_EFFECTIVE_BATCH=8\n")
     one = PLANNER.predictor.predict(config, batch=1, device_type="cpu", precision="fp32")

@@ -212,6 +212,7 @@ def test_two_make_hpo_workers_share_one_study_through_hpo_storage(study_config, 
     assert not (tmp_path / "runs" / "hpo-shared" / "study.db").exists()  # the URL replaced the default file
 
 
+@pytest.mark.slow  # two kfit processes refused
 def test_storage_passwords_are_redacted_everywhere(study_config, config_copy, tmp_path):
     """The start line, the error and hpo-status show user:***@host; the trial directory's name hides it too."""
     for command in ("hpo", "hpo-status"):
@@ -228,6 +229,7 @@ def test_storage_passwords_are_redacted_everywhere(study_config, config_copy, tm
     assert PASSWORD not in "\n".join(hpo.status_lines(study, SERVER_URL))
 
 
+@pytest.mark.slow  # a kfit process each
 @pytest.mark.parametrize("url, needle", [
     ("notaurl", "not a database URL"),
     (SERVER_URL, "HPO_STORAGE=postgresql://user:***@127.0.0.1:1/db"),  # no driver (or, with one, no server)

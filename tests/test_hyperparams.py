@@ -356,6 +356,7 @@ def test_the_ladder_is_taken_before_training_when_no_strategy_of_several_fits(tm
     assert plan.gradient_checkpointing and plan.reasons["oom_ladder"] == "before training: gradient checkpointing on"
 
 
+@pytest.mark.slow  # torchrun
 def test_apply_hyperparams_under_torchrun_plans_a_ranks_share(monkeypatch):
     from types import SimpleNamespace
 

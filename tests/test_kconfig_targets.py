@@ -360,6 +360,7 @@ def sweep(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow  # plans a sweep of random configs
 def test_randconfig_sweep_plans_or_fails_with_a_named_error(sweep):
     planned = 0
     for (seed, name), (config, outcome) in sweep.items():

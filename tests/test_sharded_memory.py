@@ -63,6 +63,7 @@ def test_ddp_adds_its_buckets_and_traces_a_replica(shared, gpt2_tiny):
     assert "ddp_buckets" not in shared.predict(gpt2_tiny, batch=8, strategy="ddp", world_size=1, **CPU).overheads
 
 
+@pytest.mark.slow  # a tracing child of its own
 def test_second_call_hits_the_cache_and_survives_the_process(tmp_path, gpt2_tiny):
     first = MemoryPredictor(cache_dir=tmp_path)
     a = first.predict(gpt2_tiny, batch=4, strategy="fsdp", world_size=2, **CPU)
@@ -139,6 +140,7 @@ FAILING_FACTORY = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a tracing child of its own
 def test_a_failure_in_the_child_is_a_plan_error(tmp_path, gpt2_tiny, monkeypatch):
     (tmp_path / "sharded_failing_factory.py").write_text(FAILING_FACTORY)
     monkeypatch.syspath_prepend(str(tmp_path))  # the child gets this process's sys.path
