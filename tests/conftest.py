@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-# The files that take longest, longest first (minutes of a fresh clone's `make test` on 2 cores: real torchrun,
-# SLURM and make runs, and the cold fake-tensor traces that fill the shared cache). `make test` runs each file on
+# The files that take longest, longest first (minutes of a fresh clone's `make check` on 2 cores: real torchrun,
+# SLURM and make runs, and the cold fake-tensor traces that fill the shared cache). `make check` and `make test`
+# (the quick tier: their tests not marked slow) run each file on
 # one xdist worker (--dist loadfile) in collection order (--no-loadscope-reorder): started first, they leave the
 # short files to fill the end, instead of one of them starting last and running alone while the other worker idles.
 LONGEST_FIRST = (
