@@ -14,6 +14,8 @@
     mfu_check.py      GPT-2 124M compiled: measured MFU against a floor, beside the predicted one
     steptime_check.py predicted against measured step time, before and after calibration
     sweep_check.py    the plan's micro-batch against its neighbours, timed as real steps
+    loop_compare.py   kfit's trainer against a minimal loop, interleaved, in samples/s: the
+                      comparison make bench-loop runs on the CPU and loop_check.py on the device
     loop_check.py     kfit's trainer against a minimal loop on the same device
     vocab.py          GPT-2 on GPT-2's 50,257-token vocabulary (a synthetic tokenized corpus)
     torchrun.py       a one-process torchrun run (NCCL on GPUs, gloo on CPUs), and its worker
