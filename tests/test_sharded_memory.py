@@ -30,6 +30,7 @@ def shared(tmp_path_factory):
     predictor.close()
 
 
+@pytest.mark.slow  # the shared tracing child: 40 s of this file's quick-tier time
 def test_sharded_parameters_are_split_over_the_processes(shared, gpt2_tiny):
     one = shared.trace(gpt2_tiny, batch=4, **CPU)
     whole = shared.trace(gpt2_tiny, batch=4, strategy="fsdp", world_size=1, **CPU)
@@ -43,6 +44,7 @@ def test_sharded_parameters_are_split_over_the_processes(shared, gpt2_tiny):
     assert sum(half.breakdown.values()) == half.peak_bytes
 
 
+@pytest.mark.slow  # the shared tracing child: 40 s of this file's quick-tier time
 def test_full_shard_needs_less_than_ddp_and_grad_op_more(shared, gpt2_tiny):
     peak = lambda strategy: shared.predict(gpt2_tiny, batch=8, strategy=strategy, world_size=4,  # noqa: E731
                                            **CPU).peak_bytes
@@ -53,6 +55,7 @@ def test_full_shard_needs_less_than_ddp_and_grad_op_more(shared, gpt2_tiny):
     assert peak("hsdp") == pytest.approx(fsdp, rel=0.01)
 
 
+@pytest.mark.slow  # the shared tracing child: 40 s of this file's quick-tier time
 def test_ddp_adds_its_buckets_and_traces_a_replica(shared, gpt2_tiny):
     one = shared.predict(gpt2_tiny, batch=8, **CPU)
     ddp = shared.predict(gpt2_tiny, batch=8, strategy="ddp", world_size=2, **CPU)
@@ -105,6 +108,7 @@ def test_unsharded_fingerprint_is_unchanged(gpt2_tiny):
     assert cache._code_hash(False) == contents["code"] != cache._code_hash(True)
 
 
+@pytest.mark.slow  # the shared tracing child: 40 s of this file's quick-tier time
 def test_cpu_offload_takes_the_sharded_state_off_the_device(shared, gpt2_tiny):
     kw = {"batch": 8, "device_type": "cuda", "precision": "bf16", "strategy": "fsdp", "world_size": 2}
     plain, offload = shared.predict(gpt2_tiny, **kw), shared.predict(gpt2_tiny, **kw, cpu_offload=True)
@@ -114,6 +118,7 @@ def test_cpu_offload_takes_the_sharded_state_off_the_device(shared, gpt2_tiny):
     assert "cpu_offload" not in plain.overheads
 
 
+@pytest.mark.slow  # the shared tracing child: 40 s of this file's quick-tier time
 def test_planner_keywords_on_curve_and_predict(shared, gpt2_tiny):
     kw = {"device_type": "cuda", "precision": "bf16", "compile_mode": None, "strategy": "fsdp", "world_size": 2,
           "local_world_size": 2, "cpu_offload": False}
