@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import time
 import types
@@ -719,10 +720,13 @@ def test_torch_warnings_become_notes_only_when_there_are_gpus(recwarn):
 def test_device_memory_on_cpu_is_rss_with_a_resettable_peak():
     current, peak = hardware.device_memory("cpu")
     assert current > 16 * MiB and peak >= current
-    block = b"x" * (64 * MiB)  # touched pages: RSS grows
+    # fresh pages from the kernel, touched: RSS grows (a malloc'd block may reuse pages an earlier test's
+    # heap kept resident, as make train's keep_freed_memory does in the same process)
+    block = mmap.mmap(-1, 64 * MiB)
+    block.write(b"x" * (64 * MiB))
     grown, peak = hardware.device_memory("cpu")
     assert grown > current and peak >= grown
-    del block
+    block.close()
     hardware.reset_peak_memory("cpu")
     now, peak = hardware.device_memory("cpu")
     assert peak == now
