@@ -41,7 +41,10 @@ KEPT = ("memory", "steptime/counts-*.json")  # of the usual cache: what no measu
 QUICK = 1  # cases in quick mode
 STEPS = 14  # the trainer times steps 3-12 (4-13 compiled); one more so it has them all
 MAX_STEPS = 300  # a run of steps the plan predicts short is made long enough for the trainer's 3 s window
-CALIBRATED_TOLERANCE = {"cuda": 0.15, "cpu": 0.5}  # a shared 2-core CPU moves 30% between runs
+# A CPU shares its cores with whatever else runs: in make check on 2 cores (the other test worker in FSDP and
+# torchrun runs) two identical LeNet-5 runs measured 148 and 86 ms a step (+73%), so the CPU check proves the
+# mechanics (calibrate, then predict the repeat) and only a GPU holds the prediction to a tight bound.
+CALIBRATED_TOLERANCE = {"cuda": 0.15, "cpu": 1.0}
 
 
 def step_time_event(run_dir: Path) -> dict | None:
