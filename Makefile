@@ -130,8 +130,8 @@ sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN= PROMPT= MAX
 	$(Q)$(KFIT) sample
 
 # Two tiers, as larger projects keep them: 'make test' runs every test not marked slow (minutes: run it on every
-# change), 'make check' runs them all (the end-to-end torchrun, FSDP, SLURM, PostgreSQL and make runs too; CI
-# runs it). PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS after the tier's -m, so -m slow in PYTEST_ARGS with
+# change; CI runs it), 'make check' runs them all (the end-to-end torchrun, FSDP, SLURM, PostgreSQL and make
+# runs too). PYTEST_ARGS reaches pytest through PYTEST_ADDOPTS after the tier's -m, so -m slow in PYTEST_ARGS with
 # 'make check' runs only the slow tier; pytest splits it as a shell would but runs nothing. The suite's own kfit
 # commands see none of this make's command line.
 test: TEST_TIER := -m 'not slow'
@@ -139,7 +139,7 @@ check: TEST_TIER :=
 test check: export PYTEST_ADDOPTS += $(TEST_TIER) $(PYTEST_ARGS)
 test check: export KFIT_OVERRIDES :=
 test: ## Run the quick tier of the tests: all but those marked slow (installs chromium for the HTML checks)
-check: ## Run every test, the slow end-to-end runs too (what CI runs)
+check: ## Run every test, the slow end-to-end runs too (before pushing a change they cover)
 test check: $(ENV_STAMP)
 	$(Q)$(call q,$(ROOT)/scripts/ensure-chromium.sh)
 	$(Q)cd $(call q,$(ROOT)) && $(RUN_PY) -m pytest -q -n $(call q,$(PYTEST_JOBS)) --dist loadfile --no-loadscope-reorder
