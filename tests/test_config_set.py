@@ -74,3 +74,12 @@ def test_make_config_set_takes_set_and_command_line_symbols(tmp_path):
     assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == [
         line for line in run.stderr.splitlines() if not line.startswith("make:")], run.stderr
     assert "config-set" in make("help").stdout
+    # a quoted value with spaces is one word, as a shell splits it; an unbalanced quote is one error line
+    run = make("config-set", 'SET=HPO_SPACE="DROPOUT=0..0.5 WARMUP_STEPS=0..50" HPO_FOLDS=3')
+    assert run.returncode == 0, run.stderr
+    config = kc.read_config(tmp_path / ".config")
+    assert (config.hpo_space, config.hpo_folds) == ("DROPOUT=0..0.5 WARMUP_STEPS=0..50", 3)
+    before = (tmp_path / ".config").read_bytes()
+    run = make("config-set", 'SET=HPO_SPACE="DROPOUT=0..0.5')
+    assert run.returncode != 0 and (tmp_path / ".config").read_bytes() == before
+    assert "error: SET=" in run.stderr and "quote a value with spaces whole" in run.stderr and "Traceback" not in run.stderr

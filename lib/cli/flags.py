@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import Iterator
@@ -138,8 +139,9 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     takes = {dest[len(_DEST):] for dest in vars(args) if dest.startswith(_DEST)}
     pairs = make_assignments(os.environ.get(MAKE_LIST, ""))
     variables, overrides = overrides_from_make(pairs, command, takes, lambda line: print(line, file=sys.stderr))
-    # make's SET="EPOCHS=1 LEARNING_RATE=0.01": each word one --set
-    set_words = [word for name, value in pairs if name == "SET" for word in value.split()]
+    # make's SET="EPOCHS=1 LEARNING_RATE=0.01": each word one --set, split as a shell would (never run), so
+    # SET='HPO_SPACE="LEARNING_RATE=1e-4..1e-2 EPOCHS=1..3" HPO_FOLDS=3' keeps a quoted value with spaces whole
+    set_words = [word for name, value in pairs if name == "SET" for word in set_words_of(value)]
     overrides += [set_option(text) for text in (*set_words, *(getattr(args, "set_overrides", None) or ()))]
     for name, value in overrides:
         if "\n" in value or "\r" in value or "\0" in value:
@@ -165,6 +167,13 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def set_words_of(value: str) -> list[str]:
+    try:
+        return shlex.split(value)
+    except ValueError as err:  # an unbalanced quote
+        raise KfitError(f"SET={value}: {err}: quote a value with spaces whole, as in SET='NAME=\"a b\"'") from None
 
 
 def set_option(text: str) -> tuple[str, str]:
