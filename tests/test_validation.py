@@ -450,6 +450,24 @@ def test_a_gpu_run_writes_docs_validation_and_its_index_row(tmp_path):
     assert lines[-1].startswith("validate-gpu: device=cuda checks=3 passed=2 failed=0 skipped=1")
 
 
+def test_a_run_killed_mid_check_keeps_the_checks_it_finished(tmp_path):
+    # a GPU machine's time limit can kill the run; the JSON is rewritten after every check, not only at the end
+    out = tmp_path / "v.json"
+
+    def killed(ctx):
+        first = json.loads(out.read_text())
+        assert list(first["checks"]) == ["detection"] and first["summary"]["passed"] == 1
+        raise KeyboardInterrupt  # what SIGINT from a time limit raises: not a failed check, the run stops
+
+    checks = [report.Check("detection", lambda ctx: report.passed("ok", driver="570.86.15"), 5),
+              report.Check("memory", killed, 5)]
+    with pytest.raises(KeyboardInterrupt):
+        run_suite("cuda", quick=False, out=str(out), root=tmp_path, cwd=tmp_path, log=lambda line: None,
+                  checks=checks, cuda=fake_device(FakeCuda()))
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["driver"] == "570.86.15" and list(doc["checks"]) == ["detection"]
+
+
 @pytest.mark.slow
 def test_make_validate_gpu_on_the_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "OUT",

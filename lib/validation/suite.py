@@ -73,14 +73,28 @@ def run_suite(device: str, *, quick: bool, out: str | None, root: Path, cwd: Pat
     name = device_name(device, cuda)
     log(f"validate-gpu: {name} ({device}, {'quick' if quick else 'full'} mode)")
     log(header())
+    path = output_path(out, device=device, device_name=name, day=date.today(), root=root, cwd=cwd)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done: list = []
+
+    def record(results: list) -> dict:
+        driver = next((r.figures.get("driver") for r in results if r.figures.get("driver")), None)
+        doc = document(results, environment(device, name, quick=quick, root=root, driver=driver),
+                       time.monotonic() - start)
+        write_json_atomic(path, doc)
+        return doc
+
+    def on_result(result) -> None:
+        # the JSON is rewritten after every check: a run killed by a machine's time limit keeps what it measured
+        log(row(result))
+        done.append(result)
+        record(done)
+
     with tempfile.TemporaryDirectory(prefix="kfit-validate-") as tmp:
         ctx = Context(device=device, quick=quick, workdir=Path(tmp), log=log, cuda=cuda)
-        results = run_checks(CHECKS if checks is None else checks, ctx, on_result=lambda r: log(row(r)))
+        results = run_checks(CHECKS if checks is None else checks, ctx, on_result=on_result)
     seconds = time.monotonic() - start
-    driver = next((r.figures.get("driver") for r in results if r.figures.get("driver")), None)
-    doc = document(results, environment(device, name, quick=quick, root=root, driver=driver), seconds)
-    path = output_path(out, device=device, device_name=name, day=date.today(), root=root, cwd=cwd)
-    write_json_atomic(path, doc)
+    doc = record(results)
     readme = path.parent / "README.md"
     if path.parent.resolve() == (root / "docs" / "validation").resolve() and readme.exists():
         update_index(readme, doc, path.name)
