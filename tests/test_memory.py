@@ -18,9 +18,9 @@ from lib.memory import (
     MemoryPredictor, default_cache_dir, device_overheads, fingerprint, largest_fitting, step_optimizer,
     trace_step, training_steps,
 )
-from lib.memory import trace
+from lib.memory import workspace
 from lib.memory.predict import HOST_HEAP_BYTES
-from lib.memory.trace import cpu_conv_path
+from lib.memory.workspace import cpu_conv_path
 from lib.step import autocast_for
 from lib.task import load_task
 from scripts.bench_memory import allocator_peak  # the bench's instrument
@@ -243,10 +243,10 @@ def test_cpu_conv_path_decides_as_torch_does(monkeypatch):
         nnpack = torch.backends.nnpack.is_available()
         assert cpu_conv_path(torch.empty(16, 6, 14, 14), w, *plain) == ("nnpack" if nnpack else "im2col")
         assert cpu_conv_path(x, w, [1, 1], [0, 0], [2, 2], False, [0, 0], 1) == "dilated"
-    monkeypatch.setattr(trace, "_onednn", lambda: (False, False, 8))  # an AVX2-only CPU: no bf16 in oneDNN
+    monkeypatch.setattr(workspace, "_onednn", lambda: (False, False, 8))  # an AVX2-only CPU: no bf16 in oneDNN
     assert cpu_conv_path(x.bfloat16(), w.bfloat16(), *plain) == "im2col"
     assert cpu_conv_path(x, w, *plain) == "onednn"
-    monkeypatch.setattr(trace, "_onednn", lambda: (True, False, 16))
+    monkeypatch.setattr(workspace, "_onednn", lambda: (True, False, 16))
     assert cpu_conv_path(x.bfloat16(), w.bfloat16(), *plain) == "onednn"
     assert cpu_conv_path(x.half(), w.half(), *plain) == "im2col"
     with torch.backends.mkldnn.flags(enabled=True):  # fp32 1x1 on a single small sample, one thread: native
@@ -272,9 +272,9 @@ def test_mixed_dtype_pointwise_ops_copy_their_inputs_on_cpu():
     """fp32 + bf16 (autocast's residual adds): the CPU kernel first copies the bf16 input to fp32."""
     a, b = torch.randn(2**16), torch.randn(2**16, dtype=torch.bfloat16)
     add = torch.ops.aten.add.Tensor
-    expected = trace.promotion_workspace(add, (a, b))
-    assert expected == 2**16 * 4 and trace.promotion_workspace(add, (a, b.float())) == 0
-    assert trace.promotion_workspace(torch.ops.aten.mm.default, (a[None], b[:, None])) == 0  # not pointwise
+    expected = workspace.promotion_workspace(add, (a, b))
+    assert expected == 2**16 * 4 and workspace.promotion_workspace(add, (a, b.float())) == 0
+    assert workspace.promotion_workspace(torch.ops.aten.mm.default, (a[None], b[:, None])) == 0  # not pointwise
     assert allocator_peak(lambda: add(a, b)) == expected + 2**16 * 4  # the copy, then the output
 
 

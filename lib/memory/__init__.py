@@ -26,7 +26,8 @@ from .predict import (
 )
 from .sharded import trace_sharded_step
 from .sharded_process import ShardedTracer
-from .trace import CATEGORIES, MiB, Trace, conv_workspace, step_optimizer, trace_step, training_steps
+from .trace import CATEGORIES, MiB, Trace, step_optimizer, trace_step, training_steps
+from .workspace import conv_workspace
 
 __all__ = [
     "ATTENTION_WORKSPACE_SHARE", "BLAS_HANDLES", "BLAS_LT_WORKSPACE_BYTES", "BLAS_WORKSPACE_BYTES", "CATEGORIES",

@@ -21,6 +21,14 @@ checkpointed (the old 32 MiB + 6% of activations charged 34-601 MiB).
                             reuse, so the segment grows past them (best fit, no compaction);
                             HOLE_SHARE_CHECKPOINTED of both when activations are checkpointed (the
                             recomputation interleaves short and long-lived blocks: 6-26% measured);
+                            or, where larger, the holes of the traced step's own allocations replayed
+                            through the allocator (caching_allocator.py): a large block freed where a
+                            larger one cannot go. GPT-2 124M on its 50,257-token vocabulary under bf16
+                            frees its bf16 logits where the fp32 log-softmax cannot go: 825 MiB (8) and
+                            1645 MiB (16) measured beyond the allocated peak, 816 and 1639 replayed, where
+                            the shares gave 167 and 294 (the run of 2026-11-26). The replay misses the
+                            small churn the trace does not see (the weight casts, the cuBLAS
+                            workspaces' places), which the shares cover, hence the larger of the two;
                             fixed segments (a user's own PYTORCH_CUDA_ALLOC_CONF): 32 MiB + 65%, as
                             measured on the first H100 run (ResNet-18 fp32 256's gap; not refitted).
   cudnn_benchmark           models with convolutions: CUDNN_BENCHMARK_BATCH_SHARE x the batch's bytes
@@ -59,13 +67,15 @@ def hole_share(*, checkpointed: bool, expandable: bool) -> float:
 
 
 def fragmentation(activations: int, temporaries: int, *, checkpointed: bool, expandable: bool,
-                  autocast: bool) -> int:
-    """Reserved beyond allocated at the step's peak (module docstring)."""
+                  autocast: bool, replayed_holes: int | None = None) -> int:
+    """Reserved beyond allocated at the step's peak (module docstring); `replayed_holes`: the traced step's
+    allocations replayed through the allocator (caching_allocator.py), where the trace has them."""
     if not expandable:
         return FIXED_SEGMENTS_BASE_BYTES + int(HOLE_SHARE_FIXED_SEGMENTS * (activations + temporaries))
     holes = (HOLE_SHARE_CHECKPOINTED * (activations + temporaries) if checkpointed
              else HOLE_SHARE_ACTIVATIONS * activations + HOLE_SHARE_TEMPORARIES * temporaries)
-    return PAGE_SLACK_BYTES + (AUTOCAST_CACHE_BYTES if autocast else 0) + int(holes)
+    fitted = PAGE_SLACK_BYTES + (AUTOCAST_CACHE_BYTES if autocast else 0) + int(holes)
+    return fitted if replayed_holes is None else max(replayed_holes, fitted)
 
 
 def cudnn_benchmark(batch_bytes: int, *, autocast: bool) -> int:

@@ -66,7 +66,8 @@ def check_trace(batch: str, entry) -> None:
     if (int(batch) != trace.batch or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                              for v in (*counts, *trace.breakdown.values()))
             or not isinstance(trace.breakdown, dict) or not all(isinstance(k, str) for k in trace.breakdown)
-            or not all(isinstance(f, str) for f in trace.features) or not is_number(trace.seconds)):
+            or not all(isinstance(f, str) for f in trace.features) or not is_number(trace.seconds)
+            or not (trace.allocator_holes is None or isinstance(trace.allocator_holes, int))):
         raise ValueError(f"entry {batch!r} has a field of the wrong type")
 
 
@@ -161,7 +162,7 @@ def fingerprint(config: Config, *, device_type: str, precision: str, gradient_ch
     if parallel is not None:
         key["parallel"] = parallel
     if device_type == "cpu":  # the convolution kernels torch picks (and their scratch) depend on this CPU
-        from .trace import cpu_kernels_key
+        from .workspace import cpu_kernels_key
 
         key["cpu_kernels"] = cpu_kernels_key()
     if train:  # evaluation runs no backward and no optimizer

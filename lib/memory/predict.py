@@ -1,6 +1,6 @@
 """The predictor: a traced step (trace.py, cached: cache.py) plus what the device adds.
 
-The trace already holds what kernels allocate inside an op (trace.kernel_workspace):
+The trace already holds what kernels allocate inside an op (workspace.kernel_workspace):
 oneDNN's reorders and im2col's column buffers of CPU convolutions, CPU type
 promotion copies, cuDNN's workspace. Device overheads beyond it:
   CPU (RSS, what runs out on a CPU, measured by make bench-memory):
@@ -30,9 +30,10 @@ promotion copies, cuDNN's workspace. Device overheads beyond it:
                           trained, with both workspaces alive.
   attention_workspace,   allocator_model.py, refitted to the committed H100 runs
   allocator_fragmentation, (replayed by tests/test_memory_replay.py: every case within
-  cudnn_benchmark        +5% and -2% of the reserved peak): the allocator's 20 MiB and
-                          2 MiB pages, autocast's cast cache, the holes freed blocks leave
-                          (1.4% of activations, 2% of temporaries; 20% checkpointed),
+  cudnn_benchmark        -2% and +5% (or one 20 MiB page) of the reserved peak): the
+                          holes the caching allocator leaves, from replaying the traced
+                          step's allocations through it (caching_allocator.py), or at least
+                          its pages, autocast's cast cache and a share of activations;
                           cuDNN's benchmark workspaces (models with convolutions) and the
                           fused attention backward's accumulators.
   cudagraph_pool         torch.compile mode reduce-overhead only: CUDA graphs keep
@@ -144,7 +145,7 @@ def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = 
         terms["cudnn_benchmark"] = allocator_model.cudnn_benchmark(trace.breakdown.get("batch", 0),
                                                                    autocast=autocast)
     terms["allocator_fragmentation"] = allocator_model.fragmentation(
-        act, tmp, checkpointed=checkpointed, autocast=autocast,
+        act, tmp, checkpointed=checkpointed, autocast=autocast, replayed_holes=trace.allocator_holes,
         expandable=expandable_segments() if expandable is None else expandable)
     if compile_mode == "reduce-overhead":
         terms["cudagraph_pool"] = act + tmp
@@ -428,8 +429,15 @@ class StepCurve(PeakCurve):
     def trace(self, batch: int) -> Trace:
         vector = self.vector(batch)
         # a point read off a line: the parameters, features and evaluation split are those of any trace
-        template = self._traces.get(batch) or replace(next(iter(self._traces.values())), batch=batch, seconds=0.0)
+        template = self._traces.get(batch) or replace(next(iter(self._traces.values())), batch=batch, seconds=0.0,
+                                                      allocator_holes=self._holes(batch))
         return replace(template, peak_bytes=vector[0], breakdown=dict(zip(self._keys, vector[1:])))
+
+    def _holes(self, batch: int) -> int | None:
+        """The allocator's holes read off a line: interpolated between its traced ends (in whole pages)."""
+        a, b = self._run(batch, batch) or (0, 0)
+        ha, hb = (getattr(self._traces.get(end), "allocator_holes", None) for end in (a, b))
+        return None if ha is None or hb is None else ha + (hb - ha) * (batch - a) // (b - a)
 
     def prediction(self, batch: int) -> Prediction:
         trace = self.trace(batch)

@@ -20,7 +20,7 @@ rank 0 would see. torch's FSDPMemTracker counts every storage, and names it:
       Reduce Scatter                            input (a unit's full size each)
     OptState              optimizer_state       state, and the optimizer's temporaries
     Inputs                batch
-    (kernel_workspace)    workspace             as in trace.py: convolution scratch, CPU type
+    (kernel_workspace)    workspace             as in workspace.py: convolution scratch, CPU type
                                                 promotion copies, cuDNN's workspace; on a CPU
                                                 also gloo's copy inside an all-gather or a
                                                 reduce-scatter (`collective_scratch`)
@@ -77,7 +77,8 @@ import torch
 
 from ..config import Config
 from .fake import fake_copy, fake_kernels, model_features
-from .trace import Trace, evaluation_pass, kernel_workspace, step_optimizer, training_steps
+from .trace import Trace, evaluation_pass, step_optimizer, training_steps
+from .workspace import kernel_workspace
 
 # FSDPMemTracker's categories (_FSDPRefType values) -> ours.
 FSDP_CATEGORIES = {"Sharded Param": "parameters", "Unsharded Param": "unsharded_parameters", "Buffer": "buffers",

@@ -5,8 +5,10 @@ as measure_cuda does (fresh cache, one call of training_steps) under
 torch.cuda.memory._record_memory_history and writes, per case, the max
 reserved/allocated and the compact events [action, addr, size, stream] to
 $1/alloc_events.jsonl: ground truth for an allocator model built off the GPU.
+An optional $2 keeps only the cases whose label contains it (e.g. gpt2-124m-50k).
 """
 import gzip
+import tempfile
 import json
 import sys
 from pathlib import Path
@@ -18,18 +20,21 @@ import torch
 from lib import config as kconfig
 from lib.task import load_task
 from lib.validation.measure import CudaDevice, build_step
+from lib.validation import vocab
 from lib.validation.memory_check import cases
 
 R = Path(sys.argv[1])
+WORK = Path(tempfile.mkdtemp(prefix="alloc-events-"))  # configs and corpora: not in the output folder
 OUT = gzip.open(R / "alloc_events.jsonl.gz", "at")
 cuda = CudaDevice()
 loaded = {}
 for case in cases("cuda", quick=False):
-    if case.compile:
+    if case.compile or (len(sys.argv) > 2 and sys.argv[2] not in case.label):
         continue
     if case.model not in loaded:
         loaded.clear()
-        config = kconfig.make_defconfig(case.model, out=R / f"{case.model}.config")
+        config = vocab.make_config(WORK, case.model) if case.model == vocab.MODEL else \
+            kconfig.make_defconfig(case.model, out=WORK / f"{case.model}.config")
         loaded[case.model] = config, load_task(config)
     config, task = loaded[case.model]
     if case.checkpointing:
