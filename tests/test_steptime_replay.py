@@ -1,11 +1,10 @@
-"""Step time by replay: the committed H100 measurements (docs/validation/) and real steps on this CPU, put
-through lib.steptime's predictor.
+"""Step time by replay: the committed H100 measurements (docs/validation/), put through lib.steptime's
+predictor (the same on this CPU, timed here, is make bench-steptime's).
 
 Uncalibrated (datasheet peaks x the family's per-op-class efficiencies, lib/steptime/device.py): every
 step-time case of every committed H100 run within UNCALIBRATED_TOLERANCE. Calibrated on one micro-batch
 (the model's single factor, as lib.steptime.calibrate applies it), the other micro-batches of the same
-model and harness within TRANSFER_TOLERANCE: the H100 pairs the diagnostics measured, and a tiny model
-timed here. `python -m tests.test_steptime_replay` prints the table docs/time.md quotes.
+model and harness within TRANSFER_TOLERANCE: the H100 pairs the diagnostics measured. `python -m tests.test_steptime_replay` prints the table docs/time.md quotes.
 """
 
 from __future__ import annotations
@@ -13,17 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import time
 from functools import lru_cache
 from pathlib import Path
 
-import pytest
-import torch
-
 from lib import config as kc
 from lib.hardware import resolve_hardware
-from lib.steptime import Counts, StepTimeModel, count_step, gpu_device, step_time_model
-from lib.steptime.device import cpu_device
+from lib.steptime import StepTimeModel, gpu_device, step_time_model
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "docs" / "validation"
@@ -143,110 +137,9 @@ def test_h100_calibration_at_one_micro_batch_carries_to_another():
 # --------------------------------------------------------------------------
 # The same on this CPU: a tiny model timed here, independently of the predictor
 
-SIZES = (16, 128)
-
-
-def tiny_net():
-    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                               torch.nn.ReLU(), torch.nn.Linear(512, 10))
-
-
-def tiny_task():
-    from types import SimpleNamespace
-
-    def example_batch(n):
-        return torch.randn(n, 256), torch.randint(0, 10, (n,))
-
-    return SimpleNamespace(build=lambda ckpt: tiny_net(), example_batch=example_batch, train=[0], eval=[0],
-                           loss=torch.nn.functional.cross_entropy)
-
-
-def lenet_task():
-    from lib.steptime.count import task_for
-
-    return task_for(kc.read_config(kc.DEFCONFIG_DIR / "lenet5"))
-
-
-CPU_MODELS = {"mlp": tiny_task, "lenet5": lenet_task}
-
-
-def measured_steps(task, rounds: int = 30) -> dict[int, list[float]]:
-    """CPU seconds of a real AdamW step (forward, backward, optimizer) per size in each of `rounds`, the
-    sizes interleaved round by round (alternating which goes first), after a warm-up round. The process's CPU time (time.process_time; one
-    torch thread), not the wall clock: other processes only ever add to a step's wall time, and more to a
-    long step's than to a short one's. On this shared 2-core machine at load 6-8 the fastest wall time of
-    the MLP's step at 128 was 2.4x its CPU time, at 16 1.0x, so wall times made the sizes disagree by
-    the load, not by the step (the xfail this test was: 6.0 and 8.7 ms one run, 3.6 and 15.5 the next)."""
-    from lib.step import make_optimizer
-
-    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")  # AdamW, as the counts
-    torch.manual_seed(0)
-    model = task.build(False)
-    model.train()
-    optimizer = make_optimizer(config, model)
-    batches = {b: task.example_batch(b) for b in SIZES}
-    times: dict[int, list[float]] = {b: [] for b in SIZES}
-
-    def step(b):
-        x, y = batches[b]
-        task.loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    for round_ in range(rounds + 1):
-        for b in SIZES if round_ % 2 else SIZES[::-1]:
-            start = time.process_time()
-            step(b)
-            if round_:
-                times[b].append(time.process_time() - start)
-    return times
-
-
-def step_ratio(times: dict[int, list[float]]) -> float:
-    """The large size's step over the small one's: the median of the rounds' ratios, each of two steps taken
-    back to back. CPU time still moves with the load here (a VM's stolen time, shared caches: the MLP's
-    fastest step at 16 was 3.3, 3.9 and 4.9 ms in three runs a minute apart), and the fastest of each size
-    came from different moments, so their ratio moved by 25%; a round's two steps share their moment."""
-    small, large = SIZES
-    return statistics.median(t1 / t0 for t0, t1 in zip(times[small], times[large]))
-
-
-def cpu_model(task, cache_dir: Path) -> StepTimeModel:
-    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
-    phases = {b: count_step(task, config, batch=b, precision="fp32", device_type="cpu",
-                            gradient_checkpointing=False)[0] for b in (1, 2)}
-    parameters = sum(p.numel() for p in task.build(False).parameters())
-    counts = Counts(phases=phases, parameters=parameters, train_samples=1, eval_samples=1)
-    return StepTimeModel(counts=counts, device=cpu_device(resolve_hardware(gpu="cpu"), cache_dir), precision="fp32")
-
-
-def cpu_transfer(cache_dir: Path) -> dict[str, dict]:
-    """Per CPU model: measured and predicted step seconds at SIZES, and the error calibrated at one size of
-    the other, both ways (one factor, as lib.steptime.calibrate applies it)."""
-    out = {}
-    for name, make_task in CPU_MODELS.items():
-        task = make_task()
-        model = cpu_model(task, cache_dir)  # this CPU's figures measured afresh (about a second) the first time
-        times = measured_steps(task)
-        measured = {b: statistics.median(t) for b, t in times.items()}
-        predicted = {b: model.seconds(b, 1) for b in SIZES}
-        small, large = SIZES
-        ratio = step_ratio(times)  # measured[large] / measured[small]
-        up = predicted[large] / predicted[small] / ratio - 1  # calibrated at small, predicting large
-        out[name] = {"measured": measured, "predicted": predicted, "ratio": ratio,
-                     "errors": {(small, large): up, (large, small): 1 / (1 + up) - 1}}
-    return out
-
-
-@pytest.mark.xfail(strict=False, reason=(
-    "not yet: measured in CPU time, paired round by round, the MLP carries from 16 to 128 within 4-15% and "
-    "LeNet-5 within 10-21% (the model's LeNet-5 step is 4.0x from 16 to 128, measured 4.4-4.8x at load 8.5 on "
-    "2 cores, 3.7-4.4x at load 6); the CPU figures themselves (device.measure_cpu) moved up to 2.6x between "
-    "runs a minute apart on this machine, so a CPU plan still relies on measure.py's real timings"))
-@pytest.mark.usefixtures("one_thread")
-def test_cpu_calibration_at_one_micro_batch_carries_to_another(tmp_path):
-    rows = cpu_transfer(tmp_path)
-    assert all(abs(e) <= TRANSFER_TOLERANCE for row in rows.values() for e in row["errors"].values()), rows
+# The same on this CPU is a measurement, not a test: make bench-steptime (lib/validation/steptime_transfer.py)
+# times real steps independently of the predictor; beside other work its figures move by more than the 10%
+# goal (docs/time.md), so the suite checks its mechanics (tests/test_bench_steptime.py), not its figures.
 
 
 def main() -> None:

@@ -1,0 +1,116 @@
+"""A step-time model calibrated at one micro-batch, predicting another, on this CPU: the prediction against
+real steps timed independently of it (make bench-steptime, tests/test_steptime_replay.py).
+
+Two models: a tiny MLP (256-512-512-10) and LeNet-5 (its defconfig). For each, lib.steptime's model of an
+AdamW step is built from its counted FLOPs and bytes and this CPU's measured figures (steptime.device's
+cpu_device), and real steps (forward, backward, AdamW) are timed at SIZES, interleaved round by round. The
+transfer error is what `calibrate` would make of it: one factor fitted at one size (measured / predicted),
+applied to the other, against the other's measurement; both ways.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .. import config as kc
+from ..hardware import resolve_hardware
+from ..steptime import Counts, StepTimeModel, count_step
+from ..steptime.device import cpu_device
+
+SIZES = (16, 128)
+
+
+def tiny_net():
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                               torch.nn.ReLU(), torch.nn.Linear(512, 10))
+
+
+def tiny_task():
+    from types import SimpleNamespace
+
+    def example_batch(n):
+        return torch.randn(n, 256), torch.randint(0, 10, (n,))
+
+    return SimpleNamespace(build=lambda ckpt: tiny_net(), example_batch=example_batch, train=[0], eval=[0],
+                           loss=torch.nn.functional.cross_entropy)
+
+
+def lenet_task():
+    from ..steptime.count import task_for
+
+    return task_for(kc.read_config(kc.DEFCONFIG_DIR / "lenet5"))
+
+
+CPU_MODELS = {"mlp": tiny_task, "lenet5": lenet_task}
+
+
+def measured_steps(task, rounds: int = 30) -> dict[int, list[float]]:
+    """CPU seconds of a real AdamW step (forward, backward, optimizer) per size in each of `rounds`, the
+    sizes interleaved round by round (alternating which goes first), after a warm-up round. The process's CPU time (time.process_time; one
+    torch thread), not the wall clock: other processes only ever add to a step's wall time, and more to a
+    long step's than to a short one's. On this shared 2-core machine at load 6-8 the fastest wall time of
+    the MLP's step at 128 was 2.4x its CPU time, at 16 1.0x, so wall times made the sizes disagree by
+    the load, not by the step (wall times of the MLP at 16 and 128: 6.0 and 8.7 ms one run, 3.6 and 15.5 the next)."""
+    from ..step import make_optimizer
+
+    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")  # AdamW, as the counts
+    torch.manual_seed(0)
+    model = task.build(False)
+    model.train()
+    optimizer = make_optimizer(config, model)
+    batches = {b: task.example_batch(b) for b in SIZES}
+    times: dict[int, list[float]] = {b: [] for b in SIZES}
+
+    def step(b):
+        x, y = batches[b]
+        task.loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for round_ in range(rounds + 1):
+        for b in SIZES if round_ % 2 else SIZES[::-1]:
+            start = time.process_time()
+            step(b)
+            if round_:
+                times[b].append(time.process_time() - start)
+    return times
+
+
+def step_ratio(times: dict[int, list[float]]) -> float:
+    """The large size's step over the small one's: the median of the rounds' ratios, each of two steps taken
+    back to back. CPU time still moves with the load here (a VM's stolen time, shared caches: the MLP's
+    fastest step at 16 was 3.3, 3.9 and 4.9 ms in three runs a minute apart), and the fastest of each size
+    came from different moments, so their ratio moved by 25%; a round's two steps share their moment."""
+    small, large = SIZES
+    return statistics.median(t1 / t0 for t0, t1 in zip(times[small], times[large]))
+
+
+def cpu_model(task, cache_dir: Path) -> StepTimeModel:
+    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
+    phases = {b: count_step(task, config, batch=b, precision="fp32", device_type="cpu",
+                            gradient_checkpointing=False)[0] for b in (1, 2)}
+    parameters = sum(p.numel() for p in task.build(False).parameters())
+    counts = Counts(phases=phases, parameters=parameters, train_samples=1, eval_samples=1)
+    return StepTimeModel(counts=counts, device=cpu_device(resolve_hardware(gpu="cpu"), cache_dir), precision="fp32")
+
+
+def cpu_transfer(cache_dir: Path, rounds: int = 30) -> dict[str, dict]:
+    """Per CPU model: measured and predicted step seconds at SIZES, and the error calibrated at one size of
+    the other, both ways (one factor, as lib.steptime.calibrate applies it)."""
+    out = {}
+    for name, make_task in CPU_MODELS.items():
+        task = make_task()
+        model = cpu_model(task, cache_dir)  # this CPU's figures measured afresh (about a second) the first time
+        times = measured_steps(task, rounds)
+        measured = {b: statistics.median(t) for b, t in times.items()}
+        predicted = {b: model.seconds(b, 1) for b in SIZES}
+        small, large = SIZES
+        ratio = step_ratio(times)  # measured[large] / measured[small]
+        up = predicted[large] / predicted[small] / ratio - 1  # calibrated at small, predicting large
+        out[name] = {"measured": measured, "predicted": predicted, "ratio": ratio,
+                     "errors": {(small, large): up, (large, small): 1 / (1 + up) - 1}}
+    return out

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""The step-time model calibrated at one micro-batch, predicting another, on this CPU (make bench-steptime).
+
+lib/validation/steptime_transfer.py's measurement (tests/test_steptime_replay.py runs the same one): a tiny
+MLP and LeNet-5, AdamW steps timed at micro-batches 16 and 128 in the process's CPU time (one torch thread),
+interleaved round by round, against lib.steptime's prediction from counted FLOPs and bytes and this CPU's
+measured figures. A case's transfer error: one factor fitted at one size, applied to the other, against its
+measurement (as lib.steptime.calibrate applies a measured step), both ways. The instrument, time.process_time,
+is independent of the predictor. Run it on an idle machine: beside other work the steps' own ratio moves.
+
+Last line: steptime-transfer: models=N max_error=X% goal=10% load=L (L: the 1-minute load average before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GOAL = 0.10
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30, help="rounds of one step at each size (default 30)")
+    args = parser.parse_args(argv)
+    import torch
+
+    from lib.validation.steptime_transfer import SIZES, cpu_transfer
+
+    torch.set_num_threads(1)  # the process's CPU time is one thread's: the instrument
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = cpu_transfer(Path(tmp), rounds=args.rounds)
+    small, large = SIZES
+    print(f"{'model':<8} {'measured ms':>16} {'predicted ms':>16} {'ratio measured':>15} {'predicted':>10} "
+          f"{'calibrated at ' + str(small):>18} {'at ' + str(large):>8}")
+    worst = 0.0
+    for name, row in rows.items():
+        m, p = row["measured"], row["predicted"]
+        up, down = row["errors"][(small, large)], row["errors"][(large, small)]
+        worst = max(worst, abs(up), abs(down))
+        print(f"{name:<8} {m[small] * 1e3:7.2f} {m[large] * 1e3:8.2f} {p[small] * 1e3:7.2f} {p[large] * 1e3:8.2f} "
+              f"{row['ratio']:14.2f}x {p[large] / p[small]:9.2f}x {up:+17.1%} {down:+8.1%}")
+    print(f"steptime-transfer: models={len(rows)} max_error={worst:.1%} goal={GOAL:.0%} load={load:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""make bench-steptime (scripts/bench_steptime.py) with few rounds: both models timed, the table and the summary."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARY = re.compile(r"^steptime-transfer: models=2 max_error=(\d+\.\d)% goal=10% load=\d+\.\d$")
+
+
+def test_bench_steptime_prints_each_models_transfer_and_ends_with_the_worst():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_steptime.py"), "--rounds", "3"],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    match = SUMMARY.match(lines[-1])
+    assert match, lines[-1]
+    errors = []
+    for name in ("mlp", "lenet5"):
+        [row] = [line for line in lines if line.startswith(name)]
+        cells = row.split()
+        measured_small, measured_large, predicted_small, predicted_large = map(float, cells[1:5])
+        assert 0 < measured_small < measured_large and 0 < predicted_small < predicted_large
+        assert abs(float(cells[6].rstrip("x")) - predicted_large / predicted_small) < 0.01
+        up, down = (float(c.rstrip("%")) / 100 for c in cells[7:9])
+        assert abs((1 + up) * (1 + down) - 1) < 2e-3  # the two ways are one factor's inverse
+        errors += [abs(up), abs(down)]
+    assert abs(max(errors) * 100 - float(match.group(1))) < 0.1
