@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     from lib.validation.steptime_transfer import SIZES, cpu_transfer
 
     torch.set_num_threads(1)  # the process's CPU time is one thread's: the instrument
+    from lib.hardware.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as `make train` on a CPU whose RAM is not short: no page faults for each step's tensors
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         rows = cpu_transfer(Path(tmp), rounds=args.rounds)
