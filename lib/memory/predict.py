@@ -434,7 +434,7 @@ class StepCurve(PeakCurve):
         return replace(template, peak_bytes=vector[0], breakdown=dict(zip(self._keys, vector[1:])))
 
     def _holes(self, batch: int) -> int | None:
-        """The allocator's holes read off a line: interpolated between its traced ends (in whole pages)."""
+        """The allocator's holes read off a line: interpolated between its traced ends (None off a line)."""
         a, b = self._run(batch, batch) or (0, 0)
         ha, hb = (getattr(self._traces.get(end), "allocator_holes", None) for end in (a, b))
         return None if ha is None or hb is None else ha + (hb - ha) * (batch - a) // (b - a)

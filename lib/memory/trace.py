@@ -156,8 +156,10 @@ def _peak_tracker(device_type: str):
     from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
 
     class PeakTracker(MemTracker):
-        # every storage's allocation and free, in order, as (key, bytes; 0 frees): for the allocator's replay
-        events: list[tuple[int, int]] = []
+        def __init__(self) -> None:
+            super().__init__()
+            # every storage's allocation and free, in order, as (key, bytes; 0 frees): the allocator's replay
+            self.events: list[tuple[int, int]] = []
 
         def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
@@ -190,9 +192,7 @@ def _peak_tracker(device_type: str):
                     self._peak_mem_snap[dev] = {**snap, "Workspace": extra, "Total": snap["Total"] + extra}
             return out
 
-    tracker = PeakTracker()
-    tracker.events = []
-    return tracker
+    return PeakTracker()
 
 
 def trace_step(task, config: Config, *, batch: int, precision: str, device_type: str,
