@@ -8,7 +8,12 @@ measured figures. A case's transfer error: one factor fitted at one size, applie
 measurement (as lib.steptime.calibrate applies a measured step), both ways. The instrument, time.process_time,
 is independent of the predictor. Run it on an idle machine: beside other work the steps' own ratio moves.
 
-Last line: steptime-transfer: models=N max_error=X% goal=10% load=L (L: the 1-minute load average before).
+Two predictions per model: "timed", as kfit's CPU plans build the model (measure.py's real forward+backward
+timings at powers of two up to 128, the optimizer and the per-step overhead from the model), and
+"roofline", the counts over this CPU's measured figures alone (what a GPU's plan rests on).
+
+Last line: steptime-transfer: models=N max_error=X% roofline_max_error=Y% goal=10% load=L (X: the timed
+prediction's worst, Y: the roofline's; L: the 1-minute load average before).
 """
 
 from __future__ import annotations
@@ -41,16 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = cpu_transfer(Path(tmp), rounds=args.rounds)
     small, large = SIZES
-    print(f"{'model':<8} {'measured ms':>16} {'predicted ms':>16} {'ratio measured':>15} {'predicted':>10} "
-          f"{'calibrated at ' + str(small):>18} {'at ' + str(large):>8}")
-    worst = 0.0
+    print(f"{'model':<8} {'prediction':<10} {'measured ms':>16} {'predicted ms':>16} {'ratio measured':>15} "
+          f"{'predicted':>10} {'calibrated at ' + str(small):>18} {'at ' + str(large):>8}")
+    worst = {"roofline": 0.0, "timed": 0.0}
     for name, row in rows.items():
-        m, p = row["measured"], row["predicted"]
-        up, down = row["errors"][(small, large)], row["errors"][(large, small)]
-        worst = max(worst, abs(up), abs(down))
-        print(f"{name:<8} {m[small] * 1e3:7.2f} {m[large] * 1e3:8.2f} {p[small] * 1e3:7.2f} {p[large] * 1e3:8.2f} "
-              f"{row['ratio']:14.2f}x {p[large] / p[small]:9.2f}x {up:+17.1%} {down:+8.1%}")
-    print(f"steptime-transfer: models={len(rows)} max_error={worst:.1%} goal={GOAL:.0%} load={load:.1f}")
+        m = row["measured"]
+        for way in worst:
+            p, errors = row[way]["predicted"], row[way]["errors"]
+            up, down = errors[(small, large)], errors[(large, small)]
+            worst[way] = max(worst[way], abs(up), abs(down))
+            print(f"{name:<8} {way:<10} {m[small] * 1e3:7.2f} {m[large] * 1e3:8.2f} {p[small] * 1e3:7.2f} "
+                  f"{p[large] * 1e3:8.2f} {row['ratio']:14.2f}x {p[large] / p[small]:9.2f}x {up:+17.1%} {down:+8.1%}")
+    print(f"steptime-transfer: models={len(rows)} max_error={worst['timed']:.1%} "
+          f"roofline_max_error={worst['roofline']:.1%} goal={GOAL:.0%} load={load:.1f}")
     return 0
 
 

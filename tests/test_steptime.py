@@ -350,3 +350,30 @@ def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_meas
     smaller = Candidate(16, 8, False, 0.93, 137.6, measured=True)  # 7% faster by timings on a CPU
     assert fastest([smaller, inside], False)[0] is smaller
     assert fastest([smaller, inside], False, tie=MEASURED_TIE)[0] is inside  # within a shared CPU's noise
+
+
+def test_cpu_figures_are_each_benchmarks_fastest_over_interleaved_rounds(monkeypatch):
+    """measure_cpu's benchmarks run round-robin (one warm-up each, then whole rounds until the budget is
+    spent), so a drift of the machine's speed reaches them all alike; each keeps its fastest run."""
+    order, clock = [], iter(range(10**6))
+    monkeypatch.setattr(device, "_clock", lambda: lambda: next(clock) * 1e-3)
+    costs = {"a": iter([99, 5, 3, 4] + [9] * 100), "b": iter([99, 7, 2, 8] + [9] * 100)}
+
+    def bench(name):
+        def run():
+            order.append(name)
+            for _ in range(next(costs[name]) - 1):
+                next(clock)  # this run takes that many ms on the fake clock
+        return run
+
+    best = device._fastest({"a": bench("a"), "b": bench("b")}, budget_s=0.0)
+    assert order == ["a", "b"] + ["a", "b"] * device.MIN_ROUNDS  # warm-ups, then rounds of both
+    assert best == pytest.approx({"a": 3e-3, "b": 2e-3})  # the warm-ups' 99 ms never count
+
+
+def test_measured_cpu_figures_are_positive_and_name_their_threads():
+    figures = device.measure_cpu(budget_s=0.0)  # the minimum rounds: well under a second here
+    assert figures["threads"] == torch.get_num_threads()
+    for key in ("fp32_flops", "bf16_flops", "bandwidth", "op_overhead_s", "conv_flops"):
+        assert figures[key] > 0, key
+    assert figures["conv_op_s"] >= 0

@@ -11,8 +11,8 @@ micro-batch.
 
 CPUs: measured on this machine by `measure_cpu` (a matmul at fp32 and bf16, a
 large copy, a tiny training step for the per-op cost, a small CNN's forward and
-backward at two batches for convolutions' rate and setup; about a second, in
-CPU time where torch runs one thread), cached per CPU, core count, thread count
+backward at two batches for convolutions' rate and setup, all but bf16 run
+round-robin for two seconds; in CPU time where torch runs one thread), cached per CPU, core count, thread count
 and torch version in <cache dir>/steptime/cpu-<key>.json. A profile of another
 machine's CPU (HW=file) is scaled from this one by its physical core count, and
 says so.
@@ -93,7 +93,7 @@ CPU_STEP_OVERHEAD_S = 2e-4
 COMPILE_MEMORY_FACTOR = 0.4
 COMPILE_OPS_FACTOR = 0.7
 
-MEASURE_FORMAT = 2  # 2: CPU time, a training step's op cost, convolutions' rate and setup
+MEASURE_FORMAT = 3  # 2: CPU time, a training step's op cost, convolutions' rate and setup; 3: interleaved
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,35 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-def _matmul_flops(dtype, n: int = 768, small: int = 256, call_budget_s: float = 0.1) -> float:
+# The micro-benchmarks run round-robin for MEASURE_BUDGET_S (at least MIN_ROUNDS rounds), each keeping its
+# fastest run. This VM's speed drifts by 25% in windows of a fifth of a second (a 128x512x512 matmul's
+# fastest of 20 calls moved between 770 and 1000 us over 8 s), so figures each timed in its own half
+# second came from different moments: in six runs of the earlier best-of-5, one after another, the matmul
+# read 59-84 GFLOP/s, the per-op cost 6.6-9.9 us and the convolutions' setup 123-263 us, and the model's
+# predicted ratio of LeNet-5's step at 128 to 16 moved 3.06-4.53x. Interleaved over 2 s: 80-84 GFLOP/s,
+# 10.0-10.9 us, 217-232 us, and 3.57-3.65x.
+MEASURE_BUDGET_S = 2.0
+MIN_ROUNDS = 3
+MATMUL_N = 768
+
+
+def _fastest(benchmarks: dict, budget_s: float) -> dict[str, float]:
+    """Each benchmark's fastest run, after one warm-up each, the benchmarks run round-robin for budget_s."""
+    clock = _clock()
+    for fn in benchmarks.values():
+        fn()
+    best = {name: float("inf") for name in benchmarks}
+    started, rounds = time.perf_counter(), 0
+    while rounds < MIN_ROUNDS or time.perf_counter() - started < budget_s:
+        for name, fn in benchmarks.items():
+            start = clock()
+            fn()
+            best[name] = min(best[name], clock() - start)
+        rounds += 1
+    return best
+
+
+def _matmul_flops(dtype, n: int = MATMUL_N, small: int = 256, call_budget_s: float = 0.1) -> float:
     """A square matmul's FLOP/s: timed at n, unless the small one shows a call at n would take longer than
     call_budget_s (bf16 without native support runs near 1 GFLOP/s: 768 took 4.5 s for six calls, 256 0.15 s
     for the same figure within 6%), where the small size's figure is kept, the kernel then compute-bound."""
@@ -200,14 +228,12 @@ def _matmul_flops(dtype, n: int = 768, small: int = 256, call_budget_s: float = 
     return flops
 
 
-def _op_seconds() -> float:
-    """Seconds per dispatched op of a training step whose ops do almost nothing: a 6-layer MLP of width 4
-    at batch 1, forward, backward and an AdamW step (one tensor at a time, as on a CPU), over the ops count.py
-    counts in it. Autograd's nodes, nn.Module calls and the optimizer's Python loop are all in it, which a
-    loop of bare adds (1.7 us here) leaves out: 5.9 us here (fwd+bwd 8.3 us a counted op, AdamW 5.0)."""
+def _op_step():
+    """A training step whose ops do almost nothing: a 6-layer MLP of width 4 at batch 1, forward, backward and
+    an AdamW step (one tensor at a time, as on a CPU). Its time over the ops count.py counts in it is the cost
+    of a dispatched op, autograd's nodes, nn.Module calls and the optimizer's Python loop included, which a
+    loop of bare adds (1.7 us here) leaves out: 10-11 us a counted op here."""
     import torch
-
-    from .count import counted
 
     net = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(4, 4), torch.nn.ReLU())])
     optimizer = torch.optim.AdamW(net.parameters(), foreach=False)
@@ -218,8 +244,8 @@ def _op_seconds() -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step()  # the optimizer's state exists from here on
-    return _best(step, 10) / counted(step).ops
+    step()  # the optimizer's state exists from here on: what every later step costs
+    return step
 
 
 # The batches the convolutions are timed at: 2 and 16 gave 26-35 GFLOP/s here, in cache, where LeNet-5's
@@ -227,9 +253,9 @@ def _op_seconds() -> float:
 CONV_BATCHES = (4, 64)
 
 
-def _conv_figures(op_s: float, bandwidth: float) -> tuple[float, float]:
-    """(FLOP/s of convolutions, seconds per convolution op beyond op_s) from a small CNN's forward+backward
-    timed at CONV_BATCHES: the slope is the rate, what is left at batch 2 the convolutions' own setup.
+def _conv_steps() -> dict:
+    """A small CNN's forward+backward per CONV_BATCHES: the slope between them is convolutions' rate, what is
+    left at the smaller their setup (`_conv_figures`).
 
     Small-channel convolutions are slow on a CPU and vary by shape (fwd+bwd here: 1->6 channels 5x5 at 32 px
     6.5 GFLOP/s, 6->16 at 14 px 27.5, 3->16 3x3 at 32 px 18.3, 64->64 3x3 at 16 px 42; each call 200-250 us
@@ -238,19 +264,19 @@ def _conv_figures(op_s: float, bandwidth: float) -> tuple[float, float]:
     and measure.py's real timings correct."""
     import torch
 
-    from .count import counted
-
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.Conv2d(6, 16, 5))
-    figures = {}
-    for batch in CONV_BATCHES:
+
+    def step_at(batch):
         x = torch.randn(batch, 1, 32, 32)
+        return lambda: net(x).sum().backward()
 
-        def step():
-            net(x).sum().backward()
+    return {batch: step_at(batch) for batch in CONV_BATCHES}
 
-        step()  # oneDNN builds its primitives for the shape
-        figures[batch] = (_best(step, 5), counted(step))
-    (t0, c0), (t1, c1) = (figures[b] for b in CONV_BATCHES)
+
+def _conv_figures(times: dict, counts: dict, op_s: float, bandwidth: float) -> tuple[float, float]:
+    """(FLOP/s of convolutions, seconds per convolution op beyond op_s) from `_conv_steps`' fastest times
+    and counts by batch."""
+    (t0, c0), (t1, c1) = ((times[b], counts[b]) for b in CONV_BATCHES)
 
     def bytes_s(c):
         return (c.compute_bytes + c.memory_bytes) / bandwidth
@@ -260,20 +286,30 @@ def _conv_figures(op_s: float, bandwidth: float) -> tuple[float, float]:
     return rate, max(0.0, setup)
 
 
-def measure_cpu() -> dict:
+def measure_cpu(budget_s: float = MEASURE_BUDGET_S) -> dict:
     """Matmul FLOP/s at fp32 and bf16, copy bandwidth, the per-op cost of a training step, and small
-    convolutions' FLOP/s and setup per op on this CPU (about a second; CPU time where torch runs one thread)."""
+    convolutions' FLOP/s and setup per op on this CPU (about budget_s + half a second; CPU time where torch
+    runs one thread)."""
     import torch
+
+    from .count import counted
 
     started = time.perf_counter()
     result: dict = {"threads": torch.get_num_threads()}
-    for key, dtype in (("fp32_flops", torch.float32), ("bf16_flops", torch.bfloat16)):
-        result[key] = _matmul_flops(dtype)
+    result["bf16_flops"] = _matmul_flops(torch.bfloat16)  # emulated on most CPUs: too slow for the rounds
+    a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
     src = torch.empty(2**24)  # 64 MiB: past any cache
     dst = torch.empty_like(src)
-    result["bandwidth"] = 2 * src.numel() * src.element_size() / _best(lambda: dst.copy_(src), 5)
-    result["op_overhead_s"] = _op_seconds()
-    result["conv_flops"], result["conv_op_s"] = _conv_figures(result["op_overhead_s"], result["bandwidth"])
+    benchmarks = {"matmul": lambda: torch.mm(a, b), "copy": lambda: dst.copy_(src), "op": _op_step(),
+                  **{f"conv{batch}": step for batch, step in _conv_steps().items()}}
+    counts = {name: counted(fn) for name, fn in benchmarks.items() if name not in ("matmul", "copy")}
+    best = _fastest(benchmarks, budget_s)
+    result["fp32_flops"] = 2 * MATMUL_N**3 / best["matmul"]
+    result["bandwidth"] = 2 * src.numel() * src.element_size() / best["copy"]
+    result["op_overhead_s"] = best["op"] / counts["op"].ops
+    result["conv_flops"], result["conv_op_s"] = _conv_figures(
+        {b: best[f"conv{b}"] for b in CONV_BATCHES}, {b: counts[f"conv{b}"] for b in CONV_BATCHES},
+        result["op_overhead_s"], result["bandwidth"])
     result["seconds"] = round(time.perf_counter() - started, 3)
     return result
 

@@ -6,10 +6,16 @@ AdamW step is built from its counted FLOPs and bytes and this CPU's measured fig
 cpu_device), and real steps (forward, backward, AdamW) are timed at SIZES, interleaved round by round. The
 transfer error is what `calibrate` would make of it: one factor fitted at one size (measured / predicted),
 applied to the other, against the other's measurement; both ways.
+
+Twice per model: the roofline alone (the counts over this CPU's measured figures: what a GPU's plan rests
+on), and the model as kfit's CPU plans build it, with measure.py's real forward+backward timings at powers
+of two up to the larger size within its budget (lib.steptime.calibrate's _measured): the transfer a plan
+on this CPU sees, the optimizer and the per-step overhead still from the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +26,7 @@ from .. import config as kc
 from ..hardware import resolve_hardware
 from ..steptime import Counts, StepTimeModel, count_step
 from ..steptime.device import cpu_device
+from ..steptime.measure import BUDGET_S, power_sizes, time_micro_batches
 
 SIZES = (16, 128)
 
@@ -98,19 +105,36 @@ def cpu_model(task, cache_dir: Path) -> StepTimeModel:
     return StepTimeModel(counts=counts, device=cpu_device(resolve_hardware(gpu="cpu"), cache_dir), precision="fp32")
 
 
+def with_timings(model: StepTimeModel, task) -> StepTimeModel:
+    """The model with measure.py's timings of the task at powers of two up to the larger size, as a CPU
+    plan's (calibrate._measured: the same call, within its default budget)."""
+    config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
+    micro, optimizer_s = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
+                                            sizes=power_sizes(max(SIZES)), estimate=model.roofline_micro_seconds,
+                                            budget_s=BUDGET_S)
+    return dataclasses.replace(model, measured=micro, measured_optimizer_s=optimizer_s) if micro else model
+
+
+def transfer_errors(predicted: dict[int, float], ratio: float) -> dict[tuple[int, int], float]:
+    """Calibrated at one size (one factor), the error at the other, against the measured ratio; both ways."""
+    small, large = SIZES
+    up = predicted[large] / predicted[small] / ratio - 1
+    return {(small, large): up, (large, small): 1 / (1 + up) - 1}
+
+
 def cpu_transfer(cache_dir: Path, rounds: int = 30) -> dict[str, dict]:
-    """Per CPU model: measured and predicted step seconds at SIZES, and the error calibrated at one size of
-    the other, both ways (one factor, as lib.steptime.calibrate applies it)."""
+    """Per CPU model: measured step seconds at SIZES, and per way of predicting them ("roofline", "timed":
+    with measure.py's timings) the predicted seconds and the transfer errors."""
     out = {}
     for name, make_task in CPU_MODELS.items():
         task = make_task()
-        model = cpu_model(task, cache_dir)  # this CPU's figures measured afresh (about a second) the first time
+        model = cpu_model(task, cache_dir)  # this CPU's figures measured afresh (a few seconds) the first time
+        timed = with_timings(model, task)
         times = measured_steps(task, rounds)
-        measured = {b: statistics.median(t) for b, t in times.items()}
-        predicted = {b: model.seconds(b, 1) for b in SIZES}
-        small, large = SIZES
         ratio = step_ratio(times)  # measured[large] / measured[small]
-        up = predicted[large] / predicted[small] / ratio - 1  # calibrated at small, predicting large
-        out[name] = {"measured": measured, "predicted": predicted, "ratio": ratio,
-                     "errors": {(small, large): up, (large, small): 1 / (1 + up) - 1}}
+        row = {"measured": {b: statistics.median(t) for b, t in times.items()}, "ratio": ratio}
+        for way, m in (("roofline", model), ("timed", timed)):
+            predicted = {b: m.seconds(b, 1) for b in SIZES}
+            row[way] = {"predicted": predicted, "errors": transfer_errors(predicted, ratio)}
+        out[name] = row
     return out
