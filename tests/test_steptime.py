@@ -377,3 +377,28 @@ def test_measured_cpu_figures_are_positive_and_name_their_threads():
     for key in ("fp32_flops", "bf16_flops", "bandwidth", "op_overhead_s", "conv_flops"):
         assert figures[key] > 0, key
     assert figures["conv_op_s"] >= 0
+
+
+def test_matmuls_with_a_dimension_off_16_bytes_are_counted_apart():
+    """A GPU's BLAS runs a matmul whose M, K or N is not a whole number of 16 bytes (GPT-2's 50,257-token
+    head) with slower kernels: those FLOPs are counted as unaligned, and the step-time model charges them at
+    their own share of the peak."""
+    b = 8
+    aligned = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # noqa: E731
+    phases, _ = counted(aligned, (16,), b)  # fp32: 4 elements are 16 bytes; every dimension is a multiple
+    assert phases["forward"].unaligned_flops == 0 and phases["backward"].unaligned_flops == 0
+    odd = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 6))  # noqa: E731
+    phases, _ = counted(odd, (16,), b)
+    head = 2 * b * 32 * 6  # the 6-wide layer's matmul: forward once; backward its input and weight gradients
+    assert phases["forward"].unaligned_flops == head and phases["backward"].unaligned_flops == 2 * head
+    assert phases["forward"].matmul_flops == 2 * b * 16 * 32
+    h100 = gpu_device("h100")
+    slow = Phase(flops=1e12, unaligned_flops=1e12)
+    fast = Phase(flops=1e12)
+    counts = lambda p: Counts(phases={1: {"forward": p, "backward": Phase(), "optimizer": Phase()},  # noqa: E731
+                                      2: {"forward": p, "backward": Phase(), "optimizer": Phase()}},
+                              parameters=1, train_samples=1, eval_samples=1)
+    t_slow, t_fast = (StepTimeModel(counts=counts(p), device=h100, precision="bf16").micro_seconds(1)
+                      for p in (slow, fast))
+    assert t_slow / t_fast == pytest.approx(device.GPU_COMPUTE_EFFICIENCY / device.FAMILIES["hopper"].unaligned,
+                                            rel=0.05)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import tempfile
 from functools import lru_cache
 from pathlib import Path
+
+import pytest
 
 from lib import config as kc
 from lib.hardware import resolve_hardware
@@ -73,6 +76,37 @@ def test_every_committed_h100_step_time_case_is_within_25_percent_uncalibrated()
     assert len(rows) == 15 and {c["model"] for c, _, _ in rows} == {"gpt2-tiny", "resnet18", "gpt2"}
     worst = max(rows, key=lambda r: abs(r[2]))
     assert abs(worst[2]) <= UNCALIBRATED_TOLERANCE, worst
+
+
+def vocab_cases() -> list[tuple[str, bool, float, float]]:
+    """(file, compiled, measured ms, predicted ms) of GPT-2 124M on its 50,257-token vocabulary: the compile
+    check's eager and compiled steps at micro-batch 16 (bf16; two steps a call, so its samples/s is a step's)."""
+    from lib.validation import vocab
+
+    out = []
+    for path in sorted(VALIDATION.glob("nvidia-h100-*.json")):
+        model = json.loads(path.read_text())["checks"].get("compile", {}).get("figures", {}).get("models", {})
+        case = model.get("gpt2-50k")
+        if not case:
+            continue
+        config = vocab.make_config(Path(tempfile.mkdtemp()), vocab.MODEL)
+        for compiled in (False, True):
+            predicted = step_time_model(config, resolve_hardware(gpu="h100"), device_type="cuda", precision="bf16",
+                                        compile=compiled).seconds(case["batch"], 1) * 1e3
+            measured = case["batch"] / case["compiled" if compiled else "eager"]["samples_per_s"] * 1e3
+            out.append((path.name, compiled, measured, predicted))
+    return out
+
+
+@pytest.mark.slow  # GPT-2 124M's step counted on fake tensors at two batches: about a minute cold
+def test_the_50257_token_head_is_timed_at_its_unaligned_share():
+    """The head's matmuls (a 50,257-wide dimension, not a whole number of 16 bytes) run at 21% of the bf16
+    peak, the aligned ones at 60%: the compiled step set that share (55.6 ms measured, 43.9 predicted before,
+    55.8 after); the eager step, left out of the fit, went from -22% (62.0 ms against 79.7) to -7%."""
+    rows = vocab_cases()
+    assert len(rows) == 2
+    for name, compiled, measured, predicted in rows:
+        assert abs(predicted / measured - 1) <= 0.10, (name, compiled, measured, predicted)
 
 
 # --------------------------------------------------------------------------

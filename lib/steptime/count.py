@@ -15,6 +15,8 @@ does (lib/memory/trace.py), with one dispatch mode that counts, per phase:
                     flops - conv_flops - attention_flops are the matmuls' (mm, bmm, addmm, baddbmm)
     conv_ops        the part of ops that are convolutions (forward or backward): on a CPU each costs far
                     more to set up than another op (device.py's conv_op_s)
+    unaligned_flops the part of the matmuls' FLOPs in matmuls with a dimension that is not a whole number
+                    of 16 bytes (GPT-2's 50,257-token head): a GPU's BLAS runs those with slower kernels
 
 Counts are linear in the batch (a constant part from the weights, a part per
 sample), so a step is counted at two batch sizes only (`COUNT_BATCHES`) and
@@ -42,10 +44,12 @@ from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
 from .cache import is_count, read_json, write_json
 
-FORMAT = 4  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops
+FORMAT = 5  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops;
+# 5: unaligned_flops
 COUNT_BATCHES = (1, 2)
 PHASES = ("forward", "backward", "optimizer")
-FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops", "attention_flops", "conv_ops")
+FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops", "attention_flops", "conv_ops",
+          "unaligned_flops")
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,13 @@ class Phase:
     conv_flops: float = 0.0
     attention_flops: float = 0.0
     conv_ops: float = 0.0
+    unaligned_flops: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
-        """The FLOPs of plain matmuls: what is neither a convolution nor fused attention."""
-        return max(0.0, self.flops - self.conv_flops - self.attention_flops)
+        """The FLOPs of aligned plain matmuls: what is neither a convolution, nor fused attention, nor a
+        matmul with an unaligned dimension."""
+        return max(0.0, self.flops - self.conv_flops - self.attention_flops - self.unaligned_flops)
 
     def __add__(self, other: "Phase") -> "Phase":
         return Phase(*(getattr(self, f) + getattr(other, f) for f in FIELDS))
@@ -138,6 +144,16 @@ def _cpu_attention_flops(name: str, args) -> int | None:
 
 
 CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
+MATMULS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm)
+ALIGNMENT_BYTES = 16
+
+
+def unaligned(args) -> bool:
+    """Whether a matmul's (M, K) x (K, N) has a dimension that is not a whole number of ALIGNMENT_BYTES: its
+    operands are its last two tensor arguments (mm, bmm; addmm and baddbmm add to a first)."""
+    a, b = [t for t in args if isinstance(t, torch.Tensor)][-2:]
+    step = max(1, ALIGNMENT_BYTES // a.element_size())
+    return any(d % step for d in (a.shape[-2], a.shape[-1], b.shape[-1]))
 
 
 class _Counter:
@@ -182,6 +198,8 @@ class _Counter:
                         totals["conv_flops"] += flops
                     elif "scaled_dot_product" in str(packet) or "attention" in str(packet):
                         totals["attention_flops"] += flops
+                    elif packet in MATMULS and unaligned(args):
+                        totals["unaligned_flops"] += flops
                 else:
                     totals["memory_bytes"] += moved
                 return out

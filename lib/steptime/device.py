@@ -48,6 +48,12 @@ from .cache import cpu_figures, write_json
 #   conv compiled 0.18  the same step compiled: 10.1 ms (phase_times.jsonl; inductor runs the convolutions
 #                   channels-last, cuDNN's faster bf16 kernels): 21% there; the trainer's compiled ResNet-18
 #                   at 512 measured 15.1-20.9 ms in five runs (mean 18.3), which 0.18 puts at 17.3 ms.
+#   unaligned 0.21  matmuls with a dimension that is not a whole number of 16 bytes (count.py): GPT-2 124M on
+#                   its 50,257-token vocabulary, bf16 at micro-batch 16 (compile check, 2026-11-26): the
+#                   compiled step measured 55.6 ms where 43.9 were predicted with its head's 3.8 TFLOP at the
+#                   matmuls' 60%; at 21% they take the 11.7 ms missing (predicted 55.8). The eager step, not
+#                   fitted: 79.7 ms measured, 62.0 predicted before (-22%), 73.9 after (-7%). The same head
+#                   padded to a multiple of 64 is known to run the whole GPT-2 step about a quarter faster.
 #   bandwidth 0.75  elementwise kernels at large sizes reach 70-85% of the datasheet bandwidth.
 #   op overhead 30 us  the host's time per counted op, eager (op_overhead.jsonl: 26-48 us on the VM's CPU,
 #                   median of 20 steps); GPT-2-tiny's compiled forward+backward at 64 took 4.98 ms
@@ -71,6 +77,7 @@ class Efficiency:
     attention: float = 0.6
     conv: float = 0.10
     conv_compiled: float = 0.18
+    unaligned: float = 0.21
     bandwidth: float = 0.75
     kernel_floor_s: float = 6e-6  # device time every kernel takes however small (launch, ramp, tail)
     op_overhead_s: float = 30e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
@@ -119,6 +126,7 @@ class Device:
     optimizer_host_s: float = 0.0  # the optimizer step's host floor
     compute_efficiency: float = 1.0  # the matmuls' share of the datasheet peak that fp32_flops etc. include
     conv_op_s: float = 0.0  # a CPU's setup per convolution op (forward or backward), beyond op_overhead_s
+    unaligned_efficiency: float = 1.0  # matmuls with an unaligned dimension: FLOP/s over the aligned ones'
 
     def flops(self, precision: str, tf32: bool) -> float:
         if precision in ("bf16", "fp16"):
@@ -150,7 +158,8 @@ def gpu_device(name: str) -> Device | None:
                   half_flops=peak.half_tflops * 1e12 * eff, bandwidth=peak.bandwidth_gbs * 1e9 * bw,
                   op_overhead_s=e.op_overhead_s, step_overhead_s=e.step_overhead_s,
                   conv_efficiency=e.conv / eff, conv_compiled_efficiency=e.conv_compiled / eff,
-                  attention_efficiency=e.attention / eff, optimizer_host_s=e.optimizer_host_s,
+                  attention_efficiency=e.attention / eff, unaligned_efficiency=e.unaligned / eff,
+                  optimizer_host_s=e.optimizer_host_s,
                   kernel_floor_s=e.kernel_floor_s, compute_efficiency=eff,
                   power_watts=float(entry.tdp_watts), key=entry.name,
                   source=f"{entry.key} datasheet peaks x {name_of_family} efficiencies (matmul {eff:.0%}, "

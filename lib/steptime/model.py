@@ -3,6 +3,7 @@
 One micro-batch (forward + backward) takes, on a GPU,
 
     compute = matmul flops / peak FLOP/s + attention flops / attention FLOP/s + conv flops / conv FLOP/s
+              + unaligned matmul flops / their FLOP/s
     device  = max(compute, compute bytes / bandwidth) + other bytes / bandwidth + ops x kernel floor
     host    = ops x per-op overhead
     time    = max(device, host)     (the host queues kernels ahead of the device)
@@ -81,7 +82,7 @@ class StepTimeModel:
         peak = dev.flops(self.precision, self.tf32)
         conv = dev.conv_compiled_efficiency if compiled and dev.conv_compiled_efficiency else dev.conv_efficiency
         compute = (work.matmul_flops / peak + work.attention_flops / (peak * dev.attention_efficiency)
-                   + work.conv_flops / (peak * conv))
+                   + work.conv_flops / (peak * conv) + work.unaligned_flops / (peak * dev.unaligned_efficiency))
         host = ops * dev.op_overhead_s
         if dev.kind == "cpu":  # one core does it all, one thing after another: nothing overlaps
             return (compute + (work.compute_bytes + memory_bytes) / dev.bandwidth + host
