@@ -100,7 +100,7 @@ CPU_STEP_OVERHEAD_S = 2e-4
 COMPILE_MEMORY_FACTOR = 0.4
 COMPILE_OPS_FACTOR = 0.7
 
-MEASURE_FORMAT = 3  # 2: CPU time, a training step's op cost, convolutions' rate and setup; 3: interleaved
+MEASURE_FORMAT = 3  # 2: CPU time, a training step's op cost, convolutions' rate and setup; 3: interleaved, heap kept
 
 
 @dataclass(frozen=True)
@@ -301,8 +301,12 @@ def measure_cpu(budget_s: float = MEASURE_BUDGET_S) -> dict:
     runs one thread)."""
     import torch
 
+    from ..hardware.allocator import keep_freed_memory
     from .count import counted
 
+    # the C heap as a CPU run has it (lib.api.train_planned; measure.py does the same), unless RAM is short:
+    # with glibc's adaptive defaults the convolutions' setup read 34-70 us here, with the heap kept 195-213
+    keep_freed_memory()
     started = time.perf_counter()
     result: dict = {"threads": torch.get_num_threads()}
     result["bf16_flops"] = _matmul_flops(torch.bfloat16)  # emulated on most CPUs: too slow for the rounds
