@@ -549,6 +549,9 @@ def test_gpt2_on_the_real_vocabulary_is_gpt2_124m(tmp_path):
     assert [c.label for c in full if c.model == vocab.MODEL] == ["gpt2-124m-50k bf16 8", "gpt2-124m-50k bf16 16",
                                                                  "gpt2-124m-50k fp32 8"]
     assert compile_check.MODELS[-1] == (vocab.MODEL, mfu_check.BATCH)  # the throughput mfu reuses
+    padded = load_task(vocab.make_config(tmp_path, "p", vocab_size=vocab.PADDED_VOCAB))
+    assert padded.info.vocab_size == 50304 and vocab.PADDED_VOCAB % 64 == 0  # the head's rows; the same ids
+    assert padded.train[[0]][0].max() < 50257 and (tmp_path / "gpt2-vocab-corpus-50304").is_dir()
 
 
 def test_sweep_sizes_around_the_plans_choice():
@@ -597,12 +600,38 @@ def test_mfu_is_the_plans_formula_with_the_measured_throughput(tmp_path):
     assert mfu == pytest.approx(0.3) and "300.0 samples/s" in why
     ctx = ctx_for(tmp_path, cuda=fake_device(FakeCuda()))
     ctx.shared[compile_check.shared_key(vocab.MODEL, mfu_check.BATCH)] = {"samples_per_s": 300.0, "warm_up_s": 25.0}
-    result = mfu_check.check_mfu(ctx, plan_for=lambda ctx: (None, None, plan), speed_model_for=lambda *a: speed)
+    head = {"rows": [50257, 50304], "measured_speedup": 1.2, "predicted_speedup": 1.19}
+    result = mfu_check.check_mfu(ctx, plan_for=lambda ctx: (None, None, plan), speed_model_for=lambda *a: speed,
+                                 head_for=lambda ctx, model: head if model is speed else None)
     assert result.status == "pass" and result.figures["throughput_source"] == "the compile check's measurement"
     assert result.figures["predicted_error"] == pytest.approx(1 / 3, abs=1e-3) and "MFU 30.0%" in result.reason
-    low = mfu_check.judge(0.2, "x", {"micro_batch": 16, "samples_per_s": 200.0})
-    assert low.status == "fail" and "under the 25% floor" in low.reason
+    assert result.figures["head"] == head and "padded to 50,304 rows: x1.20 eager (predicted x1.19)" in result.reason
+    low = mfu_check.judge(0.15, "x", {"micro_batch": 16, "samples_per_s": 200.0})
+    assert low.status == "fail" and "under the 20% floor" in low.reason
     assert mfu_check.check_mfu(ctx_for(tmp_path, "cpu")).status == "skip"
+
+
+def test_the_padded_head_measured_implies_the_unaligned_share_it_was_built_with():
+    """padded_head times the head at 50,257 and 50,304 rows; the share of the peak its saving implies for the
+    unaligned matmuls is the one that made the measurements (here 30%, made up), whatever the model's own."""
+    from lib.steptime import Counts, Phase, StepTimeModel, gpu_device
+
+    per = Phase(flops=1e12, unaligned_flops=1e12)  # one sample: 1 TFLOP, all in unaligned matmuls
+    counts = Counts(phases={b: {"forward": Phase(flops=b * 1e12, unaligned_flops=b * 1e12), "backward": Phase(),
+                                "optimizer": Phase()} for b in (1, 2)}, parameters=1, train_samples=1, eval_samples=1)
+    h100 = gpu_device("h100")
+    model = StepTimeModel(counts=counts, device=h100, precision="bf16", compile=True)
+    batch, datasheet = mfu_check.BATCH, h100.peak_flops("bf16", False)
+    padded_s = 0.1
+    unpadded_s = padded_s + batch * per.unaligned_flops / datasheet * (1 / 0.3 - 1 / h100.compute_efficiency)
+    rates = {50257: batch / unpadded_s, 50304: batch / padded_s}
+    seen = []
+    head = mfu_check.padded_head(None, model, measure=lambda ctx, rows: seen.append(rows) or rates[rows])
+    assert seen == [50257, 50304]  # unpadded first, then padded, back to back
+    assert head["suggested_unaligned_share"] == pytest.approx(0.3, abs=1e-3)
+    assert head["measured_speedup"] == pytest.approx(unpadded_s / padded_s, abs=1e-3)
+    # the model's own share, 21% against the aligned 60%, predicts the eager step's saving
+    assert head["predicted_speedup"] > 1.5 and head["unaligned_tflop_per_step"] == pytest.approx(batch)
 
 
 def test_loop_verdicts():

@@ -20,29 +20,35 @@ from .. import config as kconfig
 from ..data.text import GPT2_VOCAB
 
 MODEL = "gpt2-50k"  # the name the checks use for this model
+PADDED_VOCAB = 50304  # 50,257 rounded up to a multiple of 64: the head's matmuls then have no unaligned dimension
 LABEL = "gpt2-124m-50k"  # ... and in their tables
 TRAIN_TOKENS, VAL_TOKENS = 1 << 20, 1 << 16  # 1,023 and 63 windows of 1,024: enough for any micro-batch here
 
 
 def write_corpus(directory: Path, *, train_tokens: int = TRAIN_TOKENS, val_tokens: int = VAL_TOKENS,
-                 seed: int = 0) -> Path:
-    """Random token ids below GPT2_VOCAB in `directory` (uint16, nanoGPT's format); kept when already there."""
+                 seed: int = 0, vocab_size: int = GPT2_VOCAB) -> Path:
+    """Random token ids below GPT2_VOCAB in `directory` (uint16, nanoGPT's format); kept when already there.
+    `vocab_size`: what meta.json declares, so the model's embedding and head have that many rows (a padded
+    vocabulary, PADDED_VOCAB, trains the same ids)."""
     directory.mkdir(parents=True, exist_ok=True)
     meta = directory / "meta.json"
     if not meta.exists():
         rng = np.random.default_rng(seed)
         for name, count in (("train.bin", train_tokens), ("val.bin", val_tokens)):
             (directory / name).write_bytes(rng.integers(0, GPT2_VOCAB, count, dtype=np.uint16).tobytes())
-        meta.write_text(json.dumps({"vocab_size": GPT2_VOCAB, "dtype": "uint16"}))  # last: the corpus is whole
+        meta.write_text(json.dumps({"vocab_size": vocab_size, "dtype": "uint16"}))  # last: the corpus is whole
     return directory
 
 
-def corpus_assignments(workdir: Path) -> dict:
+def corpus_assignments(workdir: Path, vocab_size: int = GPT2_VOCAB) -> dict:
     """The config assignments that train GPT-2 on the synthetic corpus under `workdir`."""
-    return {"DATASET_DIR": True, "DATA_DIR": str(write_corpus(workdir / "gpt2-vocab-corpus"))}
+    name = "gpt2-vocab-corpus" + ("" if vocab_size == GPT2_VOCAB else f"-{vocab_size}")
+    return {"DATASET_DIR": True, "DATA_DIR": str(write_corpus(workdir / name, vocab_size=vocab_size))}
 
 
-def make_config(workdir: Path, name: str, assignments: dict | None = None, *, base: str = "gpt2") -> kconfig.Config:
-    """The `base` defconfig (gpt2: GPT-2 124M, context 1024) on GPT-2's vocabulary, with `assignments`."""
+def make_config(workdir: Path, name: str, assignments: dict | None = None, *, base: str = "gpt2",
+                vocab_size: int = GPT2_VOCAB) -> kconfig.Config:
+    """The `base` defconfig (gpt2: GPT-2 124M, context 1024) on GPT-2's vocabulary (its model's head
+    `vocab_size` rows: PADDED_VOCAB pads it), with `assignments`."""
     config = kconfig.make_defconfig(base, out=workdir / f"{name}.config")
-    return kconfig.derive(config, {**corpus_assignments(workdir), **(assignments or {})})
+    return kconfig.derive(config, {**corpus_assignments(workdir, vocab_size), **(assignments or {})})
