@@ -76,6 +76,7 @@ def _plan(cache_dir: Path, config, hardware, monkeypatch, measure: bool = False)
 
 def test_every_damaged_cache_file_gives_a_plan_and_a_note_naming_it(cache, monkeypatch, capsys):
     cache_dir, config, hardware = cache
+    monkeypatch.setattr(steptime.device, "MEASURE_BUDGET_S", 0.0)  # each damaged CPU file is measured again
     plan = _plan(cache_dir, config, hardware, monkeypatch, measure=True)
     steptime.calibrate(config, hardware, plan, [0.01, 0.011, 0.012])
     monkeypatch.setenv("KFIT_CACHE_DIR", str(cache_dir))
@@ -130,6 +131,7 @@ def test_an_unwritable_cache_directory_plans_probes_and_calibrates(cache, monkey
     """As a read-only cache directory (root ignores permission bits, so: a cache directory under a file,
     where every write fails with an OSError)."""
     _, config, hardware = cache
+    monkeypatch.setattr(steptime.device, "MEASURE_BUDGET_S", 0.0)  # nothing is cached: measured at each plan
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     unwritable = blocker / "cache"

@@ -295,10 +295,10 @@ def _conv_figures(times: dict, counts: dict, op_s: float, bandwidth: float) -> t
     return rate, max(0.0, setup)
 
 
-def measure_cpu(budget_s: float = MEASURE_BUDGET_S) -> dict:
+def measure_cpu(budget_s: float | None = None) -> dict:
     """Matmul FLOP/s at fp32 and bf16, copy bandwidth, the per-op cost of a training step, and small
-    convolutions' FLOP/s and setup per op on this CPU (about budget_s + half a second; CPU time where torch
-    runs one thread)."""
+    convolutions' FLOP/s and setup per op on this CPU (about budget_s, default MEASURE_BUDGET_S, + half a
+    second; CPU time where torch runs one thread)."""
     import torch
 
     from ..hardware.allocator import keep_freed_memory
@@ -316,7 +316,7 @@ def measure_cpu(budget_s: float = MEASURE_BUDGET_S) -> dict:
     benchmarks = {"matmul": lambda: torch.mm(a, b), "copy": lambda: dst.copy_(src), "op": _op_step(),
                   **{f"conv{batch}": step for batch, step in _conv_steps().items()}}
     counts = {name: counted(fn) for name, fn in benchmarks.items() if name not in ("matmul", "copy")}
-    best = _fastest(benchmarks, budget_s)
+    best = _fastest(benchmarks, MEASURE_BUDGET_S if budget_s is None else budget_s)
     result["fp32_flops"] = 2 * MATMUL_N**3 / best["matmul"]
     result["bandwidth"] = 2 * src.numel() * src.element_size() / best["copy"]
     result["op_overhead_s"] = best["op"] / counts["op"].ops
