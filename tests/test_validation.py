@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import subprocess
@@ -272,13 +274,20 @@ def test_device_terms_against_measured_figures():
     terms = memory_check.overhead_terms(prediction, reserved=243 * MiB, allocated=191 * MiB, blas_measured=30 * MiB)
     # predicted: 24 MiB of page slack + 1.4% of 100 MiB; measured: a 52 MiB gap, 28 MiB of it beyond the base
     assert terms["allocator_fragmentation"] == {"predicted": 24 * MiB + int(0.014 * 100 * MiB),
-                                                "measured": 52 * MiB, "share": 0.28}
+                                                "measured": 52 * MiB, "share": 0.28, "replayed": None}
     assert terms["attention_workspace"] == {"predicted": 1 * MiB, "measured": 10 * MiB, "share": 0.1}
     assert terms["unseen_by_trace"]["measured"] == 71 * MiB
     rows = [{"compile": False, "terms": terms}, {"compile": True, "terms": {"allocator_fragmentation": {"share": 9}}}]
     suggested = memory_check.suggested(rows, 30 * MiB)
     assert suggested["FRAGMENTATION_SHARE"]["measured_max"] == 0.28  # the compiled case is not an eager figure
     assert suggested["ATTENTION_WORKSPACE_SHARE"]["measured_max"] == 0.1
+    assert "REPLAYED_HOLES_MISSED_BYTES" not in suggested  # no trace here had its allocations replayed
+    replayed = dataclasses.replace(t, allocator_holes=40 * MiB)
+    terms = memory_check.overhead_terms(Prediction(8, "cuda", replayed, device_overheads(replayed, "cuda")),
+                                        reserved=243 * MiB, allocated=191 * MiB, blas_measured=30 * MiB)
+    assert terms["allocator_fragmentation"]["replayed"] == 40 * MiB
+    missed = memory_check.suggested([{"compile": False, "terms": terms}], 30 * MiB)["REPLAYED_HOLES_MISSED_BYTES"]
+    assert missed["measured_max"] == missed["measured_median"] == 12 * MiB and missed["cases"] == 1
 
 
 def test_memory_tolerances():

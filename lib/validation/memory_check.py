@@ -4,7 +4,10 @@ On CUDA the measured peak is max_memory_reserved (what the planner's budget
 must hold); the terms lib.memory adds to the traced peak are compared with:
   allocator_fragmentation  reserved - allocated, and that less FRAGMENTATION_BASE_BYTES
                            as a share of the traced activations + temporaries
-                           (FRAGMENTATION_SHARE; _CHECKPOINTED with checkpointing)
+                           (FRAGMENTATION_SHARE; _CHECKPOINTED with checkpointing), and
+                           beside it the trace's allocations replayed through the allocator's
+                           model (lib.memory.caching_allocator): what the replay misses
+                           (REPLAYED_HOLES_MISSED_BYTES) is the churn the fitted floor covers
   blas_workspace           one handle's cuBLAS workspace, measured from cleared
                            workspaces (BLAS_WORKSPACE_BYTES; a step holds BLAS_HANDLES)
   unseen_by_trace          allocated - traced peak: the workspaces of every handle,
@@ -80,7 +83,10 @@ def overhead_terms(prediction, reserved: int, allocated: int, blas_measured: int
     gap = reserved - allocated
     terms = {
         "allocator_fragmentation": {"predicted": o.get("allocator_fragmentation", 0), "measured": gap,
-                                    "share": round((gap - FRAGMENTATION_BASE_BYTES) / max(1, act + tmp), 4)},
+                                    "share": round((gap - FRAGMENTATION_BASE_BYTES) / max(1, act + tmp), 4),
+                                    # the traced step's allocations replayed through the allocator's model
+                                    # (None: a trace without them, e.g. sharded)
+                                    "replayed": trace.allocator_holes},
         "blas_workspace": {"predicted": o.get("blas_workspace", 0),  # every handle's (measured: one handle's)
                            "measured": blas if blas_measured is not None else None},
         "unseen_by_trace": {"predicted": o.get("blas_workspace", 0) + o.get("attention_workspace", 0),
@@ -102,6 +108,13 @@ def suggested(rows: list[dict], blas_measured: int | None) -> dict:
         if frag:
             out[name] = {"current": fragmentation_share(checkpointed=checkpointed), "measured_max": max(frag),
                          "measured_median": round(statistics.median(frag), 4), "cases": len(frag)}
+    # what the replay leaves out (the weight casts' and the workspaces' churn): the fitted floor must cover it
+    missed = [r["terms"]["allocator_fragmentation"]["measured"] - r["terms"]["allocator_fragmentation"]["replayed"]
+              for r in eager if r["terms"]["allocator_fragmentation"].get("replayed") is not None]
+    if missed:
+        out["REPLAYED_HOLES_MISSED_BYTES"] = {"page_slack_current": FRAGMENTATION_BASE_BYTES, "measured_max": max(missed),
+                                              "measured_median": int(statistics.median(missed)),
+                                              "cases": len(missed)}
     attention = [r["terms"]["attention_workspace"]["share"] for r in eager if "attention_workspace" in r["terms"]]
     if attention:
         out["ATTENTION_WORKSPACE_SHARE"] = {"current": ATTENTION_WORKSPACE_SHARE,
