@@ -8,6 +8,9 @@ measured figures. A case's transfer error: one factor fitted at one size, applie
 measurement (as lib.steptime.calibrate applies a measured step), both ways. The instrument, time.process_time,
 is independent of the predictor. Run it on an idle machine: beside other work the steps' own ratio moves.
 
+The last column is the measured ratio of each size's fastest step, the statistic measure.py keeps, beside
+the median of the rounds' ratios the errors are against (the statistic calibrate's median step matches).
+
 Two predictions per model: "timed", as kfit's CPU plans build the model (measure.py's real forward+backward
 timings at powers of two up to 128, the optimizer and the per-step overhead from the model), and
 "roofline", the counts over this CPU's measured figures alone (what a GPU's plan rests on).
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = cpu_transfer(Path(tmp), rounds=args.rounds)
     small, large = SIZES
     print(f"{'model':<8} {'prediction':<10} {'measured ms':>16} {'predicted ms':>16} {'ratio measured':>15} "
-          f"{'predicted':>10} {'calibrated at ' + str(small):>18} {'at ' + str(large):>8}")
+          f"{'predicted':>10} {'calibrated at ' + str(small):>18} {'at ' + str(large):>8} {'fastest steps':>14}")
     worst = {"roofline": 0.0, "timed": 0.0}
     for name, row in rows.items():
         m = row["measured"]
@@ -56,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             up, down = errors[(small, large)], errors[(large, small)]
             worst[way] = max(worst[way], abs(up), abs(down))
             print(f"{name:<8} {way:<10} {m[small] * 1e3:7.2f} {m[large] * 1e3:8.2f} {p[small] * 1e3:7.2f} "
-                  f"{p[large] * 1e3:8.2f} {row['ratio']:14.2f}x {p[large] / p[small]:9.2f}x {up:+17.1%} {down:+8.1%}")
+                  f"{p[large] * 1e3:8.2f} {row['ratio']:14.2f}x {p[large] / p[small]:9.2f}x {up:+17.1%} {down:+8.1%} "
+                  f"{row['fastest_ratio']:13.2f}x")
     print(f"steptime-transfer: models={len(rows)} max_error={worst['timed']:.1%} "
           f"roofline_max_error={worst['roofline']:.1%} goal={GOAL:.0%} load={load:.1f}")
     return 0

@@ -33,5 +33,6 @@ def test_bench_steptime_prints_each_models_transfer_and_ends_with_the_worst():
             assert abs((1 + up) * (1 + down) - 1) < 2e-3  # the two ways are one factor's inverse
             errors[way] += [abs(up), abs(down)]
         assert rows["timed"][2:4] == rows["roofline"][2:4]  # one measurement, two predictions of it
+        assert rows["timed"][10] == rows["roofline"][10] and float(rows["timed"][10].rstrip("x")) > 1
     assert abs(max(errors["timed"]) * 100 - float(match.group(1))) < 0.1
     assert abs(max(errors["roofline"]) * 100 - float(match.group(2))) < 0.1

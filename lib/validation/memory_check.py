@@ -112,9 +112,9 @@ def suggested(rows: list[dict], blas_measured: int | None) -> dict:
     missed = [r["terms"]["allocator_fragmentation"]["measured"] - r["terms"]["allocator_fragmentation"]["replayed"]
               for r in eager if r["terms"]["allocator_fragmentation"].get("replayed") is not None]
     if missed:
-        out["REPLAYED_HOLES_MISSED_BYTES"] = {"page_slack_current": FRAGMENTATION_BASE_BYTES, "measured_max": max(missed),
-                                              "measured_median": int(statistics.median(missed)),
-                                              "cases": len(missed)}
+        out["REPLAYED_HOLES_MISSED_BYTES"] = {"page_slack_current": FRAGMENTATION_BASE_BYTES,
+                                              "measured_max": max(missed),
+                                              "measured_median": int(statistics.median(missed)), "cases": len(missed)}
     attention = [r["terms"]["attention_workspace"]["share"] for r in eager if "attention_workspace" in r["terms"]]
     if attention:
         out["ATTENTION_WORKSPACE_SHARE"] = {"current": ATTENTION_WORKSPACE_SHARE,

@@ -132,7 +132,9 @@ def cpu_transfer(cache_dir: Path, rounds: int = 30) -> dict[str, dict]:
         timed = with_timings(model, task)
         times = measured_steps(task, rounds)
         ratio = step_ratio(times)  # measured[large] / measured[small]
-        row = {"measured": {b: statistics.median(t) for b, t in times.items()}, "ratio": ratio}
+        small, large = SIZES
+        row = {"measured": {b: statistics.median(t) for b, t in times.items()}, "ratio": ratio,
+               "fastest_ratio": min(times[large]) / min(times[small])}  # what measure.py's statistic would say
         for way, m in (("roofline", model), ("timed", timed)):
             predicted = {b: m.seconds(b, 1) for b in SIZES}
             row[way] = {"predicted": predicted, "errors": transfer_errors(predicted, ratio)}
