@@ -16,6 +16,7 @@ from lib import config as kc
 from lib.config import MEMORY_PROFILES
 from lib.memory import MemoryPredictor
 from lib.validation import vocab
+from lib.validation.report import in_run_order
 
 ROOT = Path(__file__).resolve().parent.parent
 UNDER, OVER = 0.02, 0.05  # within 5%, none under-predicted by more than 2%
@@ -24,13 +25,13 @@ PAGE = 20 * 2**20  # the allocator maps the large pool in 20 MiB pages: over by 
 
 def committed_cases() -> dict[str, dict]:
     cases: dict[str, dict] = {}
-    for path in sorted((ROOT / "docs" / "validation").glob("nvidia-h100-80gb-hbm3-*.json")):
+    for path in in_run_order((ROOT / "docs" / "validation").glob("nvidia-h100-80gb-hbm3-*.json")):
         if "before-fixes" in path.name:
             continue
         doc = json.loads(path.read_text())
         for case in doc["checks"]["memory"]["figures"]["cases"]:
             if "measured_bytes" in case:
-                cases[case["case"]] = case  # sorted by name: a later run's figure replaces an earlier one's
+                cases[case["case"]] = case  # oldest first: a later run's figure replaces an earlier one's
     return cases
 
 

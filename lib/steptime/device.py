@@ -48,12 +48,15 @@ from .cache import cpu_figures, write_json
 #   conv compiled 0.18  the same step compiled: 10.1 ms (phase_times.jsonl; inductor runs the convolutions
 #                   channels-last, cuDNN's faster bf16 kernels): 21% there; the trainer's compiled ResNet-18
 #                   at 512 measured 15.1-20.9 ms in five runs (mean 18.3), which 0.18 puts at 17.3 ms.
-#   unaligned 0.21  matmuls with a dimension that is not a whole number of 16 bytes (count.py): GPT-2 124M on
-#                   its 50,257-token vocabulary, bf16 at micro-batch 16 (compile check, 2026-11-26): the
-#                   compiled step measured 55.6 ms where 43.9 were predicted with its head's 3.8 TFLOP at the
-#                   matmuls' 60%; at 21% they take the 11.7 ms missing (predicted 55.8). The eager step, not
-#                   fitted: 79.7 ms measured, 62.0 predicted before (-22%), 73.9 after (-7%). The same head
-#                   padded to a multiple of 64 is known to run the whole GPT-2 step about a quarter faster.
+#   unaligned 0.12  matmuls with a dimension that is not a whole number of 16 bytes (count.py), eager: GPT-2
+#                   124M on its 50,257-token vocabulary, bf16, against the same model with its head padded to
+#                   50,304 rows (2026-11-26, second run): at micro-batch 16 the step took 81.3 ms and 56.2
+#                   padded (diagnostics-2026-11-26/batch_sweep.jsonl; the mfu check: 200.7 and 296.4
+#                   samples/s); the head's 3.8 TFLOP take the 25.1 ms saved at 12.2% of the bf16 peak (9.7%
+#                   at micro-batch 8, 11.8% at 4, 11.9% by the mfu check).
+#   unaligned compiled 0.26  the same compiled (inductor pads some of them): 57.7 ms, 50.0 padded: 26.5%.
+#                   Its aligned rest is slower than the roofline says (the padded compiled step measured
+#                   50.0 ms, 39.7 predicted): the loss, outside the compiled module, stays eager.
 #   bandwidth 0.75  elementwise kernels at large sizes reach 70-85% of the datasheet bandwidth.
 #   op overhead 30 us  the host's time per counted op, eager (op_overhead.jsonl: 26-48 us on the VM's CPU,
 #                   median of 20 steps); GPT-2-tiny's compiled forward+backward at 64 took 4.98 ms
@@ -77,7 +80,8 @@ class Efficiency:
     attention: float = 0.6
     conv: float = 0.10
     conv_compiled: float = 0.18
-    unaligned: float = 0.21
+    unaligned: float = 0.12
+    unaligned_compiled: float = 0.26
     bandwidth: float = 0.75
     kernel_floor_s: float = 6e-6  # device time every kernel takes however small (launch, ramp, tail)
     op_overhead_s: float = 30e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
@@ -127,6 +131,7 @@ class Device:
     compute_efficiency: float = 1.0  # the matmuls' share of the datasheet peak that fp32_flops etc. include
     conv_op_s: float = 0.0  # a CPU's setup per convolution op (forward or backward), beyond op_overhead_s
     unaligned_efficiency: float = 1.0  # matmuls with an unaligned dimension: FLOP/s over the aligned ones'
+    unaligned_compiled_efficiency: float | None = None  # ... under torch.compile
 
     def flops(self, precision: str, tf32: bool) -> float:
         if precision in ("bf16", "fp16"):
@@ -159,6 +164,7 @@ def gpu_device(name: str) -> Device | None:
                   op_overhead_s=e.op_overhead_s, step_overhead_s=e.step_overhead_s,
                   conv_efficiency=e.conv / eff, conv_compiled_efficiency=e.conv_compiled / eff,
                   attention_efficiency=e.attention / eff, unaligned_efficiency=e.unaligned / eff,
+                  unaligned_compiled_efficiency=e.unaligned_compiled / eff,
                   optimizer_host_s=e.optimizer_host_s,
                   kernel_floor_s=e.kernel_floor_s, compute_efficiency=eff,
                   power_watts=float(entry.tdp_watts), key=entry.name,

@@ -81,8 +81,10 @@ class StepTimeModel:
         ops = work.ops * (COMPILE_OPS_FACTOR if compiled else 1.0)
         peak = dev.flops(self.precision, self.tf32)
         conv = dev.conv_compiled_efficiency if compiled and dev.conv_compiled_efficiency else dev.conv_efficiency
+        unaligned = (dev.unaligned_compiled_efficiency if compiled and dev.unaligned_compiled_efficiency
+                     else dev.unaligned_efficiency)
         compute = (work.matmul_flops / peak + work.attention_flops / (peak * dev.attention_efficiency)
-                   + work.conv_flops / (peak * conv) + work.unaligned_flops / (peak * dev.unaligned_efficiency))
+                   + work.conv_flops / (peak * conv) + work.unaligned_flops / (peak * unaligned))
         host = ops * dev.op_overhead_s
         if dev.kind == "cpu":  # one core does it all, one thing after another: nothing overlaps
             return (compute + (work.compute_bytes + memory_bytes) / dev.bandwidth + host

@@ -154,6 +154,16 @@ def output_path(out: str | None, *, device: str, device_name: str, day: date, ro
     return path
 
 
+def in_run_order(paths) -> list[Path]:
+    """Validation JSONs oldest first: by the date in the name, then the run's number that day (`output_path`
+    names the second run <name>-2.json, which sorts before <name>.json by name alone)."""
+    def key(path: Path):
+        found = re.search(r"(\d{4}-\d{2}-\d{2})(?:-(\d+))?(?=\.json$|-)", path.name)
+        return (found.group(1), int(found.group(2) or 1), path.name) if found else ("", 0, path.name)
+
+    return sorted((Path(p) for p in paths), key=key)
+
+
 def _git_commit(root: Path) -> str | None:
     """HEAD's short hash, with "-dirty" when tracked files differ from it (the figures are of that code)."""
     def git(*args: str) -> subprocess.CompletedProcess | None:

@@ -1,0 +1,117 @@
+"""One-off GPU diagnostic (not part of kfit): one model's step at several micro-batches, for the step-time
+model's transfer from one micro-batch to another, and GPT-2 124M's head at 50,257 rows against 50,304.
+
+Per case (model, head rows, micro-batch, eager or compiled, bf16): the median wall ms of forward+backward
+alone and of a whole step (forward, backward, clipping, kfit's AdamW, zero_grad), each synchronised, as
+phase_times.py times them. Appends to $1/batch_sweep.jsonl; stops starting cases after $2 seconds (default
+240), so a device call's time limit never cuts one off half written. DEVICE=cpu runs a short version of
+every case on the CPU (to try the script, not to measure).
+"""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import lib.hardware  # noqa: F401 - the allocator as kfit's runs have it, before CUDA starts
+import torch
+
+from lib import config as kconfig
+from lib.memory import step_optimizer
+from lib.step import autocast_for
+from lib.task import load_task
+from lib.validation import vocab
+
+R = Path(sys.argv[1])
+DEADLINE = time.monotonic() + float(sys.argv[2] if len(sys.argv) > 2 else 240)
+DEVICE = os.environ.get("DEVICE", "cuda")
+CPU = DEVICE == "cpu"
+OUT = open(R / "batch_sweep.jsonl", "a")
+
+# (model, head rows or None, micro-batches, compiled): most wanted first
+CASES = [
+    ("gpt2-50k", vocab.GPT2_VOCAB, (4, 8, 16), False),
+    ("gpt2-50k", vocab.PADDED_VOCAB, (4, 8, 16), False),
+    ("gpt2-50k", vocab.GPT2_VOCAB, (16,), True),
+    ("gpt2-50k", vocab.PADDED_VOCAB, (16,), True),
+    ("gpt2-tiny", None, (8, 16, 32, 64, 128, 256), False),
+    ("resnet18", None, (64, 128, 256, 512), False),
+    ("gpt2-tiny", None, (16, 64, 256), True),
+    ("resnet18", None, (128, 512), True),
+]
+if CPU:
+    CASES = [(m, rows, (2,), c) for m, rows, _, c in CASES if m != "gpt2-50k"] + [
+        ("gpt2-50k", vocab.PADDED_VOCAB, (1,), False)]
+
+
+def sync():
+    if not CPU:
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, n=3 if CPU else 30):
+    for _ in range(2 if CPU else 5):
+        fn()
+    sync()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return round(sorted(ts)[n // 2] * 1e3, 3)
+
+
+def config_for(name, rows):
+    if name == "gpt2-50k":
+        return vocab.make_config(R, f"sweep-{rows}", vocab_size=rows)
+    return kconfig.make_defconfig(name, out=R / f"sweep-{name}.config")
+
+
+def run_case(name, rows, batches, compiled):
+    config = config_for(name, rows)
+    task = load_task(config)
+    model = task.build(False).train().to(DEVICE)
+    optimizer = step_optimizer(config, model, DEVICE)
+    autocast = autocast_for(SimpleNamespace(precision="bf16", device_type=DEVICE))
+    torch.backends.cudnn.benchmark = True  # as AUTO plans on a GPU
+    for batch in batches:
+        if time.monotonic() > DEADLINE:
+            return
+        torch._dynamo.reset()  # one graph per micro-batch, compiled for that shape as a run compiles it
+        fwd = torch.compile(model, dynamic=False) if compiled else model
+        x, y = (t.to(DEVICE) for t in task.example_batch(batch))
+
+        def fb():
+            with autocast:
+                loss = task.loss(fwd(x), y)
+            loss.backward()
+
+        def step():
+            fb()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=not CPU)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+
+        t0 = time.perf_counter()
+        fb()
+        sync()
+        line = {"model": name, "rows": rows, "micro_batch": batch, "compiled": compiled, "precision": "bf16",
+                "first_call_s": round(time.perf_counter() - t0, 2), "fwd_bwd_ms": median_ms(fb),
+                "step_ms": median_ms(step), "device": torch.cuda.get_device_name() if not CPU else "cpu"}
+        print(json.dumps(line), flush=True)
+        OUT.write(json.dumps(line) + "\n")
+        OUT.flush()
+        del x, y, fwd
+    del model, optimizer
+    if not CPU:
+        torch.cuda.empty_cache()
+
+
+for case in CASES:
+    if time.monotonic() > DEADLINE:
+        print(f"deadline: not run {case}", flush=True)
+        continue
+    run_case(*case)
