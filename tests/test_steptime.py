@@ -412,3 +412,49 @@ def test_matmuls_with_a_dimension_off_16_bytes_are_counted_apart():
                                         compile=compiled).micro_seconds(1) for p in (slow, fast))
         assert t_slow / t_fast == pytest.approx(device.GPU_COMPUTE_EFFICIENCY / share, rel=0.05)
     assert hopper.unaligned < hopper.unaligned_compiled < device.GPU_COMPUTE_EFFICIENCY  # inductor pads some
+
+
+def _gpu_model(**device_changes) -> StepTimeModel:
+    """A GPU step of 1,000 ops (host-bound below about 140 samples) and 100 GFLOP per sample."""
+    per = lambda b: Phase(flops=b * 1e11, ops=1000)  # noqa: E731
+    counts = Counts(phases={b: {"forward": per(b), "backward": Phase(), "optimizer": Phase()} for b in (1, 2)},
+                    parameters=1, train_samples=1, eval_samples=1)
+    return StepTimeModel(counts=counts, device=dataclasses.replace(gpu_device("h100"), **device_changes),
+                         precision="bf16")
+
+
+def test_a_gpu_calibration_scales_the_bound_that_limits_the_calibrated_step():
+    """A host-bound micro-batch says how slow the host is, not the device: calibrated there, the device-bound
+    step of a large micro-batch keeps its roofline time, and the other way round; either way the calibrated
+    step itself comes out at the measured time."""
+    model = _gpu_model()
+    small, large = 4, 512
+    device_s, host_s = model._bounds(model.counts.micro_batch(small), False)
+    assert host_s > device_s  # 4 samples: host-bound
+    device_s, host_s = model._bounds(model.counts.micro_batch(large), False)
+    assert device_s > host_s  # 512: device-bound
+
+    measured = model.seconds(small, 1) * 2  # the host twice as slow as the model says
+    host = steptime.calibrated(model, measured, small, 1)
+    assert host.correction_bound == "host" and host.calibrated_at == small
+    assert host.seconds(small, 1) == pytest.approx(measured, rel=1e-6)
+    assert host.corrected_micro_seconds(large) == pytest.approx(model.micro_seconds(large))
+    assert "host time" in host.source
+
+    measured = model.seconds(large, 1) * 1.5  # the device slower
+    device = steptime.calibrated(model, measured, large, 1)
+    assert device.correction_bound == "device"
+    assert device.seconds(large, 1) == pytest.approx(measured, rel=1e-6)
+    assert device.corrected_micro_seconds(small) == pytest.approx(model.micro_seconds(small))
+
+
+def test_a_calibration_no_bound_can_reach_scales_the_whole_step_and_a_cpus_always_does():
+    model = _gpu_model()
+    floor = model.device.step_overhead_s  # device-bound at 512, but faster than the trainer's own overhead
+    whole = steptime.calibrated(model, floor / 2, 512, 1)
+    assert whole.correction_bound == "all" and whole.seconds(512, 1) == pytest.approx(floor / 2)
+    cpu = _gpu_model(kind="cpu")
+    measured = cpu.seconds(8, 1) * 3
+    fitted = steptime.calibrated(cpu, measured, 8, 1)
+    assert fitted.correction_bound == "all" and fitted.correction == pytest.approx(3)
+    assert fitted.seconds(64, 1) == pytest.approx(cpu.seconds(64, 1) * 3)

@@ -20,7 +20,7 @@ import pytest
 
 from lib import config as kc
 from lib.hardware import resolve_hardware
-from lib.steptime import StepTimeModel, gpu_device, step_time_model
+from lib.steptime import StepTimeModel, calibrated, gpu_device, step_time_model
 from lib.validation.report import in_run_order
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,18 +148,21 @@ def _jsonl(name: str) -> list[dict]:
     return [json.loads(line) for line in (DIAGNOSTICS / name).read_text().splitlines() if line.strip()]
 
 
-def h100_pairs() -> list[tuple[str, str, bool, dict[int, float]]]:
-    """(what, model, compiled, micro-batch -> measured ms) of one harness each, from the committed files.
+def h100_pairs() -> list[tuple[str, StepTimeModel, dict[int, float]]]:
+    """(what, the bare loop's model, micro-batch -> measured ms) of one harness each, from the committed files.
 
-    phase_times.jsonl: forward+backward of GPT-2-tiny at 64 and 8, eager and compiled (median of 30, synced).
-    ResNet-18 eager steps: 512 from phase_times.jsonl, 256 from the compile check's eager throughput (the
-    median over its nine runs: every H100 JSON and diagnostics' compile-*.json; each call two steps).
+    phase_times.jsonl (2026-11-23): forward+backward of GPT-2-tiny at 64 and 8, eager and compiled (median of
+    30, synced; the model's step is then its forward and backward alone). ResNet-18 eager steps: 512 from
+    phase_times.jsonl, 256 from the compile check's eager throughput (the median over its nine runs: every
+    H100 JSON and diagnostics' compile-*.json; each call two steps). The batch sweep (2026-11-26): whole
+    steps of GPT-2-tiny, ResNet-18 and GPT-2 124M on 50,257 tokens (head padded or not) at 2-6 micro-batches.
     """
     phases = {line["case"]: line for line in _jsonl("phase_times.jsonl")}
     pairs = []
     for compiled in (False, True):
         key = "compiled" if compiled else "eager"
-        pairs.append(("forward+backward", "gpt2-tiny", compiled,
+        bare = h100_model("gpt2-tiny", compiled, trainer=False)
+        pairs.append((f"gpt2-tiny {key} forward+backward", dataclasses.replace(bare, measured_optimizer_s=0.0),
                       {b: phases[f"gpt2-tiny bf16 {b}"][key]["fwd_bwd_ms"] for b in (64, 8)}))
     rates = []
     for path in [*VALIDATION.glob("nvidia-h100-*.json"), *DIAGNOSTICS.glob("compile-*.json")]:
@@ -168,35 +171,49 @@ def h100_pairs() -> list[tuple[str, str, bool, dict[int, float]]]:
             assert model["resnet18"]["batch"] == 256
             rates.append(model["resnet18"]["eager"]["samples_per_s"])
     assert len(rates) == 9
-    pairs.append(("step", "resnet18", False, {512: phases["resnet18 bf16 512"]["eager"]["step_ms"],
-                                              256: 256 / statistics.median(rates) * 1e3}))
+    pairs.append(("resnet18 eager step", h100_model("resnet18", False, trainer=False),
+                  {512: phases["resnet18 bf16 512"]["eager"]["step_ms"], 256: 256 / statistics.median(rates) * 1e3}))
+    series: dict[tuple, dict[int, float]] = {}
+    for r in _sweep():
+        series.setdefault((r["model"], r["rows"], r["compiled"]), {})[r["micro_batch"]] = r["step_ms"]
+    for (name, rows, compiled), measured in series.items():
+        if len(measured) > 1:
+            model = vocab_model(rows, compiled) if rows else h100_model(name, compiled, trainer=False)
+            label = f"{name}{f' {rows}' if rows else ''} {'compiled' if compiled else 'eager'} step (sweep)"
+            pairs.append((label, model, measured))
     return pairs
 
 
-def predicted_ms(model: StepTimeModel, what: str, batch: int) -> float:
-    return (model.micro_seconds(batch) if what == "forward+backward" else model.seconds(batch, 1)) * 1e3
-
-
-def transfer_errors() -> list[tuple[str, int, int, float]]:
-    """(case, calibrated at, predicted at, error) both ways for every H100 pair."""
+def transfer_errors(bound_aware: bool = True) -> list[tuple[str, int, int, float]]:
+    """(case, calibrated at, predicted at, error) both ways for every H100 pair. `bound_aware`: calibrated as
+    lib.steptime.calibrated does; else one factor over the whole step, as before."""
     out = []
-    for what, name, compiled, measured in h100_pairs():
-        model = h100_model(name, compiled, trainer=False)
-        predicted = {b: predicted_ms(model, what, b) for b in measured}
+    for what, model, measured in h100_pairs():
         for at in measured:
+            if bound_aware:
+                fitted = calibrated(model, measured[at] / 1e3, at, 1)
+            else:
+                fitted = dataclasses.replace(model, correction=measured[at] / 1e3 / model.seconds(at, 1))
             for other in measured:
                 if other != at:
-                    guess = predicted[other] * measured[at] / predicted[at]  # one factor, as calibrate applies
-                    out.append((f"{name} {'compiled' if compiled else 'eager'} {what}", at, other,
-                                (guess - measured[other]) / measured[other]))
+                    guess = fitted.seconds(other, 1) * 1e3
+                    out.append((what, at, other, (guess - measured[other]) / measured[other]))
     return out
 
 
 def test_h100_calibration_at_one_micro_batch_carries_to_another():
-    rows = transfer_errors()
-    assert len(rows) == 6
-    worst = max(rows, key=lambda r: abs(r[3]))
+    """The diagnostics' pairs of 2026-11-23 within TRANSFER_TOLERANCE; over every pair, the sweep's too,
+    calibrating the bound that limits the step does better than one factor over the whole step (max and
+    mean), and no worse on any series. The sweep's worst is not within 10% (docs/time.md)."""
+    rows, before = transfer_errors(), transfer_errors(bound_aware=False)
+    first = [r for r in rows if "(sweep)" not in r[0]]
+    assert len(first) == 6 and len(rows) == 68
+    worst = max(first, key=lambda r: abs(r[3]))
     assert abs(worst[3]) <= TRANSFER_TOLERANCE, worst
+    now, then = [abs(r[3]) for r in rows], [abs(r[3]) for r in before]
+    assert max(now) < max(then) and statistics.mean(now) < statistics.mean(then)
+    for case in {r[0] for r in rows}:
+        assert max(abs(r[3]) for r in rows if r[0] == case) <= max(abs(r[3]) for r in before if r[0] == case) + 1e-9
 
 
 # --------------------------------------------------------------------------
@@ -219,9 +236,13 @@ def main() -> None:
     after = [abs(e) for _, _, e in rows]
     print(f"  max {max(before):.1%} -> {max(after):.1%}, mean {statistics.mean(before):.1%} -> "
           f"{statistics.mean(after):.1%}")
-    print("calibrated at one micro-batch (H100 pairs):")
-    for what, at, other, err in transfer_errors():
-        print(f"  {what:<40} at {at:>4} -> {other:>4}: {err:+.1%}")
+    print("calibrated at one micro-batch (H100 pairs): one factor over the whole step, and on its bound:")
+    for (what, at, other, before), (*_, err) in zip(transfer_errors(False), transfer_errors()):
+        print(f"  {what:<44} at {at:>4} -> {other:>4}: {before:+7.1%}  {err:+7.1%}")
+    for name, rows in (("one factor", transfer_errors(False)), ("on its bound", transfer_errors())):
+        errors = [abs(r[3]) for r in rows]
+        print(f"  {name}: max {max(errors):.1%}, mean {statistics.mean(errors):.1%}, within 10%: "
+              f"{sum(e <= TRANSFER_TOLERANCE for e in errors)} of {len(errors)}")
     print("GPT-2 124M on 50,257 tokens (head as is, or padded to 50,304 rows), bf16, bare loops:")
     for (name, head, batch, compiled, measured, before), (*_, now) in zip(vocab_cases(True), vocab_cases()):
         print(f"  {name:<42} {head:>6} {batch:>3} {'compiled' if compiled else 'eager':<9} measured {measured:7.2f} ms"

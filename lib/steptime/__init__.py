@@ -17,11 +17,11 @@ from .calibrate import (
 from .choose import MEASURED_TIE, TIE, Candidate, balanced_micro_batches, candidates, fastest
 from .count import COUNT_BATCHES, Counts, Phase, StepCounter, count_step
 from .device import Device, device_for, gpu_device, measure_cpu
-from .model import StepTimeModel, window_sizes
+from .model import StepTimeModel, calibrated, window_sizes
 
 __all__ = [
     "CALIBRATION_FILE", "COUNT_BATCHES", "MEASURE_ENV", "MEASURED_TIE", "TIE", "Candidate", "Counts", "Device", "Phase",
-    "StepCounter", "StepTime", "StepTimeModel", "balanced_micro_batches", "calibrate", "candidates", "count_step",
+    "StepCounter", "StepTime", "StepTimeModel", "balanced_micro_batches", "calibrate", "calibrated", "candidates", "count_step",
     "device_for", "evaluations", "fastest", "gpu_device", "measure_cpu", "model_for_plan", "plan_predictions",
     "predict_step_time", "run_steps", "step_time", "step_time_model", "window_sizes",
 ]

@@ -42,7 +42,7 @@ from .count import StepCounter, step_key, task_for
 from ..fileio import is_number, write_atomic
 from .device import Device, device_for
 from .measure import START_RATIO, budget_for, power_sizes, time_micro_batches
-from .model import StepTimeModel, window_sizes
+from .model import StepTimeModel, calibrated, window_sizes
 
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_RUNS = 5  # the last runs kept per machine and model; their median ratio calibrates
@@ -145,10 +145,10 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
     runs = calibration_entries(directory / CALIBRATION_FILE).get(
         _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy), [])
     if runs:  # the median run's ratio: one run on a busy machine does not set the next plans
-        ratios = sorted((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]),
-                         r["micro_batch"]) for r in runs)
-        correction, at = ratios[(len(ratios) - 1) // 2]
-        model = dataclasses.replace(model, correction=correction, calibrated_at=at)
+        ratios = sorted(((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]), i)
+                         for i, r in enumerate(runs)))
+        run = runs[ratios[(len(ratios) - 1) // 2][1]]
+        model = calibrated(model, run["seconds"], run["micro_batch"], run["grad_accum"], run["samples"])
     return model
 
 

@@ -37,7 +37,11 @@ measurements refine it, each on the machine it was taken on:
               measured / roofline, interpolated in log2(micro-batch), scales the roofline. This is
               what makes a CPU's cache effects visible (bigger is not always faster there).
   calibrated  a real run's median step time over the model's prediction for that step
-              (calibrate.py): one factor for every candidate.
+              (calibrate.py, `calibrated`): one factor for every candidate. On a GPU it scales the
+              bound that limits the calibrated step's micro-batches, the host's time or the device's,
+              and leaves the other: a small micro-batch that is host-bound says nothing of the
+              device's speed at a large one (the H100 sweep of 2026-11-26: ResNet-18 calibrated at 128,
+              host-bound, predicted 512 at +38% scaling both, -25% scaling the host alone).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class StepTimeModel:
     measured_optimizer_s: float | None = None
     correction: float = 1.0  # a real run's step time over this model's prediction (1.0: not calibrated)
     calibrated_at: int | None = None  # the micro-batch the calibration ran at
+    correction_bound: str = "all"  # what `correction` scales: "all", or a GPU's "host" or "device" time
     communication: Communication | None = None  # several processes' collectives (comm.py)
     # micro-batch -> micro_seconds: a plan weighs tens of candidates of up to hundreds of micro-batches each
     # (not copied by dataclasses.replace, so a changed model starts empty)
@@ -76,6 +81,12 @@ class StepTimeModel:
     # -- the roofline --------------------------------------------------------
 
     def _seconds(self, work: Phase, compiled: bool) -> float:
+        device, host = self._bounds(work, compiled)
+        return max(device, host)
+
+    def _bounds(self, work: Phase, compiled: bool) -> tuple[float, float]:
+        """(device seconds, host seconds) of `work`: on a GPU the step takes the larger; a CPU's time is all
+        one (host 0)."""
         dev = self.device
         memory_bytes = work.memory_bytes * (COMPILE_MEMORY_FACTOR if compiled else 1.0)
         ops = work.ops * (COMPILE_OPS_FACTOR if compiled else 1.0)
@@ -88,10 +99,18 @@ class StepTimeModel:
         host = ops * dev.op_overhead_s
         if dev.kind == "cpu":  # one core does it all, one thing after another: nothing overlaps
             return (compute + (work.compute_bytes + memory_bytes) / dev.bandwidth + host
-                    + work.conv_ops * dev.conv_op_s)
+                    + work.conv_ops * dev.conv_op_s), 0.0
         device = max(compute, work.compute_bytes / dev.bandwidth) + memory_bytes / dev.bandwidth
         device += ops * dev.kernel_floor_s
-        return max(device, host)
+        return device, host
+
+    def _corrected(self, work: Phase, efficiency: float) -> float:
+        """`work`'s seconds with the calibration applied to the bound it was fitted on."""
+        c = self.correction
+        if self.correction_bound == "all":
+            return self._seconds(work, self.compile) * efficiency * c
+        device, host = (t * efficiency for t in self._bounds(work, self.compile))
+        return max(device * c, host) if self.correction_bound == "device" else max(device, host * c)
 
     def roofline_micro_seconds(self, batch: float) -> float:
         return self._seconds(self.counts.micro_batch(batch), self.compile)
@@ -132,7 +151,13 @@ class StepTimeModel:
 
     def forward_seconds(self, batch: float) -> float:
         """One evaluation forward (no backward), scaled as the micro-batch is."""
-        return self._seconds(self.counts.at(batch, "forward"), self.compile) * self.efficiency(batch) * self.correction
+        return self._corrected(self.counts.at(batch, "forward"), self.efficiency(batch))
+
+    def corrected_micro_seconds(self, batch: float) -> float:
+        """One micro-batch's forward and backward, calibration included."""
+        if self.correction_bound == "all":
+            return self.micro_seconds(batch) * self.correction
+        return self._corrected(self.counts.micro_batch(batch), 1.0)  # a GPU's: nothing measured
 
     def optimizer_seconds(self) -> float:
         if self.measured_optimizer_s is not None:
@@ -144,10 +169,10 @@ class StepTimeModel:
     def parts(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> dict[str, float]:
         """Seconds of one optimizer step by part, calibration included; they sum to `seconds`."""
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
-        micro = [self.micro_seconds(s) * self.correction for s in sizes]
+        micro = [self.corrected_micro_seconds(s) for s in sizes]
         f = self.correction
         parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds() * f,
-                 "step_overhead": self.device.step_overhead_s * f}
+                 "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
             parts["communication"] = self.communication.exposed_seconds(micro)
         return parts
@@ -161,7 +186,8 @@ class StepTimeModel:
     def source(self) -> str:
         """Where the figure comes from, for the plan's reasons."""
         if self.correction != 1.0 or self.calibrated_at is not None:
-            how = f"calibrated by a run at micro-batch {self.calibrated_at} (x{self.correction:.2f})"
+            scaled = "" if self.correction_bound == "all" else f" of its {self.correction_bound} time"
+            how = f"calibrated by a run at micro-batch {self.calibrated_at} (x{self.correction:.2f}{scaled})"
         elif self.measured:
             sizes = sorted(self.measured)
             how = f"measured on this device at micro-batch {sizes[0]}-{sizes[-1]}"
@@ -170,3 +196,32 @@ class StepTimeModel:
         if self.measured and self.calibrated_at is not None:
             how += f", measured at micro-batch {min(self.measured)}-{max(self.measured)}"
         return how
+
+
+def calibrated(model: StepTimeModel, seconds: float, micro_batch: int, grad_accum: int,
+               samples: int | None = None) -> StepTimeModel:
+    """`model` scaled so that it predicts `seconds` for this step. On a GPU whose micro-batches are not
+    measured, the factor scales the bound that limits the step's micro-batch (the host's time, with the
+    trainer's overhead, or the device's), solved so the step comes out at `seconds`; where no factor of that
+    bound reaches it, or on a CPU (whose time is one sum), the whole step is scaled."""
+    import dataclasses
+
+    base = dataclasses.replace(model, correction=1.0, correction_bound="all")
+    predicted = base.seconds(micro_batch, grad_accum, samples)
+    whole = dataclasses.replace(base, correction=seconds / predicted, calibrated_at=micro_batch)
+    if model.device.kind == "cpu" or model.measured or not predicted > 0:
+        return whole
+    device, host = base._bounds(base.counts.micro_batch(micro_batch), base.compile)
+    bound = "host" if host >= device else "device"
+
+    def at(c: float) -> StepTimeModel:
+        return dataclasses.replace(whole, correction=c, correction_bound=bound)
+
+    lo, hi = 1e-3, 1e3  # the step's time grows with the factor: bisect in log space
+    if not at(lo).seconds(micro_batch, grad_accum, samples) <= seconds <= at(hi).seconds(micro_batch, grad_accum,
+                                                                                           samples):
+        return whole
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if at(mid).seconds(micro_batch, grad_accum, samples) < seconds else (lo, mid)
+    return at(math.sqrt(lo * hi))
