@@ -18,7 +18,8 @@ bytes (here, M = 16..128 rows of K = 256 or 512 by N = 512: 31-37 us + FLOPs / 7
 its 0.5-1 MiB of weights at ~30 GB/s), and the FLOPs then come on top (device.py measures each figure).
 
 with torch.compile cutting the elementwise bytes and the op count
-(device.COMPILE_*) of the model's forward and backward and running its convolutions
+(device.COMPILE_*) of the model's forward and backward (not the loss's: count.py's eager_*,
+outside the compiled module) and running its convolutions
 at the family's compiled share; the optimizer step is never compiled (kfit compiles
 the model only). Each op class has its own share of the peak per GPU family
 (device.FAMILIES, with the runs that set them). An optimizer step is
@@ -88,8 +89,10 @@ class StepTimeModel:
         """(device seconds, host seconds) of `work`: on a GPU the step takes the larger; a CPU's time is all
         one (host 0)."""
         dev = self.device
-        memory_bytes = work.memory_bytes * (COMPILE_MEMORY_FACTOR if compiled else 1.0)
-        ops = work.ops * (COMPILE_OPS_FACTOR if compiled else 1.0)
+        memory_bytes, ops = work.memory_bytes, work.ops
+        if compiled:  # the model's part fused; the loss, outside the compiled module, as it is (count.py)
+            memory_bytes = (memory_bytes - work.eager_bytes) * COMPILE_MEMORY_FACTOR + work.eager_bytes
+            ops = (ops - work.eager_ops) * COMPILE_OPS_FACTOR + work.eager_ops
         peak = dev.flops(self.precision, self.tf32)
         conv = dev.conv_compiled_efficiency if compiled and dev.conv_compiled_efficiency else dev.conv_efficiency
         unaligned = (dev.unaligned_compiled_efficiency if compiled and dev.unaligned_compiled_efficiency
