@@ -25,11 +25,11 @@ from .report import Context, Result, failed, passed, skipped
 
 BATCH = 16  # sequences of 1,024 tokens per micro-batch: 16k tokens, a size GPT-2 124M trains at on one GPU
 # A fifth of the datasheet peak. The step-time model expects the aligned matmuls at 60% of the datasheet
-# (lib.steptime.device.GPU_COMPUTE_EFFICIENCY), the head's unaligned ones at 21% and the vocabulary's logits
-# and fp32 cross-entropy to be bandwidth-bound, which puts this step at 25.9% on an H100 (the plan's
-# predicted MFU, in the figures; 26.0% measured on 2026-11-26, when the floor was a quarter); under a fifth,
-# something the plan assumes is not happening: attention without its fused kernel, matmuls outside bf16,
-# or a host-bound step.
+# (lib.steptime.device.GPU_COMPUTE_EFFICIENCY), the head's unaligned ones at 26% compiled and the vocabulary's
+# logits and fp32 cross-entropy (eager: kfit compiles the model, not the loss) to be bandwidth-bound, which
+# puts this step at 23.8% on an H100 with the trainer around it (the plan's predicted MFU, in the figures;
+# 25.9% measured in a bare loop on 2026-11-26, twice); under a fifth, something the plan assumes is not
+# happening: attention without its fused kernel, matmuls outside bf16, or a host-bound step.
 FLOOR = 0.20
 
 
