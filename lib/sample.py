@@ -36,11 +36,20 @@ class Tokenizer:
     encode: object  # str -> list[int]
     decode: object  # list[int] -> str
     name: str
+    vocab_size: int  # its ids are below it: the model's rows beyond (CONFIG_PAD_VOCAB) are never sampled
+
+
+def fits(vocab_size: int, rows: int) -> bool:
+    """Whether a tokenizer of `vocab_size` ids is the one of a model with `rows` output rows: the same, or
+    padded to them (CONFIG_PAD_VOCAB)."""
+    from .models.registry import vocab_rows
+
+    return rows in (vocab_size, vocab_rows(vocab_size, True))
 
 
 def hf_tokenizer(path: Path, vocab_size: int, data: bytes | None = None) -> Tokenizer | None:
     """The Hugging Face tokenizer.json at `path` (its contents `data`, already read) when it is there and its
-    vocabulary is the model's."""
+    vocabulary is the model's (`vocab_size` rows: its own, or padded to them)."""
     if data is None and not path.is_file():
         return None
     try:
@@ -51,10 +60,11 @@ def hf_tokenizer(path: Path, vocab_size: int, data: bytes | None = None) -> Toke
         tok = HF.from_file(str(path)) if data is None else HF.from_str(data.decode("utf-8"))
     except Exception as err:  # tokenizers raises plain Exception for a malformed file
         raise KfitError(f"{path} is not a tokenizer.json ({str(err)[:200]})") from None
-    if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if not fits(size, vocab_size):
         return None
     return Tokenizer(lambda text: tok.encode(text, add_special_tokens=False).ids,
-                     lambda ids: tok.decode(ids, skip_special_tokens=False), f"tokenizer {path}")
+                     lambda ids: tok.decode(ids, skip_special_tokens=False), f"tokenizer {path}", size)
 
 
 def tokenizer_for(vocab_size: int, own: tuple[Path, ...] = (), data_dir: Path | None = None,
@@ -73,17 +83,18 @@ def tokenizer_for(vocab_size: int, own: tuple[Path, ...] = (), data_dir: Path | 
             log(chosen.warning)
         return found
     candidates = [Path(d) / TOKENIZER_FILE for d in own] + ([Path(data_dir) / TOKENIZER_FILE] if data_dir else [])
-    if vocab_size == BYTE_VOCAB:
+    if fits(BYTE_VOCAB, vocab_size):
         return Tokenizer(lambda text: list(text.encode("utf-8")),
-                         lambda ids: bytes(ids).decode("utf-8", errors="replace"), "bytes (UTF-8)")
-    if vocab_size == GPT2_BPE_VOCAB:
+                         lambda ids: bytes(ids).decode("utf-8", errors="replace"), "bytes (UTF-8)", BYTE_VOCAB)
+    if fits(GPT2_BPE_VOCAB, vocab_size):
         try:
             import tiktoken
         except ImportError:
             raise KfitError("this run's vocabulary is GPT-2's BPE (50257 tokens): sampling needs its tokenizer; "
                             "pip install tiktoken") from None
         enc = tiktoken.get_encoding("gpt2")
-        return Tokenizer(lambda text: enc.encode(text, allowed_special={"<|endoftext|>"}), enc.decode, "tiktoken gpt2")
+        return Tokenizer(lambda text: enc.encode(text, allowed_special={"<|endoftext|>"}), enc.decode, "tiktoken gpt2",
+                         GPT2_BPE_VOCAB)
     looked = f" (looked for one of that size at {', '.join(map(str, candidates))})" if candidates else ""
     raise KfitError(f"this run's vocabulary has {vocab_size} tokens, and kfit knows no tokenizer for it (256: bytes, "
                     f"50257: GPT-2's BPE, else the corpus's tokenizer.json{looked}): put the tokenizer.json "
@@ -157,11 +168,13 @@ def _rebuild(run: Path, config, weights: dict) -> tuple[torch.nn.Module, dict]:
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, ids: list[int], *, max_tokens: int, temperature: float, top_k: int | None,
-             block_size: int, generator: torch.Generator, device: torch.device) -> list[int]:
-    """`max_tokens` new token ids after `ids`."""
+             block_size: int, generator: torch.Generator, device: torch.device,
+             vocab_size: int | None = None) -> list[int]:
+    """`max_tokens` new token ids after `ids`, below `vocab_size` (the tokenizer's: a padded model's extra
+    rows are never picked)."""
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     for _ in range(max_tokens):
-        logits = model(idx[:, -block_size:])[:, -1, :].float()
+        logits = model(idx[:, -block_size:])[:, -1, :vocab_size].float()
         if temperature == 0:
             nxt = logits.argmax(dim=-1, keepdim=True)
         else:
@@ -184,10 +197,10 @@ def sample(run: Path, prompt: str, *, max_tokens: int = 200, temperature: float 
     model, about = load_run_model(run)
     own, data_dir = about.pop("tokenizers")
     tok = tokenizer_for(about["vocab_size"], own, data_dir, log)
-    ids = tok.encode(prompt) or [0 if about["vocab_size"] != GPT2_BPE_VOCAB else GPT2_BPE_VOCAB - 1]
+    ids = tok.encode(prompt) or [0 if tok.vocab_size != GPT2_BPE_VOCAB else GPT2_BPE_VOCAB - 1]
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(target)
     generator = torch.Generator().manual_seed(seed)
     new = generate(model, ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                   block_size=about["block_size"], generator=generator, device=target)
+                   block_size=about["block_size"], generator=generator, device=target, vocab_size=tok.vocab_size)
     return tok.decode(new), {**about, "tokenizer": tok.name, "device": str(target)}

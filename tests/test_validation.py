@@ -558,9 +558,14 @@ def test_gpt2_on_the_real_vocabulary_is_gpt2_124m(tmp_path):
     assert [c.label for c in full if c.model == vocab.MODEL] == ["gpt2-124m-50k bf16 8", "gpt2-124m-50k bf16 16",
                                                                  "gpt2-124m-50k fp32 8"]
     assert compile_check.MODELS[-1] == (vocab.MODEL, mfu_check.BATCH)  # the throughput mfu reuses
-    padded = load_task(vocab.make_config(tmp_path, "p", vocab_size=vocab.PADDED_VOCAB))
-    assert padded.info.vocab_size == 50304 and vocab.PADDED_VOCAB % 64 == 0  # the head's rows; the same ids
-    assert padded.train[[0]][0].max() < 50257 and (tmp_path / "gpt2-vocab-corpus-50304").is_dir()
+    assert config.pad_vocab is False  # the head the committed runs measured: 50,257 rows
+    padded_config = vocab.make_config(tmp_path, "p", vocab_size=vocab.PADDED_VOCAB)
+    padded = load_task(padded_config)
+    assert padded_config.pad_vocab and padded.info.vocab_size == 50257  # the same corpus, its head padded
+    with torch.device("meta"):
+        assert padded.build(False).lm_head.weight.shape[0] == vocab.PADDED_VOCAB == 50304
+    with pytest.raises(ValueError, match="50257 tokens, or 50304 padded"):
+        vocab.make_config(tmp_path, "q", vocab_size=50000)
 
 
 def test_sweep_sizes_around_the_plans_choice():

@@ -38,8 +38,10 @@ def _shapes(config, family: str, vocab: int):
     import torch
 
     from ..models import GPT2_PRESETS, LLAMA_PRESETS, build_model, count_parameters
+    from ..models.registry import vocab_rows
     from ..recommend import Shape
 
+    vocab = vocab_rows(vocab, config.pad_vocab)
     out = []
     for preset in (GPT2_PRESETS if family == "gpt2" else LLAMA_PRESETS):
         with torch.device("meta"):

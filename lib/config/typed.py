@@ -32,6 +32,7 @@ class Config:
     llama_preset: str | None  # tiny | 20m | 60m | 125m | 350m | 1b (MODEL_LLAMA)
     llama_block_size: int | None
     llama_tie_embeddings: bool | None
+    pad_vocab: bool | None
     custom_model_factory: str | None  # "package.module:function" (MODEL_CUSTOM)
     custom_train_samples: int | None
     custom_eval_samples: int | None
@@ -329,6 +330,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         llama_preset=choice_of(kconf, "LLAMA_PRESET_", {p.upper(): p for p in ("tiny", "20m", "60m", "125m", "350m", "1b")}),
         llama_block_size=int_of(kconf, "LLAMA_BLOCK_SIZE"),
         llama_tie_embeddings=bool_of(kconf, "LLAMA_TIE_EMBEDDINGS") if kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility else None,
+        pad_vocab=bool_of(kconf, "PAD_VOCAB") if kconf.syms["PAD_VOCAB"].visibility else None,
         custom_model_factory=factory,
         custom_train_samples=int_of(kconf, "CUSTOM_TRAIN_SAMPLES"),
         custom_eval_samples=int_of(kconf, "CUSTOM_EVAL_SAMPLES"),

@@ -120,6 +120,8 @@ def model_fingerprint(config: Config) -> dict:
                           _file_hash(Path(config.data_dir or "") / "meta.json") or "gpt2-vocab"))
         if llama:
             fp.update(tied=config.llama_tie_embeddings)
+        if config.pad_vocab and config.dataset == "dir":  # the embedded text's 256 bytes need no padding
+            fp.update(pad_vocab=True)
     elif config.model == "custom":
         from ..models.custom import load_factory, source_file
 

@@ -74,14 +74,24 @@ def _image_args(config: "Config", info: "DatasetInfo") -> dict:
                 dropout=config.dropout or 0.0)
 
 
+VOCAB_MULTIPLE = 64  # CONFIG_PAD_VOCAB: the embedding's and output layer's rows a multiple of 64 tokens
+
+
+def vocab_rows(vocab_size: int, pad: bool | None) -> int:
+    """The rows a text model's embedding and output layer get for a vocabulary (CONFIG_PAD_VOCAB: rounded up
+    to VOCAB_MULTIPLE, so the output layer's matmuls have no dimension a GPU runs with slower kernels)."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE if pad else vocab_size
+
+
 def _gpt2_args(config: "Config", info: "DatasetInfo") -> dict:
-    return dict(gpt2_preset=config.gpt2_preset, block_size=info.block_size, vocab_size=info.vocab_size,
-                dropout=config.gpt2_dropout or 0.0)
+    return dict(gpt2_preset=config.gpt2_preset, block_size=info.block_size,
+                vocab_size=vocab_rows(info.vocab_size, config.pad_vocab), dropout=config.gpt2_dropout or 0.0)
 
 
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
     # the vocabulary is the data's: a tokenized corpus's, or 256 bytes
-    return dict(llama_preset=config.llama_preset, block_size=info.block_size, vocab_size=info.vocab_size,
+    return dict(llama_preset=config.llama_preset, block_size=info.block_size,
+                vocab_size=vocab_rows(info.vocab_size, config.pad_vocab),
                 tie_embeddings=config.llama_tie_embeddings is not False)
 
 

@@ -134,7 +134,8 @@ class Checkpoints:
             wrong = model_problem(found[1], engine.model)
             if wrong is not None:
                 raise KfitError(f"RESUME_FROM={chosen} does not fit this config's model ({wrong}): name a "
-                                "checkpoint of this model, or start a new run from it with INIT_FROM")
+                                "checkpoint of this model (the same preset, vocabulary, CONFIG_PAD_VOCAB and block "
+                                "size), or start a new run from it with INIT_FROM")
         else:
             found = checkpoint.latest_valid(run_dir, self.log, problem)
         if found is None and marker is None:

@@ -120,7 +120,8 @@ def load_initial(source: Path, task: Task) -> InitialWeights:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise KfitError(f"INIT_FROM={source}: its weights do not fit this model: {problems[0]}{more}: INIT_FROM "
-                        "needs weights of the same architecture (the model, its preset, vocabulary and block size)")
+                        "needs weights of the same architecture (the model, its preset, vocabulary and block size; "
+                        "CONFIG_PAD_VOCAB as that run had it)")
     problem = value_problem(weights, ours)
     if problem is not None:
         raise KfitError(f"INIT_FROM={source}: its weights cannot start this run: {problem}: start from weights "

@@ -26,24 +26,26 @@ TRAIN_TOKENS, VAL_TOKENS = 1 << 20, 1 << 16  # 1,023 and 63 windows of 1,024: en
 
 
 def write_corpus(directory: Path, *, train_tokens: int = TRAIN_TOKENS, val_tokens: int = VAL_TOKENS,
-                 seed: int = 0, vocab_size: int = GPT2_VOCAB) -> Path:
-    """Random token ids below GPT2_VOCAB in `directory` (uint16, nanoGPT's format); kept when already there.
-    `vocab_size`: what meta.json declares, so the model's embedding and head have that many rows (a padded
-    vocabulary, PADDED_VOCAB, trains the same ids)."""
+                 seed: int = 0) -> Path:
+    """Random token ids below GPT2_VOCAB in `directory` (uint16, nanoGPT's format); kept when already there."""
     directory.mkdir(parents=True, exist_ok=True)
     meta = directory / "meta.json"
     if not meta.exists():
         rng = np.random.default_rng(seed)
         for name, count in (("train.bin", train_tokens), ("val.bin", val_tokens)):
             (directory / name).write_bytes(rng.integers(0, GPT2_VOCAB, count, dtype=np.uint16).tobytes())
-        meta.write_text(json.dumps({"vocab_size": vocab_size, "dtype": "uint16"}))  # last: the corpus is whole
+        meta.write_text(json.dumps({"vocab_size": GPT2_VOCAB, "dtype": "uint16"}))  # last: the corpus is whole
     return directory
 
 
 def corpus_assignments(workdir: Path, vocab_size: int = GPT2_VOCAB) -> dict:
-    """The config assignments that train GPT-2 on the synthetic corpus under `workdir`."""
-    name = "gpt2-vocab-corpus" + ("" if vocab_size == GPT2_VOCAB else f"-{vocab_size}")
-    return {"DATASET_DIR": True, "DATA_DIR": str(write_corpus(workdir / name, vocab_size=vocab_size))}
+    """The config assignments that train GPT-2 on the synthetic corpus under `workdir`, its model's head
+    `vocab_size` rows: GPT2_VOCAB, as it is (CONFIG_PAD_VOCAB off: the head the checks have always measured),
+    or PADDED_VOCAB (on)."""
+    if vocab_size not in (GPT2_VOCAB, PADDED_VOCAB):
+        raise ValueError(f"a head of {vocab_size} rows: the corpus's {GPT2_VOCAB} tokens, or {PADDED_VOCAB} padded")
+    return {"DATASET_DIR": True, "DATA_DIR": str(write_corpus(workdir / "gpt2-vocab-corpus")),
+            "PAD_VOCAB": vocab_size == PADDED_VOCAB}
 
 
 def make_config(workdir: Path, name: str, assignments: dict | None = None, *, base: str = "gpt2",
