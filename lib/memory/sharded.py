@@ -35,7 +35,10 @@ inside an all-gather: without gloo's scratch copy they were 3.4% under.
 On an H100 (make validate-gpu's fsdp check, torch 2.11, NCCL, one process):
 GPT-2 124M bf16 fsdp at 8/16, fsdp_grad_op, CPU offload and fp32, +1.6% to
 +5.1% of max_memory_reserved, once the trace made CUDA's float32 autocast
-casts (autocast.py; -5.8% to -10.1% before).
+casts (autocast.py; -5.8% to -10.1% before); in the two runs of 2026-11-26,
+-2.5% to -0.2%, and gpt2-tiny bf16 at 128 +7.3% (its traced step allocated
+363.3 MiB, 363.4 measured), once the check took off the cuBLAS workspaces
+its process already held.
 
 Two corrections to FSDPMemTracker under fake tensors:
   * DTensor works out an op's output metadata by running the op on fake tensors
