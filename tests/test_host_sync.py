@@ -80,7 +80,7 @@ def test_two_ranks_agree_on_every_flag_and_sum_the_loss(host_flags, tmp_path):
 def _counting(monkeypatch, config_text: str, make_config, nan_at: int | None = None):
     """A LeNet-5 run with the step timer done from the first step on; returns the steps whose losses were read
     (each read's last step) and the exception, if any."""
-    monkeypatch.setattr(StepTimer, "record", lambda self, plan, seconds: setattr(self, "done", True))
+    monkeypatch.setattr(StepTimer, "record", lambda self, plan, seconds, mark=None: setattr(self, "done", True))
     reads, inside = [], []
     real_read, real_step = Losses.read, Trainer.optimizer_step
 

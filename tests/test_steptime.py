@@ -319,6 +319,45 @@ def test_short_steps_are_timed_for_min_seconds(monkeypatch):
     assert events[-1]["steps_timed"] == 10  # long steps: STEPS of them
 
 
+def test_a_gpus_steps_are_timed_by_their_marks_on_the_stream_with_one_wait(monkeypatch):
+    """On a GPU the trainer marks each step's end with a CUDA event and never waits per step: the timer reads
+    the device's time between consecutive marks once, when it reports (here, events that say when the stream
+    reached them: the host's times are what a step without waiting took, far shorter)."""
+    from types import SimpleNamespace
+
+    from lib.trainer import timing
+
+    monkeypatch.setattr(timing, "STEPS", 10)
+    monkeypatch.setattr(timing, "MIN_SECONDS", 0.0)
+    waits = []
+
+    class Mark:
+        def __init__(self, at_ms):
+            self.at_ms = at_ms
+
+        def elapsed_time(self, end):
+            return end.at_ms - self.at_ms
+
+        def synchronize(self):
+            waits.append(self.at_ms)
+
+    events = []
+    plan = SimpleNamespace(micro_batch=8, grad_accum=1, precision="bf16", gradient_checkpointing=False,
+                           cpu_offload=False, compile=False, predicted_step_seconds=0.02, reasons={})
+    timer = timing.StepTimer(None, None, lambda *a, **k: events.append(k), calibrate=False)
+    at = 0.0
+    for i in range(timing.SKIP + 10):
+        at += 50.0 if i < timing.SKIP else 20.0  # the warm-up steps slower; then 20 ms each on the device
+        timer.record(plan, 0.001, Mark(at))
+    assert len(waits) == 1 and events[-1]["steps_timed"] == 10
+    assert events[-1]["measured_step_seconds"] == pytest.approx(0.020)
+    # without marks (a CPU, where each step is read), the host's times
+    host = timing.StepTimer(None, None, lambda *a, **k: events.append(k), calibrate=False)
+    for _ in range(timing.SKIP + 10):
+        host.record(plan, 0.005)
+    assert events[-1]["measured_step_seconds"] == pytest.approx(0.005)
+
+
 def test_real_micro_batches_are_timed_within_the_budget():
     from lib.steptime.measure import BUDGET_S, MAX_BUDGET_S, affordable, budget_for, power_sizes, time_micro_batches
 

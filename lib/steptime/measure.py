@@ -69,11 +69,13 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     if not affordable(sizes, estimate, budget_s):
         return {}, None
     keep_freed_memory()  # the C heap as a CPU run has it (lib.api.train_planned), unless RAM is short there
-    started = time.perf_counter()
     seed_everything(config.seed)
     model = task.build(gradient_checkpointing)
     model.train()
     optimizer = make_optimizer(config, model)
+    # the budget is the timings': a process's first optimizer imports torch._dynamo (2.1 s here), which took
+    # most of a first plan's 3 s before one size was timed
+    started = time.perf_counter()
     autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))
 
     batches: dict[int, tuple] = {}

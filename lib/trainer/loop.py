@@ -248,10 +248,15 @@ class Trainer:
             loss_sum, timed_out, signalled = self.optimizer_step(windows, p.window, p.step)
             n = len(windows[p.window])
             self.losses.add(p.step + 1, n, loss_sum)
-            if not self.timer.done:  # the timed steps are the device's: read (and wait for) each one
-                self.settle()
+            mark = None
+            if not self.timer.done:  # the timed steps are the device's: marked on a GPU's stream, else read
+                if self.plan.device_type == "cuda":
+                    mark = torch.cuda.Event(enable_timing=True)
+                    mark.record()
+                else:
+                    self.settle()
             step_s = time.perf_counter() - started
-            self.timer.record(self.plan, step_s)
+            self.timer.record(self.plan, step_s, mark)
             p.step, p.window, p.samples = p.step + 1, p.window + 1, p.samples + n
             p.interval_samples += n
             if self.boundary(timed_out, signalled, last=p.window == len(windows)):

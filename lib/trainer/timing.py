@@ -4,6 +4,11 @@ The optimizer steps after SKIP warm-up ones (one more with torch.compile: the fi
 at least STEPS of them and at least MIN_SECONDS of steps (at most MAX_STEPS). Their median and the
 plan's predicted_step_seconds go to metrics.jsonl as one "step_time" event, and lib.steptime.calibrate
 stores them for this machine and model, so the next plan here predicts from them. A run shorter than that reports what it timed when it ends.
+
+On a GPU each step's end is marked with a CUDA event on the stream, and a step's time is the device's time
+between two marks, read once when the timer reports: the timed steps wait for nothing. A wait after each
+step (reading its loss) would cost a host-bound step its overlap with the device (the host would queue
+the next step's kernels only after the last one ran), so the steps timed would be slower than the run's.
 """
 
 from __future__ import annotations
@@ -31,17 +36,21 @@ class StepTimer:
         self.config, self.hardware, self.event, self.calibrate = config, hardware, event, calibrate
         self.plan: Plan | None = None
         self.times: list[float] = []
+        self.marks: list = []  # a GPU's: an event recorded at each step's end (torch.cuda.Event, timing on)
         self.timed_s = 0.0  # the sum of the times after the skipped ones
         self.done = False
 
-    def record(self, plan: Plan, seconds: float) -> None:
-        """One optimizer step of `plan` took `seconds` (a new micro-batch or ladder rung, after out-of-memory,
-        starts over)."""
+    def record(self, plan: Plan, seconds: float, mark=None) -> None:
+        """One optimizer step of `plan` took `seconds` on the host (a new micro-batch or ladder rung, after
+        out-of-memory, starts over). `mark`: on a GPU, the event recorded on the stream at the step's end;
+        the step's time is then the device's since the previous step's mark (read when the timer reports)."""
         if self.done:
             return
         if plan is not self.plan and (self.plan is None or _step_shape(plan) != _step_shape(self.plan)):
-            self.plan, self.times, self.timed_s = plan, [], 0.0
+            self.plan, self.times, self.marks, self.timed_s = plan, [], [], 0.0
         self.times.append(seconds)
+        if mark is not None:
+            self.marks.append(mark)
         timed = len(self.times) - self.skip  # a running count and sum: no copy of the times per step
         if timed > 0:
             self.timed_s += seconds
@@ -56,9 +65,17 @@ class StepTimer:
         if not self.done and self.plan is not None and len(self.times) > self.skip:
             self.report()
 
+    def step_times(self) -> list[float]:
+        """Every step's seconds: the marks' device times where each step has one (the first, with no mark
+        before it, is always skipped), else the host's."""
+        if not self.marks or len(self.marks) != len(self.times):
+            return self.times
+        self.marks[-1].synchronize()  # the one wait: every mark before it is done too
+        return self.times[:1] + [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+
     def report(self) -> None:
         self.done = True
-        timed = self.times[self.skip:]
+        timed = self.step_times()[self.skip:]
         measured, plan = statistics.median(timed), self.plan
         predicted = plan.predicted_step_seconds
         after = calibrate_step_time(self.config, self.hardware, plan, timed) if self.calibrate else None
