@@ -48,7 +48,7 @@ measurements refine it, each on the machine it was taken on:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..units import micro_batch_sizes
@@ -207,24 +207,23 @@ def calibrated(model: StepTimeModel, seconds: float, micro_batch: int, grad_accu
     measured, the factor scales the bound that limits the step's micro-batch (the host's time, with the
     trainer's overhead, or the device's), solved so the step comes out at `seconds`; where no factor of that
     bound reaches it, or on a CPU (whose time is one sum), the whole step is scaled."""
-    import dataclasses
-
-    base = dataclasses.replace(model, correction=1.0, correction_bound="all")
+    base = replace(model, correction=1.0, correction_bound="all")
     predicted = base.seconds(micro_batch, grad_accum, samples)
-    whole = dataclasses.replace(base, correction=seconds / predicted, calibrated_at=micro_batch)
-    if model.device.kind == "cpu" or model.measured or not predicted > 0:
+    if not predicted > 0:
+        return base
+    whole = replace(base, correction=seconds / predicted, calibrated_at=micro_batch)
+    if model.device.kind == "cpu" or model.measured:
         return whole
     device, host = base._bounds(base.counts.micro_batch(micro_batch), base.compile)
     bound = "host" if host >= device else "device"
 
-    def at(c: float) -> StepTimeModel:
-        return dataclasses.replace(whole, correction=c, correction_bound=bound)
+    def step_at(c: float) -> float:
+        return replace(whole, correction=c, correction_bound=bound).seconds(micro_batch, grad_accum, samples)
 
     lo, hi = 1e-3, 1e3  # the step's time grows with the factor: bisect in log space
-    if not at(lo).seconds(micro_batch, grad_accum, samples) <= seconds <= at(hi).seconds(micro_batch, grad_accum,
-                                                                                           samples):
+    if not step_at(lo) <= seconds <= step_at(hi):
         return whole
     for _ in range(60):
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if at(mid).seconds(micro_batch, grad_accum, samples) < seconds else (lo, mid)
-    return at(math.sqrt(lo * hi))
+        lo, hi = (mid, hi) if step_at(mid) < seconds else (lo, mid)
+    return replace(whole, correction=math.sqrt(lo * hi), correction_bound=bound)
