@@ -175,7 +175,7 @@ def run_to_resume(config: "Config", *, resume: bool, resume_from: "str | os.Path
 def find_run(config: "Config", plan: "Plan", log: Callable[[str], None] = print) -> Path | None:
     """The run to continue: the latest unfinished one in the output directory with a matching config and
     effective batch."""
-    from .checkpoint import find_resumable
+    from .resumable import find_resumable
 
     return find_resumable(Path(config.output_dir), config.text, plan.effective_batch, config.run_name, log=log)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lib.api as kfit
-from lib import checkpoint
+from lib import checkpoint, resumable
 from lib.errors import ConfigError, KfitError
 from lib.export import export, save_weights
 from lib.hardware import resolve_hardware
@@ -121,7 +121,7 @@ def test_resume_from_refuses_with_the_fix_and_changes_nothing(tmp_path):
 
 
 def test_a_changed_patience_or_best_k_still_resumes(tmp_path):
-    """Neither changes what a step computes (checkpoint.NOT_TRAINING_MATH)."""
+    """Neither changes what a step computes (resumable.NOT_TRAINING_MATH)."""
     cfg = config()
     run = interrupted(cfg, tmp_path / "runs", at=4)
     changed = config(EARLY_STOP_PATIENCE=5, EARLY_STOP_MIN_DELTA="0.1", CHECKPOINT_BEST_KEEP=3,
@@ -157,7 +157,7 @@ def test_init_from_an_export_and_the_search_passes_an_initialised_run_by(tmp_pat
     run = interrupted(config(), tmp_path / "tuned", at=4)  # an unfinished run ...
     (run / checkpoint.INIT_RECORD).write_text("{}")  # ... that started from other weights
     notes = []
-    assert checkpoint.find_resumable(tmp_path / "tuned", config().text, 16, log=notes.append) is None
+    assert resumable.find_resumable(tmp_path / "tuned", config().text, 16, log=notes.append) is None
     assert f"RESUME_FROM={run}" in notes[0] and resume_command(config(), run).endswith(f" RESUME_FROM={run}")
     lines = []
     result = kfit.train(config(MAX_STEPS=2), output_dir=tmp_path / "tuned", init_from=exported, resume=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib import checkpoint, fileio
+from lib import checkpoint, fileio, resumable
 from lib import config as kc
 from lib.errors import KfitError
 from lib.hyperparams import ModelDescription, resolve
@@ -140,7 +140,7 @@ def test_the_resume_search_passes_over_a_live_run(tmp_path):
     lock = fileio.try_lock(run_dir)  # as a live `make train` holds it
     before, notes = files(run_dir), []
     try:
-        assert checkpoint.find_resumable(tmp_path / "runs", config.text, 16, log=notes.append) is None
+        assert resumable.find_resumable(tmp_path / "runs", config.text, 16, log=notes.append) is None
         assert f"process {os.getpid()} is still training it" in notes[-1]
         # picked by a search just before the live process took it: a run of its own, the live one untouched
         t = trainer(config, resume=run_dir, log=notes.append)
@@ -149,7 +149,7 @@ def test_the_resume_search_passes_over_a_live_run(tmp_path):
         assert files(run_dir) == before
     finally:
         lock.close()
-    assert checkpoint.find_resumable(tmp_path / "runs", config.text, 16) == run_dir
+    assert resumable.find_resumable(tmp_path / "runs", config.text, 16) == run_dir
 
 
 def test_metrics_lines_of_two_writers_never_tear(tmp_path):
@@ -313,7 +313,7 @@ def test_sigkill_mid_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_p
     steps = [line["step"] for line in metrics(run_dir) if "loss" in line]
     assert steps == list(range(1, 9))
 
-    assert checkpoint.find_resumable(tmp_path / "runs", config.text, 16) == run_dir
+    assert resumable.find_resumable(tmp_path / "runs", config.text, 16) == run_dir
     t = trainer(config, resume=run_dir)
     result = t.fit()
     assert t.resumed_from == checkpoint.periodic_path(run_dir, 4) and result.steps == 12

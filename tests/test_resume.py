@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib import checkpoint
+from lib import checkpoint, resumable
 
 from tests.helpers import KFIT, fake_plan, kfit_env, write_config
 
@@ -113,7 +113,7 @@ def test_resume_matches_training_math_and_effective_batch_only(tmp_path):
     _fake_run(runs, "c-other-batch", base, 128)
     match = _fake_run(runs, "d-match", base.replace("LOG_INTERVAL=10", "LOG_INTERVAL=1"), 64)
     notes = []
-    assert checkpoint.find_resumable(runs, base, 64, log=notes.append) == match
+    assert resumable.find_resumable(runs, base, 64, log=notes.append) == match
     assert any("c-other-batch" in n and "128" in n for n in notes)
-    assert checkpoint.find_resumable(runs, base, 64, run_name="b-other-lr", log=notes.append) is None
-    assert checkpoint.find_resumable(tmp_path / "nowhere", base, 64) is None
+    assert resumable.find_resumable(runs, base, 64, run_name="b-other-lr", log=notes.append) is None
+    assert resumable.find_resumable(tmp_path / "nowhere", base, 64) is None

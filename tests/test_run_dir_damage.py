@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib import checkpoint, fileio
+from lib import checkpoint, fileio, resumable
 from lib import config as kc
 from lib.errors import KfitError
 from lib.hyperparams import ModelDescription, resolve
@@ -119,7 +119,7 @@ def test_checkpoint_problem_checks_progress_types():
 
 
 def search(config, notes: list) -> Path | None:
-    return checkpoint.find_resumable(Path(config.output_dir), config.text, 16, log=notes.append)
+    return resumable.find_resumable(Path(config.output_dir), config.text, 16, log=notes.append)
 
 
 @pytest.mark.parametrize("content, reason", [
@@ -153,6 +153,24 @@ def test_a_plan_json_that_is_not_a_plan_and_no_readable_checkpoint_passes_the_ru
     assert notes == [f"note: not resuming {path}: its plan.json is not a plan (a plan is a JSON object, not list) and "
                      f"no checkpoint there records the effective batch; delete {path} or keep it aside: this run "
                      "is a separate one"]
+
+
+def test_an_unfinished_run_of_another_config_is_passed_by_with_a_note_naming_what_differs(run_dir):
+    """A run interrupted before an upgrade that added a symbol (CONFIG_PAD_VOCAB) or with any other change of
+    training math is a separate run: said once, with the symbols and how to continue it."""
+    path, config = run_dir
+    saved = path / "config"
+    saved.write_text(saved.read_text().replace("CONFIG_LEARNING_RATE=", "# was\nCONFIG_LEARNING_RATE=1") +
+                     "# CONFIG_PAD_VOCAB is not set\n")
+    notes = []
+    assert search(config, notes) is None
+    [note] = notes
+    assert note.startswith(f"note: not resuming {path}, an unfinished run of another config (CONFIG_LEARNING_RATE: ")
+    assert "CONFIG_PAD_VOCAB: not set there, absent here" in note
+    assert note.endswith(f"'make train KCONFIG_CONFIG={path / 'config'}' continues it; this run is a separate one")
+    (path / "checkpoint.pt").write_bytes(b"")  # finished: nothing to continue, nothing said
+    notes.clear()
+    assert search(config, notes) is None and notes == []
 
 
 def test_a_lock_that_is_a_directory_passes_the_run_by_with_a_note(run_dir):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib import checkpoint
+from lib import checkpoint, resumable
 from lib import config as kc
 from lib.data.splits import BatchSplit
 from lib.errors import KfitError
@@ -174,7 +174,7 @@ def resume(config: kc.Config, made: Made) -> tuple[str, list[str], Trainer | Non
     """The resume search, then the training it picks, as `make train` runs them: (what happened: "resumed",
     "new run" or the error line, what kfit said, the trainer)."""
     said: list[str] = []
-    pick = checkpoint.find_resumable(Path(config.output_dir), config.text, made.plan.effective_batch, config.run_name,
+    pick = resumable.find_resumable(Path(config.output_dir), config.text, made.plan.effective_batch, config.run_name,
                                      log=said.append)
     if pick is None:
         return "new run", said, None

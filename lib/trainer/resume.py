@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, fileio
+from .. import checkpoint, fileio, resumable
 from ..config import Config
 from ..errors import KfitError
 from ..hardware import HardwareProfile
@@ -64,7 +64,7 @@ def resume_point(source: Path, config: Config, log=print) -> tuple[Path, int]:
         if problem is not None or not isinstance(state.get("config"), str):
             raise KfitError(f"{what} is not a kfit checkpoint ({problem or 'it holds no config'}): name a "
                             "checkpoint-<step>.pt of a run, or its directory")
-    differences = checkpoint.identity_differences(state.get("config", ""), config.text)
+    differences = resumable.identity_differences(state.get("config", ""), config.text)
     if differences:
         raise KfitError(f"{what}: its config differs in training math ({'; '.join(differences[:3])}"
                         f"{f'; {len(differences) - 3} more' if len(differences) > 3 else ''}): train with the "
