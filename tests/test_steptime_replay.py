@@ -224,6 +224,19 @@ def test_h100_calibration_at_one_micro_batch_carries_to_another():
 # goal (docs/time.md), so the suite checks its mechanics (tests/test_bench_steptime.py), not its figures.
 
 
+def mfu_plan_line() -> str:
+    """What `make plan` predicts for the mfu check's config (lib/validation/mfu_check.py) on an H100."""
+    from lib.hyperparams import ModelDescription, resolve
+    from lib.validation import mfu_check, vocab
+
+    config = vocab.make_config(Path(tempfile.mkdtemp()), "mfu", {
+        "HYPER_PARAM_MANUAL": True, "BATCH_SIZE": mfu_check.BATCH, "GRADIENT_ACCUMULATION": 1, "COMPILE_MANUAL": True,
+        "COMPILE_MODEL": True, "PRECISION_BF16": True, "DEVICE_CUDA": True})
+    plan = resolve(config, resolve_hardware(gpu="h100"), ModelDescription.from_config(config))
+    return (f"{plan.predicted_samples_per_second:.1f} samples/s, predicted MFU {plan.predicted_mfu:.1%} "
+            f"(trainer included)")
+
+
 def main() -> None:
     rows = uncalibrated_errors()
     print("uncalibrated (committed H100 step-time cases):")
@@ -248,6 +261,8 @@ def main() -> None:
         print(f"  {name:<42} {head:>6} {batch:>3} {'compiled' if compiled else 'eager':<9} measured {measured:7.2f} ms"
               f"  head as aligned {before:7.2f} ({(before - measured) / measured:+.1%})  now {now:7.2f} "
               f"({(now - measured) / measured:+.1%})")
+    print("the mfu check's plan (GPT-2 124M, 50,257 tokens, bf16, compiled, micro-batch 16) on an H100:")
+    print(f"  {mfu_plan_line()}")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ import numpy as np
 
 from .. import config as kconfig
 from ..data.text import GPT2_VOCAB
+from ..models.registry import vocab_rows
 
 MODEL = "gpt2-50k"  # the name the checks use for this model
-PADDED_VOCAB = 50304  # 50,257 rounded up to a multiple of 64: the head's matmuls then have no unaligned dimension
+PADDED_VOCAB = vocab_rows(GPT2_VOCAB, True)  # 50,304 (CONFIG_PAD_VOCAB): no unaligned dimension in the head
 LABEL = "gpt2-124m-50k"  # ... and in their tables
 TRAIN_TOKENS, VAL_TOKENS = 1 << 20, 1 << 16  # 1,023 and 63 windows of 1,024: enough for any micro-batch here
 
