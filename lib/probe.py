@@ -46,7 +46,7 @@ from .planning import edits
 from .memory import default_cache_dir
 from .oom import ADVICE, Injector, OutOfMemory, is_oom, release
 from .task import Task
-from .step import autocast_for, make_optimizer
+from .step import autocast_for, forward_loss, make_optimizer
 from .steptime import balanced_micro_batches
 from .steptime.calibrate import samples_per_process
 
@@ -142,7 +142,7 @@ class _Trials:
         self.model = task.build(plan.gradient_checkpointing).to(device)
         self.optimizer = make_optimizer(config, self.model)
         self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
-        self.forward = torch.compile(self.model, mode=plan.compile_mode) if plan.compile else self.model
+        self.forward_loss = forward_loss(self.model, task.loss, plan)  # as the trainer compiles it
         self.inject = Injector()
         self.steps = 0
 
@@ -163,14 +163,14 @@ class _Trials:
                 self.inject.check(size)
                 if train:
                     with autocast_for(self.plan):
-                        loss = self.task.loss(self.forward(x), y)
+                        loss = self.forward_loss(x, y)
                     self.scaler.scale(loss).backward()
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
                     self.optimizer.zero_grad(set_to_none=True)
                 else:
                     with torch.no_grad(), autocast_for(self.plan):
-                        self.task.loss(self.forward(x), y)
+                        self.forward_loss(x, y)
             peak = device_memory(self.device)[1]
         except Exception as err:  # noqa: BLE001 - out-of-memory is an answer; anything else is a bug
             if not is_oom(err):

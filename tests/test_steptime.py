@@ -499,27 +499,16 @@ def test_a_calibration_no_bound_can_reach_scales_the_whole_step_and_a_cpus_alway
     assert fitted.seconds(64, 1) == pytest.approx(cpu.seconds(64, 1) * 3)
 
 
-def test_the_loss_is_counted_apart_and_a_compiled_step_leaves_it_eager():
-    """kfit compiles the model, not the loss: the loss's ops and bytes (its forward, and its backward until
-    autograd reaches the model's output) are counted apart, and a compiled step's fusion factors leave them."""
-    from lib.steptime.count import counted as count_real
-
-    b = 8
-    mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 6))  # noqa: E731
-    phases, _ = counted(mlp, (16,), b)
-    logits, y = torch.randn(b, 6), torch.zeros(b, dtype=torch.long)
-    loss = count_real(lambda: F.cross_entropy(logits, y))
-    forward, backward = phases["forward"], phases["backward"]
-    assert (forward.eager_ops, forward.eager_bytes) == (loss.ops, loss.memory_bytes) and loss.ops >= 2
-    assert 2 <= backward.eager_ops < backward.ops and 0 < backward.eager_bytes < backward.memory_bytes
-    assert phases["optimizer"].eager_ops == 0
-
+def test_a_compiled_step_fuses_the_loss_with_the_model():
+    """kfit compiles the loss in one graph with the model (lib/step.py forward_loss): the fusion factors apply to
+    every op and byte of the forward and backward, the loss's included."""
     h100 = gpu_device("h100")
-    work = Phase(memory_bytes=1e9, ops=100, eager_bytes=4e8, eager_ops=40)
+    work = Phase(memory_bytes=1e9, ops=100)
     counts = Counts(phases={n: {"forward": work, "backward": Phase(), "optimizer": Phase()} for n in (1, 2)},
                     parameters=1, train_samples=1, eval_samples=1)
     model = StepTimeModel(counts=counts, device=dataclasses.replace(h100, kernel_floor_s=0.0), precision="bf16",
                           compile=True)
     device_s, host_s = model._bounds(work, True)
-    assert device_s == pytest.approx((6e8 * steptime.device.COMPILE_MEMORY_FACTOR + 4e8) / h100.bandwidth)
-    assert host_s == pytest.approx((60 * steptime.device.COMPILE_OPS_FACTOR + 40) * h100.op_overhead_s)
+    assert device_s == pytest.approx(1e9 * steptime.device.COMPILE_MEMORY_FACTOR / h100.bandwidth)
+    assert host_s == pytest.approx(100 * steptime.device.COMPILE_OPS_FACTOR * h100.op_overhead_s)
+    assert model._bounds(work, False) == (pytest.approx(1e9 / h100.bandwidth), pytest.approx(100 * h100.op_overhead_s))

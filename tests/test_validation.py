@@ -391,7 +391,9 @@ def test_fsdp_cases_after_the_first_take_the_blas_workspace_the_process_held_off
     for path in sorted((ROOT / "docs" / "validation").glob("nvidia-h100-*2026-11-26*.json")):
         for row in json.loads(path.read_text())["checks"]["fsdp"]["figures"]["cases"]:
             errors[(path.name, row["case"])] = fsdp_check.compared(row["predicted_bytes"], blas, row)["rel_err"]
-    assert len(errors) == 12
+            if "predicted_here_bytes" in row:  # the runs since the fix recorded the comparison themselves
+                assert errors[(path.name, row["case"])] == row["rel_err"]
+    assert len(errors) == 18
     assert all(-fsdp_check.UNDER_TOLERANCE <= e <= 0.08 for e in errors.values()), errors  # gpt2-tiny: +24.5% before
 
 
@@ -638,7 +640,7 @@ def test_mfu_is_the_plans_formula_with_the_measured_throughput(tmp_path):
     assert result.figures["predicted_error"] == pytest.approx(1 / 3, abs=1e-3) and "MFU 30.0%" in result.reason
     assert result.figures["head"] == head and "padded to 50,304 rows: x1.20 eager (predicted x1.19)" in result.reason
     low = mfu_check.judge(0.15, "x", {"micro_batch": 16, "samples_per_s": 200.0})
-    assert low.status == "fail" and "under the 20% floor" in low.reason
+    assert low.status == "fail" and "under the 25% floor" in low.reason
     assert mfu_check.check_mfu(ctx_for(tmp_path, "cpu")).status == "skip"
 
 

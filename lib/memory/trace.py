@@ -112,13 +112,14 @@ def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> 
 
 
 def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: float, foreach: bool,
-                   before_each: Callable[[], None] | None = None) -> None:
-    """The traced (and, in bench_memory, measured) sequence: two steps, the second accumulating."""
+                   before_each: Callable[[], None] | None = None, forward_loss: Callable | None = None) -> None:
+    """The traced (and, in bench_memory, measured) sequence: two steps, the second accumulating. `forward_loss`
+    (x, y -> loss: lib/step.py's, compiled) runs in place of `loss_fn(model(x), y)` where given."""
     for _ in range(2):
         if before_each:
             before_each()
         with autocast:
-            loss = loss_fn(model(x), y)
+            loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
         loss.backward()
         del loss
         if grad_clip > 0:

@@ -17,10 +17,6 @@ does (lib/memory/trace.py), with one dispatch mode that counts, per phase:
                     more to set up than another op (device.py's conv_op_s)
     unaligned_flops the part of the matmuls' FLOPs in matmuls with a dimension that is not a whole number
                     of 16 bytes (GPT-2's 50,257-token head): a GPU's BLAS runs those with slower kernels
-    eager_bytes,    the part of memory_bytes and ops outside the model: the loss, forward and backward
-    eager_ops       (its backward: until autograd reaches the model's output). kfit compiles the model
-                    alone, so torch.compile leaves these as they are (GPT-2 on 50,257 tokens: the fp32
-                    log-softmax of its logits and its gradient, gigabytes a micro-batch)
 
 Counts are linear in the batch (a constant part from the weights, a part per
 sample), so a step is counted at two batch sizes only (`COUNT_BATCHES`) and
@@ -48,12 +44,12 @@ from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
 from .cache import is_count, read_json, write_json
 
-FORMAT = 6  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops;
-# 5: unaligned_flops; 6: eager_bytes, eager_ops
+FORMAT = 7  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops;
+# 5: unaligned_flops; 6: the loss's part apart; 7: not apart (kfit compiles the loss with the model)
 COUNT_BATCHES = (1, 2)
 PHASES = ("forward", "backward", "optimizer")
 FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops", "attention_flops", "conv_ops",
-          "unaligned_flops", "eager_bytes", "eager_ops")
+          "unaligned_flops")
 
 
 @dataclass(frozen=True)
@@ -68,8 +64,6 @@ class Phase:
     attention_flops: float = 0.0
     conv_ops: float = 0.0
     unaligned_flops: float = 0.0
-    eager_bytes: float = 0.0
-    eager_ops: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
@@ -167,7 +161,6 @@ class _Counter:
 
     def __init__(self) -> None:
         self.totals = {f: 0.0 for f in FIELDS}
-        self.outside = False  # counting ops outside the model (the loss): eager_* too
 
     def take(self) -> Phase:
         phase, self.totals = Phase(**self.totals), {f: 0.0 for f in FIELDS}
@@ -196,8 +189,6 @@ class _Counter:
                          else _cpu_attention_flops(str(packet), args))
                 totals = counter.totals
                 totals["ops"] += 1
-                if counter.outside:
-                    totals["eager_ops"] += 1
                 if packet in CONVOLUTIONS:
                     totals["conv_ops"] += 1
                 if flops:
@@ -211,8 +202,6 @@ class _Counter:
                         totals["unaligned_flops"] += flops
                 else:
                     totals["memory_bytes"] += moved
-                    if counter.outside:
-                        totals["eager_bytes"] += moved
                 return out
 
         return CountMode()
@@ -257,16 +246,9 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
             y = torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype)
         with counter.mode():
             with autocast:
-                out = model(x)
-                counter.outside = True
-                loss = task.loss(out, y)
+                loss = task.loss(model(x), y)
             phases["forward"] = counter.take()
-            if isinstance(out, torch.Tensor) and out.requires_grad:  # the loss's backward ends where the model's begins
-                out.register_hook(lambda grad: setattr(counter, "outside", False))
-            else:
-                counter.outside = False
             loss.backward()
-            counter.outside = False
             phases["backward"] = counter.take()
         optimizer.step()  # the first step creates the optimizer's state: count a steady-state one
         with counter.mode():

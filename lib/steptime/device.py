@@ -54,9 +54,11 @@ from .cache import cpu_figures, write_json
 #                   padded (diagnostics-2026-11-26/batch_sweep.jsonl; the mfu check: 200.7 and 296.4
 #                   samples/s); the head's 3.8 TFLOP take the 25.1 ms saved at 12.2% of the bf16 peak (9.7%
 #                   at micro-batch 8, 11.8% at 4, 11.9% by the mfu check).
-#   unaligned compiled 0.26  the same compiled (inductor pads some of them): 57.7 ms, 50.0 padded: 26.5%.
-#                   With the loss counted as eager (count.py's eager_*: kfit compiles the model alone) the
-#                   compiled steps are predicted at 56.7 and 48.4 ms (-2%, -3%; 39.7 padded before).
+#   unaligned compiled 0.58  the same compiled with its loss, as kfit compiles it (lib/step.py forward_loss):
+#                   the logits then stay inside inductor's graph, which pads the head's matmuls to aligned
+#                   shapes. At micro-batch 16: 39.9 ms, 38.6 padded (2026-11-26, third run, diagnostics-
+#                   2026-11-26/batch_sweep_loss.jsonl): 97% of the aligned share. Compiled alone, the
+#                   model's logits are its output, which inductor does not pad: 57.7 and 50.0 ms, 26%.
 #   bandwidth 0.75  elementwise kernels at large sizes reach 70-85% of the datasheet bandwidth.
 #   op overhead 30 us  the host's time per counted op, eager (op_overhead.jsonl: 26-48 us on the VM's CPU,
 #                   median of 20 steps); GPT-2-tiny's compiled forward+backward at 64 took 4.98 ms
@@ -81,7 +83,7 @@ class Efficiency:
     conv: float = 0.10
     conv_compiled: float = 0.18
     unaligned: float = 0.12
-    unaligned_compiled: float = 0.26
+    unaligned_compiled: float = 0.58
     bandwidth: float = 0.75
     kernel_floor_s: float = 6e-6  # device time every kernel takes however small (launch, ramp, tail)
     op_overhead_s: float = 30e-6  # eager PyTorch's host time per dispatched op (kernel launch included)
@@ -101,10 +103,9 @@ CPU_STEP_OVERHEAD_S = 2e-4
 # host-bound forward+backward of GPT-2-tiny compiled vs eager): 0.62-0.68 (guards, the compiled graph's
 # launches and autograd's own dispatch remain), 1.0 for LeNet-5; it was 0.25, which predicted the compiled
 # GPT-2-tiny step at 3.7 ms against 12.4 ms measured. A measured run calibrates either. Both apply to the
-# model's part alone (the loss stays eager: count.py's eager_*); 0.69 of the model's 222 ops and the loss's 7
-# is the 0.7 of all 229 that was set before the loss was counted apart.
+# forward and backward of the model and its loss, which kfit compiles in one graph (lib/step.py forward_loss).
 COMPILE_MEMORY_FACTOR = 0.4
-COMPILE_OPS_FACTOR = 0.69
+COMPILE_OPS_FACTOR = 0.7
 
 MEASURE_FORMAT = 3  # 2: CPU time, a training step's op cost, convolutions' rate and setup; 3: interleaved, heap kept
 

@@ -18,10 +18,9 @@ bytes (here, M = 16..128 rows of K = 256 or 512 by N = 512: 31-37 us + FLOPs / 7
 its 0.5-1 MiB of weights at ~30 GB/s), and the FLOPs then come on top (device.py measures each figure).
 
 with torch.compile cutting the elementwise bytes and the op count
-(device.COMPILE_*) of the model's forward and backward (not the loss's: count.py's eager_*,
-outside the compiled module) and running its convolutions
-at the family's compiled share; the optimizer step is never compiled (kfit compiles
-the model only). Each op class has its own share of the peak per GPU family
+(device.COMPILE_*) of the forward and backward (the model's and its loss's, compiled in one
+graph) and running its convolutions at the family's compiled share; the optimizer step is
+never compiled. Each op class has its own share of the peak per GPU family
 (device.FAMILIES, with the runs that set them). An optimizer step is
 
     micro-batches of the window + max(the optimizer's own time, its host floor) + a fixed per-step overhead
@@ -90,9 +89,8 @@ class StepTimeModel:
         one (host 0)."""
         dev = self.device
         memory_bytes, ops = work.memory_bytes, work.ops
-        if compiled:  # the model's part fused; the loss, outside the compiled module, as it is (count.py)
-            memory_bytes = (memory_bytes - work.eager_bytes) * COMPILE_MEMORY_FACTOR + work.eager_bytes
-            ops = (ops - work.eager_ops) * COMPILE_OPS_FACTOR + work.eager_ops
+        if compiled:  # the model and its loss fused in one graph (lib/step.py forward_loss)
+            memory_bytes, ops = memory_bytes * COMPILE_MEMORY_FACTOR, ops * COMPILE_OPS_FACTOR
         peak = dev.flops(self.precision, self.tf32)
         conv = dev.conv_compiled_efficiency if compiled and dev.conv_compiled_efficiency else dev.conv_efficiency
         unaligned = (dev.unaligned_compiled_efficiency if compiled and dev.unaligned_compiled_efficiency

@@ -2,8 +2,8 @@
 
 It builds the model (with INIT_FROM's weights, before sharding), shards it under FSDP (plan.strategy,
 lib/parallel.py) before the optimizer is made, and once the run's state is restored wraps it in DDP and
-torch.compile. A step is `accumulate` (forward and backward over this rank's micro-batches of a window,
-windows.py) and then `update` (the gradients summed where DDP did not, clipped, the scaler's optimizer step).
+torch.compile (the model and its loss in one graph: lib/step.py forward_loss). A step is `accumulate`
+(forward and backward over this rank's micro-batches of a window, windows.py) and then `update` (the gradients summed where DDP did not, clipped, the scaler's optimizer step).
 Under DDP with out-of-memory recovery on, every micro-batch runs under no_sync and gradients are summed only
 after all ranks agreed that none ran out of memory; without it DDP syncs during the last backward. Under
 FSDP gradients are reduce-scattered in the last micro-batch's backward only where memory allows
@@ -28,7 +28,7 @@ from ..models.freeze import trainable_parameters
 from ..models.registry import checkpointing_for
 from ..oom import Injector, release
 from ..plan import Plan
-from ..step import autocast_for, make_optimizer
+from ..step import autocast_for, forward_loss, make_optimizer
 from ..task import Task
 from .schedule import lr_at
 from ..data.stream import StreamWindows
@@ -57,7 +57,7 @@ class Engine:
         self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
         self.inject = Injector()
         self.ddp = None
-        self.forward = self.model
+        self.forward_loss = None  # x, y -> loss: wrap() makes it, around the restored model
         self.ddp_sync_last = False
         self.feed = None  # the loader's iterator over this rank's micro-batches
         self.updating = False  # inside `update`: the tensors are neither the last step's nor this one's
@@ -74,7 +74,7 @@ class Engine:
                                inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
             self.ddp = module = DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None, **no_forward_sync)
-        self.forward = torch.compile(module, mode=plan.compile_mode) if plan.compile else module
+        self.forward_loss = forward_loss(module, self.loss_fn, plan)  # compiled with the loss where it compiles
         # With recovery on, every micro-batch runs under no_sync and gradients are summed after all ranks
         # agreed that none ran out of memory; otherwise DDP syncs during the last backward (overlapped).
         self.ddp_sync_last = self.ddp is not None and not self.config.oom_recovery
@@ -120,7 +120,7 @@ class Engine:
             sync = self.ddp is None or (self.ddp_sync_last and last)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with autocast_for(plan):
-                    loss = self.loss_fn(self.forward(x), y)
+                    loss = self.forward_loss(x, y)
                 scale = weight * grad_factor  # 1 for one micro-batch on one process: no multiply, nor its backward
                 self.scaler.scale(loss if scale == 1 else loss * scale).backward()
             if weight:
@@ -152,4 +152,4 @@ class Engine:
 
     def release(self) -> None:
         """Drop the model, optimizer and DDP wrapper (before leaving a process group)."""
-        self.forward = self.ddp = self.model = self.optimizer = self.feed = None
+        self.forward_loss = self.ddp = self.model = self.optimizer = self.feed = None

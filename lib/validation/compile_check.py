@@ -1,7 +1,9 @@
 """torch.compile on against off: warm training throughput, against what compile AUTO decides.
 
 For each model in MODELS (bf16, compile mode default) the step lib.memory
-traces runs eagerly, then compiled; each is timed over TIMED_CALLS calls after
+traces runs eagerly, then compiled as the trainer compiles it (the model and its
+loss in one graph, lib/step.py forward_loss: `loss_compiled` in the figures); each
+is timed over TIMED_CALLS calls after
 warm-up (the compiled one after its first compile, whose time is reported).
 speedup = compiled / eager samples per second. Compile AUTO (what
 lib.hyperparams.resolve decides for this GPU) is confirmed when it compiles and
@@ -105,7 +107,7 @@ def check_compile(ctx: Context) -> Result:
         eager = throughput(task, config, ctx.cuda, batch=batch, compile=False)
         compiled = throughput(task, config, ctx.cuda, batch=batch, compile=True)
         ctx.shared[shared_key(name, batch)] = compiled
-        measured[name] = {"batch": batch, "eager": eager, "compiled": compiled,
+        measured[name] = {"batch": batch, "eager": eager, "compiled": compiled, "loss_compiled": True,
                           "speedup": round(compiled["samples_per_s"] / eager["samples_per_s"], 3)}
         ctx.log(f"  compile {name:<10} eager {eager['samples_per_s']:9.1f}/s  compiled "
                 f"{compiled['samples_per_s']:9.1f}/s  x{measured[name]['speedup']:.2f}")

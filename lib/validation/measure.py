@@ -29,7 +29,7 @@ import torch
 
 from ..memory import step_optimizer, training_steps
 from ..memory.measured import quiet_stderr
-from ..step import autocast_for
+from ..step import autocast_for, forward_loss
 
 MiB = 2**20
 
@@ -133,15 +133,16 @@ def build_step(task, config, *, batch: int, precision: str, device: str, device_
     model = task.build(config.gradient_checkpointing).train().to(device)
     optimizer = step_optimizer(config, model, device_type)
     x, y = (t.to(device) for t in task.example_batch(batch))
-    forward = torch.compile(model) if compile else model
     loss = task.loss
     if precision == "fp16":
         scaler = torch.amp.GradScaler(device_type)
         optimizer, loss = ScaledOptimizer(optimizer, scaler), (lambda out, target: scaler.scale(task.loss(out, target)))
+    compiled = forward_loss(model, loss, SimpleNamespace(compile=True, compile_mode=None)) if compile else None
 
     def run() -> None:
-        training_steps(forward, optimizer, loss, x, y, grad_clip=config.grad_clip, foreach=device_type == "cuda",
-                       autocast=autocast_for(SimpleNamespace(precision=precision, device_type=device_type)))
+        training_steps(model, optimizer, loss, x, y, grad_clip=config.grad_clip, foreach=device_type == "cuda",
+                       autocast=autocast_for(SimpleNamespace(precision=precision, device_type=device_type)),
+                       forward_loss=compiled)
 
     return run, (model, optimizer, x, y)
 

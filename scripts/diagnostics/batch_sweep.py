@@ -5,7 +5,9 @@ Per case (model, head rows, micro-batch, eager or compiled, bf16): the median wa
 alone and of a whole step (forward, backward, clipping, kfit's AdamW, zero_grad), each synchronised, as
 phase_times.py times them. Appends to $1/batch_sweep.jsonl; stops starting cases after $2 seconds (default
 240), so a device call's time limit never cuts one off half written. DEVICE=cpu runs a short version of
-every case on the CPU (to try the script, not to measure).
+every case on the CPU (to try the script, not to measure). SWEEP=loss runs the second set instead: the loss
+compiled in one graph with the model against the model alone (as the trainer compiles), and GPT-2-tiny's
+host-bound steps again, each timed in three rounds, to see how far they move between rounds.
 """
 import json
 import os
@@ -30,7 +32,8 @@ DEVICE = os.environ.get("DEVICE", "cuda")
 CPU = DEVICE == "cpu"
 OUT = open(R / "batch_sweep.jsonl", "a")
 
-# (model, head rows or None, micro-batches, compiled): most wanted first
+# (model, head rows or None, micro-batches, compiled: False, True (the model) or "loss" (model and loss)):
+# most wanted first
 CASES = [
     ("gpt2-50k", vocab.GPT2_VOCAB, (4, 8, 16), False),
     ("gpt2-50k", vocab.PADDED_VOCAB, (4, 8, 16), False),
@@ -41,9 +44,20 @@ CASES = [
     ("gpt2-tiny", None, (16, 64, 256), True),
     ("resnet18", None, (128, 512), True),
 ]
+LOSS = os.environ.get("SWEEP") == "loss"
+if LOSS:
+    CASES = [
+        ("gpt2-50k", vocab.PADDED_VOCAB, (8, 16, 32), "loss"),
+        ("gpt2-50k", vocab.PADDED_VOCAB, (8, 16, 32), True),
+        ("gpt2-50k", vocab.GPT2_VOCAB, (16,), "loss"),
+        ("gpt2-tiny", None, (8, 16, 32, 64, 128), False),
+        ("gpt2-tiny", None, (16, 64), "loss"),
+        ("gpt2-tiny", None, (16, 64), True),
+    ]
+ROUNDS = 3 if LOSS else 1
 if CPU:
-    CASES = [(m, rows, (2,), c) for m, rows, _, c in CASES if m != "gpt2-50k"] + [
-        ("gpt2-50k", vocab.PADDED_VOCAB, (1,), False)]
+    CASES = [(m, rows if m != "gpt2-50k" else vocab.PADDED_VOCAB, (2 if m != "gpt2-50k" else 1,), c)
+             for m, rows, _, c in CASES][:4 if LOSS else None]
 
 
 def sync():
@@ -81,12 +95,16 @@ def run_case(name, rows, batches, compiled):
         if time.monotonic() > DEADLINE:
             return
         torch._dynamo.reset()  # one graph per micro-batch, compiled for that shape as a run compiles it
-        fwd = torch.compile(model, dynamic=False) if compiled else model
+        if compiled == "loss":
+            fwd_loss = torch.compile(lambda x, y: task.loss(model(x), y), dynamic=False)
+        else:
+            fwd = torch.compile(model, dynamic=False) if compiled else model
+            fwd_loss = lambda x, y: task.loss(fwd(x), y)  # noqa: E731
         x, y = (t.to(DEVICE) for t in task.example_batch(batch))
 
         def fb():
             with autocast:
-                loss = task.loss(fwd(x), y)
+                loss = fwd_loss(x, y)
             loss.backward()
 
         def step():
@@ -98,13 +116,19 @@ def run_case(name, rows, batches, compiled):
         t0 = time.perf_counter()
         fb()
         sync()
-        line = {"model": name, "rows": rows, "micro_batch": batch, "compiled": compiled, "precision": "bf16",
-                "first_call_s": round(time.perf_counter() - t0, 2), "fwd_bwd_ms": median_ms(fb),
-                "step_ms": median_ms(step), "device": torch.cuda.get_device_name() if not CPU else "cpu"}
+        first = round(time.perf_counter() - t0, 2)
+        rounds = [(median_ms(fb), median_ms(step)) for _ in range(ROUNDS)]
+        line = {"model": name, "rows": rows, "micro_batch": batch, "compiled": bool(compiled), "precision": "bf16",
+                "first_call_s": first, "fwd_bwd_ms": sorted(r[0] for r in rounds)[ROUNDS // 2],
+                "step_ms": sorted(r[1] for r in rounds)[ROUNDS // 2],
+                "device": torch.cuda.get_device_name() if not CPU else "cpu"}
+        if LOSS:
+            line.update(loss_compiled=compiled == "loss", rounds_fwd_bwd_ms=[r[0] for r in rounds],
+                        rounds_step_ms=[r[1] for r in rounds])
         print(json.dumps(line), flush=True)
         OUT.write(json.dumps(line) + "\n")
         OUT.flush()
-        del x, y, fwd
+        del x, y, fwd_loss
     del model, optimizer
     if not CPU:
         torch.cuda.empty_cache()
