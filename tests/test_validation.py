@@ -575,7 +575,8 @@ def test_gpt2_on_the_real_vocabulary_is_gpt2_124m(tmp_path):
     assert (vocab.write_corpus(tmp_path / "gpt2-vocab-corpus") / "meta.json").exists()  # kept, not rewritten
     full = memory_check.cases("cuda", False)
     assert [c.label for c in full if c.model == vocab.MODEL] == ["gpt2-124m-50k bf16 8", "gpt2-124m-50k bf16 16",
-                                                                 "gpt2-124m-50k fp32 8"]
+                                                                 "gpt2-124m-50k fp32 8",
+                                                                 "gpt2-124m-50k bf16 16 compiled"]
     assert compile_check.MODELS[-1] == (vocab.MODEL, mfu_check.BATCH)  # the throughput mfu reuses
     assert config.pad_vocab is False  # the head the committed runs measured: 50,257 rows
     padded_config = vocab.make_config(tmp_path, "p", vocab_size=vocab.PADDED_VOCAB)
