@@ -1,4 +1,5 @@
-"""What one training step runs, built in one place: the optimizer, autocast, backends, seeding.
+"""What one training step runs, built in one place: the optimizer, autocast, backends, seeding, and the forward
+and loss (compiled as one graph where the plan compiles).
 
 The trainer, the memory tracer (lib.memory), the LR finder and the probe all
 build their step from these, so a trace counts exactly the optimizer state and

@@ -107,7 +107,8 @@ CPU_STEP_OVERHEAD_S = 2e-4
 COMPILE_MEMORY_FACTOR = 0.4
 COMPILE_OPS_FACTOR = 0.7
 
-MEASURE_FORMAT = 3  # 2: CPU time, a training step's op cost, convolutions' rate and setup; 3: interleaved, heap kept
+MEASURE_FORMAT = 4  # 2: CPU time, a training step's op cost, convolutions' rate and setup; 3: interleaved, heap kept;
+# 4: the convolutions pooled between, as LeNet-5's
 
 
 @dataclass(frozen=True)
@@ -266,8 +267,8 @@ def _op_step():
     return step
 
 
-# The batches the convolutions are timed at: 2 and 16 gave 26-35 GFLOP/s here, in cache, where LeNet-5's
-# step from 16 to 128 samples ran at 12-13 (its activations, 2.4 MiB a layer at 128, leave the caches).
+# The batches the convolutions are timed at: 2 and 16 gave 26-35 GFLOP/s here where 4 and 64 agree with
+# larger ones (LeNet-5's step costs the same per sample from 8 to 256 here, 185-205 us: no cache cliff).
 CONV_BATCHES = (4, 64)
 
 
@@ -278,11 +279,14 @@ def _conv_steps() -> dict:
     Small-channel convolutions are slow on a CPU and vary by shape (fwd+bwd here: 1->6 channels 5x5 at 32 px
     6.5 GFLOP/s, 6->16 at 14 px 27.5, 3->16 3x3 at 32 px 18.3, 64->64 3x3 at 16 px 42; each call 200-250 us
     to set up at batch 1): the shapes timed are a grey-scale CNN's first two layers (1->6 and 6->16, 5x5,
-    32 px), what kfit trains on a CPU; wider convolutions run faster than this predicts, which calibration
-    and measure.py's real timings correct."""
+    32 px, pooled between them as LeNet-5 pools), what kfit trains on a CPU. Without the pooling the second
+    layer ran at 28 px and outweighed the first 12 to 1 (in LeNet-5 2 to 1), so the rate read 31-42 GFLOP/s
+    where LeNet-5's convolutions reach 13-15, and the roofline put its step from 16 to 128 samples at 3.4-3.9x
+    where it measured 4.4-5.0x (make bench-steptime). Wider convolutions run faster than this predicts, which
+    calibration and measure.py's real timings correct."""
     import torch
 
-    net = torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.Conv2d(6, 16, 5))
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(6, 16, 5))
 
     def step_at(batch):
         x = torch.randn(batch, 1, 32, 32)
