@@ -150,6 +150,11 @@ def build_step(task, config, *, batch: int, precision: str, device: str, device_
 def measure_cpu(task, config, *, batch: int, precision: str) -> int:
     """Peak bytes of the step on the CPU, from the profiler's memory timeline."""
     run, _ = build_step(task, config, batch=batch, precision=precision, device="cpu", device_type="cpu")
+    return profiled_peak(run)
+
+
+def profiled_peak(run: Callable[[], None]) -> int:
+    """Peak bytes `run()` holds on the CPU, from the profiler's memory timeline."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     with quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True,
                                                 with_stack=True) as prof:
