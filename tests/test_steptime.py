@@ -468,23 +468,34 @@ def test_a_gpu_calibration_scales_the_bound_that_limits_the_calibrated_step():
     step itself comes out at the measured time."""
     model = _gpu_model()
     small, large = 4, 512
-    device_s, host_s = model._bounds(model.counts.micro_batch(small), False)
-    assert host_s > device_s  # 4 samples: host-bound
-    device_s, host_s = model._bounds(model.counts.micro_batch(large), False)
-    assert device_s > host_s  # 512: device-bound
+    device_small, host_small = model._bounds(model.counts.micro_batch(small), False)
+    assert host_small > device_small  # 4 samples: host-bound
+    device_large, host_large = model._bounds(model.counts.micro_batch(large), False)
+    assert device_large > host_large  # 512: device-bound
 
     measured = model.seconds(small, 1) * 2  # the host twice as slow as the model says
     host = steptime.calibrated(model, measured, small, 1)
     assert host.correction_bound == "host" and host.calibrated_at == small
     assert host.seconds(small, 1) == pytest.approx(measured, rel=1e-6)
-    assert host.corrected_micro_seconds(large) == pytest.approx(model.micro_seconds(large))
+    # the device-bound step keeps about its time (the slower host shows only through the overlap), not 2x it
+    assert host.corrected_micro_seconds(large) == pytest.approx(
+        steptime.model.combined(device_large, host_large * host.correction))
+    assert model.micro_seconds(large) < host.corrected_micro_seconds(large) < 1.05 * model.micro_seconds(large)
     assert "host time" in host.source
 
     measured = model.seconds(large, 1) * 1.5  # the device slower
     device = steptime.calibrated(model, measured, large, 1)
     assert device.correction_bound == "device"
     assert device.seconds(large, 1) == pytest.approx(measured, rel=1e-6)
-    assert device.corrected_micro_seconds(small) == pytest.approx(model.micro_seconds(small))
+    assert model.micro_seconds(small) <= device.corrected_micro_seconds(small) < 1.05 * model.micro_seconds(small)
+
+
+def test_a_gpu_steps_host_and_device_times_combine_as_the_larger_far_from_the_corner():
+    """The host queues kernels ahead of the device: the larger time sets the step, up to 2^(1/P) x it where
+    the two are equal (OVERLAP_P), and a CPU's time (host 0) is its own."""
+    combined, p = steptime.model.combined, steptime.model.OVERLAP_P
+    assert combined(1.0, 0.0) == 1.0 and combined(1.0, 0.1) == pytest.approx(1.0, abs=1e-4)
+    assert combined(1.0, 1.0) == pytest.approx(2 ** (1 / p)) and combined(0.2, 3.0) == pytest.approx(3.0, rel=1e-3)
 
 
 def test_a_calibration_no_bound_can_reach_scales_the_whole_step_and_a_cpus_always_does():

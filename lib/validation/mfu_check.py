@@ -27,7 +27,7 @@ BATCH = 16  # sequences of 1,024 tokens per micro-batch: 16k tokens, a size GPT-
 # A quarter of the datasheet peak. The step-time model expects the aligned matmuls at 60% of the datasheet
 # (lib.steptime.device.GPU_COMPUTE_EFFICIENCY), the head's unaligned ones at 58% (inductor pads them: kfit
 # compiles the loss with the model, lib/step.py forward_loss) and the fused cross-entropy to be bandwidth-bound,
-# which puts this step at 32.8% on an H100 with the trainer around it (the plan's predicted MFU, in the
+# which puts this step at 32.7% on an H100 with the trainer around it (the plan's predicted MFU, in the
 # figures). A bare loop measured 36.3% on 2026-11-26 (39.9 ms a step, diagnostics-2026-11-26/
 # batch_sweep_loss.jsonl), and 26% with the model compiled alone; under a quarter, something the plan assumes
 # is not happening: the loss outside the compiled graph, attention without its fused kernel, matmuls outside
