@@ -60,3 +60,24 @@ def test_compiled_the_loss_is_in_the_models_graph_and_trains_the_same(graphs):
     assert loss.item() == pytest.approx(expected.item())
     for got, want in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(got.grad, want.grad)
+
+
+@pytest.mark.slow  # inductor compiles GPT-2-tiny with its loss on this CPU: about 30 s
+def test_the_trainer_compiled_trains_as_it_does_eager(tmp_path):
+    """kfit's loop with CONFIG_COMPILE_MODEL: the model and its loss compiled as one graph (lib/trainer/engine.py)
+    reach the eager run's evaluation loss on the same seed and batches."""
+    from lib import api
+    from lib import config as kc
+
+    base = kc.make_defconfig("gpt2-tiny", out=tmp_path / ".config")
+    losses = {}
+    for compiled in (False, True):
+        config = kc.derive(base, {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 4, "GRADIENT_ACCUMULATION": 2,
+                                  "COMPILE_MANUAL": True, "COMPILE_MODEL": compiled, "MAX_STEPS": 4, "EPOCHS": 1000,
+                                  "EVAL_INTERVAL": 1000, "MONITOR": False, "PROBE_NEVER": True,
+                                  "DATALOADER_WORKERS_MANUAL": True, "DATALOADER_WORKERS": 0})
+        lines: list[str] = []
+        result = api.train(config, output_dir=tmp_path / f"runs-{compiled}", log=lines.append)
+        assert result.steps == 4
+        losses[compiled] = result.final_eval["eval_loss"]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-3), losses
