@@ -267,8 +267,8 @@ def _op_step():
     return step
 
 
-# The batches the convolutions are timed at: 2 and 16 gave 26-35 GFLOP/s here where 4 and 64 agree with
-# larger ones (LeNet-5's step costs the same per sample from 8 to 256 here, 185-205 us: no cache cliff).
+# The batches the convolutions are timed at: 2 and 16 read a faster rate than larger batches here; 4 and
+# 64 agree with them.
 CONV_BATCHES = (4, 64)
 
 
@@ -286,7 +286,8 @@ def _conv_steps() -> dict:
     calibration and measure.py's real timings correct."""
     import torch
 
-    net = torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(6, 16, 5))
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                              torch.nn.Conv2d(6, 16, 5))
 
     def step_at(batch):
         x = torch.randn(batch, 1, 32, 32)

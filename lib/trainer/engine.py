@@ -3,7 +3,8 @@
 It builds the model (with INIT_FROM's weights, before sharding), shards it under FSDP (plan.strategy,
 lib/parallel.py) before the optimizer is made, and once the run's state is restored wraps it in DDP and
 torch.compile (the model and its loss in one graph: lib/step.py forward_loss). A step is `accumulate`
-(forward and backward over this rank's micro-batches of a window, windows.py) and then `update` (the gradients summed where DDP did not, clipped, the scaler's optimizer step).
+(forward and backward over this rank's micro-batches of a window, windows.py) and then `update` (the
+gradients summed where DDP did not, clipped, the scaler's optimizer step).
 Under DDP with out-of-memory recovery on, every micro-batch runs under no_sync and gradients are summed only
 after all ranks agreed that none ran out of memory; without it DDP syncs during the last backward. Under
 FSDP gradients are reduce-scattered in the last micro-batch's backward only where memory allows
