@@ -281,8 +281,8 @@ def _conv_steps() -> dict:
     to set up at batch 1): the shapes timed are a grey-scale CNN's first two layers (1->6 and 6->16, 5x5,
     32 px, pooled between them as LeNet-5 pools), what kfit trains on a CPU. Without the pooling the second
     layer ran at 28 px and outweighed the first 12 to 1 (in LeNet-5 2 to 1), so the rate read 31-42 GFLOP/s
-    where LeNet-5's convolutions reach 13-15, and the roofline put its step from 16 to 128 samples at 3.4-3.9x
-    where it measured 4.4-5.0x (make bench-steptime). Wider convolutions run faster than this predicts, which
+    where pooled it reads 18-19, and the roofline put LeNet-5's step from 16 to 128 samples at 3.4-3.6x
+    where it measured 4.4-5.0x (make bench-steptime; pooled 4.5-4.9x, docs/benchmarks.md). Wider convolutions run faster than this predicts, which
     calibration and measure.py's real timings correct."""
     import torch
 
