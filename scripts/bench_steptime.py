@@ -8,15 +8,19 @@ measured figures. A case's transfer error: one factor fitted at one size, applie
 measurement (as lib.steptime.calibrate applies a measured step), both ways. The instrument, time.process_time,
 is independent of the predictor. Run it on an idle machine: beside other work the steps' own ratio moves.
 
-The last column is the measured ratio of each size's fastest step, the statistic measure.py keeps, beside
-the median of the rounds' ratios the errors are against (the statistic calibrate's median step matches).
+Each model is measured in --trials turns, each measure.py's timings then the rounds of steps: the VM's speed
+drifts over minutes, and the steps' own ratio with it. The errors are the median turn's prediction against
+the rounds of all turns; the last column has each turn's worst error against its own rounds. The column
+before it is the measured ratio of each size's fastest step, beside the median of the rounds' ratios the
+errors are against (the statistic calibrate's median step matches; measure.py's too).
 
 Two predictions per model: "timed", as kfit's CPU plans build the model (measure.py's real forward+backward
-timings at powers of two up to 128, the optimizer and the per-step overhead from the model), and
+and optimizer timings at powers of two up to 128, the per-step overhead from the model), and
 "roofline", the counts over this CPU's measured figures alone (what a GPU's plan rests on).
 
-Last line: steptime-transfer: models=N max_error=X% roofline_max_error=Y% goal=10% load=L (X: the timed
-prediction's worst, Y: the roofline's; L: the 1-minute load average before).
+Last line: steptime-transfer: models=N max_error=X% roofline_max_error=Y% trials=T trial_max_error=Z%
+goal=10% load=L (X: the timed prediction's worst, Y: the roofline's, Z: the timed prediction's worst in one
+turn; L: the 1-minute load average before).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ GOAL = 0.10
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30, help="rounds of one step at each size (default 30)")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds of one step at each size (default 100)")
+    parser.add_argument("--trials", type=int, default=3, help="turns of timings then rounds (default 3)")
     args = parser.parse_args(argv)
     import torch
 
@@ -47,22 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # as `make train` on a CPU whose RAM is not short: no page faults for each step's tensors
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = cpu_transfer(Path(tmp), rounds=args.rounds)
+        rows = cpu_transfer(Path(tmp), rounds=args.rounds, trials=args.trials)
     small, large = SIZES
     print(f"{'model':<8} {'prediction':<10} {'measured ms':>16} {'predicted ms':>16} {'ratio measured':>15} "
           f"{'predicted':>10} {'calibrated at ' + str(small):>18} {'at ' + str(large):>8} {'fastest steps':>14}")
     worst = {"roofline": 0.0, "timed": 0.0}
+    trial_worst = 0.0
     for name, row in rows.items():
         m = row["measured"]
+        trial_worst = max(trial_worst, *row["trial_errors"])
+        trials = "/".join(f"{e:.0%}" for e in row["trial_errors"])
         for way in worst:
             p, errors = row[way]["predicted"], row[way]["errors"]
             up, down = errors[(small, large)], errors[(large, small)]
             worst[way] = max(worst[way], abs(up), abs(down))
             print(f"{name:<8} {way:<10} {m[small] * 1e3:7.2f} {m[large] * 1e3:8.2f} {p[small] * 1e3:7.2f} "
                   f"{p[large] * 1e3:8.2f} {row['ratio']:14.2f}x {p[large] / p[small]:9.2f}x {up:+17.1%} {down:+8.1%} "
-                  f"{row['fastest_ratio']:13.2f}x")
+                  f"{row['fastest_ratio']:13.2f}x {trials:>10}")
     print(f"steptime-transfer: models={len(rows)} max_error={worst['timed']:.1%} "
-          f"roofline_max_error={worst['roofline']:.1%} goal={GOAL:.0%} load={load:.1f}")
+          f"roofline_max_error={worst['roofline']:.1%} trials={args.trials} trial_max_error={trial_worst:.1%} goal={GOAL:.0%} load={load:.1f}")
     return 0
 
 

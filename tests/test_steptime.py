@@ -376,6 +376,23 @@ def test_real_micro_batches_are_timed_within_the_budget():
                               estimate=lambda b: 10.0, budget_s=0.5) == ({}, None)  # nothing affordable
 
 
+def test_timed_sizes_and_the_optimizer_share_the_largest_sizes_level_by_the_median_of_each_rounds_ratio():
+    from lib.steptime.measure import PAIRED_ROUNDS, typical
+
+    first = {16: 0.012, 128: 0.050}
+    # the machine slows by half in the middle rounds; each round's ratio stays 1:4 and the optimizer 1:10,
+    # but one lucky run at 16 (0.008) would make fastest-over-fastest 1:6
+    rounds = [{16: 0.010 * k, 128: 0.040 * k} for k in (1.0, 1.5, 1.5, 1.0, 1.2)]
+    rounds[2][16] = 0.008
+    steps = [0.004 * k for k in (1.0, 1.5, 1.5, 1.0, 1.2)]
+    assert len(rounds) == PAIRED_ROUNDS
+    sizes, optimizer_s = typical(first, rounds, steps)
+    assert sizes == {16: pytest.approx(0.010), 128: pytest.approx(0.040)} and optimizer_s == pytest.approx(0.004)
+    # too few rounds for a median: each one's fastest run
+    sizes, optimizer_s = typical(first, rounds[:2], steps[:2])
+    assert sizes == {16: 0.010, 128: 0.040} and optimizer_s == 0.004
+
+
 def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_measured_sizes():
     base = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
     measured = dataclasses.replace(base, measured={16: 0.16, 32: 0.30})

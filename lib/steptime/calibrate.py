@@ -41,7 +41,7 @@ from .cache import SCHEMA, calibration_entries, is_count, measured_timings, writ
 from .count import StepCounter, step_key, task_for
 from ..fileio import is_number, write_atomic
 from .device import Device, device_for
-from .measure import START_RATIO, budget_for, power_sizes, time_micro_batches
+from .measure import START_RATIO, TIMINGS_FORMAT, budget_for, power_sizes, time_micro_batches
 from .model import StepTimeModel, calibrated, window_sizes
 
 CALIBRATION_FILE = "calibration.json"
@@ -90,7 +90,7 @@ def _run_estimate(model: StepTimeModel, config: Config, micro_batch: int) -> flo
 def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: str, checkpointing: bool,
               measure_up_to: int | None, directory: Path) -> StepTimeModel:
     """The model with this machine's real micro-batch timings, taking the missing ones when asked and cheap."""
-    path = directory / f"measured-{_hash(model.device.key, counts)}.json"
+    path = directory / f"measured-{_hash(model.device.key, counts, TIMINGS_FORMAT)}.json"
     micro, skipped, optimizer_s = measured_timings(path)  # empty when missing or damaged (noted)
     wanted = [s for s in power_sizes(measure_up_to or 0) if s not in micro and s not in skipped]
     if measure_up_to and wanted:

@@ -1,4 +1,5 @@
-"""Real forward+backward times at a few micro-batch sizes on this machine's CPU, when they are cheap.
+"""Real forward+backward times at a few micro-batch sizes on this machine's CPU, and the optimizer's, when
+they are cheap.
 
 A roofline says a larger micro-batch is never slower per sample; on a CPU
 that is false (LeNet-5 at 512 ran at about 0.7x of 128-256 here: the
@@ -7,7 +8,8 @@ are timed: powers of two up to the largest micro-batch the plan may use,
 smallest first, each with a warm-up and one timed run, while the next size's
 cost (guessed from the last one timed, at the same time per sample) fits
 the budget (`budget_for`: BUDGET_S seconds in all, more for a long run); then
-more rounds of all of them while the budget lasts, round-robin so that a busy machine slows them all alike. The model,
+more rounds of all of them while the budget lasts, round-robin so that a busy machine slows them all
+alike, the optimizer stepped after each round's largest size as training steps it. The model,
 optimizer and batch are the trainer's (lib.step, lib.task), seeded by
 CONFIG_SEED, and the C heap keeps freed memory as a CPU training process's
 does (lib.hardware.allocator.keep_freed_memory). Results are cached per
@@ -18,6 +20,7 @@ machine measures a model once; later plans there cost nothing.
 
 from __future__ import annotations
 
+import statistics
 import time
 from types import SimpleNamespace
 from typing import Callable
@@ -30,14 +33,21 @@ BUDGET_S = 3.0
 RUN_FRACTION = 0.01
 MAX_BUDGET_S = 10.0
 # Sizes are timed smallest first, a warm-up and one timed run each (PLANNED_RUNS), then in rounds, one
-# run of each per round, so a busy machine slows them all alike: REPEATS rounds, more (up to MAX_REPEATS)
-# while half the budget lasts, fewer where the budget runs out. The fastest run of each size counts: other
-# processes only ever slow a run down. Choosing sizes up front, largest first by an estimate rescaled at
-# micro-batch 1, timed 1 and 16 of ResNet-18's 1-128 here (the rescale is ~2.5x pessimistic at 64, where
-# the time per sample is lower), so 32-64, 9% faster, were only extrapolated; the ladder timed 1-32.
+# run of each per round and the optimizer after the largest, so a busy machine slows them all alike:
+# REPEATS rounds, more (up to MAX_REPEATS) while half the budget lasts, fewer where the budget runs out.
+# The largest size's fastest run sets the level (other processes only ever slow a run down), the median
+# of each round's ratios to it the rest (`typical`), from PAIRED_ROUNDS rounds. Choosing sizes up front,
+# largest first by an estimate rescaled at micro-batch 1, timed 1 and 16 of ResNet-18's 1-128 here (the
+# rescale is ~2.5x pessimistic at 64, where the time per sample is lower), so 32-64, 9% faster, were only
+# extrapolated; the ladder timed 1-32. 50 rounds, not 20: the MLP's forward+backward at 16 (1 ms) moved
+# 9% between plans with 20.
 REPEATS = 3
 PLANNED_RUNS = 2
-MAX_REPEATS = 20
+MAX_REPEATS = 50
+PAIRED_ROUNDS = 5
+# Cached timings from another way of taking them are taken again (2: the median of rounds' ratios, the
+# optimizer after a backward)
+TIMINGS_FORMAT = 2
 START_RATIO = 1.5  # a training step reaches less than the matmul peak: assume 1.5x the roofline at first
 
 
@@ -54,6 +64,22 @@ def budget_for(run_seconds: float | None) -> float:
 def affordable(sizes: list[int], estimate: Callable[[int], float], budget_s: float) -> bool:
     """Whether the smallest size's PLANNED_RUNS runs fit the budget by the roofline (x START_RATIO)."""
     return bool(sizes) and estimate(min(sizes)) * START_RATIO * PLANNED_RUNS <= budget_s
+
+
+def typical(first: dict[int, float], rounds: list[dict[int, float]],
+            optimizer: list[float]) -> tuple[dict[int, float], float]:
+    """(seconds per size, seconds of the optimizer) from the ladder's runs (`first`), the rounds' and the
+    optimizer's (one after each round's largest size). The largest size at its fastest run, the others and
+    the optimizer at the median of their ratios to it within a round: a round's runs share their moment,
+    while each size's fastest came from a different one, and the small sizes' fastest lay further below
+    their typical run (here the MLP's forward+backward at 128 over 16: 3.9-4.1x fastest over fastest,
+    3.3-3.9x by the median of rounds). Too few rounds for a median: each one's fastest run."""
+    if len(rounds) < PAIRED_ROUNDS:
+        return {size: min([t] + [r[size] for r in rounds]) for size, t in first.items()}, min(optimizer)
+    anchor = max(first)
+    level = min([first[anchor]] + [r[anchor] for r in rounds])
+    return ({size: level * statistics.median(r[size] / r[anchor] for r in rounds) for size in first},
+            level * statistics.median(o / r[anchor] for o, r in zip(optimizer, rounds)))
 
 
 def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpointing: bool,
@@ -73,11 +99,7 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     model = task.build(gradient_checkpointing)
     model.train()
     optimizer = make_optimizer(config, model)
-    # the budget is the timings': a process's first optimizer imports torch._dynamo (2.1 s here), which took
-    # most of a first plan's 3 s before one size was timed
-    started = time.perf_counter()
     autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))
-
     batches: dict[int, tuple] = {}
 
     def run(size: int) -> float:
@@ -89,27 +111,35 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
         loss.backward()
         return time.perf_counter() - start
 
+    def optimize() -> float:
+        start = time.perf_counter()
+        optimizer.step()
+        return time.perf_counter() - start
+
+    run(min(sizes))
+    optimize()  # creates the optimizer state; a process's first step imports torch._dynamo (2.1 s here),
+    started = time.perf_counter()  # which took most of a first plan's 3 s before one size was timed
+
     def elapsed() -> float:
         return time.perf_counter() - started
 
-    best: dict[int, float] = {}
+    first: dict[int, float] = {}
     for size in sorted(sizes):
-        if best:  # the next size at the last one's time per sample: on a CPU it rarely falls much further
-            last = max(best)
-            if elapsed() + best[last] * size / last * PLANNED_RUNS > budget_s:
+        if first:  # the next size at the last one's time per sample: on a CPU it rarely falls much further
+            last = max(first)
+            if elapsed() + first[last] * size / last * PLANNED_RUNS > budget_s:
                 break
         run(size)  # warm-up: the allocator grows, oneDNN builds its primitives for the new shapes
-        best[size] = run(size)
-    rounds = 1  # more only where a whole round still fits the budget
-    while elapsed() + sum(best.values()) <= budget_s and (
-            rounds < REPEATS or (rounds < MAX_REPEATS and elapsed() < budget_s / 2)):
-        for size in best:
-            best[size] = min(best[size], run(size))
-        rounds += 1
-    optimizer.step()  # creates the optimizer state; the next steps are timed
-    optimizer_s = float("inf")
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        optimizer.step()
-        optimizer_s = min(optimizer_s, time.perf_counter() - start)
-    return best, optimizer_s
+        first[size] = run(size)
+    # The optimizer is timed as training runs it, right after a backward: its gradients fresh and its state
+    # out of the caches. Back to back, LeNet-5's AdamW step took 0.18 ms here, after a backward 0.47.
+    rounds: list[dict[int, float]] = []
+    steps: list[float] = []
+    while elapsed() + sum(first.values()) <= budget_s and (  # more only where a whole round still fits
+            len(rounds) + 1 < REPEATS or (len(rounds) + 1 < MAX_REPEATS and elapsed() < budget_s / 2)):
+        rounds.append({size: run(size) for size in sorted(first)})
+        steps.append(optimize())  # after the largest size's backward
+    while len(steps) < REPEATS:  # the budget went to the ladder: after the smallest size's backward
+        run(min(first))
+        steps.append(optimize())
+    return typical(first, rounds, steps)
