@@ -193,11 +193,44 @@ def h100_pairs() -> list[tuple[str, StepTimeModel, dict[int, float]]]:
         series.setdefault((r["file"], r["model"], r["rows"], r["compiled"]), {})[r["micro_batch"]] = r["step_ms"]
     for (file, name, rows, compiled), measured in series.items():
         if len(measured) > 1:
-            model = vocab_model(rows, compiled) if rows else h100_model(name, compiled, trainer=False)
-            label = (f"{name}{f' {rows}' if rows else ''} {'compiled' if compiled else 'eager'} step "
-                     f"({'sweep' if file == SWEEP.name else 'loss sweep'})")
-            pairs.append((label, model, measured))
+            pairs.append((_label(name, rows, compiled, "sweep" if file == SWEEP.name else "loss sweep"),
+                          _sweep_model(name, rows, compiled), measured))
+    for path in sorted(VALIDATION.glob(f"diagnostics-*/{PAIRED_SWEEP}")):
+        for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
+            if "H100" in r["device"]:
+                pairs.append((_label(r["model"], r["rows"], r["compiled"], f"paired sweep, {path.parent.name}"),
+                              _sweep_model(r["model"], r["rows"], r["compiled"]), paired_steps(r["rounds_step_ms"])))
     return pairs
+
+
+PAIRED_SWEEP = "batch_sweep_paired.jsonl"  # batch_sweep.py's SWEEP=paired: a series' sizes timed in turn per round
+
+
+def paired_steps(rounds_step_ms: dict[str, list[float]]) -> dict[int, float]:
+    """A paired sweep's series as one step per micro-batch: the largest size at its median round, the others
+    at the median of their rounds' ratios to it (a round's sizes were timed in turn: they share the moment,
+    which a host-bound step's rounds did not, 30-50% apart)."""
+    rounds = {int(b): ms for b, ms in rounds_step_ms.items()}
+    anchor = rounds[max(rounds)]
+    level = statistics.median(anchor)
+    return {b: level * statistics.median(t / a for t, a in zip(ms, anchor)) for b, ms in rounds.items()}
+
+
+def _sweep_model(name: str, rows: int | None, compiled: bool) -> StepTimeModel:
+    return vocab_model(rows, compiled) if rows else h100_model(name, compiled, trainer=False)
+
+
+def _label(name: str, rows: int | None, compiled: bool, source: str) -> str:
+    return f"{name}{f' {rows}' if rows else ''} {'compiled' if compiled else 'eager'} step ({source})"
+
+
+def test_a_paired_sweeps_sizes_are_the_median_of_their_rounds_ratios_to_the_largest():
+    # the host slows by a third in round two: both sizes with it; one slow step at 8 in round three
+    rounds = {"8": [10.0, 13.3, 14.0, 10.0, 10.1], "32": [12.0, 16.0, 12.0, 12.0, 12.2]}
+    steps = paired_steps(rounds)
+    assert steps[32] == 12.0 and steps[8] == pytest.approx(12.0 * 10.0 / 12.0, rel=0.01)
+    # timed one size after the other, a size's median is its own moment's: 10.1 / 12.0
+    assert statistics.median(rounds["8"]) / statistics.median(rounds["32"]) == pytest.approx(0.842, abs=1e-3)
 
 
 def transfer_errors(bound_aware: bool = True) -> list[tuple[str, int, int, float]]:

@@ -117,8 +117,10 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
         return time.perf_counter() - start
 
     run(min(sizes))
-    optimize()  # creates the optimizer state; a process's first step imports torch._dynamo (2.1 s here),
-    started = time.perf_counter()  # which took most of a first plan's 3 s before one size was timed
+    optimize()  # creates the optimizer state
+    # the budget is the timings': a process's first optimizer imports torch._dynamo (2.1-3.5 s here), which
+    # took most of a first plan's 3 s before one size was timed
+    started = time.perf_counter()
 
     def elapsed() -> float:
         return time.perf_counter() - started
