@@ -3,8 +3,8 @@
 
 lib/validation/steptime_transfer.py's measurement (tests/test_steptime_replay.py runs the same one): a tiny
 MLP and LeNet-5, AdamW steps timed at micro-batches 16 and 128 in the process's CPU time (one torch thread),
-interleaved round by round, against lib.steptime's prediction from counted FLOPs and bytes and this CPU's
-measured figures. A case's transfer error: one factor fitted at one size, applied to the other, against its
+interleaved round by round (a few steps of one size in a row each, as training repeats a size), against
+lib.steptime's prediction from counted FLOPs and bytes and this CPU's measured figures. A case's transfer error: one factor fitted at one size, applied to the other, against its
 measurement (as lib.steptime.calibrate applies a measured step), both ways. The instrument, time.process_time,
 is independent of the predictor. Run it on an idle machine: beside other work the steps' own ratio moves.
 
@@ -39,7 +39,8 @@ GOAL = 0.10
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=100, help="rounds of one step at each size (default 100)")
+    parser.add_argument("--rounds", type=int, default=30,
+                        help="rounds at each size, each a few steps of that size in a row (default 30)")
     parser.add_argument("--trials", type=int, default=3, help="turns of timings then rounds (default 3)")
     args = parser.parse_args(argv)
     import torch

@@ -369,28 +369,39 @@ def test_real_micro_batches_are_timed_within_the_budget():
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
     mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # noqa: E731
     task = fake_task(mlp, (16,))
-    measured, optimizer_s = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
-                                               sizes=[1, 4, 16], estimate=lambda b: 1e-5, budget_s=0.5)
-    assert sorted(measured) == [1, 4, 16] and all(0 < t < 0.5 for t in measured.values()) and optimizer_s > 0
+    measured, optimizer = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
+                                             sizes=[1, 4, 16], estimate=lambda b: 1e-5, budget_s=0.5)
+    assert sorted(measured) == sorted(optimizer) == [1, 4, 16] and all(0 < t < 0.5 for t in measured.values())
+    assert all(0 < t < 0.5 for t in optimizer.values())
     assert time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False, sizes=[1, 4],
-                              estimate=lambda b: 10.0, budget_s=0.5) == ({}, None)  # nothing affordable
+                              estimate=lambda b: 10.0, budget_s=0.5) == ({}, {})  # nothing affordable
 
 
 def test_timed_sizes_and_the_optimizer_share_the_largest_sizes_level_by_the_median_of_each_rounds_ratio():
-    from lib.steptime.measure import PAIRED_ROUNDS, typical
+    from lib.steptime.measure import PAIRED_ROUNDS, Timing, typical
 
-    first = {16: 0.012, 128: 0.050}
-    # the machine slows by half in the middle rounds; each round's ratio stays 1:4 and the optimizer 1:10,
-    # but one lucky run at 16 (0.008) would make fastest-over-fastest 1:6
-    rounds = [{16: 0.010 * k, 128: 0.040 * k} for k in (1.0, 1.5, 1.5, 1.0, 1.2)]
-    rounds[2][16] = 0.008
-    steps = [0.004 * k for k in (1.0, 1.5, 1.5, 1.0, 1.2)]
+    first = {16: Timing(0.012, 0.005), 128: Timing(0.050, 0.009)}
+    # the machine slows by half in the middle rounds; each round's ratio stays 1:4, the optimizer after 16
+    # 1:10 of the step at 128, after 128 1:5; one lucky run at 16 (0.008) would make fastest-over-fastest 1:5
+    slow = (1.0, 1.5, 1.5, 1.0, 1.2)
+    rounds = [{16: Timing(0.010 * k, 0.004 * k), 128: Timing(0.040 * k, 0.008 * k)} for k in slow]
+    rounds[2][16] = Timing(0.008, 0.006)
     assert len(rounds) == PAIRED_ROUNDS
-    sizes, optimizer_s = typical(first, rounds, steps)
-    assert sizes == {16: pytest.approx(0.010), 128: pytest.approx(0.040)} and optimizer_s == pytest.approx(0.004)
+    sizes, optimizer = typical(first, rounds)
+    assert sizes == {16: pytest.approx(0.010), 128: pytest.approx(0.040)}
+    assert optimizer == {16: pytest.approx(0.004), 128: pytest.approx(0.008)}
     # too few rounds for a median: each one's fastest run
-    sizes, optimizer_s = typical(first, rounds[:2], steps[:2])
-    assert sizes == {16: 0.010, 128: 0.040} and optimizer_s == 0.004
+    assert typical(first, rounds[:2]) == ({16: 0.010, 128: 0.040}, {16: 0.004, 128: 0.008})
+
+
+def test_the_optimizer_costs_what_was_measured_after_the_last_micro_batch_of_the_step():
+    base = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
+    measured = dataclasses.replace(base, measured={16: 0.16, 64: 0.6}, measured_optimizer={16: 0.004, 64: 0.006})
+    assert measured.optimizer_seconds(16) == 0.004 and measured.optimizer_seconds(32) == pytest.approx(0.005)
+    assert measured.optimizer_seconds(1) == 0.004 and measured.optimizer_seconds(512) == 0.006  # held
+    # 3 x 64 then 8: the optimizer follows the short micro-batch's backward
+    assert measured.parts(64, 4, samples=200)["optimizer"] == pytest.approx(0.004)
+    assert measured.parts(64, 4)["optimizer"] == pytest.approx(0.006)
 
 
 def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_measured_sizes():

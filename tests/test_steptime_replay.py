@@ -177,7 +177,7 @@ def h100_pairs() -> list[tuple[str, StepTimeModel, dict[int, float]]]:
     for compiled in (False, True):
         key = "compiled" if compiled else "eager"
         bare = h100_model("gpt2-tiny", compiled, trainer=False)
-        pairs.append((f"gpt2-tiny {key} forward+backward", dataclasses.replace(bare, measured_optimizer_s=0.0),
+        pairs.append((f"gpt2-tiny {key} forward+backward", dataclasses.replace(bare, measured_optimizer={1: 0.0}),
                       {b: phases[f"gpt2-tiny bf16 {b}"][key]["fwd_bwd_ms"] for b in (64, 8)}))
     rates = []
     for path in [*VALIDATION.glob("nvidia-h100-*.json"), *DIAGNOSTICS.glob("compile-*.json")]:

@@ -87,23 +87,27 @@ def calibration_entries(path: Path) -> dict[str, list[dict]]:
     return clean
 
 
-def measured_timings(path: Path) -> tuple[dict[int, float], set[int], float | None]:
-    """measured-<key>.json's (seconds by micro-batch, the sizes skipped, optimizer seconds); empty when
-    missing or damaged (noted), so the sizes are timed again."""
+def measured_timings(path: Path) -> tuple[dict[int, float], set[int], dict[int, float]]:
+    """measured-<key>.json's (forward+backward seconds by micro-batch, the sizes skipped, the optimizer's
+    seconds by the micro-batch before it); empty when missing or damaged (noted), so the sizes are timed
+    again."""
     data = read_json(path)
     if not data:
-        return {}, set(), None
+        return {}, set(), {}
     try:
-        micro = {int(k): float(v) for k, v in data.get("micro", {}).items() if is_number(v, positive=True)}
-        if len(micro) != len(data.get("micro", {})) or any(k < 1 for k in micro):
-            raise ValueError("a timing that is not a positive number of seconds")
+        micro, optimizer = (_by_size(data.get(key, {}), key) for key in ("micro", "optimizer"))
         skipped = data.get("skipped", [])
         if not isinstance(skipped, list) or not all(is_count(s) for s in skipped):
             raise ValueError("skipped is not a list of sizes")
-        optimizer_s = data.get("optimizer_s")
-        if optimizer_s is not None and not is_number(optimizer_s, positive=True):
-            raise ValueError("optimizer_s is not a positive number")
     except (AttributeError, TypeError, ValueError) as err:
         cache_note(path, f"invalid ({err})")
-        return {}, set(), None
-    return micro, set(skipped), optimizer_s
+        return {}, set(), {}
+    return micro, set(skipped), optimizer
+
+
+def _by_size(entries: dict, what: str) -> dict[int, float]:
+    """{"16": seconds} as {16: seconds}, every size a positive count and every time a positive number."""
+    out = {int(k): float(v) for k, v in entries.items() if is_number(v, positive=True)}
+    if len(out) != len(entries) or any(k < 1 for k in out):
+        raise ValueError(f"a {what} timing that is not a positive number of seconds")
+    return out

@@ -91,21 +91,21 @@ def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: s
               measure_up_to: int | None, directory: Path) -> StepTimeModel:
     """The model with this machine's real micro-batch timings, taking the missing ones when asked and cheap."""
     path = directory / f"measured-{_hash(model.device.key, counts, TIMINGS_FORMAT)}.json"
-    micro, skipped, optimizer_s = measured_timings(path)  # empty when missing or damaged (noted)
+    micro, skipped, optimizer = measured_timings(path)  # empty when missing or damaged (noted)
     wanted = [s for s in power_sizes(measure_up_to or 0) if s not in micro and s not in skipped]
     if measure_up_to and wanted:
         # all sizes again, in one set of rounds: timings taken at different times do not compare
         sizes = sorted(set(wanted) | set(micro))
-        micro, optimizer_s = time_micro_batches(config, task_for(config), precision=precision,
-                                                gradient_checkpointing=checkpointing, sizes=sizes,
-                                                estimate=model.roofline_micro_seconds,
-                                                budget_s=budget_for(_run_estimate(model, config, max(sizes))))
+        micro, optimizer = time_micro_batches(config, task_for(config), precision=precision,
+                                              gradient_checkpointing=checkpointing, sizes=sizes,
+                                              estimate=model.roofline_micro_seconds,
+                                              budget_s=budget_for(_run_estimate(model, config, max(sizes))))
         skipped = set(sizes) - set(micro)
         write_json(path, {"micro": {str(k): v for k, v in micro.items()}, "skipped": sorted(skipped),
-                          "optimizer_s": optimizer_s, "time": time.time()})
+                          "optimizer": {str(k): v for k, v in optimizer.items()}, "time": time.time()})
     if not micro:
         return model
-    return dataclasses.replace(model, measured=micro, measured_optimizer_s=optimizer_s)
+    return dataclasses.replace(model, measured=micro, measured_optimizer=optimizer)
 
 
 def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, world_size: int,

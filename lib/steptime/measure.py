@@ -9,7 +9,7 @@ smallest first, each with a warm-up and one timed run, while the next size's
 cost (guessed from the last one timed, at the same time per sample) fits
 the budget (`budget_for`: BUDGET_S seconds in all, more for a long run); then
 more rounds of all of them while the budget lasts, round-robin so that a busy machine slows them all
-alike, the optimizer stepped after each round's largest size as training steps it. The model,
+alike, each run after one of its own size and followed by the optimizer, as in training. The model,
 optimizer and batch are the trainer's (lib.step, lib.task), seeded by
 CONFIG_SEED, and the C heap keeps freed memory as a CPU training process's
 does (lib.hardware.allocator.keep_freed_memory). Results are cached per
@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 import time
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ..config import Config
 
@@ -32,8 +32,8 @@ BUDGET_S = 3.0
 # reached ResNet-18's (32 px) micro-batch 16-32 of 128 here, with 10 s 64-128.
 RUN_FRACTION = 0.01
 MAX_BUDGET_S = 10.0
-# Sizes are timed smallest first, a warm-up and one timed run each (PLANNED_RUNS), then in rounds, one
-# run of each per round and the optimizer after the largest, so a busy machine slows them all alike:
+# Sizes are timed smallest first, each an untimed run then a timed one and the optimizer after it
+# (PLANNED_RUNS runs), then in rounds of all of them the same way, so a busy machine slows them all alike:
 # REPEATS rounds, more (up to MAX_REPEATS) while half the budget lasts, fewer where the budget runs out.
 # The largest size's fastest run sets the level (other processes only ever slow a run down), the median
 # of each round's ratios to it the rest (`typical`), from PAIRED_ROUNDS rounds. Choosing sizes up front,
@@ -45,10 +45,15 @@ REPEATS = 3
 PLANNED_RUNS = 2
 MAX_REPEATS = 50
 PAIRED_ROUNDS = 5
-# Cached timings from another way of taking them are taken again (2: the median of rounds' ratios, the
-# optimizer after a backward)
+# Cached timings from another way of taking them are taken again (2: the median of rounds' ratios, each
+# run after one of its size, the optimizer after a backward, by size)
 TIMINGS_FORMAT = 2
 START_RATIO = 1.5  # a training step reaches less than the matmul peak: assume 1.5x the roofline at first
+
+
+class Timing(NamedTuple):
+    micro: float  # seconds of one forward+backward
+    optimizer: float  # seconds of the optimizer step after it
 
 
 def power_sizes(limit: int) -> list[int]:
@@ -66,26 +71,31 @@ def affordable(sizes: list[int], estimate: Callable[[int], float], budget_s: flo
     return bool(sizes) and estimate(min(sizes)) * START_RATIO * PLANNED_RUNS <= budget_s
 
 
-def typical(first: dict[int, float], rounds: list[dict[int, float]],
-            optimizer: list[float]) -> tuple[dict[int, float], float]:
-    """(seconds per size, seconds of the optimizer) from the ladder's runs (`first`), the rounds' and the
-    optimizer's (one after each round's largest size). The largest size at its fastest run, the others and
-    the optimizer at the median of their ratios to it within a round: a round's runs share their moment,
+def typical(first: dict[int, Timing], rounds: list[dict[int, Timing]]) -> tuple[dict[int, float], dict[int, float]]:
+    """(forward+backward seconds by size, optimizer seconds by the size whose backward it followed) from the
+    ladder's runs (`first`) and the rounds'. The largest size's fastest forward+backward sets the level,
+    every other figure the median of its ratios to that within a round: a round's runs share their moment,
     while each size's fastest came from a different one, and the small sizes' fastest lay further below
     their typical run (here the MLP's forward+backward at 128 over 16: 3.9-4.1x fastest over fastest,
     3.3-3.9x by the median of rounds). Too few rounds for a median: each one's fastest run."""
     if len(rounds) < PAIRED_ROUNDS:
-        return {size: min([t] + [r[size] for r in rounds]) for size, t in first.items()}, min(optimizer)
+        runs = {size: [t, *(r[size] for r in rounds)] for size, t in first.items()}
+        return ({size: min(t.micro for t in ts) for size, ts in runs.items()},
+                {size: min(t.optimizer for t in ts) for size, ts in runs.items()})
     anchor = max(first)
-    level = min([first[anchor]] + [r[anchor] for r in rounds])
-    return ({size: level * statistics.median(r[size] / r[anchor] for r in rounds) for size in first},
-            level * statistics.median(o / r[anchor] for o, r in zip(optimizer, rounds)))
+    level = min(t.micro for t in [first[anchor], *(r[anchor] for r in rounds)])
+
+    def at(size: int, part: str) -> float:
+        return level * statistics.median(getattr(r[size], part) / r[anchor].micro for r in rounds)
+
+    return {size: at(size, "micro") for size in first}, {size: at(size, "optimizer") for size in first}
 
 
 def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpointing: bool,
                        sizes: list[int], estimate: Callable[[int], float],
-                       budget_s: float = BUDGET_S) -> tuple[dict[int, float], float | None]:
-    """(seconds of forward+backward by size, seconds of one optimizer step), timed on the CPU.
+                       budget_s: float = BUDGET_S) -> tuple[dict[int, float], dict[int, float]]:
+    """(seconds of forward+backward by size, seconds of the optimizer step by the size of the backward before
+    it), timed on the CPU.
 
     Nothing is timed where the smallest size is not `affordable` by `estimate(size)` (one forward+backward).
     """
@@ -93,7 +103,7 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     from ..step import autocast_for, make_optimizer, seed_everything
 
     if not affordable(sizes, estimate, budget_s):
-        return {}, None
+        return {}, {}
     keep_freed_memory()  # the C heap as a CPU run has it (lib.api.train_planned), unless RAM is short there
     seed_everything(config.seed)
     model = task.build(gradient_checkpointing)
@@ -111,13 +121,21 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
         loss.backward()
         return time.perf_counter() - start
 
-    def optimize() -> float:
+    def timed(size: int) -> Timing:
+        """One untimed run, then one timed and the optimizer after it. A run right after another size's
+        runs slower or faster by that size's traffic through the caches, where training repeats one size:
+        alternating with 128, the MLP's step at 16 over 128 read 2.5-2.8x, in runs of one size 2.9-3.2x.
+        The optimizer comes after a backward, as in training: its gradients fresh, its state out of the
+        caches (LeNet-5's AdamW step took 0.18 ms back to back here, 0.37 after a backward at 16, 0.66 at
+        128)."""
+        run(size)
+        micro = run(size)
         start = time.perf_counter()
         optimizer.step()
-        return time.perf_counter() - start
+        return Timing(micro, time.perf_counter() - start)
 
     run(min(sizes))
-    optimize()  # creates the optimizer state
+    optimizer.step()  # creates the optimizer state
     # the budget is the timings': a process's first optimizer imports torch._dynamo (2.1-3.5 s here), which
     # took most of a first plan's 3 s before one size was timed
     started = time.perf_counter()
@@ -125,23 +143,16 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     def elapsed() -> float:
         return time.perf_counter() - started
 
-    first: dict[int, float] = {}
+    first: dict[int, Timing] = {}
     for size in sorted(sizes):
         if first:  # the next size at the last one's time per sample: on a CPU it rarely falls much further
             last = max(first)
-            if elapsed() + first[last] * size / last * PLANNED_RUNS > budget_s:
+            if elapsed() + first[last].micro * size / last * PLANNED_RUNS > budget_s:
                 break
-        run(size)  # warm-up: the allocator grows, oneDNN builds its primitives for the new shapes
-        first[size] = run(size)
-    # The optimizer is timed as training runs it, right after a backward: its gradients fresh and its state
-    # out of the caches. Back to back, LeNet-5's AdamW step took 0.18 ms here, after a backward 0.47.
-    rounds: list[dict[int, float]] = []
-    steps: list[float] = []
-    while elapsed() + sum(first.values()) <= budget_s and (  # more only where a whole round still fits
+        first[size] = timed(size)  # its untimed run warms up: the allocator grows, oneDNN builds its primitives
+    rounds: list[dict[int, Timing]] = []
+    cost = sum(PLANNED_RUNS * t.micro + t.optimizer for t in first.values())
+    while elapsed() + cost <= budget_s and (  # more only where a whole round still fits
             len(rounds) + 1 < REPEATS or (len(rounds) + 1 < MAX_REPEATS and elapsed() < budget_s / 2)):
-        rounds.append({size: run(size) for size in sorted(first)})
-        steps.append(optimize())  # after the largest size's backward
-    while len(steps) < REPEATS:  # the budget went to the ladder: after the smallest size's backward
-        run(min(first))
-        steps.append(optimize())
-    return typical(first, rounds, steps)
+        rounds.append({size: timed(size) for size in sorted(first)})
+    return typical(first, rounds)

@@ -72,6 +72,17 @@ def combined(device: float, host: float) -> float:
     return (device**OVERLAP_P + host**OVERLAP_P) ** (1 / OVERLAP_P) if host else device
 
 
+def log2_interpolated(points: list[tuple[float, float]], batch: float) -> float:
+    """The value at `batch` of (log2 batch, value) points, sorted: linear in log2 between them, held beyond."""
+    x = math.log2(max(batch, 1))
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, r0), (x1, r1) in zip(points, points[1:]):
+        if x <= x1:
+            return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
 def window_sizes(samples: int, micro_batch: int) -> list[int]:
     """The micro-batch sizes of a window of `samples`, as the trainer cuts it (lib.units.micro_batch_sizes)."""
     return micro_batch_sizes(samples, micro_batch)
@@ -85,7 +96,9 @@ class StepTimeModel:
     tf32: bool = False
     compile: bool = False
     measured: dict[int, float] = field(default_factory=dict)  # micro-batch -> seconds of forward+backward
-    measured_optimizer_s: float | None = None
+    # micro-batch -> seconds of the optimizer step after a backward of that size (measure.py): its state and
+    # gradients leave the caches as the micro-batch's activations pass through
+    measured_optimizer: dict[int, float] = field(default_factory=dict)
     correction: float = 1.0  # a real run's step time over this model's prediction (1.0: not calibrated)
     calibrated_at: int | None = None  # the micro-batch the calibration ran at
     correction_bound: str = "all"  # what `correction` scales: "all", or a GPU's "host" or "device" time
@@ -139,16 +152,7 @@ class StepTimeModel:
 
     def efficiency(self, batch: float) -> float:
         """measured / roofline at `batch`: interpolated in log2(batch) between measured sizes, held beyond them."""
-        if not self.measured:
-            return 1.0
-        points = self._efficiency_points
-        x = math.log2(max(batch, 1))
-        if x <= points[0][0]:
-            return points[0][1]
-        for (x0, r0), (x1, r1) in zip(points, points[1:]):
-            if x <= x1:
-                return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
-        return points[-1][1]
+        return log2_interpolated(self._efficiency_points, batch) if self.measured else 1.0
 
     def micro_seconds(self, batch: float) -> float:
         """Forward and backward of one micro-batch, before calibration. Past the largest measured size the
@@ -175,9 +179,10 @@ class StepTimeModel:
             return self.micro_seconds(batch) * self.correction
         return self._corrected(self.counts.micro_batch(batch), 1.0)  # a GPU's: nothing measured
 
-    def optimizer_seconds(self) -> float:
-        if self.measured_optimizer_s is not None:
-            return self.measured_optimizer_s
+    def optimizer_seconds(self, batch: float = 1) -> float:
+        """One optimizer step after a micro-batch of `batch`."""
+        if self.measured_optimizer:
+            return log2_interpolated(sorted((math.log2(b), t) for b, t in self.measured_optimizer.items()), batch)
         return max(self._seconds(self.counts.at(1, "optimizer"), compiled=False), self.device.optimizer_host_s)
 
     # -- one optimizer step ----------------------------------------------------
@@ -187,7 +192,7 @@ class StepTimeModel:
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
         micro = [self.corrected_micro_seconds(s) for s in sizes]
         f = self.correction
-        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds() * f,
+        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(sizes[-1]) * f,
                  "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
             parts["communication"] = self.communication.exposed_seconds(micro)

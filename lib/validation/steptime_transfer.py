@@ -55,13 +55,20 @@ def lenet_task():
 CPU_MODELS = {"mlp": tiny_task, "lenet5": lenet_task}
 
 
+BLOCK = 4  # steps of one size in a row per round: the first enters that size, the median of the others counts
+
+
 def measured_steps(task, rounds: int = 30) -> dict[int, list[float]]:
     """CPU seconds of a real AdamW step (forward, backward, optimizer) per size in each of `rounds`, the
-    sizes interleaved round by round (alternating which goes first), after a warm-up round. The process's CPU time (time.process_time; one
-    torch thread), not the wall clock: other processes only ever add to a step's wall time, and more to a
-    long step's than to a short one's. On this shared 2-core machine at load 6-8 the fastest wall time of
-    the MLP's step at 128 was 2.4x its CPU time, at 16 1.0x, so wall times made the sizes disagree by
-    the load, not by the step (wall times of the MLP at 16 and 128: 6.0 and 8.7 ms one run, 3.6 and 15.5 the next)."""
+    sizes interleaved round by round (alternating which goes first), after a warm-up round. A round runs
+    BLOCK steps of each size in a row, as training repeats one size, and keeps the median of all but the
+    first: a step right after the other size's ran slower or faster by that size's traffic through the
+    caches (alternating single steps, the MLP's at 128 over 16 read 2.5-2.8x; in runs of one size
+    2.9-3.2x). The process's CPU time (time.process_time; one torch thread), not the wall clock: other
+    processes only ever add to a step's wall time, and more to a long step's than to a short one's. On
+    this shared 2-core machine at load 6-8 the fastest wall time of the MLP's step at 128 was 2.4x its CPU
+    time, at 16 1.0x, so wall times made the sizes disagree by the load, not by the step (wall times of the
+    MLP at 16 and 128: 6.0 and 8.7 ms one run, 3.6 and 15.5 the next)."""
     from ..step import make_optimizer
 
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")  # AdamW, as the counts
@@ -72,18 +79,19 @@ def measured_steps(task, rounds: int = 30) -> dict[int, list[float]]:
     batches = {b: task.example_batch(b) for b in SIZES}
     times: dict[int, list[float]] = {b: [] for b in SIZES}
 
-    def step(b):
+    def step(b) -> float:
         x, y = batches[b]
+        start = time.process_time()
         task.loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return time.process_time() - start
 
     for round_ in range(rounds + 1):
         for b in SIZES if round_ % 2 else SIZES[::-1]:
-            start = time.process_time()
-            step(b)
+            block = [step(b) for _ in range(BLOCK)]
             if round_:
-                times[b].append(time.process_time() - start)
+                times[b].append(statistics.median(block[1:]))
     return times
 
 
@@ -112,10 +120,10 @@ def with_timings(model: StepTimeModel, task) -> StepTimeModel:
     """The model with measure.py's timings of the task at powers of two up to the larger size, as a CPU
     plan's (calibrate._measured: the same call, within its default budget)."""
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
-    micro, optimizer_s = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
+    micro, optimizer = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
                                             sizes=power_sizes(max(SIZES)), estimate=model.roofline_micro_seconds,
                                             budget_s=BUDGET_S)
-    return dataclasses.replace(model, measured=micro, measured_optimizer_s=optimizer_s) if micro else model
+    return dataclasses.replace(model, measured=micro, measured_optimizer=optimizer) if micro else model
 
 
 def transfer_errors(predicted: dict[int, float], ratio: float) -> dict[tuple[int, int], float]:
@@ -125,7 +133,7 @@ def transfer_errors(predicted: dict[int, float], ratio: float) -> dict[tuple[int
     return {(small, large): up, (large, small): 1 / (1 + up) - 1}
 
 
-def cpu_transfer(cache_dir: Path, rounds: int = 100, trials: int = 3) -> dict[str, dict]:
+def cpu_transfer(cache_dir: Path, rounds: int = 30, trials: int = 3) -> dict[str, dict]:
     """Per CPU model: measured step seconds at SIZES, and per way of predicting them ("roofline", "timed":
     with measure.py's timings) the predicted seconds and the transfer errors.
 
