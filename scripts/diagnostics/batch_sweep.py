@@ -104,13 +104,18 @@ def config_for(name, rows):
     return kconfig.make_defconfig(name, out=R / f"sweep-{name}.config")
 
 
-def run_case(name, rows, batches, compiled):
+def setup(name, rows):
+    """(config, task, model, optimizer, autocast) of one case, bf16, as a run on the GPU has them."""
     config = config_for(name, rows)
     task = load_task(config)
     model = task.build(False).train().to(DEVICE)
-    optimizer = step_optimizer(config, model, DEVICE)
-    autocast = autocast_for(SimpleNamespace(precision="bf16", device_type=DEVICE))
     torch.backends.cudnn.benchmark = True  # as AUTO plans on a GPU
+    return (config, task, model, step_optimizer(config, model, DEVICE),
+            autocast_for(SimpleNamespace(precision="bf16", device_type=DEVICE)))
+
+
+def run_case(name, rows, batches, compiled):
+    config, task, model, optimizer, autocast = setup(name, rows)
     for batch in batches:
         if time.monotonic() > DEADLINE:
             return
@@ -156,12 +161,7 @@ def run_case(name, rows, batches, compiled):
 
 def run_paired(name, rows, batches, compiled):
     """Every micro-batch's step in turn, PAIRED_ROUNDS times: one line with each size's steps by round."""
-    config = config_for(name, rows)
-    task = load_task(config)
-    model = task.build(False).train().to(DEVICE)
-    optimizer = step_optimizer(config, model, DEVICE)
-    autocast = autocast_for(SimpleNamespace(precision="bf16", device_type=DEVICE))
-    torch.backends.cudnn.benchmark = True
+    config, task, model, optimizer, autocast = setup(name, rows)
     torch._dynamo.reset()
     loss_fn = lambda x, y: task.loss(model(x), y)  # noqa: E731
     fwd_loss = torch.compile(loss_fn, dynamic=False) if compiled else loss_fn  # a graph per shape, as a run's
