@@ -76,8 +76,9 @@ def typical(first: dict[int, Timing], rounds: list[dict[int, Timing]]) -> tuple[
     ladder's runs (`first`) and the rounds'. The largest size's fastest forward+backward sets the level,
     every other figure the median of its ratios to that within a round: a round's runs share their moment,
     while each size's fastest came from a different one, and the small sizes' fastest lay further below
-    their typical run (here the MLP's forward+backward at 128 over 16: 3.9-4.1x fastest over fastest,
-    3.3-3.9x by the median of rounds). Too few rounds for a median: each one's fastest run."""
+    their typical run (here the MLP's forward+backward at 128 over 16: 3.6-4.3x fastest over fastest,
+    3.5-3.9x by the median of rounds; scripts/diagnostics/cpu_step_protocols.py). Too few rounds for a
+    median: each one's fastest run."""
     if len(rounds) < PAIRED_ROUNDS:
         runs = {size: [t, *(r[size] for r in rounds)] for size, t in first.items()}
         return ({size: min(t.micro for t in ts) for size, ts in runs.items()},
@@ -124,10 +125,10 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     def timed(size: int) -> Timing:
         """One untimed run, then one timed and the optimizer after it. A run right after another size's
         runs slower or faster by that size's traffic through the caches, where training repeats one size:
-        alternating with 128, the MLP's step at 16 over 128 read 2.5-2.8x, in runs of one size 2.9-3.2x.
-        The optimizer comes after a backward, as in training: its gradients fresh, its state out of the
-        caches (LeNet-5's AdamW step took 0.18 ms back to back here, 0.37 after a backward at 16, 0.66 at
-        128)."""
+        the MLP's step at 128 over 16 read 2.60-2.66x alternating single steps, 2.74-2.97x in runs of one
+        size. The optimizer comes after a backward, as in training: its gradients fresh, its state out of
+        the caches (LeNet-5's AdamW step took 0.18-0.33 ms back to back here, 0.50-0.75 after a backward
+        at 16, 0.66-0.84 at 128; scripts/diagnostics/cpu_step_protocols.py)."""
         run(size)
         micro = run(size)
         start = time.perf_counter()

@@ -63,8 +63,8 @@ def measured_steps(task, rounds: int = 30) -> dict[int, list[float]]:
     sizes interleaved round by round (alternating which goes first), after a warm-up round. A round runs
     BLOCK steps of each size in a row, as training repeats one size, and keeps the median of all but the
     first: a step right after the other size's ran slower or faster by that size's traffic through the
-    caches (alternating single steps, the MLP's at 128 over 16 read 2.5-2.8x; in runs of one size
-    2.9-3.2x). The process's CPU time (time.process_time; one torch thread), not the wall clock: other
+    caches (alternating single steps, the MLP's at 128 over 16 read 2.60-2.66x; in runs of one size
+    2.74-2.97x: scripts/diagnostics/cpu_step_protocols.py). The process's CPU time (time.process_time; one torch thread), not the wall clock: other
     processes only ever add to a step's wall time, and more to a long step's than to a short one's. On
     this shared 2-core machine at load 6-8 the fastest wall time of the MLP's step at 128 was 2.4x its CPU
     time, at 16 1.0x, so wall times made the sizes disagree by the load, not by the step (wall times of the
