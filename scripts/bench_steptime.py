@@ -4,8 +4,9 @@
 lib/validation/steptime_transfer.py's measurement (tests/test_steptime_replay.py runs the same one): a tiny
 MLP and LeNet-5, AdamW steps timed at micro-batches 16 and 128 in the process's CPU time (one torch thread),
 interleaved round by round (a few steps of one size in a row each, as training repeats a size), against
-lib.steptime's prediction from counted FLOPs and bytes and this CPU's measured figures. A case's transfer error: one factor fitted at one size, applied to the other, against its
-measurement (as lib.steptime.calibrate applies a measured step), both ways. The instrument, time.process_time,
+lib.steptime's prediction from counted FLOPs and bytes and this CPU's measured figures. A case's transfer
+error: one factor fitted at one size, applied to the other, against its measurement (as
+lib.steptime.calibrate applies a measured step), both ways. The instrument, time.process_time,
 is independent of the predictor. Run it on an idle machine: beside other work the steps' own ratio moves.
 
 Each model is measured in --trials turns, each measure.py's timings then the rounds of steps: the VM's speed
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{p[large] * 1e3:8.2f} {row['ratio']:14.2f}x {p[large] / p[small]:9.2f}x {up:+17.1%} {down:+8.1%} "
                   f"{row['fastest_ratio']:13.2f}x {trials:>10}")
     print(f"steptime-transfer: models={len(rows)} max_error={worst['timed']:.1%} "
-          f"roofline_max_error={worst['roofline']:.1%} trials={args.trials} trial_max_error={trial_worst:.1%} goal={GOAL:.0%} load={load:.1f}")
+          f"roofline_max_error={worst['roofline']:.1%} trials={args.trials} trial_max_error={trial_worst:.1%} "
+          f"goal={GOAL:.0%} load={load:.1f}")
     return 0
 
 

@@ -64,11 +64,12 @@ def measured_steps(task, rounds: int = 30) -> dict[int, list[float]]:
     BLOCK steps of each size in a row, as training repeats one size, and keeps the median of all but the
     first: a step right after the other size's ran slower or faster by that size's traffic through the
     caches (alternating single steps, the MLP's at 128 over 16 read 2.60-2.66x; in runs of one size
-    2.74-2.97x: scripts/diagnostics/cpu_step_protocols.py). The process's CPU time (time.process_time; one torch thread), not the wall clock: other
-    processes only ever add to a step's wall time, and more to a long step's than to a short one's. On
-    this shared 2-core machine at load 6-8 the fastest wall time of the MLP's step at 128 was 2.4x its CPU
-    time, at 16 1.0x, so wall times made the sizes disagree by the load, not by the step (wall times of the
-    MLP at 16 and 128: 6.0 and 8.7 ms one run, 3.6 and 15.5 the next)."""
+    2.74-2.97x: scripts/diagnostics/cpu_step_protocols.py). The process's CPU time (time.process_time;
+    one torch thread), not the wall clock: other processes only ever add to a step's wall time, and more
+    to a long step's than to a short one's. On this shared 2-core machine at load 6-8 the fastest wall
+    time of the MLP's step at 128 was 2.4x its CPU time, at 16 1.0x, so wall times made the sizes disagree
+    by the load, not by the step (wall times of the MLP at 16 and 128: 6.0 and 8.7 ms one run, 3.6 and
+    15.5 the next)."""
     from ..step import make_optimizer
 
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")  # AdamW, as the counts
@@ -121,8 +122,8 @@ def with_timings(model: StepTimeModel, task) -> StepTimeModel:
     plan's (calibrate._measured: the same call, within its default budget)."""
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
     micro, optimizer = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
-                                            sizes=power_sizes(max(SIZES)), estimate=model.roofline_micro_seconds,
-                                            budget_s=BUDGET_S)
+                                          sizes=power_sizes(max(SIZES)), estimate=model.roofline_micro_seconds,
+                                          budget_s=BUDGET_S)
     return dataclasses.replace(model, measured=micro, measured_optimizer=optimizer) if micro else model
 
 

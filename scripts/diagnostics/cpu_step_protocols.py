@@ -74,8 +74,8 @@ def main() -> None:
             for b in after:
                 backward(b)
                 after[b].append(clocked(optimizer.step))
-        print(f"{name:<7} fastest {fastest:.2f}x, median of rounds {paired:.2f}x | step alternating {ratio['single']:.2f}x, "
-              f"in runs of one size {ratio['block']:.2f}x | AdamW back to back {back_to_back * 1e3:.2f} ms, after a "
+        print(f"{name:<7} fastest {fastest:.2f}x, median of rounds {paired:.2f}x | "
+              f"step alternating {ratio['single']:.2f}x, in runs of one size {ratio['block']:.2f}x | AdamW back to back {back_to_back * 1e3:.2f} ms, after a "
               f"backward at 16 {median(after[16]) * 1e3:.2f}, at 128 {median(after[128]) * 1e3:.2f}", flush=True)
 
 
