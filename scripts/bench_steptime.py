@@ -10,8 +10,8 @@ lib.steptime.calibrate applies a measured step), both ways. The instrument, time
 is independent of the predictor. Run it on an idle machine: beside other work the steps' own ratio moves.
 
 Each model is measured in --trials turns, each measure.py's timings then the rounds of steps: the VM's speed
-drifts over minutes, and the steps' own ratio with it. The errors are the median turn's prediction against
-the rounds of all turns; the last column has each turn's worst error against its own rounds. The column
+drifts over minutes, and the steps' own ratio with it. The errors are the prediction's (each size's median
+over the turns) against the rounds of all turns; the last column has each turn's worst error against its own rounds. The column
 before it is the measured ratio of each size's fastest step, beside the median of the rounds' ratios the
 errors are against (the statistic calibrate's median step matches; measure.py's too).
 
@@ -38,11 +38,18 @@ sys.path.insert(0, str(ROOT))
 GOAL = 0.10
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive count")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30,
+    parser.add_argument("--rounds", type=positive, default=30,
                         help="rounds at each size, each a few steps of that size in a row (default 30)")
-    parser.add_argument("--trials", type=int, default=3, help="turns of timings then rounds (default 3)")
+    parser.add_argument("--trials", type=positive, default=3, help="turns of timings then rounds (default 3)")
     args = parser.parse_args(argv)
     import torch
 
@@ -57,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = cpu_transfer(Path(tmp), rounds=args.rounds, trials=args.trials)
     small, large = SIZES
     print(f"{'model':<8} {'prediction':<10} {'measured ms':>16} {'predicted ms':>16} {'ratio measured':>15} "
-          f"{'predicted':>10} {'calibrated at ' + str(small):>18} {'at ' + str(large):>8} {'fastest steps':>14}")
+          f"{'predicted':>10} {'calibrated at ' + str(small):>18} {'at ' + str(large):>8} {'fastest steps':>14} "
+          f"{'per trial':>10}")
     worst = {"roofline": 0.0, "timed": 0.0}
     trial_worst = 0.0
     for name, row in rows.items():

@@ -148,7 +148,7 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     for size in sorted(sizes):
         if first:  # the next size at the last one's time per sample: on a CPU it rarely falls much further
             last = max(first)
-            if elapsed() + first[last].micro * size / last * PLANNED_RUNS > budget_s:
+            if elapsed() + first[last].micro * size / last * PLANNED_RUNS + first[last].optimizer > budget_s:
                 break
         first[size] = timed(size)  # its untimed run warms up: the allocator grows, oneDNN builds its primitives
     rounds: list[dict[int, Timing]] = []

@@ -192,7 +192,7 @@ class StepTimeModel:
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
         micro = [self.corrected_micro_seconds(s) for s in sizes]
         f = self.correction
-        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(sizes[-1]) * f,
+        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(sizes[-1] if sizes else micro_batch) * f,
                  "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
             parts["communication"] = self.communication.exposed_seconds(micro)

@@ -10,7 +10,8 @@ applied to the other, against the other's measurement; both ways.
 Twice per model: the roofline alone (the counts over this CPU's measured figures: what a GPU's plan rests
 on), and the model as kfit's CPU plans build it, with measure.py's real forward+backward timings at powers
 of two up to the larger size within its budget (lib.steptime.calibrate's _measured): the transfer a plan
-on this CPU sees, the optimizer and the per-step overhead still from the model.
+on this CPU sees (the optimizer measured too, by the size whose backward it followed). Both model the bare
+step that is timed: no trainer's per-step overhead.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def cpu_transfer(cache_dir: Path, rounds: int = 30, trials: int = 3) -> dict[str
     In `trials` turns, each measure.py's timings then the steps' rounds: this VM's speed drifts over
     minutes, and the MLP's measured 128/16 ratio with it (2.21-2.80x in six runs of 100 rounds each), so
     one turn's prediction and its measurement came from different states of the machine. The errors are
-    the median prediction's against the rounds of every turn; "trial_errors" each turn's own."""
+    the prediction's (each size's median over the turns) against the rounds of every turn; "trial_errors"
+    each turn's own."""
     out = {}
     small, large = SIZES
     for name, make_task in CPU_MODELS.items():
@@ -154,10 +156,10 @@ def cpu_transfer(cache_dir: Path, rounds: int = 30, trials: int = 3) -> dict[str
         times = {b: [t for _, steps in turns for t in steps[b]] for b in SIZES}
         ratio = step_ratio(times)  # measured[large] / measured[small], over every turn's rounds
         row = {"measured": {b: statistics.median(t) for b, t in times.items()}, "ratio": ratio,
-               "fastest_ratio": min(times[large]) / min(times[small]),  # what measure.py's statistic would say
+               "fastest_ratio": min(times[large]) / min(times[small]),  # the statistic measure.py no longer keeps
                "trial_errors": [max(map(abs, transfer_errors(p, step_ratio(steps)).values())) for p, steps in turns]}
         roofline = {b: model.seconds(b, 1) for b in SIZES}
-        timed = {b: statistics.median(p[b] for p, _ in turns) for b in SIZES}
+        timed = {b: statistics.median(p[b] for p, _ in turns) for b in SIZES}  # each size's median over turns
         for way, predicted in (("roofline", roofline), ("timed", timed)):
             row[way] = {"predicted": predicted, "errors": transfer_errors(predicted, ratio)}
         out[name] = row
