@@ -635,14 +635,52 @@ def test_mfu_is_the_plans_formula_with_the_measured_throughput(tmp_path):
     ctx = ctx_for(tmp_path, cuda=fake_device(FakeCuda()))
     ctx.shared[compile_check.shared_key(vocab.MODEL, mfu_check.BATCH)] = {"samples_per_s": 300.0, "warm_up_s": 25.0}
     head = {"rows": [50257, 50304], "measured_speedup": 1.2, "predicted_speedup": 1.19}
-    result = mfu_check.check_mfu(ctx, plan_for=lambda ctx: (None, None, plan), speed_model_for=lambda *a: speed,
-                                 head_for=lambda ctx, model: head if model is speed else None)
+    trained = {"micro_batch": 16, "grad_accum": 1, "compiled": True, "steps": 80, "predicted_ms": 44.3,
+               "measured_ms": 40.0, "samples_per_s": 400.0}
+
+    def check(trainer):
+        return mfu_check.check_mfu(ctx, plan_for=lambda ctx: (None, None, plan), speed_model_for=lambda *a: speed,
+                                   head_for=lambda ctx, model: head if model is speed else None,
+                                   trainer_for=trainer)
+
+    result = check(lambda ctx, config, hardware: dict(trained))
     assert result.status == "pass" and result.figures["throughput_source"] == "the compile check's measurement"
     assert result.figures["predicted_error"] == pytest.approx(1 / 3, abs=1e-3) and "MFU 30.0%" in result.reason
     assert result.figures["head"] == head and "padded to 50,304 rows: x1.20 eager (predicted x1.19)" in result.reason
+    assert result.figures["trainer"]["mfu"] == pytest.approx(0.4)  # 400 samples/s of 1 TFLOP on 1 PFLOP/s
+    assert "kfit's trainer: 400.0 samples/s, MFU 40.0% (40.0 ms a step, predicted 44.3)" in result.reason
+    # the trainer's compiled run failing fails the check, and keeps the bare loop's figures
+    untimed = check(lambda ctx, config, hardware: {**trained, "error": "the run timed no steps"})
+    assert untimed.status == "fail" and untimed.reason.endswith("kfit's trainer compiled: the run timed no steps")
+
+    def crash(ctx, config, hardware):
+        raise RuntimeError("Triton   kernel\n failed")
+
+    crashed = check(crash)
+    assert crashed.status == "fail" and "kfit's trainer compiled: RuntimeError: Triton kernel failed" in crashed.reason
+    assert crashed.figures["mfu"] == pytest.approx(0.3)
     low = mfu_check.judge(0.15, "x", {"micro_batch": 16, "samples_per_s": 200.0})
     assert low.status == "fail" and "under the 25% floor" in low.reason
     assert mfu_check.check_mfu(ctx_for(tmp_path, "cpu")).status == "skip"
+
+
+@pytest.mark.slow  # a real run of about 3 s of timed steps, and its plan: 10 s
+@on_the_cpu
+def test_the_mfu_checks_trainer_run_trains_through_kfits_loop_and_reads_its_step_time(tmp_path, one_thread):
+    """trainer_run as the mfu check calls it, on a GPT-2 small enough for this CPU (eager here; on the GPU the
+    check's config compiles): a real run long enough for the trainer's timed window, its step read back. The
+    corpus is smaller than the check's (its 64k evaluation tokens through a 50,257-row head took 37 s here)."""
+    from lib.hardware import resolve_hardware
+
+    vocab.write_corpus(tmp_path / "gpt2-vocab-corpus", train_tokens=1 << 14, val_tokens=1 << 11)
+    config = vocab.make_config(tmp_path, "mfu-cpu", {"GPT2_PRESET_TINY": True, "GPT2_BLOCK_SIZE": 32,
+                                                     "DEVICE_CPU": True, "HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 2,
+                                                     "GRADIENT_ACCUMULATION": 1, "COMPILE_MANUAL": True,
+                                                     "COMPILE_MODEL": False})
+    run = mfu_check.trainer_run(ctx_for(tmp_path, "cpu"), config, resolve_hardware(gpu="cpu"))
+    assert run["micro_batch"] == 2 and run["grad_accum"] == 1 and run["compiled"] is False and "error" not in run
+    assert run["measured_ms"] > 0 and run["samples_per_s"] == pytest.approx(2 / (run["measured_ms"] / 1e3), rel=0.01)
+    assert run["steps"] > 12 and (tmp_path / "runs" / "mfu-trainer").is_dir()
 
 
 def test_the_padded_head_measured_implies_the_unaligned_share_it_was_built_with():

@@ -10,9 +10,14 @@ predicted MFU beside it, and so checks the compiled step-time prediction the ste
 
 The check passes at FLOOR or more (see its comment) and reports the figure either way.
 
-Then, where time is left, the head's alignment (`padded_head`): the same model eager, on the same token ids
-with its head padded from 50,257 to vocab.PADDED_VOCAB rows, timed back to back, against the step-time
-model's saving (lib.steptime.device's `unaligned` share) and the share the two measurements imply.
+Then, where time is left, kfit's own trainer on the same config (`trainer_run`): a short real run compiled
+as the plan compiles it (the model and its loss in one graph, lib/step.py forward_loss), its measured step
+as samples/s and MFU beside the bare loop's. It is the only check that trains through kfit's loop compiled
+on the GPU (the step-time, micro-batch and loop checks run eager to save compile time); the check fails
+where that run fails or times no step. And the head's alignment (`padded_head`): the same model eager, on
+the same token ids with its head padded from 50,257 to vocab.PADDED_VOCAB rows, timed back to back,
+against the step-time model's saving (lib.steptime.device's `unaligned` share) and the share the two
+measurements imply.
 """
 
 from __future__ import annotations
@@ -65,10 +70,16 @@ def judge(mfu: float | None, why: str, figures: dict) -> Result:
     text = (f"{vocab.LABEL} bf16 compiled, micro-batch {figures['micro_batch']}: "
             f"{figures['samples_per_s']:,.1f} samples/s, MFU {mfu:.1%}"
             + (f" (predicted {predicted:.1%})" if predicted is not None else ""))
+    trainer = figures.get("trainer")
+    if isinstance(trainer, dict) and "samples_per_s" in trainer:
+        text += (f"; kfit's trainer: {trainer['samples_per_s']:,.1f} samples/s, MFU {trainer['mfu']:.1%} "
+                 f"({trainer['measured_ms']:.1f} ms a step, predicted {trainer['predicted_ms']:.1f})")
     head = figures.get("head")
     if isinstance(head, dict):
         text += (f"; its head padded to {head['rows'][1]:,} rows: x{head['measured_speedup']:.2f} eager "
                  f"(predicted x{head['predicted_speedup']:.2f})")
+    if isinstance(trainer, dict) and "error" in trainer:
+        return failed(f"{text}; kfit's trainer compiled: {trainer['error']}", **figures)
     if mfu >= FLOOR:
         return passed(text, **figures)
     return failed(f"{text}: under the {FLOOR:.0%} floor", **figures)
@@ -111,9 +122,35 @@ def padded_head(ctx: Context, model, measure=eager_throughput) -> dict:
             "suggested_unaligned_share": round(share, 3)}
 
 
-def check_mfu(ctx: Context, plan_for=plan_for, speed_model_for=speed_model, head_for=padded_head) -> Result:
-    """(plan_for, speed_model_for and head_for: the tests' stand-ins for planning GPT-2 124M, counting its
-    FLOPs and timing its padded head)"""
+def trainer_run(ctx: Context, config, hardware) -> dict:
+    """kfit's trainer on `config`, a short run long enough for its step timer's window (steptime_check's
+    steps_for), no probe, one evaluation at the end: the micro-batch, the measured step (the trainer's
+    `step_time` event) and samples/s, and the plan's predicted step."""
+    from .. import config as kconfig
+    from ..hyperparams import ModelDescription, resolve
+    from .budget import COMMON, run_training
+    from .steptime_check import step_time_event, steps_for
+
+    settings = {**COMMON, "OUTPUT_DIR": str(ctx.workdir / "runs"), "RUN_NAME": "mfu-trainer", "PROBE_NEVER": True,
+                "EVAL_INTERVAL": 1000000}
+    config = kconfig.derive(config, settings)
+    plan = resolve(config, hardware, ModelDescription.from_config(config))
+    config = kconfig.derive(config, {"MAX_STEPS": steps_for(plan)})
+    plan = resolve(config, hardware, ModelDescription.from_config(config))
+    event = step_time_event(run_training(config, plan, hardware).run_dir)
+    out = {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "compiled": plan.compile,
+           "steps": config.max_steps, "predicted_ms": round(plan.predicted_step_seconds * 1e3, 2)}
+    if not event:
+        return {**out, "error": "the run timed no steps"}
+    seconds = event["measured_step_seconds"]
+    return {**out, "measured_ms": round(seconds * 1e3, 2),
+            "samples_per_s": round(plan.micro_batch * plan.grad_accum * plan.world_size / seconds, 1)}
+
+
+def check_mfu(ctx: Context, plan_for=plan_for, speed_model_for=speed_model, head_for=padded_head,
+              trainer_for=trainer_run) -> Result:
+    """(plan_for, speed_model_for, head_for and trainer_for: the tests' stand-ins for planning GPT-2 124M,
+    counting its FLOPs, timing its padded head and training it through kfit's loop)"""
     if ctx.device != "cuda":
         return skipped("DEVICE=cpu: MFU is against a GPU's datasheet peak (make plan shows a CPU's predicted one)")
     from ..task import load_task
@@ -138,8 +175,16 @@ def check_mfu(ctx: Context, plan_for=plan_for, speed_model_for=speed_model, head
                "predicted_samples_per_s": predicted_sps and round(predicted_sps, 1),
                "predicted_error": predicted_sps and round((predicted_sps - measured["samples_per_s"])
                                                           / measured["samples_per_s"], 4)}
+    figures["trainer"] = "not run: time budget"
     if not ctx.out_of_time():
-        figures["head"] = head_for(ctx, model)
-    else:
-        figures["head"] = "not run: time budget"
+        try:
+            trainer = trainer_for(ctx, config, hardware)
+        except Exception as err:  # noqa: BLE001 - the bare loop's MFU stands; the check fails on this
+            trainer = {"error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
+        finally:
+            ctx.cuda.release()
+        if "samples_per_s" in trainer:
+            trainer["mfu"] = round(measured_mfu(plan, model, trainer["samples_per_s"])[0] or 0.0, 4)
+        figures["trainer"] = trainer
+    figures["head"] = head_for(ctx, model) if not ctx.out_of_time() else "not run: time budget"
     return judge(mfu, why, figures)
