@@ -89,8 +89,15 @@ def forward_loss(model, loss_fn, plan: Plan):
     log-softmax of every logit in fp32 and its gradient, each a round trip through memory. Inductor fuses it
     with the head's output instead: GPT-2 124M on 50,304 tokens, bf16, an H100 (2026-11-26, docs/validation/
     diagnostics-2026-11-26/batch_sweep_loss.jsonl), a step at micro-batch 16 took 49.8 ms with the model
-    compiled alone and 38.6 with its loss (8: 28.2 -> 24.2, 32: 91.6 -> 70.2)."""
+    compiled alone and 38.6 with its loss (8: 28.2 -> 24.2, 32: 91.6 -> 70.2).
+
+    Compiling starts from no compiled state (torch.compiler.reset): dynamo keeps its graphs on this function's
+    code, shared by every call, and once 8 models or shapes had been compiled there in one process (an HPO
+    study's trials, the validation checks) it ran the 9th eager, with a logged warning and no error."""
     def step(x, y):
         return loss_fn(model(x), y)
 
-    return torch.compile(step, mode=plan.compile_mode) if plan.compile else step
+    if not plan.compile:
+        return step
+    torch.compiler.reset()
+    return torch.compile(step, mode=plan.compile_mode)

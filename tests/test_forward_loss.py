@@ -81,3 +81,14 @@ def test_the_trainer_compiled_trains_as_it_does_eager(tmp_path):
         assert result.steps == 4
         losses[compiled] = result.final_eval["eval_loss"]
     assert losses[True] == pytest.approx(losses[False], rel=1e-3), losses
+
+
+def test_every_model_is_compiled_however_many_came_before_it_in_the_process(graphs):
+    """dynamo keeps a function's graphs on its code, which every forward_loss shares: without a reset the 9th
+    model in a process (an HPO trial, a validation check) ran eager, past dynamo's recompile limit of 8."""
+    plan = SimpleNamespace(compile=True, compile_mode="default")
+    for width in range(4, 16):  # 12 models, each its own shapes
+        model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+        before = len(graphs)
+        forward_loss(model, F.cross_entropy, plan)(torch.randn(4, 8), torch.tensor([0, 1, 2, 0]))
+        assert len(graphs) == before + 1, width
