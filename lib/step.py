@@ -93,7 +93,9 @@ def forward_loss(model, loss_fn, plan: Plan):
 
     Compiling starts from no compiled state (torch.compiler.reset): dynamo keeps its graphs on this function's
     code, shared by every call, and once 8 models or shapes had been compiled there in one process (an HPO
-    study's trials, the validation checks) it ran the 9th eager, with a logged warning and no error."""
+    study's trials, the validation checks) it ran the 9th eager, with a logged warning and no error. So a
+    run that probes (lib/probe.py, its own dynamic-batch graph) compiles once more for the trainer, which
+    then runs a graph made for its micro-batch, as the step-time model's compiled figures were measured."""
     def step(x, y):
         return loss_fn(model(x), y)
 
