@@ -127,17 +127,12 @@ def trainer_run(ctx: Context, config, hardware) -> dict:
     steps_for), no probe, one evaluation at the end: the micro-batch, the measured step (the trainer's
     `step_time` event) and samples/s, and the plan's predicted step."""
     from .. import config as kconfig
-    from ..hyperparams import ModelDescription, resolve
-    from .budget import COMMON, run_training
-    from .steptime_check import step_time_event, steps_for
+    from .budget import COMMON
+    from .steptime_check import timed_run
 
     settings = {**COMMON, "OUTPUT_DIR": str(ctx.workdir / "runs"), "RUN_NAME": "mfu-trainer", "PROBE_NEVER": True,
                 "EVAL_INTERVAL": 1000000}
-    config = kconfig.derive(config, settings)
-    plan = resolve(config, hardware, ModelDescription.from_config(config))
-    config = kconfig.derive(config, {"MAX_STEPS": steps_for(plan)})
-    plan = resolve(config, hardware, ModelDescription.from_config(config))
-    event = step_time_event(run_training(config, plan, hardware).run_dir)
+    config, plan, event = timed_run(kconfig.derive(config, settings), hardware)
     out = {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "compiled": plan.compile,
            "steps": config.max_steps, "predicted_ms": round(plan.predicted_step_seconds * 1e3, 2)}
     if not event:

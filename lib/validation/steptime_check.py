@@ -89,21 +89,27 @@ def fresh_calibration(usual: Path):
             yield Path(tmp)
 
 
+def timed_run(config, hardware):
+    """(config run, plan, the trainer's step_time event) of a short real run of `config`, its MAX_STEPS set
+    so the trainer's timed window is covered (`steps_for`)."""
+    from .. import config as kconfig
+    from ..hyperparams import ModelDescription, resolve
+
+    plan = resolve(config, hardware, ModelDescription.from_config(config))
+    steps = steps_for(plan)
+    if steps != config.max_steps:
+        config = kconfig.derive(config, {"MAX_STEPS": steps})
+        plan = resolve(config, hardware, ModelDescription.from_config(config))
+    result = run_training(config, plan, hardware)
+    return config, plan, step_time_event(result.run_dir)
+
+
 def run_case(ctx: Context, name: str, assignments: dict, attempt: str):
     """(plan, the trainer's step_time event) of one short real run."""
     from ..hardware import resolve_hardware
-    from ..hyperparams import ModelDescription, resolve
 
-    assignments = {**SETTINGS, **assignments}
-    config = make_config(ctx, name, f"steptime-{name}-{attempt}", {"MAX_STEPS": STEPS, **assignments})
-    hardware = resolve_hardware()
-    plan = resolve(config, hardware, ModelDescription.from_config(config))
-    steps = steps_for(plan)
-    if steps != STEPS:
-        config = make_config(ctx, name, f"steptime-{name}-{attempt}", {"MAX_STEPS": steps, **assignments})
-        plan = resolve(config, hardware, ModelDescription.from_config(config))
-    result = run_training(config, plan, hardware)
-    return plan, step_time_event(result.run_dir)
+    config = make_config(ctx, name, f"steptime-{name}-{attempt}", {"MAX_STEPS": STEPS, **SETTINGS, **assignments})
+    return timed_run(config, resolve_hardware())[1:]
 
 
 def judge(device: str, cases: dict[str, dict]) -> Result:
