@@ -395,3 +395,48 @@ def test_a_cuda_target_traces_cudas_float32_casts_on_cpu_tensors():
     assert dtypes(TracedAutocast("fp32", "cuda"))[:4] == (bf16, bf16, bf16, bf16)  # no autocast: no casts
     with cuda, torch.autocast("cpu", enabled=False):
         assert F.layer_norm(x, (8,), w, w).dtype == bf16  # autocast switched off inside: CUDA casts nothing
+
+
+@pytest.mark.parametrize("name,precision", [("llama-tiny", "bf16")] + [  # the rest in the slow tier (a minute)
+    pytest.param(n, p, marks=pytest.mark.slow) for n, p in
+    (("llama-tiny", "fp16"), ("gpt2-tiny", "bf16"), ("gpt2-tiny", "fp16"), ("resnet18", "bf16"), ("resnet18", "fp16"))])
+def test_a_checkpointed_step_traces_for_a_gpu_in_low_precision(tmp_path, name, precision):
+    """CUDA's float32 casts reach the recompute in backward: with them on only around the forward, a block
+    recomputed its fp32 ops in bf16 wherever its inputs were bf16 (FSDP's bf16 parameters), and
+    torch.utils.checkpoint refused the trace: FSDP + bf16 + checkpointing for an H100 could not be planned.
+    Every checkpointing family, both low precisions; the one-process trace, the sharded one and the FLOP count."""
+    from lib.steptime.count import count_step
+
+    config = kc.make_defconfig(name, out=tmp_path / ".config")
+    task = load_task(config)
+    kw = dict(batch=2, precision=precision, device_type="cuda")
+    checkpointed = trace_step(task, config, gradient_checkpointing=True, **kw)
+    assert 0 < checkpointed.peak_bytes <= trace_step(task, config, gradient_checkpointing=False, **kw).peak_bytes
+    phases, _ = count_step(task, config, gradient_checkpointing=True, **kw)
+    assert phases["backward"].flops > phases["forward"].flops > 0
+    predictor = MemoryPredictor(cache_dir=tmp_path / "cache")
+    try:
+        sharded = predictor.trace(config, strategy="fsdp", world_size=2, gradient_checkpointing=True, **kw)
+    finally:
+        predictor.close()
+    assert 0 < sharded.peak_bytes
+
+
+def test_the_traced_casts_hold_in_a_recompute_called_any_way():
+    """Tensor.backward, torch.autograd.backward with its own gradient: the casts mode is on inside both."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    from lib.memory.autocast import TracedAutocast
+
+    traced = TracedAutocast("bf16", "cuda")
+    lin = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    block = lambda x: lin(F.layer_norm(x, (8,))).softmax(-1)  # noqa: E731
+    for run in (lambda y: y.sum().backward(), lambda y: torch.autograd.backward(y, torch.ones_like(y))):
+        x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+        with traced.step():
+            with traced:
+                y = checkpoint(block, x, use_reentrant=False)
+            assert y.dtype == torch.float32  # softmax of a bf16 input runs in fp32 under CUDA's autocast
+            run(y)
+        assert x.grad is not None and x.grad.shape == x.shape

@@ -60,6 +60,8 @@ class CudaCastLists(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            return self._backward(func, args, kwargs)
         if torch.is_autocast_enabled("cpu"):
             if func in FP32_INPUTS:
                 args, kwargs = tree_map_only(torch.Tensor, _to_fp32, (args, kwargs))
@@ -68,24 +70,71 @@ class CudaCastLists(TorchFunctionMode):
                 kwargs = {**kwargs, "dtype": torch.float32}
         return func(*args, **kwargs)
 
+    def _backward(self, func, args, kwargs):
+        """Backward with this mode still on. A mode is off while its handler runs, and so for whatever the
+        handler calls: backward called through it would run without the casts, and a checkpointed block's
+        recompute (autocast re-entered, these casts not) would save other dtypes than its forward did. The
+        engine is called directly, the mode pushed back, so the recompute inside it sees the casts."""
+        from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+        from torch.autograd.graph import _engine_run_backward
+
+        if func is torch.Tensor.backward:
+            tensors, rest = args[:1], args[1:]
+        else:
+            tensors, rest = args[0], args[1:]
+        names = ("gradient" if func is torch.Tensor.backward else "grad_tensors", "retain_graph", "create_graph")
+        options = dict(zip(names, rest), **kwargs)
+        grads = options.pop("gradient", options.pop("grad_tensors", None))
+        create_graph = bool(options.get("create_graph", False))
+        retain_graph = options.get("retain_graph")
+        inputs = options.get("inputs")
+        tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+        inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grads, len(tensors)), is_grads_batched=False)
+        with self:
+            _engine_run_backward(tensors, grads, create_graph if retain_graph is None else retain_graph,
+                                 create_graph, inputs, allow_unreachable=True, accumulate_grad=True)
+
 
 class TracedAutocast:
     """The autocast of `precision` on `device_type`, for a step traced on CPU tensors; reusable (a training
-    step enters it once per micro-batch)."""
+    step enters it once per micro-batch).
+
+    `step()` must enclose the whole traced step, backward included. On CUDA the float32 casts are part of
+    autocast itself, so a checkpointed block recomputed in backward (torch.utils.checkpoint re-enters the
+    autocast state its forward saw) makes them again; here they are a mode beside CPU autocast, and a mode
+    entered only around the forward is gone by the time backward recomputes, which then saves bf16 where the
+    forward saved fp32 and torch.utils.checkpoint refuses the mismatch. The mode acts only while CPU autocast
+    is on, so outside the forward and the recompute it changes nothing."""
 
     def __init__(self, precision: str, device_type: str) -> None:
         self.precision, self.device_type = precision, device_type
         self._stack: contextlib.ExitStack | None = None
 
+    @property
+    def low_precision(self) -> bool:
+        return self.precision != "fp32"
+
+    def step(self):
+        """CUDA's float32 casts for everything inside, forward and backward (class docstring)."""
+        if self.low_precision and self.device_type == "cuda":
+            return CudaCastLists()
+        return contextlib.nullcontext()
+
     def __enter__(self):
         self._stack = contextlib.ExitStack()
-        if self.precision != "fp32":
+        if self.low_precision:
             dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
             self._stack.enter_context(torch.autocast("cpu", dtype=dtype))
-            if self.device_type == "cuda":
-                self._stack.enter_context(CudaCastLists())
+            self._stack.enter_context(self.step())  # on its own (an evaluation forward): the casts as well
         return self
 
     def __exit__(self, *exc) -> None:
         stack, self._stack = self._stack, None
         stack.__exit__(*exc)
+
+
+def step_casts(autocast):
+    """`autocast.step()` where the step is traced (TracedAutocast), nothing for a real device's autocast."""
+    step = getattr(autocast, "step", None)
+    return step() if step else contextlib.nullcontext()

@@ -115,17 +115,20 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
                    before_each: Callable[[], None] | None = None, forward_loss: Callable | None = None) -> None:
     """The traced (and, in bench_memory, measured) sequence: two steps, the second accumulating. `forward_loss`
     (x, y -> loss: lib/step.py's, compiled) runs in place of `loss_fn(model(x), y)` where given."""
-    for _ in range(2):
-        if before_each:
-            before_each()
-        with autocast:
-            loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
-        loss.backward()
-        del loss
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=foreach)
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    from .autocast import step_casts
+
+    with step_casts(autocast):  # a traced step's casts reach the recompute in backward (TracedAutocast)
+        for _ in range(2):
+            if before_each:
+                before_each()
+            with autocast:
+                loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
+            loss.backward()
+            del loss
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=foreach)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def evaluation_pass(model, task, x, y) -> None:

@@ -244,7 +244,7 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
         else:
             x = torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype)
             y = torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype)
-        with counter.mode():
+        with counter.mode(), autocast.step():  # the casts reach a checkpointed recompute (TracedAutocast)
             with autocast:
                 loss = task.loss(model(x), y)
             phases["forward"] = counter.take()
