@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lib.cli import flags, main, parser
+from lib.errors import KfitError
 
 ROOT = Path(__file__).resolve().parent.parent
 # make variables of other programs than kfit: the GPU validation and benchmark scripts, the torch install
@@ -133,18 +134,31 @@ def test_new_defconfigs_go_to_the_checkout_or_else_the_working_directory(monkeyp
     assert apply_hint(Path("defconfigs/x")) == "'kfit defconfig defconfigs/x' applies it"
 
 
-def test_make_command_line_is_decoded_as_typed_and_split_into_variables_overrides_and_warnings():
+def test_make_command_line_is_decoded_as_typed_and_split_into_variables_and_overrides():
     """KFIT_OVERRIDES is make's escaped list ($(MAKEOVERRIDES)): spaces as '\\ ', '$' doubled, last given first."""
     text = r"EPOCHS=2 PROMPT=a\ \"b\"\ $$$$(x)\ \\ FRAGMENTS=cpu-smoke\ fp32"
     pairs = flags.make_assignments(text)
     assert pairs == [("FRAGMENTS", "cpu-smoke fp32"), ("PROMPT", 'a "b" $$(x) \\'), ("EPOCHS", "2")]
-    warned = []
     variables, overrides = flags.overrides_from_make(
-        [*pairs, ("PRECISION", "bf16"), ("MAX_STEP", "3"), ("CUDA_VISIBLE_DEVICES", "0"), ("SEED", "1"),
-         ("CONFIG_SEED", "2")], "train", {"KCONFIG_CONFIG", "RESUME"}, warned.append)
-    assert variables == {"FRAGMENTS": "cpu-smoke fp32", "PROMPT": 'a "b" $$(x) \\', "SEED": "1"}
+        [*pairs, ("PRECISION", "bf16"), ("CUDA_VISIBLE_DEVICES", "0"), ("V", "1"), ("CONFIG_SEED", "2")],
+        "train", {"KCONFIG_CONFIG", "RESUME"})
+    assert variables == {"FRAGMENTS": "cpu-smoke fp32", "PROMPT": 'a "b" $$(x) \\'}
     assert overrides == [("EPOCHS", "2"), ("PRECISION_BF16", "y"), ("SEED", "2")]
-    assert len(warned) == 2 and "CONFIG_MAX_STEPS" in warned[0] and "CONFIG_SEED=1" in warned[1]
+
+
+@pytest.mark.parametrize("pair,needle", [
+    (("MAX_STEP", "3"), "did you mean CONFIG_MAX_STEPS"), (("EPOCH", "1"), "did you mean CONFIG_EPOCHS"),
+    (("epochs", "1"), "did you mean CONFIG_EPOCHS"), (("PRECISION", "FP8"), "PRECISION is a choice of AUTO, BF16, FP16, FP32, not 'FP8'"),
+    (("CONFIG_NO_SUCH", "1"), "is not a kfit variable or Kconfig symbol"), (("ZZQX", "1"), "'make menuconfig'"),
+    (("SEED", "1"), "write CONFIG_SEED=1")])
+def test_a_make_variable_that_is_not_kfits_is_refused_as_set_refuses_it(pair, needle):
+    """make train EPOCH=1 trained the whole default run after a warning, SET="EPOCHZ=2" was an error: both
+    are one error now, with the suggestion, and nothing runs."""
+    with pytest.raises(KfitError, match=re.escape(needle)):
+        flags.overrides_from_make([pair], "train", {"KCONFIG_CONFIG"})
+    if pair[0] != "SEED":  # SEED= is a variable of make sample, which --set never names
+        with pytest.raises(KfitError, match=re.escape(needle)):
+            flags.set_option("=".join(pair))
 
 
 def test_set_overrides_one_command_and_refuses_what_does_not_take(tmp_path, monkeypatch):

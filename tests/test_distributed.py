@@ -153,26 +153,32 @@ def test_torchrun_of_one_process_started_by_hand_plans_in_its_rank(make_config, 
     assert "no plan from a kfit launcher" in trained.stdout and "Done: 1 steps" in trained.stdout
 
 
-def test_a_rank_trains_the_plan_its_launcher_hands_it(make_config, tmp_path, monkeypatch):
-    """A rank reads the launcher's plan (KFIT_PLAN) instead of resolving; a damaged file is one clear error, and
-    a world size the launcher did not plan for (an elastic restart) is re-planned, said."""
+def test_a_rank_trains_the_plan_and_config_its_launcher_hands_it(make_config, tmp_path, monkeypatch):
+    """A rank reads the launcher's plan and config (KFIT_PLAN, overrides applied) instead of resolving or
+    reading .config; a damaged file is one clear error, and a world size the launcher did not plan for (an
+    elastic restart) is re-planned, said."""
+    from lib import config as kc
     from lib.cli.invocation import Invocation
-    from lib.cli.train import _handed_plan
+    from lib.cli.train import _handed_plan, handed_launch
 
-    config = make_config("CONFIG_TARGET_EFFECTIVE_BATCH=64\n")
+    config = kc.derive(make_config("CONFIG_TARGET_EFFECTIVE_BATCH=64\n"), {"MAX_STEPS": "3"})
     model = ModelDescription.from_config(config)
     plan = resolve(config, CPU, model, 2)
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan.to_dict()))
+    path.write_text(json.dumps({"plan": plan.to_dict(), "config": config.text, "source": config.source}))
+    handed_config, handed_plan = handed_launch(str(path))
+    assert handed_config == config and handed_config.max_steps == 3 and handed_plan == plan
     lines = []
-    assert _handed_plan(config, CPU, Invocation(plan_path=str(path)), 2, lines.append) == (model, plan)
+    run = Invocation(plan_path=str(path))
+    assert _handed_plan(config, CPU, run, 2, lines.append, plan=plan) == (model, plan)
     assert lines == []
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    _, replanned = _handed_plan(config, CPU, Invocation(plan_path=str(path)), 4, lines.append)
+    _, replanned = _handed_plan(config, CPU, run, 4, lines.append, plan=plan)
     assert replanned.world_size == 4 and "re-planning for 4 (an elastic restart)" in lines[0]
-    path.write_text("[]")
-    with pytest.raises(KfitError, match="KFIT_PLAN=.*the launcher's plan cannot be read"):
-        _handed_plan(config, CPU, Invocation(plan_path=str(path)), 2, lines.append)
+    for damaged in ("[]", json.dumps(plan.to_dict()), json.dumps({"plan": plan.to_dict(), "config": 1})):
+        path.write_text(damaged)
+        with pytest.raises(KfitError, match="KFIT_PLAN=.*the launcher's plan cannot be read"):
+            handed_launch(str(path))
 
 
 # --------------------------------------------------------------------------

@@ -152,6 +152,28 @@ def test_tier_policy_plans_carry_no_prediction(gpt2_tiny):
                                         compile=False, precision="fp32")[0] == 16
 
 
+@pytest.mark.parametrize("extra,world_size", [({}, 1), ({"PARALLEL_FSDP": True}, 2)])
+def test_a_manual_batch_gets_the_planners_memory_and_a_note_where_it_does_not_fit(gpt2_tiny, extra, world_size):
+    """MANUAL plans showed predicted_peak_bytes null, so a user who fixed the batch could not ask whether it
+    fits. The figures are the planner's own at that batch; past the budget it is a note, never a refusal."""
+    manual = kc.derive(gpt2_tiny, {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 16, **extra})
+    hardware = resolve_hardware(gpu="t4", free_gb=0.3)
+    p = plan(manual, hardware, world_size=world_size)
+    assert p.policy == "manual" and p.micro_batch == 16
+    sharding = dict(strategy="fsdp", world_size=2, local_world_size=2) if extra else {}
+    assert p.strategy == sharding.get("strategy", "none")
+    want = PLANNER.predictor.predict(manual, batch=16, device_type="cuda", precision=p.precision,
+                                     compile_mode=p.compile_mode, **sharding).peak_bytes
+    assert p.predicted_peak_bytes == want and sum(p.memory_breakdown.values()) == want
+    assert p.eval_predicted_peak_bytes > 0 and p.budget_bytes == int(0.3 * GIB * kc.DEFAULT_SHARE)
+    fits = not any("over the budget" in note for note in p.notes)
+    assert fits == (want <= p.budget_bytes)
+    huge = plan(kc.derive(manual, {"BATCH_SIZE": 4096}), hardware, world_size=world_size)
+    assert huge.micro_batch == 4096 and huge.predicted_peak_bytes > huge.budget_bytes
+    [note] = [n for n in huge.notes if "over the budget" in n]
+    assert "micro-batch 4096 is predicted to peak at" in note and "is predicted to fit" in note
+
+
 def test_cpu_budget_is_available_ram():
     cpu = resolve_hardware(gpu="cpu")
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")

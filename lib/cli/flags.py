@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shlex
-import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -138,7 +137,7 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     command = getattr(args, "command", "")
     takes = {dest[len(_DEST):] for dest in vars(args) if dest.startswith(_DEST)}
     pairs = make_assignments(os.environ.get(MAKE_LIST, ""))
-    variables, overrides = overrides_from_make(pairs, command, takes, lambda line: print(line, file=sys.stderr))
+    variables, overrides = overrides_from_make(pairs, command, takes)
     # make's SET="EPOCHS=1 LEARNING_RATE=0.01": each word one --set, split as a shell would (never run), so
     # SET='HPO_SPACE="LEARNING_RATE=1e-4..1e-2 EPOCHS=1..3" HPO_FOLDS=3' keeps a quoted value with spaces whole
     set_words = [word for name, value in pairs if name == "SET" for word in set_words_of(value)]
@@ -179,13 +178,30 @@ def set_words_of(value: str) -> list[str]:
 def set_option(text: str) -> tuple[str, str]:
     """--set NAME=VALUE: NAME a Kconfig symbol (CONFIG_ optional), or a choice as PRECISION=BF16."""
     name, sep, value = text.partition("=")
-    found = _symbol_assignment(name.strip(), value, _symbols()) if sep else None
+    if not sep:
+        raise KfitError(f"--set {text}: give NAME=VALUE with NAME a Kconfig symbol ('make menuconfig' lists them)")
+    symbols = _symbols()
+    found = _symbol_assignment(name.strip(), value, symbols)
     if found is None:
-        meant = _near_miss(name.strip().upper(), _symbols())[1] if sep else None
-        hint = f": did you mean CONFIG_{meant}?" if meant else " ('make menuconfig' lists the symbols)"
-        raise KfitError(f"--set {text}: give NAME=VALUE with NAME a Kconfig symbol" + hint if not sep else
-                        f"--set {text}: {name.strip()} is not a Kconfig symbol{hint}")
+        raise not_a_setting(f"--set {text}", name.strip(), value, symbols)
     return found
+
+
+def not_a_setting(shown: str, name: str, value: str, symbols: dict) -> KfitError:
+    """The one refusal of NAME=value that names no kfit variable or Kconfig symbol, however it was given (make's
+    command line, SET=, --set): a choice's members where NAME is a choice (PRECISION=FP8), else the symbol it
+    probably meant. Nothing runs after it: a mistyped setting never trains the run it did not describe."""
+    bare = name.upper().removeprefix("CONFIG_")
+    choices = {id(sym.choice): sym.choice for sym in symbols.values()
+               if sym.choice is not None and sym.name.startswith(bare + "_")}
+    members = next((sorted(m.name[len(bare) + 1:] for m in choice.syms) for choice in choices.values()
+                    if all(m.name.startswith(bare + "_") for m in choice.syms)), [])
+    if members:
+        return KfitError(f"{shown}: {bare} is a choice of {', '.join(members)}, not {value.strip()!r}: "
+                         f"give one of them, as in {bare}={members[0]}")
+    meant = _near_miss(name.upper(), symbols, strict=False)[1]
+    hint = f"did you mean CONFIG_{meant}?" if meant else "'make menuconfig' lists the symbols"
+    return KfitError(f"{shown}: {name} is not a kfit variable or Kconfig symbol, so it would do nothing: {hint}")
 
 
 def name_flag(err: KfitError, given: dict[str, str]) -> KfitError:
@@ -272,11 +288,12 @@ def _symbol_assignment(name: str, value: str, symbols: dict) -> tuple[str, str] 
     return None
 
 
-def _near_miss(name: str, symbols: dict) -> tuple[bool, str | None]:
-    """(whether NAME=value looks like a kfit setting, the Kconfig symbol it probably meant or None)."""
+def _near_miss(name: str, symbols: dict, strict: bool = True) -> tuple[bool, str | None]:
+    """(whether NAME=value looks like a kfit setting, the Kconfig symbol it probably meant or None); `strict`:
+    another tool's name (FOREIGN) is never one."""
     import difflib
 
-    if not name.isupper() or (name.startswith(FOREIGN) and not name.startswith("CONFIG_")):
+    if strict and (not name.isupper() or (name.startswith(FOREIGN) and not name.startswith("CONFIG_"))):
         return False, None
     bare = name.removeprefix("CONFIG_")
     close = difflib.get_close_matches(bare, list(symbols), n=1, cutoff=0.75)
@@ -287,12 +304,12 @@ def _near_miss(name: str, symbols: dict) -> tuple[bool, str | None]:
     return name.startswith("CONFIG_"), None
 
 
-def overrides_from_make(pairs: list[tuple[str, str]], command: str, takes: set[str],
-                        warn) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """Split make's command-line variables: ({kfit variable: literal value}, [(symbol, value) overrides]); any
-    other NAME=value that looks like a kfit setting gets one warning naming the symbol it probably meant.
-    `takes`: the variables this command has flags for (a variable that is also a symbol, such as SEED, is the
-    variable where the command takes it, else the symbol)."""
+def overrides_from_make(pairs: list[tuple[str, str]], command: str, takes: set[str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Split make's command-line variables: ({kfit variable: literal value}, [(symbol, value) overrides]).
+    Any other NAME=value is refused as SET= refuses it (`not_a_setting`), except make's own variables and other
+    tools' settings (FOREIGN: they reach the environment, where those tools read them). `takes`: the variables
+    this command has flags for (a variable that is also a symbol, such as SEED, is the variable where the
+    command takes it, else the symbol)."""
     symbols: dict | None = None
     variables, overrides = {}, []
     for name, value in pairs:
@@ -303,8 +320,8 @@ def overrides_from_make(pairs: list[tuple[str, str]], command: str, takes: set[s
                 continue
             symbols = symbols if symbols is not None else _symbols()
             if name in symbols and command in OVERRIDABLE:
-                warn(f"warning: {name}={value} is a variable of another target, not an override: "
-                     f"write CONFIG_{name}={value} to override CONFIG_{name} for this command")
+                raise KfitError(f"{name}={value} is a variable of another target, not an override of CONFIG_{name}: "
+                                f"write CONFIG_{name}={value} to override it for this command")
             continue
         if not name.replace("_", "").isalnum():
             continue
@@ -312,11 +329,6 @@ def overrides_from_make(pairs: list[tuple[str, str]], command: str, takes: set[s
         found = _symbol_assignment(name, value, symbols)
         if found is not None:
             overrides.append(found)
-            continue
-        looks, meant = _near_miss(name, symbols)
-        if meant is not None:
-            warn(f"warning: {name}={value} is not a kfit variable or Kconfig symbol, so it does nothing: "
-                 f"did you mean CONFIG_{meant} ('{meant}=...' on the command line overrides it for one command)?")
-        elif looks:
-            warn(f"warning: {name}={value} is not a Kconfig symbol, so it does nothing ('make menuconfig' lists them)")
+        elif not name.startswith(FOREIGN) or name.startswith("CONFIG_"):
+            raise not_a_setting(f"{name}={value}", name, value, symbols)
     return variables, overrides

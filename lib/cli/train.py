@@ -75,8 +75,9 @@ def _oom_relaunch(config, since: float) -> str | None:
 
 
 def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str) -> int:
-    """Run `plan` in torchrun's processes: the plan goes to every rank as a file (KFIT_PLAN), so no rank
-    resolves it again."""
+    """Run `plan` in torchrun's processes: the plan and the config it was made from (the command line's
+    overrides applied, once, here) go to every rank as one file (KFIT_PLAN), so no rank resolves the plan or
+    reads .config and the environment's overrides again: every rank trains exactly what this launch said."""
     from .. import distributed
     from ..parallel import is_sharded
 
@@ -89,7 +90,7 @@ def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str
     fd, path = tempfile.mkstemp(prefix="kfit-plan-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump(plan.to_dict(), out)
+            json.dump({"plan": plan.to_dict(), "config": config.text, "source": config.source}, out)
         return distributed.run_torchrun(
             nproc, _rank_script(), {**with_slurm(os.environ), PLAN_VARIABLE: path}, threads=plan.cpu_threads,
             relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
@@ -98,19 +99,31 @@ def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str
         os.unlink(path)
 
 
-def _handed_plan(config, hardware, run: Invocation, world_size: int, log, nodes: int = 1):
-    """In a rank: the launcher's plan; resolved here only where there is none (torchrun started by hand) or
+def handed_launch(path: str):
+    """In a rank: (config, plan) as the launcher handed them (KFIT_PLAN, written by _launch)."""
+    from .. import config as kconfig
+    from ..plan import Plan
+
+    try:
+        with open(path) as handed:
+            launch = json.load(handed)
+        plan = Plan.from_dict(launch["plan"])
+        text, source = launch["config"], launch["source"]
+        if not isinstance(text, str) or not isinstance(source, str):
+            raise ValueError("no config text")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise KfitError(f"{PLAN_VARIABLE}={path}: the launcher's plan cannot be read ({err}); "
+                        "start the run with 'make train'") from None
+    return kconfig.config_from_text(text, source), plan
+
+
+def _handed_plan(config, hardware, run: Invocation, world_size: int, log, nodes: int = 1, plan=None):
+    """In a rank: the launcher's `plan`; resolved here only where there is none (torchrun started by hand) or
     an elastic restart changed the world size (`world_size` processes over the `nodes` machines that joined),
     and then said. A rank that falls back to the CPU cannot train a GPU plan beside GPU ranks: refused."""
-    from ..plan import ModelDescription, Plan
+    from ..plan import ModelDescription
 
-    if run.plan_path:
-        try:
-            with open(run.plan_path) as handed:
-                plan = Plan.from_dict(json.load(handed))
-        except (OSError, ValueError) as err:
-            raise KfitError(f"{PLAN_VARIABLE}={run.plan_path}: the launcher's plan cannot be read ({err}); "
-                            "start the run with 'make train'") from None
+    if plan is not None:
         if plan.device_type != "cpu" and not hardware.gpus:
             raise KfitError(f"this rank's GPU cannot train (see the warning above), but the run was planned for "
                             f"{plan.device_name}: fix or leave out that GPU (CUDA_VISIBLE_DEVICES) and start again")
@@ -141,7 +154,9 @@ def cmd_train(args) -> int:
     from ..trainer import TrainingInterrupted
 
     hardware = hardware_from_env(allow_simulated=False, run=run)
-    config = ensure_config(run)
+    # a rank of a kfit launch trains the config and plan its launcher handed it, overrides applied there
+    handed = handed_launch(run.plan_path) if distributed.under_torchrun() and run.plan_path else None
+    config = handed[0] if handed else ensure_config(run)
     # RESUME_FROM is checked before any process is launched (torchrun's rank 0 checks it again, and resumes)
     pick = resume_from(config, run) if distributed.current().is_main else None
     if not distributed.under_torchrun():
@@ -162,7 +177,8 @@ def cmd_train(args) -> int:
     if distributed.under_torchrun():  # a rank (of one process too: torchrun started by hand, or an elastic one)
         hardware = usable_hardware(config, hardware, _stderr if rank.is_main else (lambda line: None), rank.local_rank)
         model, plan = _handed_plan(config, hardware, run, rank.world_size, say,
-                                   nodes=max(1, rank.world_size // max(1, rank.local_world_size)))
+                                   nodes=max(1, rank.world_size // max(1, rank.local_world_size)),
+                                   plan=handed[1] if handed else None)
     if rank.active:
         rank = distributed.setup(plan.device_type)
         hardware = distributed.hardware_for_rank(hardware, rank)

@@ -20,7 +20,8 @@ from .generate import (
     alldefconfig, allnoconfig, allyesconfig, merge_fragment, oldconfig, randconfig, randconfig_seed,
 )
 from .operations import (
-    DEFAULT_DEFCONFIG, DEFCONFIG_DIR, FRAGMENT_DIR, apply_assignments, config_path, defconfig_config,
+    DEFAULT_DEFCONFIG, DEFCONFIG_DIR, FRAGMENT_DIR, apply_assignments, config_from_text, config_path,
+    defconfig_config,
     defconfig_file,
     defconfig_names, derive, edit_config, edit_copy_path, fragment_file, fragment_names, listnewconfig,
     make_defconfig, minimal_config_text, olddefconfig, read_config, savedefconfig,
@@ -30,7 +31,7 @@ from .typed import Config
 
 __all__ = [
     "Config", "DEFAULT_DEFCONFIG", "DEFAULT_SHARE", "LARGEST_SHARE", "MEMORY_PROFILES", "profile_name", "DEFCONFIG_DIR", "FRAGMENT_DIR", "KCONFIG", "ROOT", "alldefconfig",
-    "allnoconfig", "allyesconfig", "apply_assignments", "config_path", "defconfig_config", "defconfig_file",
+    "allnoconfig", "allyesconfig", "apply_assignments", "config_from_text", "config_path", "defconfig_config", "defconfig_file",
     "defconfig_names", "derive", "edit_config", "edit_copy_path", "fragment_file", "fragment_names", "listnewconfig",
     "make_defconfig", "merge_fragment", "minimal_config_text", "oldconfig", "olddefconfig", "randconfig",
     "randconfig_seed", "read_config", "savedefconfig",

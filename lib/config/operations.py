@@ -179,6 +179,12 @@ def _merged(base_text: str, assignments: Mapping[str, object], source: str,
         return kconf, typed_config(kconf, source)
 
 
+def config_from_text(text: str, source: str) -> Config:
+    """A Config from a full config's text (Config.text, as a launcher hands it to its ranks), validated as a
+    file is; `source` names it in messages. Writes nothing."""
+    return _merged(text, {}, source, None)[1]
+
+
 def derive(config: Config, assignments: Mapping[str, object]) -> Config:
     """`config` with some symbols changed, validated as strictly as a fragment. Writes nothing.
 

@@ -120,6 +120,34 @@ class PlannerPolicy:
         return BatchChoice(max_micro=cap, reason=reason, eval_batch=eval_batch, eval_reason=eval_reason,
                            budget_bytes=budget, eval_peak_bytes=eval_peak, predict=train.prediction)
 
+    def at_batch(self, *, config: Config, hardware: HardwareProfile, device_type: str, compile_mode: str | None,
+                 precision: str, micro: int, eval_batch: int, strategy: str = "none", world_size: int = 1,
+                 local_world_size: int | None = None, cpu_offload: bool = False) -> tuple[dict, str | None]:
+        """The plan's memory figures at a micro-batch chosen without this policy (MANUAL's CONFIG_BATCH_SIZE,
+        the tier policy's table), and a warning where it is predicted not to fit: a batch the user fixed is
+        theirs to keep, so it is said, never refused."""
+        budget, budget_why = memory_budget(config, hardware, device_type)
+        sharding = dict(strategy=strategy, world_size=world_size, local_world_size=local_world_size,
+                        cpu_offload=cpu_offload) if strategy != "none" else {}
+        train = self.predictor.curve(config, device_type=device_type, precision=precision,
+                                     compile_mode=compile_mode, **sharding)
+        at = train.prediction(micro)
+        offloaded = cpu_offload and strategy not in ("none", "ddp")
+        state = 0 if offloaded else at.trace.breakdown["gradients"] + at.trace.breakdown["optimizer_state"]
+        evaluate = self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
+                                        plus=state, **sharding)
+        eval_peak = evaluate.at(eval_batch)
+        memory = dict(predicted_peak_bytes=at.peak_bytes, budget_bytes=budget, memory_breakdown=at.breakdown,
+                      eval_predicted_peak_bytes=eval_peak)
+        over = [f"{what} {n} is predicted to peak at {_fmt(peak)}" for what, n, peak in
+                (("micro-batch", micro, at.peak_bytes), ("evaluation batch", eval_batch, eval_peak)) if peak > budget]
+        if not over:
+            return memory, None
+        cap = train.largest_fitting(budget, micro)
+        fits = f"micro-batch {cap} is predicted to fit" if cap else "not even micro-batch 1 is predicted to fit"
+        return memory, (f"{' and '.join(over)}, over the budget {_fmt(budget)} ({budget_why}): it may run "
+                        f"out of memory; {fits} (CONFIG_BATCH_SIZE, or AUTO to let the planner choose)")
+
     def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
                 precision: str, sharding: dict) -> NoFitError:
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in one.breakdown.items() if v >= 2**20)

@@ -148,6 +148,9 @@ def _resolve(request: PlanRequest) -> Plan:
             eval_batch = 2 * micro
             reasons["eval_batch"] = "twice the micro-batch: evaluation keeps no activations for backward"
         effective = micro * accum * world_size
+        memory = _manual_memory(config, hardware, notes, device_type=device_type, compile_mode=compile_mode,
+                                precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
+                                world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload)
     else:
         target = config.target_effective_batch
         policy = policy or policy_for(config)
@@ -222,3 +225,18 @@ def _resolve(request: PlanRequest) -> Plan:
         cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, prefetch_factor=prefetch, **memory)
     with using_threads(timing_threads):
         return with_predictions(config, hardware, plan, speed_model)
+
+
+def _manual_memory(config: Config, hardware: HardwareProfile, notes: list[str], **at) -> dict:
+    """A MANUAL plan's predicted memory at its fixed batch (the memory planner's figures, and a note where it is
+    predicted not to fit); none, said, for a model the tracer cannot run."""
+    from .memory_policy import PLANNER
+
+    try:
+        memory, warning = PLANNER.at_batch(config=config, hardware=hardware, **at)
+    except PlanError as err:
+        notes.append(f"memory not predicted for the MANUAL batch: {err}")
+        return {}
+    if warning:
+        notes.append(warning)
+    return memory
