@@ -145,7 +145,7 @@ LAYERS = [
     {"lib.planning", "lib.probe"},
     {"lib.hyperparams", "lib.trainer"},
     {"lib.report", "lib.recommend", "lib.lr_finder", "lib.hpo", "lib.validation"},
-    {"lib.api", "lib.cli", "lib.__main__"},
+    {"lib.api", "lib.cli", "lib.__main__", "lib.randcheck"},
 ]
 
 

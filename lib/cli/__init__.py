@@ -166,7 +166,7 @@ def cmd_defconfigs(args) -> int:
 # The parser
 
 # Each area registers its own commands (plan, train, tuning, ...), in this order in --help.
-AREAS = ("plan", "train", "tune", "recommend", "data", "sbatch")
+AREAS = ("plan", "train", "tune", "recommend", "data", "sbatch", "randcheck")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -58,6 +58,8 @@ FLAGS: dict[str, Flag] = {
     "TOP_K": Flag("--top-k", "K", "sample among the K likeliest tokens, 0 for all (default 200)"),
     "SEED": Flag("--seed", "N", "the sampling seed: the same seed repeats a sample (default 0)"),
     # tuning
+    "N": Flag("--draws", "N", "random configs to draw, seeds KCONFIG_SEED, +1, ... (default 50)"),
+    "TRAIN": Flag("--train", "K", "how many of the plannable draws to train, with one and two processes (default 10)"),
     "BATCH": Flag("--batch", "N", "the batch to sweep at (default: the plan's per-device micro-batch)"),
     "RUNS": Flag("--runs", "N", "repeat the sweep N times with different seeds; the median is suggested"),
     "APPLY": Flag("--apply", None, "write the suggestion into the config"),

@@ -2,7 +2,7 @@
 `make <fragment>.config`, with the kernel's meanings, built on kconfiglib.
 
 kconfiglib's scripts (alldefconfig.py, allnoconfig.py, ...) write whatever the
-assignments produce; here every result goes through `_write_checked`, which
+assignments produce; here every result goes through `write_checked`, which
 writes it out, reads it back through the strict reader and the typed checks,
 and only then replaces the config (keeping <config>.old), so a config these
 targets write is one `read_config` accepts, and a refused one changes nothing.
@@ -30,7 +30,7 @@ from .typed import ONE_OF, Config, typed_config
 RANDCONFIG_DRAWS = 100
 
 
-def _write_checked(kconf: kconfiglib.Kconfig, out: Path, label: str) -> Config:
+def write_checked(kconf: kconfiglib.Kconfig, out: Path, label: str) -> Config:
     """Write what `kconf` holds to `out` only if it reads back strictly; errors name `label`, not a temp file."""
     with tempfile.TemporaryDirectory() as tmp:
         draft = Path(tmp) / "config"
@@ -51,7 +51,7 @@ def _write_checked(kconf: kconfiglib.Kconfig, out: Path, label: str) -> Config:
 
 def alldefconfig(out: Path | None = None) -> Config:
     """Every symbol at its default (kconfiglib's alldefconfig.py)."""
-    return _write_checked(new_kconfig(), out or config_path(), "alldefconfig")
+    return write_checked(new_kconfig(), out or config_path(), "alldefconfig")
 
 
 def _allno_y(kconf: kconfiglib.Kconfig) -> set[str]:
@@ -71,7 +71,7 @@ def allnoconfig(out: Path | None = None) -> Config:
     for sym in kconf.unique_defined_syms:
         sym.set_value(2 if sym.name in keep else 0)
     kconf.warn = True
-    return _write_checked(kconf, out or config_path(), "allnoconfig")
+    return write_checked(kconf, out or config_path(), "allnoconfig")
 
 
 def allyesconfig(out: Path | None = None) -> Config:
@@ -83,7 +83,7 @@ def allyesconfig(out: Path | None = None) -> Config:
     for choice in kconf.unique_choices:
         choice.set_value(2)
     kconf.warn = True
-    return _write_checked(kconf, out or config_path(), "allyesconfig")
+    return write_checked(kconf, out or config_path(), "allyesconfig")
 
 
 # --------------------------------------------------------------------------
@@ -119,17 +119,18 @@ def _log_uniform(rng: random.Random, low: int, high: int) -> int:
     return min(max(value, low), high)
 
 
-def _randomize(kconf: kconfiglib.Kconfig, rng: random.Random) -> None:
+def randomize(kconf: kconfiglib.Kconfig, rng: random.Random) -> None:
     """The kernel's randconfig in menu order (so a choice made earlier decides what is visible later):
     a random member of each choice, random bools, and half the ranged numbers at a random value in their
-    range (the others, and strings, keep their defaults: a random string is no meaningful value)."""
+    range (the others, and strings, keep their defaults: a random string is no meaningful value). What `kconf`
+    has a user value for already is kept (randcheck's weighted picks over a base defconfig)."""
     for node in kconf.node_iter():
         item = node.item
         if not node.prompt or not isinstance(item, (kconfiglib.Symbol, kconfiglib.Choice)) or not item.visibility:
             continue
         if isinstance(item, kconfiglib.Choice):
             options = [sym for sym in item.syms if sym.visibility == 2]
-            if options:
+            if options and item.user_selection is None:  # a choice made already (a base config's) is kept
                 rng.choice(options).set_value(2)
         elif item.choice is None and item.user_value is None:
             if item.orig_type == kconfiglib.BOOL and len(item.assignable) > 1:
@@ -148,9 +149,9 @@ def randconfig(seed: int, out: Path | None = None) -> Config:
     last = None
     for _ in range(RANDCONFIG_DRAWS):
         kconf = new_kconfig()
-        _randomize(kconf, rng)
+        randomize(kconf, rng)
         try:
-            return _write_checked(kconf, out or config_path(), label)
+            return write_checked(kconf, out or config_path(), label)
         except ConfigError as err:  # a rule beyond Kconfig's (typed.py): draw again
             last = err
     raise ConfigError(f"{label}: no valid configuration in {RANDCONFIG_DRAWS} draws; the last one: {last}")
@@ -172,7 +173,7 @@ def oldconfig(path: Path | None = None, ask: Callable[[kconfiglib.MenuNode], Non
     typed_config(kconf, str(path))  # refuse a broken config before asking anything
     if ask is not None:
         _ask_new(kconf, ask, str(path))
-    return _write_checked(kconf, path, str(path))
+    return write_checked(kconf, path, str(path))
 
 
 def _ask_new(kconf: kconfiglib.Kconfig, ask, source: str) -> None:
@@ -217,4 +218,4 @@ def merge_fragment(name: str, path: Path | None = None, notes: list[str] | None 
     path = path or config_path()
     load_existing(path)  # the config itself must be valid (and exist) before anything merges onto it
     kconf = load_strict([path, fragment_file(name)], notes)
-    return _write_checked(kconf, path, str(path))
+    return write_checked(kconf, path, str(path))

@@ -229,14 +229,11 @@ def _resolve(request: PlanRequest) -> Plan:
 
 def _manual_memory(config: Config, hardware: HardwareProfile, notes: list[str], **at) -> dict:
     """A MANUAL plan's predicted memory at its fixed batch (the memory planner's figures, and a note where it is
-    predicted not to fit); none, said, for a model the tracer cannot run."""
+    predicted not to fit). What stops the planner (no data, a model that cannot be built) stops this plan too,
+    as it stops an AUTO one."""
     from .memory_policy import PLANNER
 
-    try:
-        memory, warning = PLANNER.at_batch(config=config, hardware=hardware, **at)
-    except PlanError as err:
-        notes.append(f"memory not predicted for the MANUAL batch: {err}")
-        return {}
+    memory, warning = PLANNER.at_batch(config=config, hardware=hardware, **at)
     if warning:
         notes.append(warning)
     return memory

@@ -1,0 +1,355 @@
+"""make randcheck: the configuration space tested as a space, as the kernel tests its own with randconfig.
+
+Each draw is a random valid config, drawn the kernel's way (lib/config/generate.py: every visible choice,
+bool and ranged number at random, in menu order) after the options users run most were weighted in: a
+model family first (language models most), then for language models bf16, checkpointing and FSDP, for image
+models compile. Sizes are clamped small (SMALL: the tiny presets, short contexts, small batches): the logic
+under test is the same at any size, and the sweep stays minutes long. Every draw is strict: what the reader
+refuses is drawn again, as randconfig does.
+
+Each draw is planned by the real planner (the memory planner, never the tier policy) for TARGETS: this CPU,
+a catalog H100 with one process, with GPUS=8, and two machines of 8. A plan must carry a predicted peak; a
+refusal must be one KfitError line that names a setting to change (CONFIG_..., or a variable such as GPUS=).
+Anything else, a traceback among them, is a failure.
+
+A sample of the draws whose CPU plan succeeded is trained on this CPU through `make train` with command-line
+overrides (MAX_STEPS=2, TIME_LIMIT=0, CONFIG_SEED, OUTPUT_DIR), in one process and in two (GPUS=2, gloo), and checked: the
+run's recorded config holds the overrides, it ran exactly the steps asked, its plan's effective batch is the
+one configured; and, for one process, the step's real peak under the CPU allocator (the instrument the
+measured fallback and make bench-memory use: lib.memory.measured.measure_case) lies within the planner's
+stated bound of the predicted peak (docs/memory.md: at most 2% under, within 5% or one MiB).
+
+Draws take the seeds KCONFIG_SEED, +1, ...: every failure prints its seed and the command that reproduces
+it alone (`make randcheck N=1 KCONFIG_SEED=S TRAIN=1`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .config import Config
+from .errors import ConfigError, KfitError
+
+# Families and their weights: what users run, language models first (a defconfig as each family's base)
+FAMILIES = (("llama-tiny", 4), ("gpt2-tiny", 3), ("lenet5", 2), ("resnet18", 2), ("custom-transformer", 1))
+TEXT = ("llama-tiny", "gpt2-tiny", "custom-transformer")
+# Choices weighted before the rest is drawn at random: (choice's prefix, {member: weight}) per kind of model
+COMMON = (("DEVICE", {"AUTO": 6, "CPU": 1, "CUDA": 1}), ("DATASET", {"EMBEDDED": 6, "DIR": 1}))
+WEIGHTED = {
+    "text": (("PRECISION", {"BF16": 5, "AUTO": 2, "FP16": 1, "FP32": 2}),
+             ("PARALLEL", {"FSDP": 4, "AUTO": 3, "DDP": 1, "FSDP_GRAD_OP": 1, "HSDP": 1})),
+    "images": (("PRECISION", {"AUTO": 2, "BF16": 1, "FP16": 1, "FP32": 2}),
+               ("PARALLEL", {"AUTO": 4, "DDP": 2, "FSDP": 1, "FSDP_GRAD_OP": 1, "HSDP": 1})),
+}
+BOOLS = {"text": {"GRADIENT_CHECKPOINTING": 0.6}, "images": {"COMPILE_MODEL": 0.5, "GRADIENT_CHECKPOINTING": 0.3}}
+# Sizes clamped small: the model presets, contexts, batches, data and loops
+SMALL_CHOICES = ("GPT2_PRESET_TINY", "LLAMA_PRESET_TINY", "HYPER_PARAM_POLICY_PLANNER")
+# Shapes from a few values each, so that draws share their traces (the trace cache keys on them)
+SHAPES = {"GPT2_BLOCK_SIZE": (64,), "LLAMA_BLOCK_SIZE": (64,), "RESNET_IMAGE_SIZE": (32,)}
+SMALL = {"TARGET_EFFECTIVE_BATCH": 256,
+         "BATCH_SIZE": 64, "GRADIENT_ACCUMULATION": 4, "EVAL_BATCH_SIZE": 256, "EPOCHS": 3,
+         "CUSTOM_TRAIN_SAMPLES": 512, "CUSTOM_EVAL_SAMPLES": 128, "DATALOADER_WORKERS": 2, "CPU_THREADS": 2,
+         "NPROC": 8, "OOM_MAX_HALVINGS": 4, "LR_FINDER_STEPS": 20, "HPO_TRIALS": 4}
+# Off in every draw, said: they reach services outside this machine
+OFF = ("TRACK_WANDB", "TRACK_MLFLOW")
+# The four machines a draw is planned for: (name, api.machine's keywords, processes, machines)
+TARGETS = (("cpu", dict(gpu="cpu"), None, 1), ("h100", dict(gpu="h100"), 1, 1),
+           ("h100 x8", dict(gpu="h100", gpus=8), 8, 1), ("2 nodes x8", dict(gpu="h100", gpus=8), 16, 2))
+# What a refusal must name: a Kconfig symbol, a make variable, or a make target to run
+NAMES_A_SETTING = re.compile(r"\bCONFIG_[A-Z0-9_]+|\b[A-Z][A-Z0-9_]+=|'make [a-z]")
+MIB = 2**20
+
+
+@dataclass
+class Draw:
+    seed: int
+    family: str
+    config: Config
+    path: Path
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        parallel = c.symbols.get("PARALLEL_FSDP") == "y" and "fsdp" or next(
+            (n.lower() for n in ("PARALLEL_DDP", "PARALLEL_FSDP_GRAD_OP", "PARALLEL_HSDP", "PARALLEL_AUTO")
+             if c.symbols.get(n) == "y"), "?").replace("parallel_", "")
+        precision = next((n[10:].lower() for n in ("PRECISION_BF16", "PRECISION_FP16", "PRECISION_FP32",
+                                                   "PRECISION_AUTO") if c.symbols.get(n) == "y"), "?")
+        bits = [self.family, precision, parallel, c.hyperparam_mode]
+        if c.gradient_checkpointing:
+            bits.append("ckpt")
+        if c.symbols.get("COMPILE_MODEL") == "y":
+            bits.append("compile")
+        return " ".join(bits)
+
+
+@dataclass
+class Outcome:
+    seed: int
+    what: str  # "plan <target>", "train x1", "train x2", "memory", "draw"
+    ok: bool
+    detail: str
+    reproduce: str = ""
+
+
+@dataclass
+class Summary:
+    draws: int = 0
+    targets: int = len(TARGETS)
+    plans: int = 0
+    refusals: int = 0
+    trainings: int = 0
+    memory_checks: int = 0
+    failures: list[Outcome] = field(default_factory=list)
+    tracebacks: int = 0
+
+    def line(self, seconds: float) -> str:
+        return (f"randcheck: draws={self.draws} targets={self.targets} plans={self.plans} "
+                f"refusals={self.refusals} trainings={self.trainings} memory_checks={self.memory_checks} "
+                f"tracebacks={self.tracebacks} failures={len(self.failures)} seconds={seconds:.0f}")
+
+
+def draw(seed: int, out: Path) -> Draw:
+    """The random config of `seed` (the same seed, the same config), written to `out`."""
+    from .config import DEFCONFIG_DIR
+    from .config.generate import RANDCONFIG_DRAWS, randomize, write_checked
+    from .config.kconfig import new_kconfig
+
+    rng = random.Random(seed)
+    last: Exception | None = None
+    for _ in range(RANDCONFIG_DRAWS):
+        family = rng.choices([f for f, _ in FAMILIES], [w for _, w in FAMILIES])[0]
+        kind = "text" if family in TEXT else "images"
+        kconf = new_kconfig()
+        kconf.load_config(str(DEFCONFIG_DIR / family))
+        for prefix, weights in (*COMMON, *WEIGHTED[kind]):
+            kconf.syms[f"{prefix}_{rng.choices(list(weights), list(weights.values()))[0]}"].set_value(2)
+        for name, p in BOOLS[kind].items():
+            sym = kconf.syms[name]
+            if sym.visibility:
+                sym.set_value(2 if rng.random() < p else 0)
+        for name in SMALL_CHOICES:
+            kconf.syms[name].set_value(2)
+        for name in OFF:
+            kconf.syms[name].set_value(0)
+        randomize(kconf, rng)  # the rest the kernel's way; what is set above is kept
+        for name, high in SMALL.items():
+            sym = kconf.syms[name]
+            if sym.visibility and sym.str_value and int(sym.str_value, 0) > high:
+                sym.set_value(str(high))
+        for name, values in SHAPES.items():
+            if kconf.syms[name].visibility:
+                kconf.syms[name].set_value(str(rng.choice(values)))
+        for name in SMALL_CHOICES:  # a choice re-drawn above a preset is clamped again
+            if kconf.syms[name].visibility:
+                kconf.syms[name].set_value(2)
+        label = f"randcheck (seed {seed})"
+        try:
+            return Draw(seed, family, write_checked(kconf, out, label), out)
+        except ConfigError as err:
+            last = err
+    raise ConfigError(f"randcheck seed {seed}: no valid configuration in {RANDCONFIG_DRAWS} draws: {last}")
+
+
+def _refusal_ok(err: BaseException) -> tuple[bool, str]:
+    text = str(err)
+    if "\n" in text.strip():
+        return False, f"a refusal of more than one line: {text[:300]!r}"
+    if not NAMES_A_SETTING.search(text):
+        return False, f"a refusal that names no setting to change: {text[:300]}"
+    return True, text
+
+
+def plan_draw(d: Draw, settings) -> list[Outcome]:
+    """The draw planned for every target: a plan with a predicted peak, or one error line naming a setting."""
+    from . import api
+
+    outcomes = []
+    for name, machine, world, nodes in TARGETS:
+        command = f"make randcheck N=1 KCONFIG_SEED={d.seed} TRAIN=0"
+        try:
+            hardware = api.machine(**machine)
+            _, plan = api.plan_for(d.config, hardware, world, nodes=nodes, settings=settings)
+        except KfitError as err:
+            ok, detail = _refusal_ok(err)
+            outcomes.append(Outcome(d.seed, f"plan {name}", ok, "refused: " + detail, command))
+            continue
+        except Exception:  # noqa: BLE001 - the bug this check looks for
+            outcomes.append(Outcome(d.seed, f"plan {name}", False, "traceback:\n" + traceback.format_exc(), command))
+            continue
+        if plan.predicted_peak_bytes is None:
+            outcomes.append(Outcome(d.seed, f"plan {name}", False, f"no predicted peak ({plan.policy} plan, "
+                                    f"micro-batch {plan.micro_batch})", command))
+        else:
+            outcomes.append(Outcome(d.seed, f"plan {name}", True, f"micro-batch {plan.micro_batch} x "
+                                    f"{plan.grad_accum}, {plan.strategy}, peak {plan.predicted_peak_bytes / MIB:.1f} MiB"))
+    return outcomes
+
+
+def _make(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    from .resources import CHECKOUT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES",
+                                                              "KFIT_OVERRIDES", "KFIT_SET", "KFIT_PLAN")}
+    return subprocess.run(["make", "--no-print-directory", "-f", str(CHECKOUT / "Makefile"), *args], cwd=workdir,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+def train_draw(d: Draw, processes: int, workdir: Path) -> Outcome:
+    """`make train` of the draw with command-line overrides, and the run it leaves checked."""
+    runs = workdir / f"runs-{d.seed}-x{processes}"
+    seed = 1000 + d.seed % 1000
+    # TIME_LIMIT=0 too: a drawn limit of seconds stops a CPU run after its first step, rightly (seed 202)
+    overrides = ["MAX_STEPS=2", "TIME_LIMIT=0", f"CONFIG_SEED={seed}", f"OUTPUT_DIR={runs}"]
+    args = ["train", f"KCONFIG_CONFIG={d.path}", *overrides, f"GPUS={processes}"]
+    command = f"make randcheck N=1 KCONFIG_SEED={d.seed} TRAIN=1   # it runs: make {' '.join(args)}"
+    what = f"train x{processes}"
+    try:
+        done = _make(workdir, *args)
+    except subprocess.TimeoutExpired:
+        return Outcome(d.seed, what, False, "did not finish in 600 s", command)
+    err = done.stderr
+    if "Traceback" in err or "Traceback" in done.stdout:
+        return Outcome(d.seed, what, False, "traceback:\n" + (err or done.stdout)[-3000:], command)
+    if done.returncode != 0:
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        if len(errors) == 1 and NAMES_A_SETTING.search(errors[0]):
+            return Outcome(d.seed, what, True, "refused: " + errors[0], command)
+        return Outcome(d.seed, what, False, f"exit {done.returncode}: {err[-1500:]}", command)
+    steps = re.search(r"^Done: (\d+) steps", done.stdout, re.M)
+    dirs = sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    problems = []
+    if not steps or int(steps.group(1)) != 2:
+        why = re.search(r"\((\S+ reached)[^)]*\)", done.stdout)
+        problems.append(f"trained {steps.group(1) if steps else '?'} steps, not the 2 asked"
+                        + (f" ({why.group(1)})" if why else ""))
+    if len(dirs) != 1:
+        problems.append(f"{len(dirs)} run directories under the overridden OUTPUT_DIR")
+    else:
+        recorded = (dirs[0] / "config").read_text()
+        for line in ("CONFIG_MAX_STEPS=2", "CONFIG_TIME_LIMIT=0", f"CONFIG_SEED={seed}", f'CONFIG_OUTPUT_DIR="{runs}"'):
+            if line not in recorded.splitlines():
+                problems.append(f"the run's config lacks {line}")
+        plan = json.loads((dirs[0] / "plan.json").read_text())
+        want = (d.config.batch_size * d.config.gradient_accumulation * processes
+                if d.config.hyperparam_mode == "manual" else d.config.target_effective_batch)
+        if plan.get("effective_batch") != want or plan.get("world_size") != processes:
+            problems.append(f"effective batch {plan.get('effective_batch')} at world size {plan.get('world_size')}, "
+                            f"configured {want} at {processes}")
+        if processes == 1:
+            problems += _memory_problems(d, plan)
+    return Outcome(d.seed, what, not problems, "; ".join(problems) or f"2 steps, effective batch "
+                   f"{d.config.target_effective_batch if d.config.hyperparam_mode != 'manual' else 'manual'}",
+                   command)
+
+
+def _memory_problems(d: Draw, plan: dict) -> list[str]:
+    """The run's step (its plan's micro-batch, precision and checkpointing, eager) measured under the CPU
+    allocator in a child process, against the planner's trace of the same step."""
+    from .memory import MemoryPredictor
+
+    if plan.get("device_type") != "cpu" or plan.get("strategy") not in ("none", None):
+        return []
+    case = dict(config=str(d.path), device="cpu", batch=plan["micro_batch"], train=True,
+                precision=plan["precision"], gradient_checkpointing=bool(plan["gradient_checkpointing"]))
+    code = ("import json,sys; from lib.memory.measured import measure_case; "
+            "print(json.dumps(measure_case(json.loads(sys.argv[1]))))")
+    from .resources import CHECKOUT
+
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(case)], cwd=CHECKOUT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        return [f"the memory measurement failed: {done.stderr[-800:]}"]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])["peak"]
+    predictor = MemoryPredictor()
+    try:
+        predicted = predictor.trace(d.config, batch=case["batch"], device_type="cpu", precision=case["precision"],
+                                    gradient_checkpointing=case["gradient_checkpointing"]).peak_bytes
+    finally:
+        predictor.close()
+    _memory_problems.last = (predicted, measured)  # type: ignore[attr-defined]
+    error = (predicted - measured) / measured
+    under = measured - predicted
+    if under > max(0.02 * measured, MIB) or abs(predicted - measured) > max(0.05 * measured, MIB):
+        return [f"allocator peak {measured / MIB:.2f} MiB against the predicted {predicted / MIB:.2f} MiB "
+                f"({error:+.1%}) at micro-batch {case['batch']} {case['precision']}"]
+    return []
+
+
+def _plan_seed(seed: int, workdir: str) -> tuple[int, Draw | None, list[Outcome]]:
+    """One seed drawn and planned (in a worker process): (seed, the draw or None, its outcomes)."""
+    from .planning import Settings
+
+    try:
+        d = draw(seed, Path(workdir) / f"config-{seed}")
+    except Exception:  # noqa: BLE001 - a draw the strict reader never settles is a bug too
+        return seed, None, [Outcome(seed, "draw", False, "traceback:\n" + traceback.format_exc(),
+                                    f"make randcheck N=1 KCONFIG_SEED={seed} TRAIN=0")]
+    return seed, d, plan_draw(d, Settings(measure=False))  # real step timings only change how long it takes
+
+
+def _planned(seeds: list[int], workdir: Path, jobs: int):
+    """(seed, draw, outcomes) in seed order, planned in `jobs` worker processes (each starts torch once)."""
+    if jobs <= 1 or len(seeds) < 2:
+        yield from (_plan_seed(seed, str(workdir)) for seed in seeds)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from pool.map(_plan_seed, seeds, [str(workdir)] * len(seeds))
+
+
+def run(seeds: list[int], *, train: int, jobs: int = 2, log: Callable[[str], None] = print) -> Summary:
+    """Draw and plan every seed (in `jobs` processes), train `train` of the plannable draws; the table as it
+    goes, then the failures with their commands, then the summary line."""
+    summary = Summary()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kfit-randcheck-") as tmp:
+        workdir = Path(tmp)
+        trainable: list[Draw] = []
+        log(f"{'seed':>10}  {'draw':<42} {'cpu':>8} {'h100':>8} {'h100x8':>8} {'2x8':>8}")
+        for seed, d, outcomes in _planned(seeds, workdir, jobs):
+            if d is None:
+                summary.failures += outcomes
+                summary.tracebacks += 1
+                continue
+            summary.draws += 1
+            cells = []
+            for o in outcomes:
+                refused = o.detail.startswith("refused")
+                summary.plans += o.ok and not refused
+                summary.refusals += o.ok and refused
+                summary.tracebacks += o.detail.startswith("traceback")
+                cells.append("ok" if o.ok and not refused else "refused" if o.ok else "FAIL")
+                if not o.ok:
+                    summary.failures.append(o)
+            log(f"{seed:>10}  {d.label[:42]:<42} " + " ".join(f"{c:>8}" for c in cells))
+            if outcomes[0].ok and not outcomes[0].detail.startswith("refused"):
+                trainable.append(d)
+        for d in trainable[:train]:
+            for processes in (1, 2):
+                o = train_draw(d, processes, workdir)
+                summary.trainings += 1
+                summary.tracebacks += o.detail.startswith("traceback")
+                if processes == 1 and getattr(_memory_problems, "last", None):
+                    summary.memory_checks += 1
+                    _memory_problems.last = None  # type: ignore[attr-defined]
+                log(f"{d.seed:>10}  {d.label[:42]:<42} train x{processes}: {'ok' if o.ok else 'FAIL'} {o.detail[:90]}")
+                if not o.ok:
+                    summary.failures.append(o)
+    for f in summary.failures:
+        log(f"FAIL seed {f.seed} {f.what}: {f.detail}\n  reproduce: {f.reproduce}")
+    log(summary.line(time.perf_counter() - start))
+    return summary
