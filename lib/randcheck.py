@@ -26,7 +26,6 @@ it alone (`make randcheck N=1 KCONFIG_SEED=S TRAIN=1`).
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import subprocess
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import Config
+from .env import environ
 from .errors import ConfigError, KfitError
 
 # Families and their weights: what users run, language models first (a defconfig as each family's base)
@@ -101,6 +101,7 @@ class Outcome:
     ok: bool
     detail: str
     reproduce: str = ""
+    memory: tuple[int, int] | None = None  # (predicted, measured) peak bytes, where the step was measured
 
 
 @dataclass
@@ -200,7 +201,7 @@ def plan_draw(d: Draw, settings) -> list[Outcome]:
 def _make(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     from .resources import CHECKOUT
 
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES",
+    env = {k: v for k, v in environ().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES",
                                                               "KFIT_OVERRIDES", "KFIT_SET", "KFIT_PLAN")}
     return subprocess.run(["make", "--no-print-directory", "-f", str(CHECKOUT / "Makefile"), *args], cwd=workdir,
                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
@@ -229,7 +230,7 @@ def train_draw(d: Draw, processes: int, workdir: Path) -> Outcome:
         return Outcome(d.seed, what, False, f"exit {done.returncode}: {err[-1500:]}", command)
     steps = re.search(r"^Done: (\d+) steps", done.stdout, re.M)
     dirs = sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
-    problems = []
+    problems, memory = [], None
     if not steps or int(steps.group(1)) != 2:
         why = re.search(r"\((\S+ reached)[^)]*\)", done.stdout)
         problems.append(f"trained {steps.group(1) if steps else '?'} steps, not the 2 asked"
@@ -248,43 +249,57 @@ def train_draw(d: Draw, processes: int, workdir: Path) -> Outcome:
             problems.append(f"effective batch {plan.get('effective_batch')} at world size {plan.get('world_size')}, "
                             f"configured {want} at {processes}")
         if processes == 1:
-            problems += _memory_problems(d, plan)
-    return Outcome(d.seed, what, not problems, "; ".join(problems) or f"2 steps, effective batch "
-                   f"{d.config.target_effective_batch if d.config.hyperparam_mode != 'manual' else 'manual'}",
-                   command)
+            memory = _measured_peak(d, plan)
+            if isinstance(memory, str):
+                problems.append(memory)
+            elif memory is not None:
+                problems += _memory_problems(memory, plan)
+    memory = memory if isinstance(memory, tuple) else None
+    fine = f"2 steps, effective batch {plan['effective_batch']}" if not problems else ""
+    if memory and not problems:
+        fine += f"; peak {memory[0] / MIB:.2f} MiB predicted, {memory[1] / MIB:.2f} measured"
+    return Outcome(d.seed, what, not problems, "; ".join(problems) or fine, command, memory=memory)
 
 
-def _memory_problems(d: Draw, plan: dict) -> list[str]:
-    """The run's step (its plan's micro-batch, precision and checkpointing, eager) measured under the CPU
-    allocator in a child process, against the planner's trace of the same step."""
+def _memory_problems(memory: tuple[int, int], plan: dict) -> list[str]:
+    """Past the planner's stated bound (docs/memory.md): more than 2% (or 1 MiB) under, or 5% (or 1 MiB) off."""
+    predicted, measured = memory
+    if measured - predicted > max(0.02 * measured, MIB) or abs(predicted - measured) > max(0.05 * measured, MIB):
+        return [f"allocator peak {measured / MIB:.2f} MiB against the predicted {predicted / MIB:.2f} MiB "
+                f"({(predicted - measured) / measured:+.1%}) at micro-batch {plan['micro_batch']} {plan['precision']}"]
+    return []
+
+
+def _measured_peak(d: Draw, plan: dict) -> tuple[int, int] | str | None:
+    """(predicted, measured): the run's step (its plan's micro-batch, precision and checkpointing, eager) under
+    the CPU allocator in a child process, and the planner's trace of the same step at the same threads; None
+    for a plan on no CPU or sharded; the reason where the measurement failed."""
     from .memory import MemoryPredictor
 
     if plan.get("device_type") != "cpu" or plan.get("strategy") not in ("none", None):
-        return []
+        return None
     case = dict(config=str(d.path), device="cpu", batch=plan["micro_batch"], train=True,
                 precision=plan["precision"], gradient_checkpointing=bool(plan["gradient_checkpointing"]))
+    threads = plan.get("cpu_threads") or 1  # the run's: a convolution's scratch is per thread
     code = ("import json,sys; from lib.memory.measured import measure_case; "
             "print(json.dumps(measure_case(json.loads(sys.argv[1]))))")
     from .resources import CHECKOUT
 
     done = subprocess.run([sys.executable, "-c", code, json.dumps(case)], cwd=CHECKOUT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          text=True, timeout=600, env={**environ(), "OMP_NUM_THREADS": str(threads)})
     if done.returncode != 0:
-        return [f"the memory measurement failed: {done.stderr[-800:]}"]
+        return f"the memory measurement failed: {done.stderr[-800:]}"
     measured = json.loads(done.stdout.strip().splitlines()[-1])["peak"]
+    from .threads import using_threads
+
     predictor = MemoryPredictor()
     try:
-        predicted = predictor.trace(d.config, batch=case["batch"], device_type="cpu", precision=case["precision"],
-                                    gradient_checkpointing=case["gradient_checkpointing"]).peak_bytes
+        with using_threads(threads):
+            predicted = predictor.trace(d.config, batch=case["batch"], device_type="cpu", precision=case["precision"],
+                                        gradient_checkpointing=case["gradient_checkpointing"]).peak_bytes
     finally:
         predictor.close()
-    _memory_problems.last = (predicted, measured)  # type: ignore[attr-defined]
-    error = (predicted - measured) / measured
-    under = measured - predicted
-    if under > max(0.02 * measured, MIB) or abs(predicted - measured) > max(0.05 * measured, MIB):
-        return [f"allocator peak {measured / MIB:.2f} MiB against the predicted {predicted / MIB:.2f} MiB "
-                f"({error:+.1%}) at micro-batch {case['batch']} {case['precision']}"]
-    return []
+    return predicted, measured
 
 
 def _plan_seed(seed: int, workdir: str) -> tuple[int, Draw | None, list[Outcome]]:
@@ -343,9 +358,7 @@ def run(seeds: list[int], *, train: int, jobs: int = 2, log: Callable[[str], Non
                 o = train_draw(d, processes, workdir)
                 summary.trainings += 1
                 summary.tracebacks += o.detail.startswith("traceback")
-                if processes == 1 and getattr(_memory_problems, "last", None):
-                    summary.memory_checks += 1
-                    _memory_problems.last = None  # type: ignore[attr-defined]
+                summary.memory_checks += o.memory is not None
                 log(f"{d.seed:>10}  {d.label[:42]:<42} train x{processes}: {'ok' if o.ok else 'FAIL'} {o.detail[:90]}")
                 if not o.ok:
                     summary.failures.append(o)

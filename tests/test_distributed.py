@@ -338,3 +338,23 @@ def test_the_store_warning_of_a_finished_multi_node_run_goes_to_the_log():
             "frame #34: _start + 0x21 (0x55 in python)\n")
     output, shown = _read(dump + "a rank's line\n")
     assert shown == "a rank's line\n" and "".join(output.kept) == dump
+
+
+@pytest.mark.slow  # torchrun with two processes, twice
+@pytest.mark.parametrize("how", ["set", "make"])
+def test_command_line_overrides_reach_every_rank(make_config, tmp_path, how):
+    """`make train GPUS=2 MAX_STEPS=5` printed the override and trained the config's 120 steps: each rank read
+    .config again and dropped the overrides. The launcher now hands them the config it planned from."""
+    config = make_config("CONFIG_TARGET_EFFECTIVE_BATCH=64\nCONFIG_EPOCHS=40\n")
+    runs = tmp_path / "elsewhere"
+    if how == "set":
+        trained = _kfit(tmp_path, Path(config.source), "train", "--gpus", "2", "--set", "MAX_STEPS=3",
+                        "--set", f"OUTPUT_DIR={runs}")
+    else:  # make's command line, as the Makefile hands it over
+        trained = _kfit(tmp_path, Path(config.source), "train", GPUS="2",
+                        KFIT_OVERRIDES=f"OUTPUT_DIR={runs} MAX_STEPS=3")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "Done: 3 steps" in trained.stdout, trained.stdout
+    [run] = [p for p in runs.iterdir() if p.is_dir()]
+    recorded = (run / "config").read_text().splitlines()
+    assert "CONFIG_MAX_STEPS=3" in recorded and f'CONFIG_OUTPUT_DIR="{runs}"' in recorded

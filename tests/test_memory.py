@@ -440,3 +440,17 @@ def test_the_traced_casts_hold_in_a_recompute_called_any_way():
             assert y.dtype == torch.float32  # softmax of a bf16 input runs in fp32 under CUDA's autocast
             run(y)
         assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_a_cpu_trace_is_keyed_by_the_threads_it_ran_at(configs):
+    """A convolution's im2col backward keeps one column buffer per thread: a trace cached at one thread
+    under-predicted a step run at two. The threads are in a CPU trace's key (a GPU trace's has no CPU part)."""
+    from lib.threads import using_threads
+
+    key = dict(device_type="cpu", precision="bf16", gradient_checkpointing=False, train=True)
+    with using_threads(1):
+        one = fingerprint(configs["resnet18"], **key)
+    with using_threads(2):
+        two = fingerprint(configs["resnet18"], **key)
+    assert one[0] != two[0] and (one[1]["cpu_kernels"]["threads"], two[1]["cpu_kernels"]["threads"]) == (1, 2)
+    assert fingerprint(configs["resnet18"], **{**key, "device_type": "cuda"})[1].get("cpu_kernels") is None

@@ -99,7 +99,11 @@ def test_the_search_stops_at_the_share_and_a_moved_budget_traces_nothing(tmp_pat
     assert p.max_micro_batch == 512 and "the search stops there" in p.reasons["micro_batch"]
     # the share, evaluation at the split, and the micro-batch the step time chose where it is below the share
     # (on a CPU a near-tie may keep 256: lib/steptime/choose.py)
-    assert policy.predictor.cached_batches(lenet, device_type="cpu", precision="fp32") == sorted({p.micro_batch, 512})
+    from lib.threads import using_threads
+
+    with using_threads(p.cpu_threads):  # a CPU trace is keyed by the threads it ran at: the plan's
+        cached = policy.predictor.cached_batches(lenet, device_type="cpu", precision="fp32")
+    assert cached == sorted({p.micro_batch, 512})
     traced = policy.predictor.traces
     assert traced == (2 if p.micro_batch == 512 else 3)
     for percent in (40, 60, 90):  # RAM available moves between runs: the budget with it

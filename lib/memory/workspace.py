@@ -35,9 +35,12 @@ def _onednn() -> tuple[bool, bool, int]:
 def cpu_kernels_key() -> dict:
     """What of this CPU decides the convolution paths a CPU trace modelled: for a trace cache key."""
     bf16, fp16, block = _onednn()
+    # the threads too: the im2col backward keeps one column buffer per thread (cpu_conv_workspace), and
+    # 1x1 filters take oneDNN only when multi-threaded, so a trace at 1 thread is not one at 2
     return {"onednn": bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
             "onednn_bf16": bf16, "onednn_fp16": fp16, "block": block,
-            "nnpack": bool(torch.backends.nnpack.is_available() and _nnpack_enabled())}
+            "nnpack": bool(torch.backends.nnpack.is_available() and _nnpack_enabled()),
+            "threads": torch.get_num_threads()}
 
 
 def _nnpack_enabled() -> bool:

@@ -148,9 +148,10 @@ def _resolve(request: PlanRequest) -> Plan:
             eval_batch = 2 * micro
             reasons["eval_batch"] = "twice the micro-batch: evaluation keeps no activations for backward"
         effective = micro * accum * world_size
-        memory = _manual_memory(config, hardware, notes, device_type=device_type, compile_mode=compile_mode,
-                                precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
-                                world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload)
+        with using_threads(timing_threads):
+            memory = _manual_memory(config, hardware, notes, device_type=device_type, compile_mode=compile_mode,
+                                    precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
+                                    world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload)
     else:
         target = config.target_effective_batch
         policy = policy or policy_for(config)
@@ -175,8 +176,9 @@ def _resolve(request: PlanRequest) -> Plan:
                 return None
             return (fast[0].samples_per_second, fast) if fast is not None else None
 
-        strategy, choice, fast, reasons["strategy"] = pick_strategy(
-            config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed)
+        with using_threads(timing_threads):  # a CPU step is traced at the threads it will train with
+            strategy, choice, fast, reasons["strategy"] = pick_strategy(
+                config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed)
         cap, reasons["micro_batch"] = choice.max_micro, choice.reason
         if fast is not None:
             best, option, speed_model, why = fast
