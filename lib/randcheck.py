@@ -80,18 +80,21 @@ class Draw:
 
     @property
     def label(self) -> str:
+        """What the draw is, in a few words: family, precision, strategy, batch mode, checkpointing, compile."""
         c = self.config
-        parallel = c.symbols.get("PARALLEL_FSDP") == "y" and "fsdp" or next(
-            (n.lower() for n in ("PARALLEL_DDP", "PARALLEL_FSDP_GRAD_OP", "PARALLEL_HSDP", "PARALLEL_AUTO")
-             if c.symbols.get(n) == "y"), "?").replace("parallel_", "")
-        precision = next((n[10:].lower() for n in ("PRECISION_BF16", "PRECISION_FP16", "PRECISION_FP32",
-                                                   "PRECISION_AUTO") if c.symbols.get(n) == "y"), "?")
-        bits = [self.family, precision, parallel, c.hyperparam_mode]
+        bits = [self.family, _member(c, "PRECISION"), _member(c, "PARALLEL"), c.hyperparam_mode]
         if c.gradient_checkpointing:
             bits.append("ckpt")
         if c.symbols.get("COMPILE_MODEL") == "y":
             bits.append("compile")
         return " ".join(bits)
+
+
+def _member(config: Config, choice: str) -> str:
+    """The member of a choice (by its members' common prefix) the config selects, lower case: PRECISION -> bf16."""
+    chosen = [name for name, value in config.symbols.items() if name.startswith(choice + "_") and value == "y"
+              and name[len(choice) + 1:] in {m for _, weights in WEIGHTED["text"] for m in weights}]
+    return chosen[0][len(choice) + 1:].lower() if chosen else "?"
 
 
 @dataclass
