@@ -18,7 +18,8 @@ import pytest
 # one xdist worker (--dist loadfile) in collection order (--no-loadscope-reorder): started first, they leave the
 # short files to fill the end, instead of one of them starting last and running alone while the other worker idles.
 LONGEST_FIRST = (
-    "test_fsdp.py", "test_make.py", "test_distributed.py", "test_recommend.py", "test_slurm_scheduler.py",
+    "test_fsdp.py", "test_make.py", "test_randcheck.py", "test_distributed.py", "test_recommend.py",
+    "test_slurm_scheduler.py",
     "test_hyperparams.py", "test_report.py", "test_memory_replay.py", "test_hpo.py", "test_zoo.py", "test_llama.py",
     "test_validation.py", "test_planner.py", "test_kconfig_targets.py", "test_resume.py", "test_faults.py",
     "test_cli.py", "test_llm_path.py", "test_multinode.py", "test_hpo_postgres.py", "test_llama_fsdp.py",
