@@ -426,6 +426,7 @@ def test_the_budgets_keep_a_full_gpu_run_under_9_minutes():
     assert [c.name for c in suite.CHECKS] == ["detection", "telemetry", "memory", "compile", "mfu",
                                               "squeezed-budget", "oom-recovery", "step-time", "micro-batch", "loop",
                                               "torchrun", "fsdp"]
+    assert [c.name for c in suite.OPTIONAL] == ["loop-124m"]
     names = [c.name for c in suite.CHECKS]
     assert names.index("compile") < names.index("mfu")  # mfu reuses the compiled GPT-2's throughput
 
@@ -731,3 +732,26 @@ def test_step_time_calibration_starts_empty_and_keeps_the_traces(tmp_path):
     assert kept == ["memory/trace.json", "steptime/counts-a.json"]
     assert not fresh.exists() and default_cache_dir() != fresh
     assert all(steptime_check.SETTINGS[k] for k in ("PROBE_NEVER", "COMPILE_MANUAL"))
+
+
+def test_checks_picks_the_named_checks_in_order_and_names_the_known_ones():
+    assert suite.selected("") == suite.CHECKS
+    assert [c.name for c in suite.selected("fsdp, memory loop-124m")] == ["fsdp", "memory", "loop-124m"]
+    with pytest.raises(ValueError, match="no check named memroy: CHECKS= takes detection, .*loop-124m"):
+        suite.selected("memroy")
+
+
+def test_the_fsdp_check_traces_bf16_checkpointed_steps_for_cuda(tmp_path):
+    """FSDP + bf16 + checkpointing is what a language model trains with; its trace for a CUDA target once
+    raised CheckpointError (the recomputation ran without CUDA's casts)."""
+    checkpointed = [c for c in fsdp_check.cases("cuda", False) if c.checkpointing]
+    assert {(c.model, c.precision) for c in checkpointed} == {("gpt2", "bf16"), ("llama-125m", "bf16")}
+    assert all(c.label.endswith(" checkpointed") for c in checkpointed)
+
+
+def test_loop_124m_judges_kfit_mfu_against_the_reference():
+    figures = {"micro_batch": 32, "precision": "bf16", "kfit_ms": 80.0, "reference_ms": 79.0}
+    ok = loop_check.judge_mfu({**figures, "kfit_mfu": 0.40, "reference_mfu": 0.405})
+    assert ok.status == "pass" and "kfit MFU 40.0%" in ok.reason and "nanoGPT's recipe 40.5%" in ok.reason
+    slow = loop_check.judge_mfu({**figures, "kfit_mfu": 0.30, "reference_mfu": 0.40})
+    assert slow.status == "fail" and "under 98% of the reference's" in slow.reason

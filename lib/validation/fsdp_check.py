@@ -49,11 +49,12 @@ class Case:
     strategy: str
     batch: int
     cpu_offload: bool = False
+    checkpointing: bool = False
 
     @property
     def label(self) -> str:
         name = f"{LABELS.get(self.model, self.model)} {self.precision} {self.strategy} {self.batch}"
-        return name + (" offload" if self.cpu_offload else "")
+        return name + (" offload" if self.cpu_offload else "") + (" checkpointed" if self.checkpointing else "")
 
 
 def cases(device: str, quick: bool) -> list[Case]:
@@ -63,7 +64,11 @@ def cases(device: str, quick: bool) -> list[Case]:
         return [Case("gpt2-tiny", "bf16", "fsdp", 128)]
     return [Case("gpt2", "bf16", "fsdp", 8), Case("gpt2", "bf16", "fsdp", 16), Case("gpt2", "bf16", "fsdp_grad_op", 8),
             Case("gpt2", "bf16", "fsdp", 8, cpu_offload=True), Case("gpt2", "fp32", "fsdp", 4),
-            Case("gpt2-tiny", "bf16", "fsdp", 128)]
+            Case("gpt2-tiny", "bf16", "fsdp", 128),
+            # what a language model is trained with: bf16 under FSDP, checkpointed (recomputation under
+            # CUDA's autocast, traced and run)
+            Case("gpt2", "bf16", "fsdp", 16, checkpointing=True),
+            Case("llama-125m", "bf16", "fsdp", 16, checkpointing=True)]
 
 
 def command(request: Path, out: Path) -> list[str]:
@@ -117,8 +122,11 @@ def check_fsdp(ctx: Context, predictor=None) -> Result:
             rows.append({"case": case.label, "error": "left out: the check's time budget was spent"})
             continue
         path = config_file(case.model)
+        config = kconfig.read_config(path)
+        if case.checkpointing:
+            config = kconfig.derive(config, {"GRADIENT_CHECKPOINTING": True})
         predictor = predictor or MemoryPredictor()
-        prediction = predictor.predict(kconfig.read_config(path), batch=case.batch, device_type="cuda",
+        prediction = predictor.predict(config, batch=case.batch, device_type="cuda",
                                        precision=case.precision, strategy=case.strategy, world_size=1,
                                        local_world_size=1, cpu_offload=case.cpu_offload)
         planned.append({**asdict(case), "label": case.label, "config": str(path),
@@ -193,7 +201,7 @@ def _measure(case: dict, device, mesh_for) -> dict:
     base_reserved, base_allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
     free_before, total = torch.cuda.mem_get_info(device)
     seed_everything(0)
-    model = task.build(False)
+    model = task.build(bool(case.get("checkpointing")))
     if not case["cpu_offload"]:  # offloaded shards stay in (pinned) host memory
         model = model.to(device)
     shard_model(model, case["strategy"], mesh_for(case["strategy"]), precision=case["precision"],

@@ -51,11 +51,12 @@ Clock = Callable[[], float]
 class Case:
     """One comparison: the defconfig, its micro-batch, timed and warm-up steps, and the reference's chunk."""
 
-    name: str
-    micro_batch: int
+    name: str  # a defconfig, or vocab.MODEL (GPT-2 124M on GPT-2's 50,257-token vocabulary)
+    micro_batch: int | None  # None: the planner's choice (AUTO) for this device, taken with accumulation 1
     steps: int
     warmup: int
     chunk: int
+    compile: bool = False  # both loops compiled: kfit's as its plan compiles, the reference as nanoGPT does
 
 
 @dataclass
@@ -66,6 +67,10 @@ class Comparison:
     threads: int
     workers: int
     precision: str
+    micro_batch: int = 0
+    plan: object = None  # the timed config's plan, its config and hardware: what the MFU's FLOPs are counted from
+    config: object = None
+    hardware: object = None
     kfit_rounds: list[tuple[float, int]] = field(default_factory=list)
     reference_rounds: list[tuple[float, int]] = field(default_factory=list)
 
@@ -89,15 +94,31 @@ class Comparison:
         return 1 / self.ratio - 1
 
 
-def config_for(name: str, micro_batch: int, steps: int, out: Path, device: str):
-    """The case's config: the defconfig at `micro_batch`, no accumulation, eager, AdamW, `steps` steps on
-    `device` (fp32 on a CPU; the plan's precision on a GPU), no evaluation while timed."""
-    config = kconfig.make_defconfig(name, out=out / f"loop-{name}.config")
+def base_config(name: str, out: Path, device: str, compile: bool):
+    """The case's defconfig (vocab.MODEL: GPT-2 124M on its own vocabulary) on `device` (fp32 on a CPU; the
+    plan's precision on a GPU), AdamW, compiled or eager as the case says."""
+    from . import vocab
+
+    config = vocab.make_config(out, f"loop-{name}") if name == vocab.MODEL else \
+        kconfig.make_defconfig(name, out=out / f"loop-{name}.config")
     on_device = {"DEVICE_CUDA": True} if device == "cuda" else {"DEVICE_CPU": True, "PRECISION_FP32": True}
-    return kconfig.derive(config, {
-        "HYPER_PARAM_MANUAL": True, "BATCH_SIZE": micro_batch, "GRADIENT_ACCUMULATION": 1, **on_device,
-        "COMPILE_MANUAL": True, "COMPILE_MODEL": False, "OPTIMIZER_ADAMW": True, "MAX_STEPS": steps,
+    return kconfig.derive(config, {**on_device, "COMPILE_MANUAL": True, "COMPILE_MODEL": compile,
+                                   "OPTIMIZER_ADAMW": True, "PROBE_NEVER": True})
+
+
+def config_for(name: str, micro_batch: int, steps: int, out: Path, device: str, compile: bool = False):
+    """The case's config at `micro_batch`, no accumulation, `steps` steps, no evaluation while timed."""
+    return kconfig.derive(base_config(name, out, device, compile), {
+        "HYPER_PARAM_MANUAL": True, "BATCH_SIZE": micro_batch, "GRADIENT_ACCUMULATION": 1, "MAX_STEPS": steps,
         "EPOCHS": 1000, "EVAL_INTERVAL": NO_EVAL, "LOG_INTERVAL": LOG_INTERVAL, "OUTPUT_DIR": str(out / "runs")})
+
+
+def planned_micro_batch(name: str, out: Path, device: str, compile: bool, hardware) -> int:
+    """The micro-batch kfit's planner chooses (AUTO) for the case's model on this device."""
+    from ..hyperparams import ModelDescription, resolve
+
+    config = base_config(name, out, device, compile)
+    return resolve(config, hardware, ModelDescription.from_config(config)).micro_batch
 
 
 class Reference:
@@ -116,13 +137,28 @@ class Reference:
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                        {"params": rest, "weight_decay": 0.0}], lr=config.learning_rate,
                                       **({"fused": True} if fused else {}))
-        self.steps = self.loop(model, optimizer, task, config, plan, autocast_for(plan))
+        loss = self.compiled_loss(model, task.loss) if plan.compile else (lambda x, y: task.loss(model(x), y))
+        self.steps = self.loop(model, optimizer, loss, task.train, config, plan, autocast_for(plan))
 
     @staticmethod
-    def loop(model, optimizer, task, config, plan, autocast):
+    def compiled_loss(model, loss_fn):
+        """nanoGPT's recipe: the model computes its loss in forward, and the whole module is compiled."""
+        class WithLoss(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, x, y):
+                return loss_fn(self.model(x), y)
+
+        torch.compiler.reset()
+        return torch.compile(WithLoss())
+
+    @staticmethod
+    def loop(model, optimizer, loss_of, split, config, plan, autocast):
         """Yields each step's samples."""
         generator = torch.Generator().manual_seed(config.seed)
-        split, device = task.train, plan.device_type
+        device = plan.device_type
         # the split's items are whole batches: a shuffled batch sampler's index lists, no collation (kfit's loader)
         batches = BatchSampler(RandomSampler(split, generator=generator), plan.micro_batch, drop_last=False)
         step = 0
@@ -132,7 +168,7 @@ class Reference:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 with autocast:
-                    loss = task.loss(model(x), y)
+                    loss = loss_of(x, y)
                 loss.backward()
                 if config.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -195,11 +231,12 @@ def compare(case: Case, rounds: int, out: Path, device: str = "cpu", clock: Cloc
     from ..hyperparams import ModelDescription, resolve
     from ..task import load_task
 
-    config = config_for(case.name, case.micro_batch, case.warmup + case.steps + 1, out, device)
     hardware = resolve_hardware() if device == "cuda" else resolve_hardware(gpu="cpu")
+    micro = case.micro_batch or planned_micro_batch(case.name, out, device, case.compile, hardware)
+    config = config_for(case.name, micro, case.warmup + case.steps + 1, out, device, case.compile)
     plan = resolve(config, hardware, ModelDescription.from_config(config))
     task = load_task(config)
-    result = Comparison(case, plan.cpu_threads, plan.num_workers, plan.precision)
+    result = Comparison(case, plan.cpu_threads, plan.num_workers, plan.precision, micro, plan, config, hardware)
     for n in range(rounds):  # a run directory each: a second run in the first's would resume it
         run = kconfig.derive(config, {"RUN_NAME": f"loop-{case.name}-{n}"})
         reference = Reference(task, config, plan, clock, synchronize)
@@ -217,7 +254,7 @@ def table(results: list[Comparison], rounds: int) -> list[str]:
     lines = [f"{'case':<10} {'micro-batch':>11} {'steps':>6} {'threads':>7} {'workers':>7} "
              f"{'reference/s':>12} {'kfit/s':>10} {'ratio':>6} {'overhead':>9}"]
     for r in results:
-        lines.append(f"{r.case.name:<10} {r.case.micro_batch:>11} {r.case.steps:>6} {r.threads:>7} {r.workers:>7} "
+        lines.append(f"{r.case.name:<10} {r.micro_batch:>11} {r.case.steps:>6} {r.threads:>7} {r.workers:>7} "
                      f"{r.reference:>12,.1f} {r.kfit:>10,.1f} {r.ratio:>6.3f} {r.overhead:>+9.1%}")
     worst = min(results, key=lambda r: r.ratio)
     lines.append(f"loop-overhead: cases={len(results)} rounds={rounds} min_ratio={worst.ratio:.3f} "

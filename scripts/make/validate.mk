@@ -1,6 +1,6 @@
 # Validation on a real GPU (lib/validation/, scripts/validate_gpu.py; docs/validation/README.md).
-# DEVICE=, OUT= and QUICK= reach the script as environment.
+# DEVICE=, OUT=, QUICK= and CHECKS= reach the script as environment.
 .PHONY: validate-gpu
 
-validate-gpu: $(ENV_STAMP) ## Check kfit against this GPU, write docs/validation/<gpu>-<date>.json (DEVICE=cpu OUT= QUICK=1)
+validate-gpu: $(ENV_STAMP) ## Check kfit against this GPU, write docs/validation/<gpu>-<date>.json (DEVICE=cpu OUT= QUICK=1 CHECKS=memory,fsdp)
 	$(Q)$(RUN_PY) $(call q,$(ROOT))/scripts/validate_gpu.py
