@@ -292,3 +292,24 @@ def test_custom_model_mistakes_are_one_error_line_in_every_command(case, command
     for needle in needles:
         assert needle in line, line
     assert not (tmp_path / "runs").exists()
+
+
+def test_llama_checkpointed_blocks_recompute_whether_or_not_their_inputs_were_cast() -> None:
+    """FSDP2's bf16 policy casts a block's float inputs (the rotary tables too) before forward; torch 2.11 skips
+    that hook when backward recomputes a checkpointed block, and the recompute then saved float32 tables where
+    forward saved bf16 ones (CheckpointError, seen tracing Llama for an H200). A hook that casts in forward only
+    stands in for that FSDP here: the block must give the same saved dtypes either way."""
+    torch.manual_seed(0)
+    model = build_model("llama", llama_preset="tiny", block_size=16, vocab_size=64, grad_checkpointing=True)
+    model.to(torch.bfloat16).train()
+
+    def cast_in_forward_only(module, args):
+        if torch._C._current_graph_task_id() != -1:  # inside backward: a recompute, as torch 2.11's FSDP2 skips
+            return None
+        return tuple(a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+    for block in model.layers:
+        block.register_forward_pre_hook(cast_in_forward_only)
+    idx = torch.randint(0, 64, (2, 16))
+    model(idx).float().logsumexp(-1).sum().backward()  # raised CheckpointError before the block cast its tables
+    assert all(p.grad is not None for p in model.parameters())

@@ -96,6 +96,11 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # The rotation in the residual stream's dtype, whoever cast (or did not cast) it on the way in: FSDP2's
+        # bf16 policy casts a block's float inputs before forward, but torch 2.11 skips that hook when a
+        # checkpointed block is recomputed in backward, so the recompute saw float32 tables where forward saw
+        # bf16 ones and torch.utils.checkpoint refused the step (an H200, 2026-11-27). The same cast either way.
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
 

@@ -126,9 +126,14 @@ def check_fsdp(ctx: Context, predictor=None) -> Result:
         if case.checkpointing:
             config = kconfig.derive(config, {"GRADIENT_CHECKPOINTING": True})
         predictor = predictor or MemoryPredictor()
-        prediction = predictor.predict(config, batch=case.batch, device_type="cuda",
-                                       precision=case.precision, strategy=case.strategy, world_size=1,
-                                       local_world_size=1, cpu_offload=case.cpu_offload)
+        try:
+            prediction = predictor.predict(config, batch=case.batch, device_type="cuda",
+                                           precision=case.precision, strategy=case.strategy, world_size=1,
+                                           local_world_size=1, cpu_offload=case.cpu_offload)
+        except Exception as err:  # noqa: BLE001 - a plan that fails is this case's finding; the others still run
+            rows.append({"case": case.label, "error": f"not planned: {type(err).__name__}: "
+                                                      f"{' '.join(str(err).split())[:300]}"})
+            continue
         planned.append({**asdict(case), "label": case.label, "config": str(path),
                         "predicted_bytes": prediction.peak_bytes,
                         "blas_workspace_bytes": prediction.overheads.get("blas_workspace", 0)})

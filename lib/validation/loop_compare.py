@@ -160,7 +160,8 @@ class Reference:
         generator = torch.Generator().manual_seed(config.seed)
         device = plan.device_type
         # the split's items are whole batches: a shuffled batch sampler's index lists, no collation (kfit's loader)
-        batches = BatchSampler(RandomSampler(split, generator=generator), plan.micro_batch, drop_last=False)
+        # compiled, as nanoGPT draws them: every batch full (a short one would recompile the reference's graph)
+        batches = BatchSampler(RandomSampler(split, generator=generator), plan.micro_batch, drop_last=plan.compile)
         step = 0
         while True:
             for x, y in DataLoader(split, batch_size=None, sampler=batches, num_workers=plan.num_workers,
