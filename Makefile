@@ -51,14 +51,15 @@ FRAGMENT_NAMES := $(sort $(notdir $(wildcard $(ROOT)/defconfigs/fragments/*)))
 DEFAULT_DEFCONFIG := lenet5
 
 .DEFAULT_GOAL := help
-.PHONY: FORCE help env menuconfig oldconfig olddefconfig savedefconfig listnewconfig defconfig \
+.PHONY: FORCE help version env menuconfig oldconfig olddefconfig savedefconfig listnewconfig defconfig \
         alldefconfig allnoconfig allyesconfig randconfig \
         plan check-hardware train export sample test check clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change, or when a package it needs is
 # gone although the stamp is there (a glob per package: no Python starts on every make); install-deps.sh then
 # checks the imports, and kfit says 'make env' in one line where one is still missing.
-ENV_MODULES := kconfiglib.py torch safetensors optuna sqlalchemy numpy psutil jinja2 tqdm pynvml.py pytest xdist
+ENV_MODULES := kconfiglib.py torch safetensors optuna sqlalchemy numpy psutil jinja2 tqdm pynvml.py pytest xdist \
+  __editable__.kfit-*.pth
 ENV_MISSING := $(strip $(if $(wildcard $(ENV_STAMP)),$(foreach m,$(ENV_MODULES),\
   $(if $(wildcard $(VENV)/lib/python*/site-packages/$(m)),,$(m)))))
 $(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh) $(if $(ENV_MISSING),FORCE)
@@ -160,6 +161,9 @@ distclean: mrproper ## Also remove the virtual environment
 	rm -rf $(call q,$(VENV))
 
 FORCE:
+
+version: $(ENV_STAMP) ## Print kfit's, Python's and torch's versions and this machine's device
+	$(Q)$(KFIT) --version
 
 help: ## List targets, defconfigs and fragments
 	@echo "kfit: Kconfig-driven training"

@@ -10,7 +10,23 @@ kfit.load_config, kfit.machine, kfit.resolve_plan and kfit.train; they are impor
 """
 
 _API = ("load_config", "machine", "resolve_plan", "train")
-__all__ = list(_API)
+__all__ = [*_API, "__version__"]
+
+
+def _version() -> str:
+    """The installed distribution's version (pip install, or make env's editable install); in a checkout
+    without one, pyproject.toml's, where it is stated."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        return metadata.version("kfit")
+    except metadata.PackageNotFoundError:
+        import re
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+        return found.group(1) if found else "unknown"
 
 
 def __getattr__(name: str):
@@ -19,4 +35,6 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name == "__version__":
+        return _version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

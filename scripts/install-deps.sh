@@ -47,8 +47,11 @@ fi
 constraint="$venv/torch-constraint.txt"
 "$venv/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "$constraint"
 "$pip" install -q -c "$constraint" -r requirements.txt -r requirements-test.txt
+# The checkout itself, editable: `import kfit` and the `kfit` command in this environment are lib/ as it is
+# edited (README's Python example runs as written); --no-deps: the requirements are in already.
+"$pip" install -q --no-deps -e .
 # A package pip records as installed but whose files were removed is not reinstalled by pip: say what to do.
-if ! missing=$("$venv/bin/python" -c "import kconfiglib, torch, safetensors, optuna, sqlalchemy, numpy, psutil, jinja2, tqdm, pynvml" 2>&1); then
+if ! missing=$("$venv/bin/python" -c "import kconfiglib, torch, safetensors, optuna, sqlalchemy, numpy, psutil, jinja2, tqdm, pynvml, kfit" 2>&1); then
     echo "error: $venv is incomplete after installing ($(printf '%s\n' "$missing" | tail -n 1)): remove it with 'rm -rf $venv' and run make again"
     exit 1
 fi

@@ -32,6 +32,30 @@ def test_the_example_runs(tmp_path):
     assert not (tmp_path / ".config").exists()  # the API writes no config
 
 
+def readme_python() -> str:
+    """README.md's Python example: the fenced block after "The same steps from Python"."""
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index("The same steps from Python"):]
+    start = after.index("```python\n") + len("```python\n")
+    return after[start:after.index("\n```", start)]
+
+
+def test_the_readme_example_runs_as_written_in_the_projects_environment(tmp_path):
+    """`import kfit` in .venv (make env installs the checkout editable), from outside the checkout, as a user
+    copying README.md's block into a file would run it."""
+    (tmp_path / "example.py").write_text(readme_python())
+    env = {k: v for k, v in os.environ.items() if k not in ("KCONFIG_CONFIG", "GPU", "GPUS", "HW", "FREE_GB",
+                                                            "WORLD_SIZE", "RESUME", "NNODES", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[1] == "bf16" and lines[1] == "cpu"  # the H100's plan, then this machine's
+    assert lines[-1].startswith("runs/lenet5-") and lines[-1].split()[1] == "2"  # the run directory, steps, eval
+    (run,) = (tmp_path / "runs").iterdir()
+    assert (run / "checkpoint.pt").is_file() and "CONFIG_MAX_STEPS=2" in (run / "config").read_text()
+
+
 def test_load_config_sources_fragments_and_overrides(tmp_path):
     base = kfit.load_config("lenet5")
     assert base.model == "lenet5" and base.source == "lenet5"

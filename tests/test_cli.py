@@ -20,7 +20,7 @@ from lib.errors import KfitError
 
 ROOT = Path(__file__).resolve().parent.parent
 # make variables of other programs than kfit: the GPU validation and benchmark scripts, the torch install
-NOT_KFIT = {"DEVICE", "QUICK", "REPEATS", "STEPS", "TORCH_SPEC"}
+NOT_KFIT = {"DEVICE", "QUICK", "CHECKS", "REPEATS", "STEPS", "TORCH_SPEC"}
 CLEARED = {*flags.FLAGS, "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "GNUMAKEFLAGS"}
 
 
@@ -196,3 +196,20 @@ def test_set_overrides_one_command_and_refuses_what_does_not_take(tmp_path, monk
     code, out, err = run("savedefconfig")
     assert code == 2 and "does not train or plan" in err
     assert (tmp_path / ".config").read_bytes() == before and not (tmp_path / "defconfig").exists()
+
+
+def test_version_prints_kfits_pythons_and_torchs_versions_and_the_device(capsys):
+    import re
+
+    import torch
+
+    import lib
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    stated = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert lib.__version__ == stated and lines[0].startswith(f"kfit {stated} (checkout ")
+    assert lines[1].startswith("Python ") and lines[2].startswith(f"torch {torch.__version__} (")
+    assert lines[3].startswith("device: ")

@@ -169,10 +169,50 @@ def cmd_defconfigs(args) -> int:
 AREAS = ("plan", "train", "tune", "recommend", "data", "sbatch", "randcheck")
 
 
+def version_lines() -> list[str]:
+    """kfit --version: kfit (and the checkout's commit), Python, torch with its CUDA or ROCm build, and the
+    device torch sees, as `python -m torch.utils.collect_env` names them."""
+    import platform
+    import subprocess
+
+    from .. import __version__
+    from ..resources import CHECKOUT
+
+    lines = [f"kfit {__version__}"]
+    if CHECKOUT:
+        try:
+            commit = subprocess.run(["git", "-C", str(CHECKOUT), "describe", "--always", "--dirty"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = ""
+        lines[0] += f" (checkout {CHECKOUT}{f', {commit}' if commit else ''})"
+    lines.append(f"Python {platform.python_version()} ({sys.executable})")
+    from ..hardware import detect
+
+    hw = detect()
+    build = f"CUDA {hw.cuda_version}" if hw.cuda_version else f"ROCm {hw.hip_version}" if hw.hip_version else "CPU build"
+    lines.append(f"torch {hw.torch_version} ({build})")
+    names = [g.name for g in hw.gpus]
+    lines.append(f"device: {len(names)} x {names[0]}" if names and len(set(names)) == 1 else
+                 f"devices: {', '.join(names)}" if names else f"device: CPU, {hw.cpu.name}")
+    return lines
+
+
+class VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("\n".join(version_lines()))
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     import importlib
 
     top = argparse.ArgumentParser(prog="kfit", description=__doc__.splitlines()[0], epilog=flags.EXIT_CODES)
+    top.add_argument("--version", action=VersionAction,
+                     help="print kfit's, Python's and torch's versions and this machine's device, then exit")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = flags.command(sub, "defconfig", "write the config from defconfigs/NAME (+ fragments)", "FRAGMENTS",
                       func=cmd_defconfig)
