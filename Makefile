@@ -124,10 +124,10 @@ check-hardware: $(ENV_STAMP) ## Report this machine (or HW=/GPU=) and the plan f
 train: $(ENV_STAMP) ## Train as configured (default defconfig without a config; RESUME_FROM=<run> INIT_FROM=<weights>)
 	$(Q)$(KFIT) train
 
-export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint> OUT=dir)
+export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint>, default the last run; OUT=dir)
 	$(Q)$(KFIT) export
 
-sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN= PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
+sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN=, default the last one; PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
 	$(Q)$(KFIT) sample
 
 # Two tiers, as larger projects keep them: 'make test' runs every test not marked slow (minutes: run it on every

@@ -224,7 +224,7 @@ ROWS = [
     Row("recommend writing into a file", ("recommend",), env={"WRITE": "1", "OUT": "afile"},
         setup=write("afile", "mine"), needles=("OUT=afile", "directory")),
     Row("export of a run that is not there", ("export",), env={"RUN": "runs/nothing"}, needles=("runs/nothing",)),
-    Row("sample without a run", ("sample",), needles=("RUN= is missing",)),
+    Row("sample without a run", ("sample",), needles=("no gpt2 or llama run under CONFIG_OUTPUT_DIR", "RUN=")),
     Row("sample of a run that is not there", ("sample",), env={"RUN": "runs/nothing"}, needles=("runs/nothing",)),
     Row("sample temperature not a number", ("sample",), env={"RUN": "runs/nothing", "TEMPERATURE": "hot"},
         needles=("TEMPERATURE='hot' is not a number",)),

@@ -152,3 +152,60 @@ def test_export_of_a_live_run_retries_once_then_says_it_is_live(trained, tmp_pat
     rotated["left"] = 2
     with pytest.raises(KfitError, match="is training now"):
         export(result.run_dir, tmp_path / "e2")
+
+
+def test_sample_and_export_take_the_last_fitting_run_when_run_is_not_named(trained, tmp_path, monkeypatch, capsys):
+    """The last language-model run under the config's CONFIG_OUTPUT_DIR, named on stderr; an image model's run
+    written later is not one sample takes, and RUN= still names another."""
+    import os
+    import shutil
+    import time
+
+    from lib.cli import main
+
+    config, _, result = trained
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    older, newer = runs / "gpt2-tiny-old", runs / "gpt2-tiny-new"
+    for target in (older, newer):
+        shutil.copytree(result.run_dir, target)
+    image = runs / "lenet5-latest"
+    image.mkdir()
+    (image / "config").write_text("CONFIG_MODEL_LENET5=y\n")
+    (image / "plan.json").write_text("{}")
+    (runs / "hpo-study").mkdir()  # a study's directory: no run of its own
+    now = time.time()
+    for age, run in ((300, older), (100, newer), (0, image)):
+        for path in run.iterdir():
+            os.utime(path, (now - age, now - age))
+    (tmp_path / ".config").write_text(config.text.replace(f'CONFIG_OUTPUT_DIR="{config.output_dir}"',
+                                                         f'CONFIG_OUTPUT_DIR="{runs}"'))
+    monkeypatch.chdir(tmp_path)
+    for name in ("RUN", "KCONFIG_CONFIG", "OUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MAX_TOKENS", "4")
+    monkeypatch.setattr("signal.signal", lambda *args: None)
+    assert main(["sample"]) == 0
+    err = capsys.readouterr().err
+    assert f"sample: the last gpt2 or llama run, {newer} (RUN= names another)" in err
+    assert main(["export"]) == 2  # export takes any model's run: the image run, written last (and unfinished)
+    assert f"export: the last run, {image}" in capsys.readouterr().err
+    shutil.rmtree(image)
+    assert main(["export"]) == 0 and (newer / "export" / MODEL_FILE).is_file()
+    capsys.readouterr()
+    monkeypatch.setenv("RUN", str(older))
+    assert main(["sample"]) == 0 and "the last" not in capsys.readouterr().err
+
+
+def test_with_no_run_to_take_sample_names_run_and_where_it_looked(tmp_path, monkeypatch, capsys):
+    from lib.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("RUN", "KCONFIG_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("signal.signal", lambda *args: None)
+    assert main(["sample"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: no gpt2 or llama run under CONFIG_OUTPUT_DIR (runs) to sample: train one first, or name "
+                   "a run directory, a checkpoint or an exported model.safetensors with RUN=, "
+                   "e.g. 'make sample RUN=runs/<run>'")

@@ -140,7 +140,7 @@ LAYERS = [
     {"lib.plan", "lib.models", "lib.data"},
     # what a step and a run are made of, beside the chain: the task, one step, threads, checkpoints, processes
     {"lib.task", "lib.step", "lib.threads", "lib.tracking", "lib.checkpoint", "lib.resumable", "lib.oom", "lib.monitor",
-     "lib.distributed", "lib.torchrun_output", "lib.export", "lib.sample"},
+     "lib.distributed", "lib.torchrun_output", "lib.export", "lib.sample", "lib.runs"},
     {"lib.memory", "lib.steptime"},
     {"lib.planning", "lib.probe"},
     {"lib.hyperparams", "lib.trainer"},

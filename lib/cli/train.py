@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .common import ensure_config, hardware_from_env, plan_for
+from .. import config as kconfig
 from ..env import env_number, env_text
 from ..errors import KfitError
 from .flags import command
@@ -101,7 +102,6 @@ def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str
 
 def handed_launch(path: str):
     """In a rank: (config, plan) as the launcher handed them (KFIT_PLAN, written by _launch)."""
-    from .. import config as kconfig
     from ..plan import Plan
 
     try:
@@ -216,13 +216,16 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _run(command: str, what: str, example: str = "") -> Path:
-    """RUN=, which export and sample need."""
-    run = os.environ.get("RUN")
-    if not run:
-        raise KfitError(f"RUN= is missing: name {what}, e.g. 'make {command} "
-                        f"RUN=runs/gpt2-tiny-20261123-101500{example}'")
-    return Path(run)
+def _run(command: str, what: str, fits=lambda model: True, kinds: str = "") -> Path:
+    """RUN=, or the last run under the config's CONFIG_OUTPUT_DIR that fits the command (said on stderr)."""
+    from ..runs import run_or_last
+
+    path = kconfig.config_path()
+    output_dir = Path(kconfig.read_config(path).output_dir if path.is_file() else "runs").expanduser()
+    run, last = run_or_last(os.environ.get("RUN"), output_dir, command, what, fits, kinds)
+    if last:
+        print(f"{command}: the last {kinds + ' ' if kinds else ''}run, {run} (RUN= names another)", file=sys.stderr)
+    return run
 
 
 def cmd_export(args) -> int:
@@ -237,7 +240,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    run = _run("sample", "a GPT-2 run directory, a checkpoint or an exported model.safetensors", ' PROMPT="def "')
+    from ..models.registry import MODELS
+
+    families = [name for name, spec in MODELS.items() if spec.text]
+    run = _run("sample", "a run directory, a checkpoint or an exported model.safetensors",
+               lambda model: model in families, kinds=" or ".join(families))
     settings = dict(max_tokens=env_number("MAX_TOKENS", int, 200, minimum=1),
                     temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0),
                     top_k=env_number("TOP_K", int, 200, minimum=0) or None,
@@ -259,6 +266,7 @@ def register(sub) -> None:
                   "WORLD_SIZE": "set by torchrun for each rank; to plan N processes use 'kfit plan --world-size N'"})
     command(sub, "export", "write one model.safetensors from a run's checkpoint, sharded or not", "RUN", "OUT",
             func=cmd_export, help={"OUT": "the directory to write (default <run>/export)"})
-    command(sub, "sample", "generate text from a trained GPT-2 run", "RUN", "PROMPT", "MAX_TOKENS",
+    command(sub, "sample", "generate text from a trained language model's run", "RUN", "PROMPT", "MAX_TOKENS",
             "TEMPERATURE", "TOP_K", "SEED", func=cmd_sample,
-            help={"RUN": "a GPT-2 run directory, checkpoint or exported model.safetensors"})
+            help={"RUN": "a run directory, checkpoint or exported model.safetensors (default: the last run of a "
+                         "language model under CONFIG_OUTPUT_DIR)"})
