@@ -56,3 +56,29 @@ def test_the_gpus_slurm_gave_a_node_are_its_training_processes_unless_the_user_s
     assert "GPUS" not in slurm_variables({**JOB, "SLURM_GPUS_PER_NODE": "gpu:a100"})  # not a count
     assert with_slurm({**JOB, "SLURM_GPUS_ON_NODE": "4", "GPUS": "2"})["GPUS"] == "2"
     assert "GPUS" not in slurm_variables({"SLURM_GPUS_ON_NODE": "4"})  # outside a job: nothing
+
+
+def test_sbatch_asks_for_what_the_partitions_smallest_node_has_and_says_where_that_came_from():
+    from types import SimpleNamespace
+
+    from lib.cli.sbatch import node_request
+    from lib.cli.slurm import partition_nodes
+
+    def sinfo(stdout: str, code: int = 0):
+        return lambda argv, **kw: SimpleNamespace(returncode=code, stdout=stdout, argv=argv)
+
+    seen = []
+    assert partition_nodes("gpu", run=lambda argv, **kw: seen.append(argv) or
+                           SimpleNamespace(returncode=0, stdout="96 1031000\n64 515000+\n")) == (64, 515000)
+    assert seen[0][-2:] == ["--partition", "gpu"]
+    assert partition_nodes(None, run=sinfo("", 1)) is None  # no controller answers: not a cluster to ask
+    with pytest.raises(KfitError, match="PARTITION=nope: sinfo lists no nodes in it"):
+        partition_nodes("nope", run=sinfo(""))
+    catalog = SimpleNamespace(source="catalog:h100", cpu=SimpleNamespace(logical_cores=192))
+    here = SimpleNamespace(source="detected", cpu=SimpleNamespace(logical_cores=2))
+    assert node_request(None, "gpu", catalog, ask=lambda p: (64, 515000)) == (
+        64, 515000, "sinfo --partition gpu, its smallest node")
+    assert node_request(8, None, catalog, ask=lambda p: (64, 515000)) == (8, 515000, "CPUS=; memory: sinfo")
+    assert node_request(None, None, here, ask=lambda p: None)[:2] == (2, None)
+    cpus, memory, source = node_request(None, None, catalog, ask=lambda p: None)
+    assert (cpus, memory) == (192, None) and "catalog:h100" in source and "no SLURM scheduler" in source

@@ -118,6 +118,19 @@ def test_a_make_sbatch_script_runs_to_completion_under_slurm(slurm, tmp_path):
     print(f"job {job_id} done in {time.monotonic() - start:.0f} s")
 
 
+def test_make_sbatch_asks_for_the_cpus_and_memory_sinfo_reports_not_the_catalogs(slurm, tmp_path):
+    """Planned for a catalog H100 node (whose catalog host has 192 CPUs), the script still asks for what the
+    cluster's nodes have: the local one-node cluster's, as sinfo reports them."""
+    reported = subprocess.run(["sinfo", "--noheader", "--format=%c %m"], capture_output=True, text=True,
+                              timeout=30).stdout.split()
+    cfg = config(tmp_path)
+    written = make(tmp_path, "sbatch", "GPU=h100", "GPUS=8", KCONFIG_CONFIG=str(cfg)).stdout
+    text = Path(re.search(r"written to (\S+);", written).group(1)).read_text()
+    assert f"#SBATCH --cpus-per-task={reported[0]}\n" in text and f"#SBATCH --mem={reported[1]}M\n" in text, text
+    assert "# CPUs and memory per task: sinfo, its smallest node" in text
+    assert "--cpus-per-task=192" not in text
+
+
 @pytest.mark.slow
 def test_the_warning_signal_checkpoints_requeues_and_the_job_resumes(slurm, tmp_path):
     start = time.monotonic()

@@ -75,7 +75,7 @@ FLAGS: dict[str, Flag] = {
     "VOCAB": Flag("--vocab", "N", "tokens of the byte-level BPE trained on the corpus (default 4096, at least 257)"),
     # SLURM batch scripts (make sbatch)
     "NODES": Flag("--nodes", "N", "machines the batch job takes (sbatch --nodes)"),
-    "CPUS": Flag("--cpus", "N", "CPU cores per node for the job (default: the planned machine's logical cores)"),
+    "CPUS": Flag("--cpus", "N", "CPU cores per node for the job (default: the partition's nodes', from sinfo)"),
     "PARTITION": Flag("--partition", "NAME", "the SLURM partition to submit to"),
     "TIME": Flag("--time", "LIMIT", "the job's time limit, as sbatch --time takes it (e.g. 2:00:00, 1-12)"),
     "ACCOUNT": Flag("--account", "NAME", "the SLURM account to charge"),

@@ -1,7 +1,7 @@
 """The sbatch command: a SLURM batch script made from the plan.
 
 NODES= machines with GPUS= training processes each (on a GPU node, its GPUs), PARTITION=, TIME=, ACCOUNT=,
-CPUS= (per node) and OUT= (the script's path) -> a script with one task per node running `kfit train` under
+CPUS= (per node; default what the partition's nodes have, from sinfo) and OUT= (the script's path) -> a script with one task per node running `kfit train` under
 srun. Every node's kfit reads SLURM's variables (lib/cli/slurm.py: node count, node rank, the first host as
 the rendezvous), the run directory is the config's OUTPUT_DIR (shared between the nodes), and the job
 survives its time limit: SLURM sends the batch shell SIGUSR1 (--signal=B:USR1@<lead>) before the limit, the
@@ -94,6 +94,23 @@ def _hpo_storage(array: int) -> str:
     return storage
 
 
+def node_request(cpus: int | None, partition: str | None, hardware, ask=None) -> tuple[int, int | None, str]:
+    """(CPUs per task, memory per task in MiB or None, where they came from): CPUS= as given, else what the
+    scheduler's sinfo reports for the partition's smallest node (a login node is not a compute node), else this
+    machine when there is no scheduler to ask and the plan is for it, else the machine GPU=/HW= describe."""
+    from .slurm import partition_nodes
+
+    asked = (ask or partition_nodes)(partition)
+    where = f"sinfo{' --partition ' + partition if partition else ''}"
+    if cpus is not None:
+        return cpus, asked[1] if asked else None, "CPUS=" + (f"; memory: {where}" if asked else "")
+    if asked is not None:
+        return asked[0], asked[1], f"{where}, its smallest node"
+    if hardware.source == "detected":
+        return hardware.cpu.logical_cores, None, "this machine (no SLURM scheduler answered sinfo)"
+    return hardware.cpu.logical_cores, None, f"the machine GPU=/HW= describe, {hardware.source} (no SLURM scheduler answered sinfo)"
+
+
 def cmd_sbatch(args) -> int:
     from .. import api
     from ..planning.render import summary_line
@@ -112,7 +129,7 @@ def cmd_sbatch(args) -> int:
     per_node = plan.world_size // nodes if plan.world_size % nodes == 0 else plan.world_size
     if array is None and per_node * nodes != plan.world_size:
         raise KfitError(f"the plan has {plan.world_size} processes, not {nodes} machine(s) x {per_node}: set GPUS=")
-    cpus = env_number("CPUS", int, None, minimum=1) or hardware.cpu.logical_cores
+    cpus, memory, source = node_request(env_number("CPUS", int, None, minimum=1), partition, hardware)
     summary = summary_line(plan, hardware, model)
     output_dir = Path(config.output_dir).expanduser().resolve()
     output_dir.mkdir(parents=True, exist_ok=True)  # sbatch's --output needs the directory to exist
@@ -130,7 +147,8 @@ def cmd_sbatch(args) -> int:
                 env[name] = env_text(name)
         env.pop("GPUS")
     text = render(
-        job=job, nodes=nodes, per_node=per_node, cpus=cpus, gpu=plan.device_type == "cuda",
+        job=job, nodes=nodes, per_node=per_node, cpus=cpus, memory=memory, source=source,
+        gpu=plan.device_type == "cuda",
         time=time_text, partition=partition, account=account, array=array,
         lead=warning_lead(plan.predicted_step_seconds, limit), workdir=Path.cwd(), output_dir=output_dir,
         log=output_dir / (f"slurm-{job}-%A_%a.out" if array else f"slurm-{job}-%j.out"),

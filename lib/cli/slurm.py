@@ -88,3 +88,29 @@ def slurm_variables(env: Mapping[str, str]) -> dict[str, str]:
 def with_slurm(env: Mapping[str, str]) -> dict[str, str]:
     """The environment with SLURM's answers filled in where the user set nothing."""
     return {**slurm_variables(env), **env}
+
+
+def partition_nodes(partition: str | None, run=None) -> tuple[int, int] | None:
+    """(CPUs, memory in MiB) of the smallest node of `partition` (the default partition when None), as the
+    scheduler's sinfo reports them: what one task on a node of it can ask for. None when there is no sinfo or
+    no scheduler answers it (a machine outside a cluster, a controller down)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("sinfo") is None:
+        return None
+    argv = ["sinfo", "--noheader", "--format=%c %m", *(["--partition", partition] if partition else [])]
+    try:
+        done = (run or subprocess.run)(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = []
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].rstrip("+").isdigit():
+            rows.append((int(fields[0]), int(fields[1].rstrip("+"))))
+    if not rows:
+        if done.returncode == 0 and partition:
+            raise KfitError(f"PARTITION={partition}: sinfo lists no nodes in it; name a partition 'sinfo' shows")
+        return None
+    return min(c for c, _ in rows), min(m for _, m in rows)
