@@ -8,6 +8,7 @@ lib.checkpoint's; this module only reads them.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from . import fileio
@@ -83,6 +84,51 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
     return max(candidates)[1] if candidates else None
 
 
+def one_off_settings(run_text: str, file_text: str) -> list[str] | None:
+    """The command-line settings (NAME=value, as make and --set take them) that turn the config file's training
+    math into the run's: what a command must add to resume a run started with one-off overrides ([] when the two
+    agree). None where no settings do: the run's config from another kfit, a value no setting writes."""
+    def by_name(text: str) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for line in training_identity(text):
+            if line.startswith("# "):
+                out[line[len("# CONFIG_"):-len(" is not set")]] = None
+            else:
+                name, value = line[len("CONFIG_"):].split("=", 1)
+                out[name] = value
+        return out
+
+    run, file = by_name(run_text), by_name(file_text)
+    settings = []
+    for name in sorted(set(run) | set(file)):
+        if run.get(name) == file.get(name):
+            continue
+        value = run.get(name)
+        if value is None:
+            if file.get(name) != "y":
+                return None
+            settings.append(f"{name}=n")  # a bool, or a choice's member another one replaces in the run
+        else:
+            settings.append(f"{name}={value[1:-1] if value.startswith(chr(34)) else value}")
+    if not settings:
+        return []
+    return settings if _reproduces(settings, file_text, run_text) else None
+
+
+def _reproduces(settings: list[str], file_text: str, run_text: str) -> bool:
+    """Whether the settings, applied to the file's config as the command line applies them, give the run's
+    training math (not where the run's config is from another kfit, or holds a value no setting writes)."""
+    from . import config as kconfig
+    from .errors import KfitError
+
+    try:
+        derived = kconfig.derive(kconfig.config_from_text(file_text, "the config file"),
+                                 dict(s.split("=", 1) for s in settings))
+    except (KfitError, ValueError):
+        return False
+    return training_identity(derived.text) == training_identity(run_text)
+
+
 def note_other_config(runs: list[Path], config_text: str, log=print) -> None:
     """One note for the newest unfinished run that its config alone kept from resuming: the symbols that
     differ, and how to continue it (a run interrupted before an upgrade that added a symbol is one: its saved
@@ -103,8 +149,14 @@ def note_other_config(runs: list[Path], config_text: str, log=print) -> None:
     if newest is not None:
         _, run_dir, differences = newest
         more = f"; {len(differences) - 3} more" if len(differences) > 3 else ""
+        try:
+            settings = one_off_settings((run_dir / "config").read_text(), config_text)
+        except (OSError, UnicodeDecodeError):
+            settings = None
+        how = (f"make train {' '.join(shlex.quote(s) for s in settings)}" if settings and len(settings) <= 3 else
+               f"make train KCONFIG_CONFIG={shlex.quote(str(run_dir / 'config'))}")
         log(f"note: not resuming {run_dir}, an unfinished run of another config ({'; '.join(differences[:3])}"
-            f"{more}): 'make train KCONFIG_CONFIG={run_dir / 'config'}' continues it; this run is a separate one")
+            f"{more}): '{how}' continues it; this run is a separate one")
 
 
 def resumable_since(run_dir: Path, identity: list[str], effective_batch: int, run_name: str = "",

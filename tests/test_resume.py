@@ -117,3 +117,54 @@ def test_resume_matches_training_math_and_effective_batch_only(tmp_path):
     assert any("c-other-batch" in n and "128" in n for n in notes)
     assert resumable.find_resumable(runs, base, 64, run_name="b-other-lr", log=notes.append) is None
     assert resumable.find_resumable(tmp_path / "nowhere", base, 64) is None
+
+
+def test_one_off_settings_turn_the_config_file_into_the_runs_config(tmp_path):
+    """Drawn command-line overrides of the training math (numbers, strings, bools, choices): the settings
+    one_off_settings gives back, applied to the file's config, give the run's training math again."""
+    import random
+
+    from lib import config as kc
+
+    base = kc.make_defconfig("gpt2-tiny", out=tmp_path / ".config")
+    pool = [("EPOCHS", lambda r: r.randint(1, 90)), ("LEARNING_RATE", lambda r: f"{r.choice([1, 3, 6])}e-4"),
+            ("WEIGHT_DECAY", lambda r: r.choice(["0.0", "0.1"])), ("GRADIENT_CHECKPOINTING", lambda r: r.choice("yn")),
+            ("SEED", lambda r: r.randint(0, 9)),
+            ("MAX_STEPS", lambda r: r.randint(0, 500))]
+    members = [("PRECISION_BF16", "y"), ("PRECISION_FP32", "y"), ("OPTIMIZER_SGD", "y"), ("OPTIMIZER_ADAMW", "y")]
+    rng = random.Random(7)
+    for _ in range(25):
+        overrides = {name: value(rng) for name, value in rng.sample(pool, rng.randint(1, 4))}
+        overrides.update(rng.sample(members, rng.randint(0, 1)))  # a choice, as its member
+        run = kc.derive(base, overrides)
+        settings = resumable.one_off_settings(run.text, base.text)
+        assert settings is not None and all("=" in s and not s.startswith("CONFIG_") for s in settings)
+        again = kc.derive(base, dict(s.split("=", 1) for s in settings))
+        assert resumable.training_identity(again.text) == resumable.training_identity(run.text), (overrides, settings)
+    assert resumable.one_off_settings(base.text, base.text) == []
+
+
+def test_the_resume_command_repeats_the_runs_one_off_settings(tmp_path):
+    from lib import config as kc
+    from lib.trainer.resume import resume_command
+
+    path = tmp_path / "my.config"
+    kc.make_defconfig("lenet5", out=path)
+    overridden = kc.derive(kc.read_config(path), {"EPOCHS": 60, "LOG_INTERVAL": 7})  # LOG_INTERVAL: not the math
+    assert resume_command(overridden) == f"make train KCONFIG_CONFIG={path} EPOCHS=60"
+    assert resume_command(kc.read_config(path)) == f"make train KCONFIG_CONFIG={path}"
+
+
+def test_a_run_started_with_an_override_is_named_with_the_command_that_continues_it(tmp_path):
+    """`make train EPOCHS=60` interrupted, then a plain `make train`: the note names `make train EPOCHS=60`."""
+    from lib import config as kc
+
+    base = kc.make_defconfig("lenet5", out=tmp_path / ".config")
+    run = tmp_path / "runs" / "lenet5-1"
+    run.mkdir(parents=True)
+    (run / "config").write_text(kc.derive(base, {"EPOCHS": 60}).text)
+    (run / "checkpoint-5.pt").write_bytes(b"")
+    notes = []
+    resumable.note_other_config([run], base.text, notes.append)
+    assert len(notes) == 1 and "(CONFIG_EPOCHS: 60 there, 40 here)" in notes[0] and \
+        "'make train EPOCHS=60' continues it" in notes[0], notes

@@ -157,9 +157,9 @@ class Checkpoints:
     # -- stops that save first ----------------------------------------------------------
 
     def resume_hint(self) -> str:
-        """'make train', or with RESUME_FROM for a run started from INIT_FROM's weights (the search passes it by)."""
-        return resume_command(self.config, self.directory.path) if self.directory.started_from_weights() \
-            else "make train"
+        """The command that continues this run: 'make train' with the config file, the one-off settings the run
+        trains with, and RESUME_FROM for a run started from INIT_FROM's weights (the search passes it by)."""
+        return resume_command(self.config, self.directory.path)
 
     def interrupt(self, signum: int) -> None:
         """Stop at this step boundary after saving a checkpoint (all ranks agreed on it)."""

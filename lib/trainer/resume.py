@@ -274,9 +274,22 @@ def resume_command(config: Config, run_dir: Path | None = None) -> str:
     command = "make train"
     if config.source and Path(config.source).resolve() != Path(".config").resolve():
         command += f" KCONFIG_CONFIG={shlex.quote(str(config.source))}"
+    command += "".join(f" {shlex.quote(s)}" for s in _one_off(config))
     if run_dir is not None and (Path(run_dir) / checkpoint.INIT_RECORD).is_file():
         return command + f" RESUME_FROM={shlex.quote(str(run_dir))}"
     return command + ("" if config.resume else " RESUME=1")
+
+
+def _one_off(config: Config) -> list[str]:
+    """The command line's one-off settings this run trains with (EPOCHS=60 where the config file says 40): the
+    resume command repeats them, since the file alone describes another run."""
+    from ..resumable import one_off_settings
+
+    try:
+        text = Path(config.source).read_text() if config.source else None
+    except (OSError, UnicodeDecodeError):
+        return []
+    return (one_off_settings(config.text, text) or []) if text is not None else []
 
 
 class StopSignals:
