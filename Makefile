@@ -53,7 +53,7 @@ DEFAULT_DEFCONFIG := lenet5
 .DEFAULT_GOAL := help
 .PHONY: FORCE help version env menuconfig oldconfig olddefconfig savedefconfig listnewconfig defconfig \
         alldefconfig allnoconfig allyesconfig randconfig \
-        plan check-hardware train export sample test check clean mrproper distclean
+        plan check-hardware train export report sample test check clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change, or when a package it needs is
 # gone although the stamp is there (a glob per package: no Python starts on every make); install-deps.sh then
@@ -126,6 +126,9 @@ train: $(ENV_STAMP) ## Train as configured (default defconfig without a config; 
 
 export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint>, default the last run; OUT=dir)
 	$(Q)$(KFIT) export
+
+report: $(ENV_STAMP) ## One HTML page of a run: curves against the plan's predictions, events (RUN=, default the last run; OUT=)
+	$(Q)$(KFIT) report
 
 sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN=, default the last one; PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
 	$(Q)$(KFIT) sample

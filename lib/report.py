@@ -281,7 +281,7 @@ def _breakdown_legend(plans: list[Plan]) -> list[list[tuple[str, str, str]]]:
              for n in names] for p in plans]
 
 
-def _nice_ticks(top: float, count: int = 4) -> list[float]:
+def nice_ticks(top: float, count: int = 4) -> list[float]:
     """Round steps (1, 2, 2.5, 5 x 10^k) from 0 up to `top`, about `count` of them."""
     raw = top / count
     step = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
@@ -337,8 +337,8 @@ def _peak_curve(points: list[tuple[int, int]], plan: Plan, width: int = 500, hei
             f"{budget}, above the chart ({plan.budget_bytes / data_top:.0f}\u00d7 its largest value)",
             "chosen": {"x": sx(plan.micro_batch), "y": sy(plan.predicted_peak_bytes),
                        "label": f"micro-batch {plan.micro_batch}: {_binary_size(plan.predicted_peak_bytes)}"},
-            "yticks": [{"y": sy(t * div), "label": f"{t:g}"} for t in _nice_ticks(ymax / div)],
-            "xticks": [{"x": sx(t), "label": f"{t:g}"} for t in _nice_ticks(xmax)]}
+            "yticks": [{"y": sy(t * div), "label": f"{t:g}"} for t in nice_ticks(ymax / div)],
+            "xticks": [{"x": sx(t), "label": f"{t:g}"} for t in nice_ticks(xmax)]}
 
 
 def _curve_points(config: kconfig.Config, plan: Plan) -> list[tuple[int, int]]:

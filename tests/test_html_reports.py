@@ -214,3 +214,50 @@ def test_recommend_page_in_chromium(browser, recommend_page, width, tmp_path):
     probe = load(browser, recommend_page, width, tmp_path)
     check_layout(probe, width)
     assert len(probe["charts"]) == 3  # one memory bar per mode
+
+
+@pytest.fixture(scope="module")
+def run_page(tmp_path_factory) -> Path:
+    """make report's page of a real LeNet-5 run of 30 steps (evaluations every 10, the step timer's window),
+    with a line cut short by a kill appended to its metrics.jsonl."""
+    from lib import config as kc
+    from lib.hardware import resolve_hardware
+    from lib.hyperparams import ModelDescription, resolve
+    from lib.run_report import write_report
+    from lib.trainer import Trainer
+
+    tmp = tmp_path_factory.mktemp("run")
+    fragment = tmp / "fragment"
+    fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp}/runs"\nCONFIG_DEVICE_CPU=y\nCONFIG_MAX_STEPS=30\n'
+                        "CONFIG_LOG_INTERVAL=3\nCONFIG_EVAL_INTERVAL=10\n")
+    config = kc.make_defconfig("lenet5", [str(fragment)], out=tmp / "config")
+    cpu = resolve_hardware(gpu="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = Trainer(config, resolve(config, cpu, ModelDescription.from_config(config)), cpu,
+                         log=lambda line: None).fit()
+    finally:
+        torch.set_num_threads(threads)
+    with open(result.run_dir / "metrics.jsonl", "a") as metrics:
+        metrics.write('{"step": 31, "loss": 0.')
+    return write_report(result.run_dir)
+
+
+def test_a_runs_page_has_every_curve_against_the_plans_predictions(run_page):
+    page = run_page.read_text()
+    titles = re.findall(r"<h2>([^<]+)</h2>", page)
+    assert titles == ["Loss", "Evaluation metrics", "Learning rate", "Throughput (samples/s)", "Step time (ms)",
+                      "Memory (MiB)", "Events"], titles
+    for legend in ("training loss", "evaluation loss", "accuracy", "predicted by the plan", "a step&#39;s predicted "
+                   "peak", "the step timer&#39;s window", "the process&#39;s resident memory"):
+        assert legend in page, legend
+    assert "1 line(s) of metrics.jsonl were not JSON objects" in page and "<td>finished</td>" in page
+    assert "<script" not in page.lower()  # self-contained and static
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_run_report_in_chromium(browser, run_page, width, tmp_path):
+    probe = load(browser, run_page, width, tmp_path)
+    check_layout(probe, width)
+    assert len(probe["charts"]) == 6

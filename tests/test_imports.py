@@ -144,7 +144,7 @@ LAYERS = [
     {"lib.memory", "lib.steptime"},
     {"lib.planning", "lib.probe"},
     {"lib.hyperparams", "lib.trainer"},
-    {"lib.report", "lib.recommend", "lib.lr_finder", "lib.hpo", "lib.validation"},
+    {"lib.report", "lib.run_report", "lib.recommend", "lib.lr_finder", "lib.hpo", "lib.validation"},
     {"lib.api", "lib.cli", "lib.__main__", "lib.randcheck"},
 ]
 

@@ -258,6 +258,17 @@ def cmd_sample(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    run = _run("report", "a run directory (under CONFIG_OUTPUT_DIR)")
+    out = env_text("OUT")
+    from ..run_report import write_report
+
+    path = write_report(run, Path(out).expanduser() if out else None)
+    print(f"Wrote {path}: the run's loss, evaluations, learning rate, throughput, step time and memory against "
+          "the plan's predictions, and its events")
+    return 0
+
+
 def register(sub) -> None:
     command(sub, "train", "train as configured (applies the default defconfig if there is no config)", "GPUS",
             "WORLD_SIZE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RESUME", "RESUME_FROM", "INIT_FROM",
@@ -266,6 +277,10 @@ def register(sub) -> None:
                   "WORLD_SIZE": "set by torchrun for each rank; to plan N processes use 'kfit plan --world-size N'"})
     command(sub, "export", "write one model.safetensors from a run's checkpoint, sharded or not", "RUN", "OUT",
             func=cmd_export, help={"OUT": "the directory to write (default <run>/export)"})
+    command(sub, "report", "one HTML page of a run: its curves against the plan's predictions, its events",
+            "RUN", "OUT", func=cmd_report,
+            help={"RUN": "a run directory (default: the last run under CONFIG_OUTPUT_DIR)",
+                  "OUT": "the page to write (default <run>/report.html)"})
     command(sub, "sample", "generate text from a trained language model's run", "RUN", "PROMPT", "MAX_TOKENS",
             "TEMPERATURE", "TOP_K", "SEED", func=cmd_sample,
             help={"RUN": "a run directory, checkpoint or exported model.safetensors (default: the last run of a "

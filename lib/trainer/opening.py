@@ -38,7 +38,9 @@ def open_run(trainer: "Trainer") -> None:
             p = trainer.progress  # a stream without state: what a resume does (lib/data/stream.py)
             log(resume_note(trainer.train_split, p.window * p.window_size if trainer.resumed_from else 0))
         log(model_line(trainer))
-        log(f"Run directory: {trainer.run_dir}")
+        events = ("; TensorBoard events in tensorboard/ (tensorboard --logdir "
+                  f"{trainer.run_dir / 'tensorboard'})" if "tensorboard" in config.tracking else "")
+        log(f"Run directory: {trainer.run_dir} ('make report' draws its curves into report.html there{events})")
         trainer.monitor = Monitor(
             trainer.run_dir, trainer.total_steps, trainer.device, trainer.hardware,
             interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
