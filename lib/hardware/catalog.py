@@ -152,6 +152,14 @@ class Host:
 HOSTS = {
     # AWS p5.48xlarge: 8 H100, 192 vCPUs, 2048 GiB (https://aws.amazon.com/ec2/instance-types/p5/)
     "h100": Host("AWS p5.48xlarge", 24, True, 256),
+    # An 8-GPU HGX server as AWS p5.48xlarge has it (24 vCPUs and 256 GiB per GPU): assumed, Meta's Grand Teton
+    # publishes no per-GPU figures
+    "h100-96gb": Host("an 8-GPU H100 server (assumed, as AWS p5.48xlarge)", 24, True, 256),
+    # A PCIe server's share: assumed as the H100 NVL's Azure instance below (40 vCPUs, 320 GiB per GPU)
+    "h100-pcie": Host("a PCIe H100 server (assumed, as Azure NC40ads H100 v5)", 40, True, 320),
+    # Azure NC40ads H100 v5: 1 H100 NVL, 40 vCPUs, 320 GiB
+    # (https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ncadsh100v5-series)
+    "h100-nvl": Host("Azure NC40ads H100 v5", 40, True, 320),
     # AWS p5e.48xlarge: 8 H200, 192 vCPUs, 2048 GiB (same page)
     "h200": Host("AWS p5e.48xlarge", 24, True, 256),
     # The superchip's own Grace CPU: 72 Arm Neoverse V2 cores (no SMT), 480 GB LPDDR5X
@@ -184,6 +192,9 @@ HOSTS = {
     # Azure ND MI300X v5: 8 MI300X, 96 vCPUs (physical cores, no SMT), 1850 GiB
     # (https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ndmi300xv5-series)
     "mi300x": Host("Azure ND MI300X v5", 12, False, 231),
+    # Assumed as the MI300X's 8-GPU platform above (12 cores, 231 GiB per GPU): no large cloud publishes a
+    # per-GPU share for it
+    "mi325x": Host("an 8-GPU MI325X server (assumed, as Azure ND MI300X v5)", 12, False, 231),
 }
 
 
@@ -318,6 +329,12 @@ CATALOG: dict[str, CatalogGPU] = {e.key: e for e in _ENTRIES}
 # clouds rent today; ask for "a100-40gb" explicitly for the older card.
 ALIASES: dict[str, str] = {
     "h100-80gb": "h100",
+    "h100-sxm5-96gb": "h100-96gb",
+    "h100-hbm2e": "h100-96gb",
+    "h100-pcie-80gb": "h100-pcie",
+    "h100-nvl-94gb": "h100-nvl",
+    "instinct-mi325x": "mi325x",
+    "mi325x-256gb": "mi325x",
     "h100-sxm": "h100",
     "h100-sxm5": "h100",
     "h200-141gb": "h200",
