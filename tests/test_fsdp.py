@@ -415,3 +415,23 @@ def test_two_machines_shard_then_one_machine_resumes_with_the_same_effective_bat
     for step, loss in reference_losses.items():
         assert got[step] == pytest.approx(loss, abs=1e-4), step
     assert_close_weights(load_exported(export(run_dir, tmp_path / "e")), weights)
+
+
+def test_net_gbps_sets_the_network_between_machines_and_never_beats_the_gpus_own_link():
+    """CONFIG_NET_GBPS (make plan ... NET_GBPS=50): the network a ring over several machines crosses; 0 keeps
+    the catalog's 25 GB/s, and a figure above the GPU's link within a machine is capped by that link."""
+    from lib.hardware import catalog
+    from lib.steptime.comm import communication_for
+
+    def network(gbps, gpu="h100", world=16, local=8):
+        comm = communication_for("fsdp", world_size=world, local_world_size=local, parameters=10**8,
+                                 precision="bf16", device_name=gpu, device_kind="gpu", network_gbps=gbps)
+        return comm.network_bytes_per_s
+
+    assert network(None) == catalog.NETWORK_GBS * 1e9 == network(0)
+    assert network(50) == 50e9 and network(12) == 12e9
+    assert network(1000, gpu="h100-pcie") == catalog.PCIE5_X16_GBS * 1e9  # capped by its own PCIe link
+    assert network(50, world=8, local=8) is None  # one machine: no network
+    slow, fast = (communication_for("fsdp", world_size=16, local_world_size=8, parameters=10**9, precision="bf16",
+                                    device_name="h100", device_kind="gpu", network_gbps=g) for g in (12, 50))
+    assert fast.gather_seconds() < slow.gather_seconds() and "50 GB/s" in fast.describe()

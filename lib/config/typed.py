@@ -114,6 +114,7 @@ class Config:
     nproc: int | None  # MANUAL: processes per machine
     parallel_strategy: str  # auto | ddp | fsdp | fsdp_grad_op | hsdp (lib/parallel.py)
     fsdp_cpu_offload: bool
+    net_gbps: int  # between machines, GB/s per GPU in one direction; 0: the catalog's NETWORK_GBS
 
     # learning-rate finder
     lr_finder_min_lr: float
@@ -396,6 +397,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         parallel_strategy=choice_of(kconf, "PARALLEL_", {"AUTO": "auto", "DDP": "ddp", "FSDP": "fsdp",
                                                       "FSDP_GRAD_OP": "fsdp_grad_op", "HSDP": "hsdp"}),
         fsdp_cpu_offload=bool_of(kconf, "FSDP_CPU_OFFLOAD"),
+        net_gbps=int_of(kconf, "NET_GBPS") or 0,
         **_tuning(kconf),
         **_adaptation(kconf),
         **_checkpoint_control(kconf),

@@ -135,7 +135,7 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
                                         gradient_checkpointing=checkpointing)
     communication = communication_for(strategy, world_size=world_size, local_world_size=local_world_size or world_size,
                                       parameters=counts.parameters, precision=precision, device_name=device.name,
-                                      device_kind=device.kind)
+                                      device_kind=device.kind, network_gbps=config.net_gbps or None)
     model = StepTimeModel(counts=counts, device=device, precision=precision, tf32=tf32, compile=compile,
                           communication=communication)
     key = step_key(config, device_type=device_type, precision=precision, gradient_checkpointing=checkpointing)

@@ -94,9 +94,11 @@ class Communication:
 
 
 def communication_for(strategy: str, *, world_size: int, local_world_size: int, parameters: int,
-                      precision: str, device_name: str, device_kind: str) -> Communication | None:
+                      precision: str, device_name: str, device_kind: str,
+                      network_gbps: float | None = None) -> Communication | None:
     """The strategy's collectives on this device's links; None for one process, or where the links are
-    unknown (a CPU, a GPU the catalog does not know)."""
+    unknown (a CPU, a GPU the catalog does not know). `network_gbps`: the network between machines per GPU
+    (CONFIG_NET_GBPS), else the catalog's; never more than the GPU's own link."""
     if world_size <= 1 or strategy == "none" or device_kind != "gpu":
         return None
     from ..hardware import catalog
@@ -105,7 +107,10 @@ def communication_for(strategy: str, *, world_size: int, local_world_size: int, 
     if link is None:
         return None
     nodes = max(1, world_size // max(1, local_world_size))
-    network = catalog.link_bytes_per_s(device_name, across_machines=True) if nodes > 1 else None
+    network = None
+    if nodes > 1:
+        network = min(link, network_gbps * 1e9) if network_gbps else \
+            catalog.link_bytes_per_s(device_name, across_machines=True)
     shard = local_world_size if strategy == "hsdp" and nodes > 1 else world_size
     gathered = 2 if precision in ("bf16", "fp16") else 4  # lib.parallel.mixed_precision
     return Communication(strategy=strategy, world_size=world_size, shard_size=shard,
