@@ -551,3 +551,19 @@ def test_a_compiled_step_fuses_the_loss_with_the_model():
     assert device_s == pytest.approx(1e9 * steptime.device.COMPILE_MEMORY_FACTOR / h100.bandwidth)
     assert host_s == pytest.approx(100 * steptime.device.COMPILE_OPS_FACTOR * h100.op_overhead_s)
     assert model._bounds(work, False) == (pytest.approx(1e9 / h100.bandwidth), pytest.approx(100 * h100.op_overhead_s))
+
+
+def test_a_run_calibrates_its_plan_whatever_threads_the_calling_process_has(cache, lenet):
+    """A CPU step's key holds the thread count: calibrate took it at the process's threads and the prediction
+    at the plan's, so on a busy machine (the plan at 1 thread, the process at 2) no calibration ever applied."""
+    import dataclasses
+
+    from lib.threads import using_threads
+
+    cpu = resolve_hardware(gpu="cpu")
+    plan = resolve(lenet, cpu, ModelDescription.from_config(lenet))
+    for plan_threads, process_threads in ((1, 2), (2, 1)):
+        at = dataclasses.replace(plan, cpu_threads=plan_threads)
+        with using_threads(process_threads):
+            after = steptime.calibrate(lenet, cpu, at, [0.5])
+        assert after.calibrated and after.seconds == pytest.approx(0.5), (plan_threads, process_threads)

@@ -221,8 +221,11 @@ def _calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_secon
     model = model_for_plan(config, hardware, plan, cache_dir)
     if model is None:
         return None
-    key = step_key(config, device_type=plan.device_type, precision=plan.precision,
-                   gradient_checkpointing=plan.gradient_checkpointing)
+    # the key as model_for_plan reads it: a CPU step's key holds the thread count (its kernels are chosen per
+    # thread count), so it is taken at the plan's threads, not this process's (they differ on a busy machine)
+    with using_threads(plan.cpu_threads if plan.device_type == "cpu" else None):
+        key = step_key(config, device_type=plan.device_type, precision=plan.precision,
+                       gradient_checkpointing=plan.gradient_checkpointing)
     path = steptime_dir(cache_dir) / CALIBRATION_FILE
     entries = calibration_entries(path)  # damaged entries dropped (noted)
     name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.world_size,
