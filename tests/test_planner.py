@@ -250,3 +250,28 @@ def test_the_predictor_retraces_and_replaces_a_cache_file_of_another_structure(t
     second = MemoryPredictor(cache_dir=tmp_path)  # a new process reads the damaged file
     assert second.trace(config, **step).peak_bytes == good.peak_bytes and second.traces == 1
     assert json.loads(path.read_text())["traces"]["8"]["features"] == list(good.features)
+
+
+@pytest.mark.slow
+def test_a_plan_for_a_simulated_gpu_is_the_same_from_a_cold_cache_and_a_warm_one(tmp_path, gpt2_tiny, monkeypatch):
+    """make plan GPU=a10g FREE_GB=...: the same micro-batch and the same predicted figures whatever this machine's
+    cache holds: cold, or warmed by plans for other budgets and GPUs (other traced points on the same lines) and
+    a run's step-time calibration on this CPU (which applies to this CPU's plans only)."""
+    from lib import steptime
+
+    figures = ("micro_batch", "grad_accum", "max_micro_batch", "predicted_peak_bytes", "predicted_step_seconds",
+               "predicted_samples_per_second", "eval_batch", "eval_predicted_peak_bytes")
+
+    def planned(cache, gpu, free_gb, config=gpt2_tiny):
+        monkeypatch.setenv("KFIT_CACHE_DIR", str(cache))
+        return plan(config, resolve_hardware(gpu=gpu, free_gb=free_gb), PlannerPolicy(cache_dir=str(cache)))
+
+    cold = planned(tmp_path / "cold", "a10g", 1.0)
+    warm = tmp_path / "warm"
+    for gpu, free in (("a10g", 2.0), ("a10g", 0.6), ("h100", 4.0), ("a10g", 1.5)):
+        planned(warm, gpu, free)
+    cpu = resolve_hardware(gpu="cpu")
+    here = planned(warm, "cpu", None)
+    steptime.calibrate(gpt2_tiny, cpu, here, [here.predicted_step_seconds * 3])  # a slow run on this CPU
+    again = planned(warm, "a10g", 1.0)
+    assert {f: getattr(again, f) for f in figures} == {f: getattr(cold, f) for f in figures}
