@@ -869,3 +869,45 @@ def test_check_hardware_json_carries_the_details_and_still_reads_back_as_a_profi
     assert HardwareProfile.from_dict({**saved, "details": None}) == p
     with pytest.raises(HardwareError, match="key 'details' must be a JSON object or null"):
         HardwareProfile.from_dict({**saved, "details": [1]})
+
+
+def test_a_profile_with_its_own_speed_figures_plans_a_gpu_the_catalog_lacks(tmp_path):
+    """HW= for a GPU the catalog does not know: renamed, an H100 profile has no step time; with the H100's
+    figures as its own `speed` it predicts the H100's step, and a typo'd figure is one error naming it."""
+    import json
+
+    from lib import config as kc
+    from lib.errors import HardwareError
+    from lib.hardware import load_profile
+    from lib.hyperparams import ModelDescription, resolve
+
+    config = kc.make_defconfig("gpt2-tiny", out=tmp_path / ".config")
+    h100 = hardware.resolve_hardware(gpu="h100")
+    data = h100.to_dict()
+    assert "speed" not in data["gpus"][0]  # a catalog or detected GPU's figures are the catalog's
+    data["gpus"][0]["name"] = "Acme X1"
+    path = tmp_path / "x1.json"
+
+    def planned(speed):
+        data["gpus"][0].pop("speed", None)
+        if speed is not None:
+            data["gpus"][0]["speed"] = speed
+        path.write_text(json.dumps(data))
+        profile = load_profile(str(path))
+        return profile, resolve(config, profile, ModelDescription.from_config(config))
+
+    _, unknown = planned(None)
+    assert unknown.predicted_step_seconds is None
+    peak = catalog.lookup("h100").peak
+    speed = {"fp32_tflops": peak.fp32_tflops, "tf32_tflops": peak.tf32_tflops, "half_tflops": peak.half_tflops,
+             "bandwidth_gbs": peak.bandwidth_gbs, "tdp_watts": 700, "link_gbs": peak.link_gbs}
+    profile, own = planned(speed)
+    reference = resolve(config, h100, ModelDescription.from_config(config))
+    assert own.predicted_step_seconds == pytest.approx(reference.predicted_step_seconds)
+    assert "the HW= profile's peaks" in own.reasons["step_time"]
+    assert HardwareProfile.from_dict(json.loads(profile.to_json())) == profile  # the figures round-trip
+    for bad, why in (({**speed, "half_tflops": 9.9e9}, "'gpus\[0\].speed.half_tflops' must be above 0 and at most 100000"),
+                     ({**speed, "bandwidth_gbs": -1}, "speed.bandwidth_gbs"),
+                     ({k: v for k, v in speed.items() if k != "tdp_watts"}, "tdp_watts")):
+        with pytest.raises(HardwareError, match=why):
+            planned(bad)

@@ -35,6 +35,25 @@ def format_size(n_bytes: int, mb_decimals: int = 1) -> str:
     return format_bytes(n_bytes, mb_decimals)
 
 
+# What a profile's GPU speed figures may be at most: no GPU comes within a factor of ten of these (a B200's dense
+# bf16 is 2,250 TFLOP/s, its HBM 7,700 GB/s, its power 1,000 W); a larger number is a typo, refused.
+SPEED_LIMITS = {"fp32_tflops": 1e4, "tf32_tflops": 1e5, "half_tflops": 1e5, "bandwidth_gbs": 1e5,
+                "link_gbs": 1e5, "tdp_watts": 1e4}
+
+
+@dataclass(frozen=True)
+class GPUSpeed:
+    """A GPU's own speed figures in a HW= profile (dense peaks, as the GPU catalog's entries hold them): they
+    make a GPU the catalog lacks plannable, and override the catalog's for one it has."""
+
+    fp32_tflops: float
+    half_tflops: float  # bf16 (fp16 where there is no bf16) tensor cores
+    bandwidth_gbs: float  # memory, GB/s (10^9 bytes/s)
+    tdp_watts: float
+    tf32_tflops: float | None = None  # None: no TF32 tensor cores
+    link_gbs: float | None = None  # to its peers in one machine, one direction; None: the catalog's, else PCIe's
+
+
 @dataclass(frozen=True)
 class GPUInfo:
     index: int  # torch device index (after CUDA_VISIBLE_DEVICES)
@@ -47,6 +66,7 @@ class GPUInfo:
     arch: str  # "sm_90", "gfx90a", "gfx1100", "apple"
     supports_bf16: bool
     supports_tf32: bool  # NVIDIA cc >= 8.0 only
+    speed: GPUSpeed | None = None  # a HW= profile's own speed figures; None: the GPU catalog's, by name
 
 
 @dataclass(frozen=True)
@@ -131,7 +151,25 @@ class HardwareProfile:
 def _gpu_to_dict(g: GPUInfo) -> dict:
     d = dataclasses.asdict(g)
     d["compute_capability"] = list(g.compute_capability) if g.compute_capability is not None else None
+    if g.speed is None:  # a detected GPU's figures are the catalog's: the profile says nothing of them
+        del d["speed"]
     return d
+
+
+_SPEED_FIELDS = tuple(f.name for f in dataclasses.fields(GPUSpeed))
+_SPEED_OPTIONAL = ("tf32_tflops", "link_gbs")
+
+
+def _speed_from_dict(origin: str, where: str, d: Any) -> GPUSpeed:
+    check_keys(origin, where, d, _SPEED_FIELDS, optional=_SPEED_OPTIONAL)
+    figures = {}
+    for name in _SPEED_FIELDS:
+        value = read_number(origin, f"{where}.{name}", d.get(name), optional=name in _SPEED_OPTIONAL)
+        if value is not None and not 0 < value <= SPEED_LIMITS[name]:
+            raise bad_key(origin, f"{where}.{name}", f"must be above 0 and at most {SPEED_LIMITS[name]:g} "
+                          f"(dense peak, as the GPU catalog's entries hold them), got {describe_value(d.get(name))}")
+        figures[name] = value
+    return GPUSpeed(**figures)
 
 
 _GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GPUInfo))
@@ -140,7 +178,7 @@ _PROFILE_FIELDS = tuple(f.name for f in dataclasses.fields(HardwareProfile))
 
 
 def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
-    check_keys(origin, where, d, _GPU_FIELDS)
+    check_keys(origin, where, d, _GPU_FIELDS, optional=("speed",))
     k = lambda name: f"{where}.{name}"  # noqa: E731
     index = read_int(origin, k("index"), d["index"])
     if index != position:
@@ -186,6 +224,7 @@ def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
         arch=read_str(origin, k("arch"), d["arch"]),
         supports_bf16=bf16,
         supports_tf32=tf32,
+        speed=_speed_from_dict(origin, k("speed"), d["speed"]) if d.get("speed") is not None else None,
     )
 
 

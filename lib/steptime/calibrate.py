@@ -115,6 +115,12 @@ def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, 
     return _hash(device.kind, device.key, counts, tf32, compile, world_size, strategy)
 
 
+def _profile_link(hardware: HardwareProfile) -> float | None:
+    """The GPU link a HW= profile states for its GPUs (GPUSpeed.link_gbs); None: the catalog's."""
+    gpu = hardware.primary_gpu
+    return gpu.speed.link_gbs if gpu is not None and gpu.speed is not None else None
+
+
 def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: str, precision: str,
                     tf32: bool = False, compile: bool = False, gradient_checkpointing: bool | None = None,
                     world_size: int = 1, measure_up_to: int | None = None,
@@ -135,7 +141,8 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
                                         gradient_checkpointing=checkpointing)
     communication = communication_for(strategy, world_size=world_size, local_world_size=local_world_size or world_size,
                                       parameters=counts.parameters, precision=precision, device_name=device.name,
-                                      device_kind=device.kind, network_gbps=config.net_gbps or None)
+                                      device_kind=device.kind, network_gbps=config.net_gbps or None,
+                                      link_gbps=_profile_link(hardware) if device_type == "cuda" else None)
     model = StepTimeModel(counts=counts, device=device, precision=precision, tf32=tf32, compile=compile,
                           communication=communication)
     key = step_key(config, device_type=device_type, precision=precision, gradient_checkpointing=checkpointing)

@@ -95,15 +95,16 @@ class Communication:
 
 def communication_for(strategy: str, *, world_size: int, local_world_size: int, parameters: int,
                       precision: str, device_name: str, device_kind: str,
-                      network_gbps: float | None = None) -> Communication | None:
+                      network_gbps: float | None = None, link_gbps: float | None = None) -> Communication | None:
     """The strategy's collectives on this device's links; None for one process, or where the links are
     unknown (a CPU, a GPU the catalog does not know). `network_gbps`: the network between machines per GPU
-    (CONFIG_NET_GBPS), else the catalog's; never more than the GPU's own link."""
+    (CONFIG_NET_GBPS), else the catalog's; never more than the GPU's own link. `link_gbps`: the GPU's link
+    within a machine where a HW= profile states it (GPUSpeed.link_gbs), else the catalog's."""
     if world_size <= 1 or strategy == "none" or device_kind != "gpu":
         return None
     from ..hardware import catalog
 
-    link = catalog.link_bytes_per_s(device_name)
+    link = link_gbps * 1e9 if link_gbps else catalog.link_bytes_per_s(device_name)
     if link is None:
         return None
     nodes = max(1, world_size // max(1, local_world_size))

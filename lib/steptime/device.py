@@ -159,20 +159,33 @@ def gpu_device(name: str) -> Device | None:
     except HardwareError:
         return None
     peak = entry.peak
-    name_of_family = family(entry.arch)
+    return _gpu(entry.name, entry.arch, fp32=peak.fp32_tflops, tf32=peak.tf32_tflops, half=peak.half_tflops,
+                bandwidth=peak.bandwidth_gbs, watts=entry.tdp_watts, what=f"{entry.key} datasheet peaks")
+
+
+def profile_gpu_device(gpu) -> Device:
+    """A HW= profile GPU's own speed figures (GPUInfo.speed), with its family's efficiencies."""
+    speed = gpu.speed
+    return _gpu(gpu.name, gpu.arch, fp32=speed.fp32_tflops, tf32=speed.tf32_tflops, half=speed.half_tflops,
+                bandwidth=speed.bandwidth_gbs, watts=speed.tdp_watts, what="the HW= profile's peaks")
+
+
+def _gpu(name: str, arch: str, *, fp32: float, tf32: float | None, half: float, bandwidth: float, watts: float,
+         what: str) -> Device:
+    name_of_family = family(arch)
     e = FAMILIES[name_of_family]
     eff, bw = e.matmul, e.bandwidth
-    return Device(kind="gpu", name=entry.name, fp32_flops=peak.fp32_tflops * 1e12 * eff,
-                  tf32_flops=peak.tf32_tflops * 1e12 * eff if peak.tf32_tflops else None,
-                  half_flops=peak.half_tflops * 1e12 * eff, bandwidth=peak.bandwidth_gbs * 1e9 * bw,
+    return Device(kind="gpu", name=name, fp32_flops=fp32 * 1e12 * eff,
+                  tf32_flops=tf32 * 1e12 * eff if tf32 else None,
+                  half_flops=half * 1e12 * eff, bandwidth=bandwidth * 1e9 * bw,
                   op_overhead_s=e.op_overhead_s, step_overhead_s=e.step_overhead_s,
                   conv_efficiency=e.conv / eff, conv_compiled_efficiency=e.conv_compiled / eff,
                   attention_efficiency=e.attention / eff, unaligned_efficiency=e.unaligned / eff,
                   unaligned_compiled_efficiency=e.unaligned_compiled / eff,
                   optimizer_host_s=e.optimizer_host_s,
                   kernel_floor_s=e.kernel_floor_s, compute_efficiency=eff,
-                  power_watts=float(entry.tdp_watts), key=entry.name,
-                  source=f"{entry.key} datasheet peaks x {name_of_family} efficiencies (matmul {eff:.0%}, "
+                  power_watts=float(watts), key=name,
+                  source=f"{what} x {name_of_family} efficiencies (matmul {eff:.0%}, "
                          f"conv {e.conv:.0%}/{e.conv_compiled:.0%} compiled, bandwidth {bw:.0%})")
 
 
@@ -378,6 +391,7 @@ def device_for(hardware: HardwareProfile, device_type: str, cache_dir) -> Device
     """The figures of the device a plan trains on; None where nothing is known (MPS, an unknown GPU)."""
     if device_type == "cpu":
         return cpu_device(hardware, cache_dir)
-    if device_type == "cuda" and hardware.primary_gpu is not None:
-        return gpu_device(hardware.primary_gpu.name)
+    gpu = hardware.primary_gpu
+    if device_type == "cuda" and gpu is not None:
+        return profile_gpu_device(gpu) if gpu.speed is not None else gpu_device(gpu.name)
     return None
