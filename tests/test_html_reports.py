@@ -221,24 +221,16 @@ def run_page(tmp_path_factory) -> Path:
     """make report's page of a real LeNet-5 run of 30 steps (evaluations every 10, the step timer's window),
     with a line cut short by a kill appended to its metrics.jsonl."""
     from lib import config as kc
-    from lib.hardware import resolve_hardware
-    from lib.hyperparams import ModelDescription, resolve
     from lib.run_report import write_report
-    from lib.trainer import Trainer
+    from lib.threads import using_threads
+    from tests.helpers import run
 
     tmp = tmp_path_factory.mktemp("run")
     fragment = tmp / "fragment"
     fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp}/runs"\nCONFIG_DEVICE_CPU=y\nCONFIG_MAX_STEPS=30\n'
                         "CONFIG_LOG_INTERVAL=3\nCONFIG_EVAL_INTERVAL=10\n")
-    config = kc.make_defconfig("lenet5", [str(fragment)], out=tmp / "config")
-    cpu = resolve_hardware(gpu="cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        result = Trainer(config, resolve(config, cpu, ModelDescription.from_config(config)), cpu,
-                         log=lambda line: None).fit()
-    finally:
-        torch.set_num_threads(threads)
+    with using_threads(1):
+        _, result = run(kc.make_defconfig("lenet5", [str(fragment)], out=tmp / "config"))
     with open(result.run_dir / "metrics.jsonl", "a") as metrics:
         metrics.write('{"step": 31, "loss": 0.')
     return write_report(result.run_dir)
