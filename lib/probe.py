@@ -99,7 +99,7 @@ def fingerprint(config: Config, plan: Plan, hardware: HardwareProfile, task: Tas
         "total_bytes": gpu.total_bytes if gpu else hardware.cpu.ram_total_bytes,
         "model": config.model, "preset": config.gpt2_preset, "custom": config.custom_model_factory,
         "data": [info.channels, info.image_size, info.num_classes, info.vocab_size, info.block_size],
-        "optimizer": config.optimizer, "memory_profile": config.memory_profile,
+        "optimizer": config.optimizer, "optimizer_name": config.optimizer_name, "memory_profile": config.memory_profile,
         "precision": plan.precision, "compile": plan.compile, "compile_mode": plan.compile_mode,
         "gradient_checkpointing": plan.gradient_checkpointing,
         "versions": [torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None)],

@@ -50,6 +50,8 @@ def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimi
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     lr = config.learning_rate
+    if config.optimizer == "custom":
+        return named_optimizer(config.optimizer_name or "")(groups, lr=lr)
     if config.optimizer == "sgd":
         momentum = config.sgd_momentum or 0.0
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
@@ -59,6 +61,52 @@ def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimi
     if config.optimizer == "adam":
         return torch.optim.Adam(groups, lr=lr, **fused)
     return torch.optim.AdamW(groups, lr=lr, **fused)
+
+
+# torch.optim classes kfit's loop cannot run, and why
+NOT_RUNNABLE = {"LBFGS": "needs a closure that computes the loss again at every step, which kfit's training loop "
+                         "does not give",
+                "SparseAdam": "takes sparse gradients only, and kfit's models give dense ones"}
+
+
+def named_optimizer(name: str):
+    """CONFIG_OPTIMIZER_NAME as a callable (param_groups, lr=...) -> Optimizer: a torch.optim class by name, or
+    package.module:function; anything else is a ConfigError naming the setting."""
+    import importlib
+
+    from .errors import ConfigError
+
+    where = f'CONFIG_OPTIMIZER_NAME="{name}"'
+    if ":" not in name:
+        found = getattr(torch.optim, name, None)
+        if name in NOT_RUNNABLE:
+            raise ConfigError(f"{where}: {name} {NOT_RUNNABLE[name]}: choose another optimizer")
+        if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
+            known = sorted(n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)
+                           and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+                           and n != "Optimizer" and n not in NOT_RUNNABLE)
+            raise ConfigError(f"{where} is not a torch.optim optimizer: use one of {', '.join(known)}, or "
+                              "package.module:function for one of your own")
+    else:
+        module, function = name.split(":", 1)
+        try:
+            found = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"{where} cannot be loaded ({type(err).__name__}: {err}): put the module on "
+                              "Python's path (e.g. beside the config) and name a function in it") from None
+        if not callable(found):
+            raise ConfigError(f"{where} is not a function: name one that takes the parameter groups and lr=")
+
+    def build(groups, lr):
+        try:
+            optimizer = found(groups, lr=lr)
+        except (TypeError, ValueError, RuntimeError) as err:  # it refuses these parameters (Muon: matrices only)
+            raise ConfigError(f"{where} refused the model's parameters ({type(err).__name__}: "
+                              f"{' '.join(str(err).split())[:200]}): choose another optimizer") from None
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"{where} returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        return optimizer
+    return build
 
 
 def seed_everything(seed: int) -> None:

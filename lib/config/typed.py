@@ -44,7 +44,8 @@ class Config:
     epochs: int
     max_steps: int  # 0 = no limit
     time_limit_s: int  # 0 = no limit
-    optimizer: str  # sgd | adam | adamw
+    optimizer: str  # sgd | adam | adamw | custom
+    optimizer_name: str | None  # custom: a torch.optim class name, or module:function (lib/step.py)
     sgd_momentum: float | None
     learning_rate: float
     weight_decay: float
@@ -169,6 +170,7 @@ ONE_OF = (("HPO_OPTIMIZER_SGD", "HPO_OPTIMIZER_ADAM", "HPO_OPTIMIZER_ADAMW"),)
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+_OPTIMIZER_NAME = re.compile(r"[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # Adagrad | pkg.module:function
 
 
 def _memory_profile(kconf) -> float | None:
@@ -317,6 +319,10 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = str_of(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
         raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
+    optimizer_name = str_of(kconf, "OPTIMIZER_NAME")
+    if optimizer_name is not None and not _OPTIMIZER_NAME.fullmatch(optimizer_name):
+        raise ConfigError(f'CONFIG_OPTIMIZER_NAME="{optimizer_name}" must be a torch.optim class name such as '
+                          'Adagrad, or package.module:function')
     factory = str_of(kconf, "CUSTOM_MODEL_FACTORY")
     if factory is not None and not _FACTORY.fullmatch(factory):
         raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{factory}" must look like package.module:function')
@@ -342,7 +348,8 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         epochs=int_of(kconf, "EPOCHS"),
         max_steps=int_of(kconf, "MAX_STEPS"),
         time_limit_s=int_of(kconf, "TIME_LIMIT"),
-        optimizer=choice_of(kconf, "OPTIMIZER_", {"SGD": "sgd", "ADAM": "adam", "ADAMW": "adamw"}),
+        optimizer=choice_of(kconf, "OPTIMIZER_", {"SGD": "sgd", "ADAM": "adam", "ADAMW": "adamw", "CUSTOM": "custom"}),
+        optimizer_name=str_of(kconf, "OPTIMIZER_NAME"),
         sgd_momentum=number_of(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
         learning_rate=number_of(kconf, "LEARNING_RATE", low=0, low_open=True),
         weight_decay=number_of(kconf, "WEIGHT_DECAY", low=0),

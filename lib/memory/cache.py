@@ -168,7 +168,8 @@ def fingerprint(config: Config, *, device_type: str, precision: str, gradient_ch
 
         key["cpu_kernels"] = cpu_kernels_key()
     if train:  # evaluation runs no backward and no optimizer
-        key.update(gradient_checkpointing=gradient_checkpointing, optimizer=config.optimizer,
+        key.update(gradient_checkpointing=gradient_checkpointing,
+                   optimizer=config.optimizer if config.optimizer != "custom" else f"custom:{config.optimizer_name}",
                    momentum=bool(config.sgd_momentum), weight_decay=config.weight_decay > 0,
                    grad_clip=config.grad_clip > 0)
     text = json.dumps(key, sort_keys=True)

@@ -152,7 +152,7 @@ def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = 
     return terms
 
 
-# Optimizer state per parameter byte once the first step made it (lib/step.py's optimizers).
+# Optimizer state per parameter byte once the first step made it (lib/step.py's; another's is traced, 2 here).
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
 
 

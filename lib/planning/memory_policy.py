@@ -160,9 +160,12 @@ class PlannerPolicy:
             ckpt = self.predictor.predict(config, batch=1, device_type=device_type, precision=precision,
                                           gradient_checkpointing=True, **sharding)
             helps.append(f"gradient checkpointing (CONFIG_GRADIENT_CHECKPOINTING=y): {_fmt(ckpt.peak_bytes)}")
-        if config.optimizer != "sgd":
+        if config.optimizer in ("adam", "adamw"):
             helps.append(f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor "
                          "per parameter instead of two)")
+        elif config.optimizer == "custom":
+            helps.append(f"SGD instead of {config.optimizer_name} (CONFIG_OPTIMIZER_SGD: at most one state tensor "
+                         "per parameter)")
         smaller = spec_for(config.model).smaller
         if smaller:
             helps.append(smaller)
