@@ -149,7 +149,8 @@ def _resolve(request: PlanRequest) -> Plan:
             reasons["eval_batch"] = "twice the micro-batch: evaluation keeps no activations for backward"
         effective = micro * accum * world_size
         with using_threads(timing_threads):
-            memory = _manual_memory(config, hardware, notes, device_type=device_type, compile_mode=compile_mode,
+            memory = _manual_memory(config, hardware, notes, policy or policy_for(config), device_type=device_type,
+                                    compile_mode=compile_mode,
                                     precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
                                     world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload)
     else:
@@ -229,13 +230,14 @@ def _resolve(request: PlanRequest) -> Plan:
         return with_predictions(config, hardware, plan, speed_model)
 
 
-def _manual_memory(config: Config, hardware: HardwareProfile, notes: list[str], **at) -> dict:
+def _manual_memory(config: Config, hardware: HardwareProfile, notes: list[str], policy, **at) -> dict:
     """A MANUAL plan's predicted memory at its fixed batch (the memory planner's figures, and a note where it is
     predicted not to fit). What stops the planner (no data, a model that cannot be built) stops this plan too,
-    as it stops an AUTO one."""
-    from .memory_policy import PLANNER
-
-    memory, warning = PLANNER.at_batch(config=config, hardware=hardware, **at)
+    as it stops an AUTO one. A policy that predicts no memory (the tier policy) predicts none here either: it
+    neither loads the data nor traces, as its AUTO plans do not."""
+    if not hasattr(policy, "at_batch"):
+        return {}
+    memory, warning = policy.at_batch(config=config, hardware=hardware, **at)
     if warning:
         notes.append(warning)
     return memory
