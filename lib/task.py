@@ -18,6 +18,7 @@ from .data import BatchSplit, DatasetInfo, load_image_data, load_text_data
 from .data.splits import DatasetSplit, TensorSplit
 from .data.stream import StreamSplit, is_stream
 from .errors import ConfigError
+from .metrics import Metrics, builtin, custom as custom_metrics
 from .models import build_model
 from .models.freeze import freeze
 from .models.registry import checkpointing_for, spec_for
@@ -41,6 +42,7 @@ class Task:
     # asked (a custom model's way: lib/models/registry.py's checkpointing_for)
     build: Callable[[bool], torch.nn.Module]
     loss: LossFn
+    metrics: Metrics  # what its evaluation reports besides the loss (lib/metrics.py)
 
     def example_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A real batch of `batch_size` training samples (indices wrap around a small split)."""
@@ -89,7 +91,8 @@ def _custom_task(config: Config) -> Task:
             switch(model, how, True)
         return model
 
-    return Task(info=info, train=train, eval=test, build=build, loss=custom.loss_fn)
+    return Task(info=info, train=train, eval=test, build=build, loss=custom.loss_fn,
+                metrics=custom_metrics(info.kind, custom.metrics))
 
 
 def stream_splits(config: Config, train, evaluation) -> tuple[BatchSplit, BatchSplit]:
@@ -142,7 +145,8 @@ def load_task(config: Config) -> Task:
     if config.freeze:  # a pattern that matches nothing is an error now, not when a trace or the trainer builds
         with torch.device("meta"):
             build(False)
-    return Task(info=info, train=train, eval=test, build=build, loss=cross_entropy)
+    return Task(info=info, train=train, eval=test, build=build, loss=cross_entropy,
+                metrics=builtin(info))
 
 
 _LAST: dict[str, Task] = {}  # one slot: planning traces one model at a time, and its data is loaded once

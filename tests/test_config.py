@@ -344,7 +344,7 @@ def test_defconfig_config_is_built_in_memory(tmp_path, monkeypatch):
 
 
 def test_checkpoint_control_symbols_are_off_by_default_and_parsed_strictly(tmp_path):
-    from lib.config.typed import lower_is_better
+    from lib.metrics import higher_is_better
 
     config = kc.make_defconfig("lenet5", out=tmp_path / ".config")
     assert (config.checkpoint_best_keep, config.early_stop_patience) == (0, 0)
@@ -354,9 +354,12 @@ def test_checkpoint_control_symbols_are_off_by_default_and_parsed_strictly(tmp_p
     config = kc.make_defconfig("lenet5", [str(frag)], out=tmp_path / ".config")
     assert (config.checkpoint_best_keep, config.checkpoint_best_metric) == (3, "accuracy")
     assert (config.early_stop_patience, config.early_stop_min_delta) == (4, 1e-3)
-    assert [lower_is_better(m) for m in ("eval_loss", "perplexity", "accuracy", "macro_f1", "bleu")] == [
-        True, True, False, False, None]
-    for text, message in [('CONFIG_CHECKPOINT_BEST_KEEP=1\nCONFIG_CHECKPOINT_BEST_METRIC="bleu"\n', "kfit can rank"),
+    assert [higher_is_better(m, None) for m in ("eval_loss", "perplexity", "accuracy", "macro_f1", "bleu")] == [
+        False, False, True, True, None]
+    # a name is checked against the model's evaluation when training starts (a custom model's may be "bleu")
+    assert kc.make_defconfig(str(write(tmp_path / "d", 'CONFIG_CHECKPOINT_BEST_KEEP=1\nCONFIG_CHECKPOINT_BEST_'
+                                       'METRIC="bleu"\n')), out=tmp_path / "b.config").checkpoint_best_metric == "bleu"
+    for text, message in [('CONFIG_CHECKPOINT_BEST_KEEP=1\nCONFIG_CHECKPOINT_BEST_METRIC="top-5"\n', "not a metric name"),
                           ('CONFIG_EARLY_STOP_PATIENCE=1\nCONFIG_EARLY_STOP_MIN_DELTA="-0.1"\n', "out of range"),
                           ('CONFIG_EARLY_STOP_MIN_DELTA="0.1"\n', "EARLY_STOP_MIN_DELTA")]:  # while it is off
         with pytest.raises(ConfigError, match=message):

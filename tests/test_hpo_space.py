@@ -12,7 +12,6 @@ import torch
 
 from lib import config as kc
 from lib import hpo
-from lib.trainer.evaluation import macro_f1
 from tests.test_hpo import assert_refused, kfit_cli
 
 
@@ -92,8 +91,14 @@ def test_the_objective_sets_the_direction_and_a_study_keeps_it(lenet, tmp_path):
 
 def test_macro_f1_weighs_every_class_alike():
     # labels 0,0,0,1; predictions 0,0,0,0: class 0 F1 = 6/7, class 1 F1 = 0
-    hits, predicted, actual = torch.tensor([3, 0]), torch.tensor([4, 0]), torch.tensor([3, 1])
-    assert macro_f1(hits, predicted, actual) == pytest.approx((6 / 7 + 0) / 2)
+    # (class 2 occurs nowhere: it does not count)
+    from lib.data import DatasetInfo
+    from lib.metrics import builtin
+
+    metrics = builtin(DatasetInfo("t", "image", 3, 1, 1, 0, 0, 4, 4, ""))
+    running = metrics.fresh(torch.device("cpu"))
+    running["macro_f1"].update(torch.tensor([[1.0, 0, 0]] * 4), torch.tensor([0, 0, 0, 1]))
+    assert metrics.finish({"macro_f1": running["macro_f1"]}, 0.0)["macro_f1"] == pytest.approx((6 / 7 + 0) / 2)
 
 
 def test_folds_split_the_training_set(lenet):
@@ -145,12 +150,15 @@ def test_a_text_model_refuses_accuracy(tmp_path):
     gpt2 = kc.derive(kc.defconfig_config("gpt2-tiny"), {"HPO_OBJECTIVE_MACRO_F1": True,
                                                          "OUTPUT_DIR": str(tmp_path)})
 
+    from lib.metrics import Metrics
+
     class Info:
         kind = "text"
 
     class Task:
         info = Info()
+        metrics = Metrics("text", {})
 
-    with pytest.raises(hpo.KfitError, match="reports no macro-F1.*CONFIG_HPO_OBJECTIVE_EVAL_LOSS"):
+    with pytest.raises(hpo.KfitError, match="reports no macro-F1.*eval_loss, perplexity.*CONFIG_HPO_OBJECTIVE_EVAL_LOSS"):
         from lib.hpo.runner import check_metric
         check_metric(gpt2, Task())

@@ -137,7 +137,7 @@ LAYERS = [
     {"lib.errors", "lib.env", "lib.fileio", "lib.resources", "lib.units", "lib.progress", "lib.parallel"},
     {"lib.config"},
     {"lib.hardware"},
-    {"lib.plan", "lib.models", "lib.data"},
+    {"lib.plan", "lib.models", "lib.data", "lib.metrics"},
     # what a step and a run are made of, beside the chain: the task, one step, threads, checkpoints, processes
     {"lib.task", "lib.step", "lib.threads", "lib.tracking", "lib.checkpoint", "lib.resumable", "lib.oom", "lib.monitor",
      "lib.distributed", "lib.torchrun_output", "lib.export", "lib.sample", "lib.runs"},

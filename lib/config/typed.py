@@ -258,17 +258,6 @@ def _tuning(kconf) -> dict:
 _METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def lower_is_better(metric: str) -> bool | None:
-    """Whether a smaller value of an evaluation metric is better, decided by its name: losses and
-    perplexities are, accuracies and F1 scores are not; None for a name that says neither."""
-    name = metric.lower()
-    if "loss" in name or "perplexity" in name:
-        return True
-    if "accuracy" in name or "f1" in name:
-        return False
-    return None
-
-
 def _checkpoint_control(kconf) -> dict:
     """Best-k checkpoints and early stopping; the metric's name must say which way is better (whether this
     model's evaluation reports it is checked when training starts: lib/trainer/best.py)."""
@@ -279,9 +268,9 @@ def _checkpoint_control(kconf) -> dict:
         early_stop_min_delta=number_of(kconf, "EARLY_STOP_MIN_DELTA", low=0),
     )
     metric = c["checkpoint_best_metric"]
-    if metric is not None and (not _METRIC.fullmatch(metric) or lower_is_better(metric) is None):
-        raise ConfigError(f'CONFIG_CHECKPOINT_BEST_METRIC="{metric}" is not a metric kfit can rank: use eval_loss '
-                          "(every model), accuracy (image models) or perplexity (GPT-2)")
+    if metric is not None and not _METRIC.fullmatch(metric):
+        raise ConfigError(f'CONFIG_CHECKPOINT_BEST_METRIC="{metric}" is not a metric name: use eval_loss (every '
+                          "model), accuracy (image models), perplexity (text models) or a custom model's own")
     return c
 
 

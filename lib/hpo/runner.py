@@ -275,14 +275,13 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def check_metric(config: Config, task) -> None:
-    """Refuse an objective the model's evaluation does not report (accuracy, macro-F1: classifiers only)."""
-    from ..trainer.evaluation import metric_names
-
-    goal = config.hpo_objective
-    if goal not in metric_names(task.info.kind):
+    """Refuse an objective the model's evaluation does not report (accuracy, macro-F1: classifiers, and custom
+    models whose factory returns metrics of those names)."""
+    goal, names = config.hpo_objective, task.metrics.names
+    if goal not in names:
         raise KfitError(f"CONFIG_HPO_OBJECTIVE_{goal.upper()}: the {config.model} model's evaluation reports no "
-                        f"{objective_label(goal)} (a {task.info.kind} model: "
-                        f"{', '.join(metric_names(task.info.kind))}): choose CONFIG_HPO_OBJECTIVE_EVAL_LOSS")
+                        f"{objective_label(goal)} (a {task.info.kind} model: {', '.join(names)}): choose "
+                        "CONFIG_HPO_OBJECTIVE_EVAL_LOSS")
 
 
 class FoldSplit(BatchSplit):

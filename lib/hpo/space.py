@@ -276,15 +276,20 @@ def study_objective(study: optuna.Study) -> str:
     objective; a study without trials or objective yet: as its direction says)."""
     if "objective" in study.user_attrs:
         return study.user_attrs["objective"]
-    if not study.get_trials(deepcopy=False) and study.direction == optuna.study.StudyDirection.MAXIMIZE:
+    if not _ran(study) and study.direction == optuna.study.StudyDirection.MAXIMIZE:
         return "accuracy"
     return "eval_loss"
+
+
+def _ran(study: optuna.Study) -> list:
+    """The study's trials that started (not those only enqueued, which carry no objective yet)."""
+    return [t for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING]
 
 
 def check_objective(study: optuna.Study, config: Config, where: str) -> None:
     """Refuse a config whose objective is not the study's: a study's direction is fixed when it is created."""
     have, want = study_objective(study), config.hpo_objective
-    fresh = "objective" not in study.user_attrs and not study.get_trials(deepcopy=False)
+    fresh = "objective" not in study.user_attrs and not _ran(study)
     if have != want and not (fresh and direction(have) == direction(want)):
         raise KfitError(
             f"the objective changed: study '{study.study_name}' in {redact(where)} scores trials by "

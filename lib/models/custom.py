@@ -1,6 +1,6 @@
 """Bring your own model: CONFIG_CUSTOM_MODEL_FACTORY="package.module:function".
 
-The factory takes no arguments and returns (model, data, loss_fn):
+The factory takes no arguments and returns (model, data, loss_fn), or (model, data, loss_fn, metrics):
 
     model       a torch.nn.Module; model(inputs) -> outputs
     data        either make_batch(batch_size, generator) -> (inputs, targets), CPU tensors
@@ -13,6 +13,9 @@ The factory takes no arguments and returns (model, data, loss_fn):
                 or a stream (a torch IterableDataset, a Hugging Face IterableDataset) with the
                 same items, or a (train stream, eval stream or dataset) pair
     loss_fn     loss_fn(outputs, targets) -> scalar mean loss over the batch
+    metrics     optional: torchmetrics Metric objects the evaluation updates with (outputs, targets):
+                one (named after its class: accuracy, f1_score), a {name: Metric} mapping or a
+                MetricCollection (lib/metrics.py)
 
 kfit draws the training and evaluation sets from make_batch once (seeded); a
 dataset is read item by item as batches need it (in the data loader's workers
@@ -49,6 +52,7 @@ import torch
 
 from ..data.stream import is_stream
 from ..errors import ConfigError, KfitError
+from ..metrics import named
 from ..resources import CHECKOUT, PACKAGE
 
 MakeBatch = Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
@@ -64,6 +68,7 @@ class CustomModel:
     make_batch: MakeBatch | None
     loss_fn: LossFn
     datasets: tuple | None = None  # (train, eval) datasets or streams, where data is not make_batch
+    metrics: dict | None = None  # {name: torchmetrics Metric}, where the factory returned some
 
 
 def is_dataset(value) -> bool:
@@ -183,10 +188,12 @@ def build_custom(spec: str) -> CustomModel:
         result = factory()
     if isinstance(result, CustomModel):
         return result
-    if not (isinstance(result, (tuple, list)) and len(result) == 3):
-        raise ConfigError(f"{symbol(spec)} must return (model, make_batch or dataset, loss_fn); "
-                          f"it returned {type(result).__name__}")
-    model, data, loss_fn = result
+    if not (isinstance(result, (tuple, list)) and len(result) in (3, 4)):
+        raise ConfigError(f"{symbol(spec)} must return (model, make_batch or dataset, loss_fn) or (model, "
+                          f"make_batch or dataset, loss_fn, metrics); it returned {type(result).__name__}"
+                          + (f" of {len(result)}" if isinstance(result, (tuple, list)) else ""))
+    model, data, loss_fn = result[:3]
+    metrics = named(result[3], symbol(spec)) if len(result) == 4 else None
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{symbol(spec)}: the first value returned must be a "
                           f"torch.nn.Module, not {type(model).__name__}")
@@ -197,7 +204,7 @@ def build_custom(spec: str) -> CustomModel:
                           f"{type(data).__name__}")
     if not callable(loss_fn):
         raise ConfigError(f"{symbol(spec)}: loss_fn is not callable")
-    return CustomModel(model, None if datasets else data, loss_fn, datasets)
+    return CustomModel(model, None if datasets else data, loss_fn, datasets, metrics)
 
 
 _HOW: dict[tuple, object] = {}  # checkpointing_of's answers, by factory, its source and the class names

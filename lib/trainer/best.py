@@ -9,32 +9,37 @@ that a resume from an older checkpoint left out of `best` are deleted at the nex
 from __future__ import annotations
 
 from ..config import Config
-from ..config.typed import lower_is_better
 from ..errors import ConfigError
-from .evaluation import metric_names
+from ..metrics import Metrics
 from .windows import Progress
 
 
-def check_metric(config: Config, kind: str, model: str) -> None:
-    """Before training: the configured metric must be one this task's evaluation reports."""
+def check_metric(config: Config, metrics: Metrics, model: str) -> bool:
+    """Before training: the configured metric must be one this task's evaluation reports, in a direction
+    known (its Metric's higher_is_better, or its name). Returns whether lower values are better."""
     metric = config.checkpoint_best_metric
     if not (config.checkpoint_best_keep or config.early_stop_patience) or metric is None:
-        return
-    names = metric_names(kind)
-    if metric not in names:
+        return True
+    if metric not in metrics.names:
         raise ConfigError(f'CONFIG_CHECKPOINT_BEST_METRIC="{metric}": the evaluation of {model} reports '
-                          f"{', '.join(names)}, not {metric}: set it to one of those")
+                          f"{', '.join(metrics.names)}, not {metric}: set it to one of those")
+    lower = metrics.lower_is_better(metric)
+    if lower is None:
+        raise ConfigError(f'CONFIG_CHECKPOINT_BEST_METRIC="{metric}": its Metric does not say whether higher '
+                          "is better: set higher_is_better on its class, or rank by another metric")
+    return lower
 
 
 def improved(value: float, best: float, lower: bool, delta: float = 0.0) -> bool:
     return value < best - delta if lower else value > best + delta
 
 
-def judge(config: Config, progress: Progress, step: int, metrics: dict) -> tuple[bool, str | None]:
-    """Update the progress's best-k list and early-stopping count with an evaluation at `step`.
-    Returns (whether it is among the best k: save best-<step>, why to stop early or None)."""
+def judge(config: Config, progress: Progress, step: int, metrics: dict, lower: bool) -> tuple[bool, str | None]:
+    """Update the progress's best-k list and early-stopping count with an evaluation at `step` (`lower`: whether
+    lower values of the metric are better). Returns (whether it is among the best k: save best-<step>, why to
+    stop early or None)."""
     metric = config.checkpoint_best_metric
-    value, lower = float(metrics[metric]), lower_is_better(metric)
+    value = float(metrics[metric])
     entered = False
     keep = config.checkpoint_best_keep
     if keep and value == value and all(s != step for s, _ in progress.best):  # NaN never ranks; a step once

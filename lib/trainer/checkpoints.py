@@ -37,8 +37,9 @@ class Checkpoints:
 
     def __init__(self, config: Config, hardware: HardwareProfile, rank: Rank, directory: RunDirectory,
                  engine: Engine, recovery: Recovery, *, elapsed: Callable[[], float], event: Callable[..., None],
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], lower_is_better: bool = True) -> None:
         self.config, self.hardware, self.rank, self.directory = config, hardware, rank, directory
+        self.lower_is_better = lower_is_better  # of CONFIG_CHECKPOINT_BEST_METRIC (best.check_metric)
         self.engine, self.recovery, self.elapsed, self.event, self.log = engine, recovery, elapsed, event, log
         self.last_checkpoint = time.perf_counter()
         self.saved_step: int | None = None  # the step of the last periodic checkpoint
@@ -99,7 +100,7 @@ class Checkpoints:
         config, p = self.config, self.recovery.progress
         if not (config.checkpoint_best_keep or config.early_stop_patience):
             return False
-        verdict = best.judge(config, p, entry["step"], entry) if self.rank.is_main else None
+        verdict = best.judge(config, p, entry["step"], entry, self.lower_is_better) if self.rank.is_main else None
         if not final or self.sharded:
             verdict = distributed.broadcast(verdict)
         entered, stop = verdict

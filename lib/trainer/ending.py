@@ -29,14 +29,15 @@ def quietly(log: Callable[[str], None], what: str, action: Callable[[], None], s
 
 
 def finish(trainer: Trainer, history: list[dict], stop_reason: str, seconds: float) -> dict:
-    """The final evaluation and checkpoint (on the ranks that save), then the step-time report and the "Saved"
+    """The final evaluation (every rank) and checkpoint (on the ranks that save), then the step-time report and the "Saved"
     line; returns the final metrics. What fails after the checkpoint is a warning."""
     t, p, final, path = trainer, trainer.progress, {}, None
+    # early stopping has just evaluated this very step: its metrics are the final ones; else every rank
+    # evaluates its share
+    last = history[-1] if stop_reason == "early_stop" else {}
+    measured = {k: v for k, v in last.items() if k not in ("step", "epoch")} or None
+    entry = t.log_eval(p.step, t.epochs_begun(), final=True, result=measured)
     if t.saves:
-        # early stopping has just evaluated this very step: its metrics are the final ones
-        last = history[-1] if stop_reason == "early_stop" else {}
-        measured = {k: v for k, v in last.items() if k not in ("step", "epoch")} or None
-        entry = t.log_eval(p.step, t.epochs_begun(), final=True, result=measured)
         history.append(entry)
         t.judge(entry, final=True)
         final = {k: v for k, v in entry.items() if k not in ("step", "epoch", "final")}

@@ -97,7 +97,7 @@ class Trainer:
         self.device = distributed.device_for(self.rank, plan.device_type)
         self.task = task or load_task(config)  # a data error first: before anything is written
         # then what else the user can get wrong, still before the run directory exists
-        best.check_metric(config, self.task.info.kind, config.model)
+        lower_is_better = best.check_metric(config, self.task.metrics, config.model)
         initial = load_initial(init_from, self.task) if init_from is not None else None
         self.directory, resume, chosen = RunDirectory.claim(config, self.rank, run_dir, resume, self.log)
         self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
@@ -118,7 +118,8 @@ class Trainer:
             initial.weights = None
         self.started = time.perf_counter()
         self.checkpoints = Checkpoints(config, hardware, self.rank, self.directory, self.engine, self.recovery,
-                                       elapsed=self.elapsed, event=self.event, log=self.log)
+                                       elapsed=self.elapsed, event=self.event, log=self.log,
+                                       lower_is_better=lower_is_better)
         self.resumed_from = self.checkpoints.restore(chosen, marker) if resume is not None else None
         self.engine.wrap(self.plan)
         self.recover_oom = config.oom_recovery and not self.sharded
@@ -129,7 +130,8 @@ class Trainer:
         self.conditions: Conditions | None = None  # heat and battery, while fit() runs
         self.on_eval = on_eval
         self.sensors = sensors or Sensors()
-        self.evaluator = Evaluator(self.task, config, self.device, self.engine.inject)
+        self.evaluator = Evaluator(self.task, config, self.device, self.engine.inject, self.rank,
+                                   lockstep=self.engine.sharded)
         self.agreement = Agreement(self.device, self.rank.active)  # a host group under NCCL: every rank makes it
         self.losses = Losses()  # the steps' losses not yet read (settle)
         self.last_loss = math.nan  # the newest loss read, for the monitor's progress line
@@ -323,11 +325,8 @@ class Trainer:
         return self.evaluator(self.model, self.plan, self.recovery.eval_batch_halved)
 
     def log_eval(self, step: int, epoch: int, final: bool = False, result: dict | None = None) -> dict:
-        """Evaluate and report: rank 0 only (the others wait at the next step's collective), or under
-        FSDP every rank (a sharded forward gathers parameters from all), rank 0 reporting. `result`: this
-        step's metrics, measured already."""
-        if not self.saves:
-            return {"step": step, "epoch": epoch}
+        """Evaluate and report: every rank evaluates its share of the split (evaluation.py), rank 0 reports.
+        `result`: this step's metrics, measured already."""
         result = self.evaluate() if result is None else result
         if not self.rank.is_main:
             return {"step": step, "epoch": epoch, **result}
