@@ -18,16 +18,24 @@ from .config import Config
 from .plan import Plan
 
 
+# Where kfit runs torch's fused optimizer kernels: optimizer -> the device types. One kernel per step (CUDA) or
+# per parameter (CPU) updates the parameters in place, where the foreach path launches several per list and
+# allocates whole lists of temporaries, and torch's CPU default loops over the parameters in Python with about
+# ten ops each: on this 2-core CPU, 2026-11-26, an AdamW step took 0.63 ms fused against 2.06 ms by default for
+# LeNet-5 (10 tensors) and 4.1 against 15.9 ms for GPT-2-tiny (52, one thread); a tenth of LeNet-5's step
+# (docs/benchmarks.md, make bench-loop). The same classes named through CONFIG_OPTIMIZER_NAME run fused alike.
+# Other optimizers run torch's default: foreach (multi-tensor) on GPUs, as SGD did in the H100 memory
+# measurements the planner is checked against (docs/validation/); its fused kernel waits for a GPU to measure.
+FUSED = {"adam": ("cuda", "cpu"), "adamw": ("cuda", "cpu")}
+_CLASSES = {"Adam": "adam", "AdamW": "adamw"}
+
+
 def fused_on(config: Config, device_type: str) -> bool:
-    """Whether the trainer's optimizer runs torch's fused kernel on `device_type`: Adam and AdamW on CUDA and on
-    CPUs, where torch has it. One kernel per step (CUDA) or per parameter (CPU) updates it in place, where the
-    foreach path launches several per list and allocates whole lists of temporaries, and torch's CPU default loops
-    over the parameters in Python with about ten ops each: on this 2-core CPU, 2026-11-26, an AdamW step took
-    0.63 ms fused against 2.06 ms by default for LeNet-5 (10 tensors) and 4.1 against 15.9 ms for GPT-2-tiny (52,
-    one thread); a tenth of LeNet-5's step (docs/benchmarks.md, make bench-loop). With fp16 GradScaler it hands the
-    kernel the scale and the inf flag without reading them back. Elsewhere (MPS, SGD) torch's default
-    implementation runs. The memory tracer asks the same question (lib/memory/trace.py step_optimizer)."""
-    return config.optimizer in ("adam", "adamw") and device_type in ("cuda", "cpu") and device_type in _fused_devices()
+    """Whether the trainer's optimizer runs torch's fused kernel on `device_type` (FUSED, where this torch has
+    fused kernels for the device). With fp16 GradScaler it hands the kernel the scale and the inf flag without
+    reading them back. The memory tracer asks the same question (lib/memory/trace.py step_optimizer)."""
+    kind = _CLASSES.get(config.optimizer_name or "") if config.optimizer == "custom" else config.optimizer
+    return device_type in FUSED.get(kind, ()) and device_type in _fused_devices()
 
 
 def _fused_devices() -> list[str]:
@@ -43,21 +51,30 @@ def _device_type_of(parameters: list[torch.nn.Parameter]) -> str | None:
     return types.pop() if len(types) == 1 else None
 
 
+def decay_groups(config: Config, model: torch.nn.Module) -> list[dict]:
+    """The optimizer's two parameter groups: weight matrices and kernels decayed by CONFIG_WEIGHT_DECAY; biases
+    and norm scales (fewer than two dimensions) not regularised, nor embedding tables (and an output layer
+    tied to one) with CONFIG_WEIGHT_DECAY_EMBEDDINGS=n. Both in the model's parameter order."""
+    embeddings = set() if config.weight_decay_embeddings else \
+        {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for p in trained if p.dim() < 2 or id(p) in embeddings]
+    return [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def make_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    # Decay weight matrices and kernels only; biases and norm scales are not regularised.
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = decay_groups(config, model)
+    decay, no_decay = groups[0]["params"], groups[1]["params"]
     lr = config.learning_rate
+    # fused where every parameter is on a device it runs on (FUSED); elsewhere torch's default
+    device_type = _device_type_of(decay + no_decay)
+    fused = {"fused": True} if device_type is not None and fused_on(config, device_type) else {}
     if config.optimizer == "custom":
-        return named_optimizer(config.optimizer_name or "")(groups, lr=lr)
+        return named_optimizer(config.optimizer_name or "")(groups, lr=lr, **fused)
     if config.optimizer == "sgd":
         momentum = config.sgd_momentum or 0.0
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
-    # fused where every parameter is on a device it runs on (CUDA, CPU); elsewhere torch's default
-    device_type = _device_type_of(decay + no_decay)
-    fused = {"fused": True} if device_type is not None and fused_on(config, device_type) else {}
     if config.optimizer == "adam":
         return torch.optim.Adam(groups, lr=lr, **fused)
     return torch.optim.AdamW(groups, lr=lr, **fused)
@@ -97,9 +114,9 @@ def named_optimizer(name: str):
         if not callable(found):
             raise ConfigError(f"{where} is not a function: name one that takes the parameter groups and lr=")
 
-    def build(groups, lr):
+    def build(groups, lr, **fused):  # fused=True only for the torch classes FUSED names
         try:
-            optimizer = found(groups, lr=lr)
+            optimizer = found(groups, lr=lr, **fused)
         except (TypeError, ValueError, RuntimeError) as err:  # it refuses these parameters (Muon: matrices only)
             raise ConfigError(f"{where} refused the model's parameters ({type(err).__name__}: "
                               f"{' '.join(str(err).split())[:200]}): choose another optimizer") from None

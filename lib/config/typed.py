@@ -49,7 +49,11 @@ class Config:
     sgd_momentum: float | None
     learning_rate: float
     weight_decay: float
-    lr_schedule: str  # cosine | constant
+    weight_decay_embeddings: bool  # n: embedding tables are not decayed, as biases and norms never are
+    lr_schedule: str  # cosine | linear | wsd | constant | custom (lib/trainer/schedule.py)
+    lr_min_ratio: float | None  # cosine, linear, wsd: where the decay ends, a share of the peak
+    lr_decay_fraction: float | None  # wsd: the share of the steps after warm-up that decay
+    lr_schedule_function: str | None  # custom: module:function(step[, total_steps]) -> multiplier
     warmup_steps: int
     grad_clip: float
     # parameter-name patterns (fnmatch) whose parameters are frozen: no gradient, no optimizer state
@@ -304,6 +308,14 @@ def _prefetch_factor(kconf) -> int:
     return factor
 
 
+def _function_of(kconf: kconfiglib.Kconfig, name: str) -> str | None:
+    """A package.module:function string symbol (None while hidden); an empty or malformed one is refused."""
+    value = str_of(kconf, name)
+    if value is not None and not _FACTORY.fullmatch(value):
+        raise ConfigError(f'CONFIG_{name}="{value}" must look like package.module:function')
+    return value
+
+
 def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = str_of(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
@@ -312,9 +324,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     if optimizer_name is not None and not _OPTIMIZER_NAME.fullmatch(optimizer_name):
         raise ConfigError(f'CONFIG_OPTIMIZER_NAME="{optimizer_name}" must be a torch.optim class name such as '
                           'Adagrad, or package.module:function')
-    factory = str_of(kconf, "CUSTOM_MODEL_FACTORY")
-    if factory is not None and not _FACTORY.fullmatch(factory):
-        raise ConfigError(f'CONFIG_CUSTOM_MODEL_FACTORY="{factory}" must look like package.module:function')
+    factory = _function_of(kconf, "CUSTOM_MODEL_FACTORY")
     return Config(
         model=member_of(kconf, "MODEL_"),
         gpt2_preset=choice_of(kconf, "GPT2_PRESET_", {"TINY": "tiny", "30M": "30m", "51M": "51m", "124M": "124m", "355M": "355m",
@@ -342,8 +352,13 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         sgd_momentum=number_of(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
         learning_rate=number_of(kconf, "LEARNING_RATE", low=0, low_open=True),
         weight_decay=number_of(kconf, "WEIGHT_DECAY", low=0),
-        lr_schedule=choice_of(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "CONSTANT": "constant"}),
-        warmup_steps=int_of(kconf, "WARMUP_STEPS"),
+        weight_decay_embeddings=bool_of(kconf, "WEIGHT_DECAY_EMBEDDINGS"),
+        lr_schedule=choice_of(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "LINEAR": "linear", "WSD": "wsd",
+                                                      "CONSTANT": "constant", "CUSTOM": "custom"}),
+        lr_min_ratio=number_of(kconf, "LR_MIN_RATIO", low=0, high=1),
+        lr_decay_fraction=number_of(kconf, "LR_DECAY_FRACTION", low=0, low_open=True, high=1),
+        lr_schedule_function=_function_of(kconf, "LR_SCHEDULE_FUNCTION"),
+        warmup_steps=int_of(kconf, "WARMUP_STEPS") or 0,  # hidden (0) under a schedule function of the user's
         grad_clip=number_of(kconf, "GRAD_CLIP", low=0),
         freeze=_words(kconf, "FREEZE"),
         seed=int_of(kconf, "SEED"),

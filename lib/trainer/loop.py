@@ -54,6 +54,7 @@ from .opening import open_run
 from .recovery import Recovery
 from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoint_due
 from .rundir import RunDirectory, output_directory
+from .schedule import check_schedule
 from .timing import StepTimer, finish_line, format_seconds
 from .windows import InputWait, Progress, epoch_windows, epochs_trained, total_steps
 
@@ -98,6 +99,7 @@ class Trainer:
         self.task = task or load_task(config)  # a data error first: before anything is written
         # then what else the user can get wrong, still before the run directory exists
         lower_is_better = best.check_metric(config, self.task.metrics, config.model)
+        check_schedule(config)  # a schedule function of the user's loads and gives a rate
         initial = load_initial(init_from, self.task) if init_from is not None else None
         self.directory, resume, chosen = RunDirectory.claim(config, self.rank, run_dir, resume, self.log)
         self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
