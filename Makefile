@@ -121,7 +121,7 @@ plan: $(ENV_STAMP) ## Show the resolved plan (FORMAT=json, HW=, GPU=, FREE_GB=, 
 check-hardware: $(ENV_STAMP) ## Report this machine (or HW=/GPU=) and the plan for the config
 	$(Q)$(KFIT) check-hardware
 
-train: $(ENV_STAMP) ## Train as configured (default defconfig without a config; RESUME_FROM=<run> INIT_FROM=<weights>)
+train: $(ENV_STAMP) ## Train as configured (default defconfig without a config; RESUME_FROM=<run> INIT_FROM=<weights> EXTEND_EPOCHS=N)
 	$(Q)$(KFIT) train
 
 export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint>, default the last run; OUT=dir)

@@ -51,13 +51,16 @@ def last_run(output_dir: Path, fits: Callable[[str | None], bool] = lambda model
 
 
 def run_or_last(given: str | None, output_dir: Path, command: str, what: str,
-                fits: Callable[[str | None], bool] = lambda model: True, kinds: str = "") -> tuple[Path, bool]:
+                fits: Callable[[str | None], bool] = lambda model: True, kinds: str = "",
+                command_line: str | None = None) -> tuple[Path, bool]:
     """RUN= when given, else the last run that fits: (the path, whether it was the last run). None found is
-    one KfitError naming RUN= and where kfit looked."""
+    one KfitError naming RUN= and where kfit looked (`command_line`: the make command to show, default
+    `command`)."""
     if given:
         return Path(given), False
     run = last_run(output_dir, fits)
     if run is None:
         raise KfitError(f"no {kinds + ' ' if kinds else ''}run under CONFIG_OUTPUT_DIR ({output_dir}) to {command}: "
-                        f"train one first, or name {what} with RUN=, e.g. 'make {command} RUN=runs/<run>'")
+                        f"train one first, or name {what} with RUN=, e.g. "
+                        f"'make {command_line or command} RUN=runs/<run>'")
     return run, True

@@ -143,7 +143,7 @@ LAYERS = [
      "lib.distributed", "lib.torchrun_output", "lib.export", "lib.sample", "lib.runs"},
     {"lib.memory", "lib.steptime"},
     {"lib.planning", "lib.probe"},
-    {"lib.hyperparams", "lib.trainer"},
+    {"lib.hyperparams", "lib.trainer", "lib.extension"},
     {"lib.report", "lib.run_report", "lib.recommend", "lib.lr_finder", "lib.hpo", "lib.validation"},
     {"lib.api", "lib.cli", "lib.__main__", "lib.randcheck"},
 ]

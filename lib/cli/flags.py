@@ -52,6 +52,10 @@ FLAGS: dict[str, Flag] = {
     "INIT_FROM": Flag("--init-from", "PATH", "start a new run from the weights of this run directory, checkpoint "
                       "or model.safetensors (fine-tuning)"),
     "RUN": Flag("--run", "DIR", "a run directory or checkpoint"),
+    "EXTEND_EPOCHS": Flag("--extend-epochs", "N", "continue a finished run (RUN=, default the last run) for N more "
+                          "epochs, its schedule extended"),
+    "EXTEND_STEPS": Flag("--extend-steps", "N", "continue a finished run (RUN=, default the last run) for N more "
+                         "optimizer steps, its schedule extended"),
     "PROMPT": Flag("--prompt", "TEXT", "the text the model continues"),
     "MAX_TOKENS": Flag("--max-tokens", "N", "tokens to generate (default 200)"),
     "TEMPERATURE": Flag("--temperature", "T", "sampling temperature, 0 for greedy (default 0.8)"),

@@ -31,6 +31,9 @@ class Invocation:
     resume: bool | None = None  # RESUME=
     resume_from: str | None = None
     init_from: str | None = None
+    extend_epochs: int | None = None  # EXTEND_EPOCHS=: continue a finished run (lib/extension.py)
+    extend_steps: int | None = None
+    run: str | None = None  # RUN=: the run to extend (default the last one)
     hw: str | None = None
     gpu: str | None = None
     free_gb: float | None = None
@@ -47,6 +50,8 @@ class Invocation:
                      world_size=env_number("WORLD_SIZE", int, None, env, minimum=1),
                      resume=env_bool("RESUME", None, env), resume_from=env_text("RESUME_FROM", env),
                      init_from=env_text("INIT_FROM", env), hw=env_text("HW", env), gpu=env_text("GPU", env),
+                     extend_epochs=env_number("EXTEND_EPOCHS", int, None, env, minimum=1),
+                     extend_steps=env_number("EXTEND_STEPS", int, None, env, minimum=1), run=env_text("RUN", env),
                      free_gb=env_number("FREE_GB", float, None, env), plan_path=env_text(PLAN_VARIABLE, env),
                      overrides=_overrides(env_text(SET_VARIABLE, env)))
         # NNODES= and the planning settings after the plain values: their parsers live beside torch (lib.distributed,

@@ -138,6 +138,24 @@ def _handed_plan(config, hardware, run: Invocation, world_size: int, log, nodes:
     return api.plan_for(config, hardware, world_size, nodes=nodes, settings=run.settings)
 
 
+def extended_run(run: Invocation):
+    """EXTEND_EPOCHS= / EXTEND_STEPS=: the finished run (RUN=, else the last run under the config's OUTPUT_DIR)
+    made an unfinished run of its extended config, which is returned (lib/extension.py)."""
+    from ..extension import extend
+
+    what = "EXTEND_EPOCHS=" if run.extend_epochs else "EXTEND_STEPS="
+    clash = [name for name, given in (("RESUME_FROM=", run.resume_from), ("INIT_FROM=", run.init_from),
+                                      ("RESUME=0", run.resume is False),
+                                      ("EXTEND_STEPS=", run.extend_epochs and run.extend_steps)) if given]
+    if clash or run.overrides:
+        extra = clash[0] if clash else f"the override {run.overrides[0][0]}={run.overrides[0][1]}"
+        raise KfitError(f"{what} continues a finished run with its own config: drop {extra} (to change a setting, "
+                        "start a new run from its weights with INIT_FROM=<run>)")
+    run_dir = _run("extend", "the finished run to extend", given=run.run,
+                   command_line=f"train {what}{run.extend_epochs or run.extend_steps}")
+    return extend(run_dir, epochs=run.extend_epochs, steps=run.extend_steps)
+
+
 # A process of the run stopped under this one: resumable, like a failed device (exit status 3)
 PEER_LOST_EXIT = 3
 
@@ -156,7 +174,8 @@ def cmd_train(args) -> int:
     hardware = hardware_from_env(allow_simulated=False, run=run)
     # a rank of a kfit launch trains the config and plan its launcher handed it, overrides applied there
     handed = handed_launch(run.plan_path) if distributed.under_torchrun() and run.plan_path else None
-    config = handed[0] if handed else ensure_config(run)
+    config = handed[0] if handed else extended_run(run) if run.extend_epochs or run.extend_steps else \
+        ensure_config(run)
     # RESUME_FROM is checked before any process is launched (torchrun's rank 0 checks it again, and resumes)
     pick = resume_from(config, run) if distributed.current().is_main else None
     if not distributed.under_torchrun():
@@ -216,15 +235,19 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _run(command: str, what: str, fits=lambda model: True, kinds: str = "") -> Path:
-    """RUN=, or the last run under the config's CONFIG_OUTPUT_DIR that fits the command (said on stderr)."""
+def _run(command: str, what: str, fits=lambda model: True, kinds: str = "", *, given: str | None = None,
+         command_line: str | None = None) -> Path:
+    """RUN= (`given`, else the environment's), or the last run under the config's CONFIG_OUTPUT_DIR that fits
+    the command (said on stderr)."""
     from ..runs import run_or_last
 
     path = kconfig.config_path()
     output_dir = Path(kconfig.read_config(path).output_dir if path.is_file() else "runs").expanduser()
-    run, last = run_or_last(os.environ.get("RUN"), output_dir, command, what, fits, kinds)
+    run, last = run_or_last(given or os.environ.get("RUN"), output_dir, command, what, fits, kinds,
+                            command_line=command_line)
     if last:
-        print(f"{command}: the last {kinds + ' ' if kinds else ''}run, {run} (RUN= names another)", file=sys.stderr)
+        print(f"{command_line or command}: the last {kinds + ' ' if kinds else ''}run, {run} (RUN= names another)",
+              file=sys.stderr)
     return run
 
 
@@ -272,8 +295,9 @@ def cmd_report(args) -> int:
 def register(sub) -> None:
     command(sub, "train", "train as configured (applies the default defconfig if there is no config)", "GPUS",
             "WORLD_SIZE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RESUME", "RESUME_FROM", "INIT_FROM",
-            func=cmd_train,
+            "EXTEND_EPOCHS", "EXTEND_STEPS", "RUN", func=cmd_train,
             help={"GPUS": "training processes on this machine, launched with torchrun (default: one per GPU)",
+                  "RUN": "with EXTEND_EPOCHS/EXTEND_STEPS: the finished run to extend (default: the last run)",
                   "WORLD_SIZE": "set by torchrun for each rank; to plan N processes use 'kfit plan --world-size N'"})
     command(sub, "export", "write one model.safetensors from a run's checkpoint, sharded or not", "RUN", "OUT",
             func=cmd_export, help={"OUT": "the directory to write (default <run>/export)"})
