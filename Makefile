@@ -58,8 +58,8 @@ DEFAULT_DEFCONFIG := lenet5
 # The environment is built on first use and rebuilt when the requirements change, or when a package it needs is
 # gone although the stamp is there (a glob per package: no Python starts on every make); install-deps.sh then
 # checks the imports, and kfit says 'make env' in one line where one is still missing.
-ENV_MODULES := kconfiglib.py torch safetensors optuna sqlalchemy numpy psutil jinja2 tqdm pynvml.py pytest xdist \
-  __editable__.kfit-*.pth
+ENV_MODULES := kconfiglib.py torch safetensors optuna sqlalchemy numpy psutil jinja2 tqdm pynvml.py torchmetrics \
+  pytest xdist hypothesis __editable__.kfit-*.pth
 ENV_MISSING := $(strip $(if $(wildcard $(ENV_STAMP)),$(foreach m,$(ENV_MODULES),\
   $(if $(wildcard $(VENV)/lib/python*/site-packages/$(m)),,$(m)))))
 $(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt scripts/install-deps.sh) $(if $(ENV_MISSING),FORCE)

@@ -30,7 +30,7 @@ import torch
 from . import checkpoint
 from .data.run_tokenizer import HASH_FILE, TOKENIZER_FILE, choose_tokenizer, hash_record, sha256_hex
 from .errors import KfitError
-from .fileio import write_atomic
+from .fileio import UnsafeFileError, write_atomic
 
 MODEL_FILE = "model.safetensors"
 
@@ -100,6 +100,8 @@ def export(run: Path, out: Path | None = None, log=lambda line: print(line, file
             if tokenizer is not None:  # a model of a tokenized corpus: make sample decodes with it
                 write_atomic(out / TOKENIZER_FILE, tokenizer, follow_symlinks=False)
                 write_atomic(out / HASH_FILE, hash_record(sha256_hex(tokenizer)), follow_symlinks=False)
+        except UnsafeFileError:  # a link or special file planted in OUT: named as it is, nothing written through
+            raise
         except OSError as err:
             raise _refused(out, err) from None
     if warning:
@@ -179,7 +181,7 @@ def save_weights(path: Path, weights: dict[str, torch.Tensor], metadata: dict[st
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
         plain[name] = tensor.clone() if key in seen or not tensor.is_contiguous() else tensor
         seen.add(key)
-    write_atomic(path, save(plain, metadata=metadata))
+    write_atomic(path, save(plain, metadata=metadata), follow_symlinks=False)
 
 
 def weights_of(source: Path) -> tuple[dict[str, torch.Tensor], Path, int | None]:

@@ -1,13 +1,15 @@
 """Files that are never seen half-written, never redirected by a planted link, and a lock that keeps a
 directory to one writer.
 
-`write_atomic` is the one atomic writer (checkpoints, run files, .config, caches): a temporary file
-created with O_EXCL beside the target, fsynced, given the permissions the replaced file had, renamed
-over it, removed on any failure. Symlinks: `follow_symlinks=True` (the default, for configs: a
-KCONFIG_CONFIG or .config that is a link to a kept config is a feature) writes through a link to its
-target; `follow_symlinks=False` (run directories and caches, whose directories others may share: a
-planted link must not redirect kfit's writes) refuses a link in the target's place with UnsafeFileError,
-one line naming the file. `write_json_atomic` is the JSON form, never following links.
+`write_atomic` is the one atomic writer (checkpoints, run files, .config, caches, reports, exports, data): a
+temporary file created with O_EXCL beside the target, fsynced, given the permissions the replaced file had,
+renamed over it, removed on any failure. It never replaces a device, FIFO, socket or directory
+(`write_target`). Symlinks are refused in the target's place by default (run directories, caches and
+report directories others may share: a planted link must not redirect kfit's writes), with UnsafeFileError,
+one line naming the file; `follow_symlinks=True` is for the config file the user names (a KCONFIG_CONFIG or
+.config that is a link to a kept config is a feature), written through its link. `write_json_atomic`,
+`write_text` and `copy_file` are its forms for JSON, text and a copy; `read_bytes` reads a regular file
+without blocking on a FIFO. tests/test_write_sites.py fails on a write in lib/ that bypasses them.
 `open_append` (metrics.jsonl, logs) appends with O_NOFOLLOW to a regular file only.
 `try_lock` / `lock_holder`: an flock on DIR/.lock, which the kernel drops when its process dies, so a
 crashed holder's lock is simply taken over; the holder's PID is written in the file for messages. The
@@ -100,6 +102,17 @@ def refuse_link(path: Path | str) -> None:
         raise unsafe(path, _describe(st, path))
 
 
+def refuse_linked_directory(path: Path | str) -> None:
+    """UnsafeFileError when `path` is a symbolic link, or exists and is not a directory: a directory kfit
+    writes its own files into (a run directory) is never one a link planted in a shared directory chose."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise unsafe(path, _describe(st, path))
+
+
 def open_nofollow(path: Path | str, flags: int, mode: int = 0o666) -> int:
     """os.open with O_NOFOLLOW and O_NONBLOCK (a planted FIFO must not hang kfit), of a regular file only;
     anything else is an UnsafeFileError naming the file."""
@@ -132,21 +145,18 @@ def open_append(path: Path | str, *, owned: bool = False) -> IO[str]:
     return os.fdopen(fd, "a")
 
 
-def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follow_symlinks: bool = True) -> None:
+def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follow_symlinks: bool = False) -> None:
     """Replace `path` with `data`, or with what `data(temporary_path)` writes there, so that readers and
     crashes see the old file or the new one, never a mix; the temporary file (O_EXCL, beside the target)
     is removed on any failure.
 
-    `follow_symlinks=True` (configs): a symlink is written through (its target replaced, the link kept).
-    `follow_symlinks=False` (run directories, caches): a symlink, directory or other non-file at `path` is
-    refused with UnsafeFileError, and the file is written where `path` names it. The new file takes the
+    `follow_symlinks=False` (the default: run directories, caches, reports, exports, data): a symlink,
+    directory or other non-file at `path` is refused with UnsafeFileError, and the file is written where `path`
+    names it. `follow_symlinks=True` (only the config file the user names): a symlink is written through (its
+    target replaced, the link kept), to a regular file only (write_target). The new file takes the
     replaced file's permissions, or 0666 less the umask when new: mkstemp's 0600 would shut out the other
     users of a shared directory, and silently change a .config's mode."""
-    if follow_symlinks:
-        real = Path(os.path.realpath(path))
-    else:
-        real = Path(path)
-        refuse_link(real)
+    real = write_target(path, follow_symlinks=follow_symlinks)
     real.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = (real.stat() if follow_symlinks else os.lstat(real)).st_mode & 0o7777
@@ -170,6 +180,59 @@ def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follo
             pass
         raise
     fsync_dir(real.parent)
+
+
+def write_target(path: Path | str, *, follow_symlinks: bool = False) -> Path:
+    """The file a write of `path` replaces, checked before anything is written: never a directory, a device,
+    a FIFO or a socket (replacing a device node, or blocking on a FIFO, is never what a user meant). A symlink
+    at `path` is followed only with `follow_symlinks` (a .config the user linked to a kept config), and then
+    only to a regular file or to nothing yet; otherwise it is refused (UnsafeFileError)."""
+    if not follow_symlinks:
+        refuse_link(path)
+        return Path(path)
+    real = Path(os.path.realpath(path))
+    try:
+        st = os.stat(real)
+    except (FileNotFoundError, NotADirectoryError):
+        return real
+    if not stat.S_ISREG(st.st_mode):
+        raise unsafe(path, _describe(st, real) + ("" if real == Path(path).absolute() else f" (through {path})"))
+    return real
+
+
+def write_text(path: Path | str, text: str) -> None:
+    """`text` as a file kfit writes for the user (a report page, a result, a copy kept aside): atomically,
+    never through a link or over anything but a regular file."""
+    write_atomic(path, text.encode(), follow_symlinks=False)
+
+
+def read_bytes(path: Path | str, *, follow_symlinks: bool = True) -> bytes:
+    """A regular file's bytes, never blocking on a FIFO or reading a device (UnsafeFileError); a symlink is
+    followed only with `follow_symlinks` (a file the user named)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        return _read_all(open_nofollow(path, os.O_RDONLY))
+    try:
+        fd = os.open(path, flags)
+    except IsADirectoryError:
+        raise unsafe(path, "a directory") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise unsafe(path, _describe(st, path))
+    os.set_blocking(fd, True)
+    return _read_all(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def copy_file(source: Path | str, target: Path | str, *, follow_source: bool = True) -> None:
+    """A copy of the regular file `source` (through a link only with `follow_source`) as `target`, written as
+    write_text writes (a config's .old backup, an edit's working copy)."""
+    write_atomic(target, read_bytes(source, follow_symlinks=follow_source), follow_symlinks=False)
 
 
 def write_json_atomic(path: Path | str, obj: Any, *, indent: int | None = 2) -> None:

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import config as kconfig
+from . import config as kconfig, fileio
 from .errors import KfitError
 from .hardware import HardwareProfile, catalog, from_catalog, resolve_hardware
 from .hyperparams import ModelDescription, Plan, resolve
@@ -366,13 +366,14 @@ def check_writable(out: Path, variable: str = "OUT") -> None:
         raise KfitError(f"{variable}={out}: {parent} {'is not a directory' if parent.exists() else 'does not exist'}"
                         ": create that directory, or name a file in an existing one")
     try:  # by trying: permissions alone do not tell (root, read-only or special file systems)
-        if out.exists():
-            with open(out, "ab"):  # appends nothing: the file is unchanged
-                pass
+        if os.path.lexists(out):  # appends nothing: the file is unchanged; a link, FIFO or device is refused
+            os.close(fileio.open_nofollow(out, os.O_WRONLY | os.O_APPEND))
         else:
             fd, probe = tempfile.mkstemp(prefix=".kfit-", dir=parent)
             os.close(fd)
             os.unlink(probe)
+    except fileio.UnsafeFileError:
+        raise
     except OSError as err:
         raise KfitError(f"{variable}={out} cannot be written ({err.strerror}): name a file in a directory you "
                         "can write to") from None
@@ -404,7 +405,9 @@ def render_report(rows: list[MatrixRow], focus: str, out: Path) -> Path:
         defconfigs=sorted({r.defconfig for r in rows}), generated=datetime.now().strftime("%Y-%m-%d %H:%M"),
         cache=str(PLANNER.predictor.cache_dir))
     try:
-        out.write_text(page)
+        fileio.write_text(out, page)
+    except fileio.UnsafeFileError:
+        raise
     except OSError as err:  # checked before the work (check_writable), but the disk may have filled since
         raise KfitError(f"cannot write the report to {out} ({err.strerror}): free space or choose another "
                         "OUT=") from None

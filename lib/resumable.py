@@ -72,6 +72,8 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
     identity = training_identity(config_text)
     candidates = []
     for run_dir in runs:
+        if run_dir.is_symlink():  # a link among the runs is not a run of this directory: never resumed through
+            continue
         try:
             newest = resumable_since(run_dir, identity, effective_batch, run_name, log)
         except OSError as err:  # a file the checks above did not foresee: this run is passed by, said once

@@ -31,7 +31,8 @@ def run_model(run_dir: Path) -> str | None:
 def _written(run_dir: Path) -> float | None:
     """When the run was last written; None when it is not a training run's directory."""
     try:
-        if not (run_dir.is_dir() and (run_dir / "config").is_file() and (run_dir / "plan.json").is_file()):
+        if run_dir.is_symlink() or not (run_dir.is_dir() and (run_dir / "config").is_file()
+                                        and (run_dir / "plan.json").is_file()):
             return None
         times = [(run_dir / name).stat().st_mtime for name in WRITTEN if (run_dir / name).is_file()]
         times += [p.stat().st_mtime for p in run_dir.glob("checkpoint-*.pt")]

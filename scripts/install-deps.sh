@@ -51,7 +51,7 @@ constraint="$venv/torch-constraint.txt"
 # edited (README's Python example runs as written); --no-deps: the requirements are in already.
 "$pip" install -q --no-deps -e .
 # A package pip records as installed but whose files were removed is not reinstalled by pip: say what to do.
-if ! missing=$("$venv/bin/python" -c "import kconfiglib, torch, safetensors, optuna, sqlalchemy, numpy, psutil, jinja2, tqdm, pynvml, kfit" 2>&1); then
+if ! missing=$("$venv/bin/python" -c "import kconfiglib, torch, safetensors, optuna, sqlalchemy, numpy, psutil, jinja2, tqdm, pynvml, torchmetrics, hypothesis, kfit" 2>&1); then
     echo "error: $venv is incomplete after installing ($(printf '%s\n' "$missing" | tail -n 1)): remove it with 'rm -rf $venv' and run make again"
     exit 1
 fi

@@ -45,7 +45,7 @@ def test_the_exported_file_reproduces_the_runs_final_evaluation(trained, tmp_pat
     task = load_task(config)
     model = task.build(False)
     model.load_state_dict(weights, strict=True)
-    metrics = Evaluator(task, config, torch.device("cpu"), _no_injection()).metrics(model, plan, plan.eval_batch)
+    metrics = Evaluator(task, config, torch.device("cpu"), _no_injection()).measure(model, plan, plan.eval_batch)
     assert metrics["eval_loss"] == pytest.approx(result.final_eval["eval_loss"], rel=1e-6)
 
 

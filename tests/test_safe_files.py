@@ -75,7 +75,10 @@ def test_run_files_are_never_written_through_a_symlink(tmp_path, outside):
 def test_configs_are_still_written_through_a_symlink(tmp_path, outside):
     link = tmp_path / ".config"
     link.symlink_to(outside)
-    fileio.write_atomic(link, b"CONFIG_X=y\n")  # the default: KCONFIG_CONFIG may be a link to a kept config
+    with pytest.raises(fileio.UnsafeFileError):  # by default no write follows a link
+        fileio.write_atomic(link, b"CONFIG_X=y\n")
+    # the config file the user names may be a link to a kept config (lib/config/kconfig.py write_config)
+    fileio.write_atomic(link, b"CONFIG_X=y\n", follow_symlinks=True)
     assert link.is_symlink() and outside.read_text() == "CONFIG_X=y\n"
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from .common import apply_hint, hardware_from_env, new_defconfig_dir, plan_for, processes
-from .. import config as kconfig
+from .. import config as kconfig, fileio
 from ..env import env_bool
 from ..errors import KfitError
 from ..recommend import FAMILIES
@@ -126,7 +125,7 @@ def _write(recs, source: Path, out_dir: Path) -> list[Path]:
             if source.parent == kconfig.DEFCONFIG_DIR:  # no .config: the gpt2 defconfig, expanded
                 kconfig.make_defconfig(source.name, out=full)
             else:
-                shutil.copyfile(source, full)
+                fileio.copy_file(source, full)
             kconfig.apply_assignments(full, rec.assignments)
             target = out_dir / f"recommended-{name}"
             kconfig.savedefconfig(full, target)
@@ -238,7 +237,7 @@ def cmd_recommend(args) -> int:
     if page:
         from ..recommend import render_page
 
-        page.write_text(render_page(recs, score_value=value, definition=definition, machine=machine,
+        fileio.write_text(page, render_page(recs, score_value=value, definition=definition, machine=machine,
                                     processes=nproc, free_bytes=_free_bytes(hardware, device_type)))
         written.append(page)
     if args.format == "json":

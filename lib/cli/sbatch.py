@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import config as kconfig
 from ..env import env_number, env_text
 from ..errors import KfitError
-from ..fileio import write_atomic
+from ..fileio import read_bytes, write_atomic
 from .common import ensure_config, hardware_from_env
 from .flags import command
 
@@ -134,10 +134,10 @@ def cmd_sbatch(args) -> int:
     output_dir = Path(config.output_dir).expanduser().resolve()
     output_dir.mkdir(parents=True, exist_ok=True)  # sbatch's --output needs the directory to exist
     job = f"kfit-{model.name}" + (f"-{model.preset}" if model.preset else "") + ("-hpo" if array else "")
-    out = Path(env_text("OUT") or output_dir / f"{job}.sbatch").expanduser().resolve()
+    out = Path(env_text("OUT") or output_dir / f"{job}.sbatch").expanduser().absolute()  # a link there: refused
     # the config the job runs, as it is now: a requeued job must resume the same run, whatever .config becomes
     snapshot = out.with_name(out.name + ".config")
-    write_atomic(snapshot, kconfig.config_path().read_bytes())
+    write_atomic(snapshot, read_bytes(kconfig.config_path()))
     # the training processes of each node: GPUS= as given, else the plan's (one per GPU of a GPU node)
     env = {"KCONFIG_CONFIG": str(snapshot), "GPUS": str(per_node)}
     if array:

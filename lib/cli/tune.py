@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .common import ensure_config, env_number, hardware_from_env, new_defconfig_dir, plan_for
-from .. import config as kconfig
+from .. import config as kconfig, fileio
 from ..errors import KfitError
 from .flags import command
 
@@ -98,10 +97,10 @@ def cmd_find_lr(args) -> int:
              ("device", f"{plan.device_type} ({plan.device_name}), {plan.precision}"),
              ("batch", f"{batch} ({why})"), ("configured learning rate", f"{config.learning_rate:g}"),
              ("for the effective batch", f"{plan.effective_batch}: {scaling.describe()}")]
-    (directory / "report.html").write_text(lr_finder.render_report(
+    fileio.write_text(directory / "report.html", lr_finder.render_report(
         results, summary, title=f"LR range test: {facts[1][1]}", facts=facts))
     found = summary.suggestion
-    (directory / "result.json").write_text(json.dumps(
+    fileio.write_text(directory / "result.json", json.dumps(
         {"batch": batch, "suggestion": found, "low": summary.low, "high": summary.high,
          "effective_batch": plan.effective_batch, "micro_batch": plan.micro_batch, "grad_accum": split.count,
          "last_micro_batch": split.last_micro_batch, "world_size": plan.world_size,
@@ -211,7 +210,7 @@ def cmd_hpo_apply(args) -> int:
         raise KfitError(f"{out} exists: choose another DEFCONFIG= name, or remove it first")
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "config"
-        shutil.copyfile(kconfig.config_path(), copy)
+        fileio.copy_file(kconfig.config_path(), copy)
         written = kconfig.apply_assignments(copy, assignments)
         kconfig.savedefconfig(copy, out)
     print(f"# defconfig with the best trial's {_shown(assignments, written)} written to {out}")

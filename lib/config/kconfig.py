@@ -14,7 +14,7 @@ from typing import Sequence
 import kconfiglib
 
 from ..errors import ConfigError
-from ..fileio import write_atomic
+from ..fileio import copy_file, write_atomic, write_target
 from ..resources import data_root
 
 ROOT = data_root()  # the checkout, or the installed package's copy of the tree (lib/resources.py)
@@ -154,8 +154,11 @@ def config_text(kconf: kconfiglib.Kconfig) -> str:
 
 
 def write_config(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False) -> None:
-    """Write atomically (lib.fileio.write_atomic: through a symlinked .config, keeping its permissions),
-    keeping the previous file as <out>.old like the kernel."""
-    if out.exists() and not minimal:
-        write_atomic(out.with_name(out.name + ".old"), out.read_bytes())
-    write_atomic(out, kconf.write_min_config if minimal else lambda tmp: kconf.write_config(tmp, save_old=False))
+    """Write atomically (lib.fileio.write_atomic: through a symlinked .config, keeping its permissions; never
+    over a device, FIFO or directory), keeping the previous file as <out>.old like the kernel (never through a
+    link at <out>.old)."""
+    write_target(out, follow_symlinks=True)  # a device or FIFO named as the config: refused before the .old
+    if out.exists() and not minimal:  # the backup is kfit's own file: never written through a link
+        copy_file(out, out.with_name(out.name + ".old"))
+    write_atomic(out, kconf.write_min_config if minimal else lambda tmp: kconf.write_config(tmp, save_old=False),
+                 follow_symlinks=True)

@@ -7,7 +7,6 @@ it writes anything, so nothing reaches disk unless the whole result is valid.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import Callable, Mapping, Sequence
 import kconfiglib
 
 from ..errors import ConfigError
+from ..fileio import copy_file, refuse_link
 from .kconfig import ROOT, assignment_line, load_strict, new_kconfig, require_config_file, write_config
 from .typed import Config, typed_config
 from ..env import env_text
@@ -230,6 +230,7 @@ def edit_config(path: Path, edit: Callable[[Path], None], notes: list[str] | Non
     and newer than the config is edited again (said in `notes`) rather than started afresh.
     """
     copy = edit_copy_path(path)
+    refuse_link(copy)  # kfit's own working copy: the menu must not write through a link planted there
     for existing in (path, copy):  # the menu would fail on them with kconfiglib's traceback
         if existing.exists():
             require_config_file(existing)
@@ -239,7 +240,7 @@ def edit_config(path: Path, edit: Callable[[Path], None], notes: list[str] | Non
             notes.append(f"editing {copy} again, kept from an edit that was refused (delete it to start "
                          f"from {path})")
     elif path.is_file():
-        shutil.copyfile(path, copy)
+        copy_file(path, copy)
     else:
         copy.unlink(missing_ok=True)
     try:

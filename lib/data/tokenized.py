@@ -27,7 +27,7 @@ import numpy as np
 
 from .corpus import Source, find_sources, pieces, texts
 from ..errors import DataError
-from ..fileio import write_atomic
+from ..fileio import read_bytes, write_atomic
 from ..progress import Bar
 
 EOT = "<|endoftext|>"
@@ -158,7 +158,7 @@ def _prepare_tokenizer(out: Path, sources: list[Source], tokenizer: str | None, 
     if tokenizer:
         tok = load_tokenizer(tokenizer)
         token_dtype(tok.get_vocab_size(with_added_tokens=True))
-        write_atomic(path, Path(tokenizer).read_bytes())
+        write_atomic(path, read_bytes(tokenizer))
         return tok, f"from {tokenizer}"
     check_vocab(vocab)
     plan = {"vocab": vocab, "sources": [s.identity() for s in sources]}

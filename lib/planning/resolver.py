@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from ..fileio import open_append
 from ..config import Config
 from ..errors import NoFitError, PlanError
 from ..hardware import HardwareProfile
@@ -44,7 +45,7 @@ def resolve_request(request: PlanRequest) -> Plan:
     predicts that not even micro-batch 1 fits, the out-of-memory ladder's rungs that the config allows are
     taken before training (`_on_the_ladder`), as training would take them after running out of memory."""
     if request.settings.resolve_log:  # tests count resolves per launch
-        with open(request.settings.resolve_log, "a") as log:
+        with open_append(request.settings.resolve_log) as log:
             log.write(f"{os.getpid()} {request.config.model} world_size={request.world_size}\n")
     try:
         return _resolve(request)

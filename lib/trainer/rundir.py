@@ -67,6 +67,7 @@ def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | Non
             "separate one")
         resume = None
     path = Path(resume or run_dir or run_directory(config))
+    fileio.refuse_linked_directory(path)  # RUN_NAME or a resumed run that is a link: never written through
     if lock is None:
         path.mkdir(parents=True, exist_ok=True)
         lock = fileio.try_lock(path)

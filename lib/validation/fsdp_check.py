@@ -33,6 +33,7 @@ from pathlib import Path
 from .memory_check import LABELS, OVER_TOLERANCE, UNDER_TOLERANCE
 from .report import Context, Result, failed, passed
 from ..env import environ
+from ..fileio import write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENCE_STEPS = 5
@@ -139,7 +140,7 @@ def check_fsdp(ctx: Context, predictor=None) -> Result:
                         "blas_workspace_bytes": prediction.overheads.get("blas_workspace", 0)})
     request = ctx.workdir / "fsdp-request.json"
     out = ctx.workdir / "fsdp.json"
-    request.write_text(json.dumps({"device": ctx.device, "cases": planned,
+    write_text(request, json.dumps({"device": ctx.device, "cases": planned,
                                    "equivalence_config": str(config_file("gpt2-tiny"))}))
     env = {**environ(), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), environ().get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
@@ -292,13 +293,13 @@ def worker(request_path: Path, out: Path) -> None:
             report["cases"][case["label"]] = _measure(case, device, mesh_for)
         except Exception as err:  # a case that fails is reported; the others still run
             report["cases"][case["label"]] = {"error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
-        out.write_text(json.dumps(report))
+        write_text(out, json.dumps(report))
     report["equivalence"] = {"backend": report["backend"],
                              **_equivalence(request["equivalence_config"], device, mesh_for("fsdp"))}
     meshes.clear()
     dist.barrier()
     dist.destroy_process_group()
-    out.write_text(json.dumps(report))
+    write_text(out, json.dumps(report))
 
 
 if __name__ == "__main__":

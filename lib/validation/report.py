@@ -21,6 +21,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Callable
 
+from ..fileio import write_text
+
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 FORMAT = 1  # of the JSON document
 INDEX_BEGIN, INDEX_END = "<!-- validations:begin -->", "<!-- validations:end -->"
@@ -219,5 +221,5 @@ def update_index(readme: Path, doc: dict, filename: str) -> bool:
             if line.startswith("| ") and not line.startswith("| GPU |") and f"({filename})" not in line
             and "none yet" not in line]
     rows = sorted(rows + [index_row(doc, filename)], key=lambda line: line.split("|")[2])
-    readme.write_text(f"{head}{INDEX_BEGIN}\n{INDEX_HEADER}\n" + "\n".join(rows) + f"\n{INDEX_END}{tail}")
+    write_text(readme, f"{head}{INDEX_BEGIN}\n{INDEX_HEADER}\n" + "\n".join(rows) + f"\n{INDEX_END}{tail}")
     return True

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .report import Context, Result, failed, passed
 from ..env import environ
+from ..fileio import write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP_STEPS = 5
@@ -113,7 +114,7 @@ def worker(out: Path) -> None:
     del wrapped, plain, optimizers  # released before leaving the group (gloo aborts at exit otherwise)
     dist.barrier()
     dist.destroy_process_group()
-    out.write_text(json.dumps(report))
+    write_text(out, json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import config as kconfig
+from ..fileio import write_atomic, write_text
 from ..data.text import GPT2_VOCAB
 from ..models.registry import vocab_rows
 
@@ -34,8 +35,8 @@ def write_corpus(directory: Path, *, train_tokens: int = TRAIN_TOKENS, val_token
     if not meta.exists():
         rng = np.random.default_rng(seed)
         for name, count in (("train.bin", train_tokens), ("val.bin", val_tokens)):
-            (directory / name).write_bytes(rng.integers(0, GPT2_VOCAB, count, dtype=np.uint16).tobytes())
-        meta.write_text(json.dumps({"vocab_size": GPT2_VOCAB, "dtype": "uint16"}))  # last: the corpus is whole
+            write_atomic(directory / name, rng.integers(0, GPT2_VOCAB, count, dtype=np.uint16).tobytes())
+        write_text(meta, json.dumps({"vocab_size": GPT2_VOCAB, "dtype": "uint16"}))  # last: the corpus is whole
     return directory
 
 
