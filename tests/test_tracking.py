@@ -171,3 +171,24 @@ def test_a_missing_tracker_stops_training_before_its_run_directory_exists(tmp_pa
     with pytest.raises(KfitError, match="CONFIG_TRACK_MLFLOW=y needs the mlflow package.*pip install mlflow-skinny"):
         Trainer(config, plan, cpu, log=lambda line: None)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_tracker_that_cannot_start_leaves_no_empty_run_behind(tmp_path, monkeypatch):
+    """The run directory exists by then (its config and plan are written first): a refused start removes it,
+    so that 'the last run' is never an empty one; nothing else under OUTPUT_DIR is touched."""
+    from lib import config as kc
+    from lib.hardware import resolve_hardware
+    from lib.hyperparams import ModelDescription, resolve
+    from lib.trainer import Trainer
+
+    (tmp_path / "fragment").write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\n'
+                                       "CONFIG_TRACK_MLFLOW=y\nCONFIG_MAX_STEPS=1\n")
+    config = kc.make_defconfig("lenet5", [str(tmp_path / "fragment")], out=tmp_path / "config")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "notes.txt").write_text("mine\n")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://nowhere")
+    cpu = resolve_hardware(gpu="cpu")
+    plan = resolve(config, cpu, ModelDescription.from_config(config))
+    with pytest.raises(KfitError, match="CONFIG_TRACK_MLFLOW=y: the mlflow run could not start"):
+        Trainer(config, plan, cpu, log=lambda line: None).fit()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["notes.txt"]

@@ -11,6 +11,7 @@ import torch
 from lib.checkpoint import load_checkpoint, save_checkpoint
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
+from lib.task import load_task
 from lib.trainer import Trainer, epoch_micro_batches, lr_at
 from tests.helpers import CPU, assert_same_weights, make_cifar, make_mnist, manual, run
 
@@ -92,9 +93,9 @@ def test_run_directory_holds_config_plan_metrics_and_a_safe_checkpoint(make_conf
     assert state["config"] == config.text and state["step"] == 3
     assert state["plan"]["effective_batch"] == trainer.plan.effective_batch
     assert state["hardware"]["cpu"]["logical_cores"] >= 1 and state["versions"]["torch"]
-    fresh = Trainer(config, trainer.plan, CPU, log=lambda line: None)
-    fresh.model.load_state_dict(state["model"])
-    assert_same_weights(fresh.model, trainer.model, atol=0)
+    fresh = load_task(config).build(False)  # (a Trainer of RUN_NAME "named" now would be refused: it finished)
+    fresh.load_state_dict(state["model"])
+    assert_same_weights(fresh, trainer.model, atol=0)
 
 
 def test_text_model_reports_perplexity_and_tokens_per_second(make_config):

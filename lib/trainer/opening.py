@@ -54,5 +54,7 @@ def open_run(trainer: "Trainer") -> None:
     except BaseException:
         if trainer.monitor is not None:
             quietly(log, "closing the monitor", trainer.monitor.close)
+        if trainer.resumed_from is None:  # a new run that never started leaves no empty run behind
+            quietly(log, "removing the unstarted run directory", trainer.directory.discard_unstarted)
         trainer.release_run_directory()
         raise

@@ -53,6 +53,25 @@ def run_directory(config: Config) -> Path:
             continue
 
 
+def run_history(path: Path) -> str | None:
+    """What of a run's history `path` holds (its checkpoints, its metrics), None when nothing: a directory a new
+    run may start in."""
+    try:
+        names = {p.name for p in Path(path).iterdir()}
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    finished = [n for n in (checkpoint.FINAL, checkpoint.FINAL_SHARDED) if n in names]
+    saved = sorted(n for n in names if n.startswith(("checkpoint-", "final-", "best-")))
+    metrics = Path(path) / "metrics.jsonl"
+    if finished:
+        return f"finished: {finished[0]}"
+    if saved:
+        return f"checkpoints: {', '.join(saved[:2])}{' ...' if len(saved) > 2 else ''}"
+    if "metrics.jsonl" in names and not metrics.is_symlink() and metrics.is_file() and metrics.stat().st_size:
+        return "its metrics.jsonl"
+    return None
+
+
 def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | None,
                         log=print) -> tuple[Path, Path | None, IO]:
     """(the run directory, the run to resume or None, its lock): the directory locked by this process
@@ -68,6 +87,13 @@ def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | Non
         resume = None
     path = Path(resume or run_dir or run_directory(config))
     fileio.refuse_linked_directory(path)  # RUN_NAME or a resumed run that is a link: never written through
+    if resume is None:  # a new run starts only where no run's history is: it never replaces one
+        history = run_history(path)
+        if history is not None:
+            raise KfitError(f"{path} holds another run ({history}), which a new run would replace: choose another "
+                            "CONFIG_RUN_NAME (or none, for a new directory), continue that run with its own config "
+                            f"(make train KCONFIG_CONFIG={path / 'config'}; EXTEND_EPOCHS=N RUN={path} once it has "
+                            "finished), or move it away")
     if lock is None:
         path.mkdir(parents=True, exist_ok=True)
         lock = fileio.try_lock(path)
@@ -151,6 +177,24 @@ class RunDirectory:
         if self.lock is not None:
             self.lock.close()
             self.lock = None
+
+    def discard_unstarted(self) -> None:
+        """A new run refused before its first step (a tracker that would not start, a file planted in the
+        directory): its start files and lock removed, and the directory if nothing else is in it, so that no
+        empty run is left to be taken for the last one. Never a directory with a run's history (run_history)."""
+        if not self.main or run_history(self.path) is not None:
+            return
+        for name in ("config", "plan.json", "hardware.json", "metrics.jsonl", run_tokenizer.TOKENIZER_FILE,
+                     run_tokenizer.HASH_FILE):
+            kept = self.path / name
+            if kept.is_file() and not kept.is_symlink():
+                kept.unlink()
+        self.release()
+        (self.path / fileio.LOCK_NAME).unlink(missing_ok=True)
+        try:
+            self.path.rmdir()
+        except OSError:  # something else is there (the user's own files): left as it is
+            pass
 
     # -- run files ---------------------------------------------------------------
 
