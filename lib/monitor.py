@@ -33,6 +33,7 @@ from .hardware import (TELEMETRY_LIBRARY, THROTTLE_KIND, GpuTelemetry, HardwareP
 from .hardware.host import BatteryState, battery_state  # noqa: F401  (re-exported for the trainer)
 from .hardware.runtime import is_device_lost
 from .plan import Plan
+from .redact import redact
 
 REDRAW_S = 0.1  # progress-bar refresh period
 BAR_WIDTH = 20
@@ -346,6 +347,8 @@ class Monitor:
     # -- output ----------------------------------------------------------------
 
     def _write(self, record: dict) -> None:
+        if "message" in record:  # an event's line may quote a library's error: never a credential (lib/redact.py)
+            record = {**record, "message": redact(str(record["message"]))}
         self._write_line((json.dumps(record, default=str) + "\n").encode())
         if self.tracking is not None:
             self.tracking.log(record)

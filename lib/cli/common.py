@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 
 def run_main(main: Callable[[], int | None]) -> int:
     """A command's main() under kfit's convention: a user error is one 'error:' line on stderr and exit status
-    2, never a traceback; Ctrl-C is 'interrupted' and 130."""
+    2, never a traceback; Ctrl-C is 'interrupted' and 130. Everything the command prints from this process,
+    kfit's lines and its libraries' (a tracker's, a database driver's), passes through lib/redact.py."""
+    from ..redact import RedactingStream
+
+    out, err_stream = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err_stream)
     try:
         return main() or 0
     except KfitError as err:
@@ -29,6 +34,13 @@ def run_main(main: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (make plan | head): nothing more to show
+                pass
+        sys.stdout, sys.stderr = out, err_stream
 
 
 def parsed(run: Invocation | None) -> Invocation:

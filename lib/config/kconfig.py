@@ -7,6 +7,7 @@ every such case into a ConfigError naming the symbol, the file and the reason.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -15,6 +16,7 @@ import kconfiglib
 
 from ..errors import ConfigError
 from ..fileio import copy_file, write_atomic, write_target
+from ..redact import shown
 from ..resources import data_root
 
 ROOT = data_root()  # the checkout, or the installed package's copy of the tree (lib/resources.py)
@@ -31,6 +33,9 @@ def new_kconfig() -> kconfiglib.Kconfig:
     return kconf
 
 
+_ASSIGNMENT = re.compile(r"(# )?CONFIG_[A-Za-z0-9_]")  # a config's line, well formed or not
+
+
 def require_config_file(path: Path) -> None:
     """A ConfigError unless `path` is a readable UTF-8 text file (kconfiglib would raise a traceback)."""
     if path.is_dir():
@@ -41,13 +46,18 @@ def require_config_file(path: Path) -> None:
         raise ConfigError(f"{path} is not a regular file: name a config file")
     data = path.read_bytes()
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1)
         raise ConfigError(f"{path}: line {line}, byte {column + 1} of the line (offset {err.start} in the file): "
                           f"byte 0x{data[err.start]:02x} is not UTF-8 ({err.reason}): the file must be UTF-8 "
                           "text: delete or retype that character, or re-save the file as UTF-8") from None
+    lines = [line.strip() for line in text.lstrip("\ufeff").splitlines()]
+    if any(line and not line.startswith("#") for line in lines) and not any(_ASSIGNMENT.match(line) for line in lines):
+        # not echoed: a file given by mistake (a netrc, a credentials file) must not be printed line by line
+        raise ConfigError(f"{path} is not a config file: none of its {len(lines)} lines is a CONFIG_ line "
+                          "(a defconfig or fragment holds lines such as CONFIG_EPOCHS=3): name a config file")
 
 
 def _user_str(sym: kconfiglib.Symbol) -> str:
@@ -103,8 +113,8 @@ def load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconfi
         before = {s.name: s.user_value for s in kconf.unique_defined_syms}
         kconf.load_config(str(path), replace=(i == 0))
         # set_value() warnings (a malformed number) carry no file name: add it
-        errors += [w.replace("warning: ", "", 1) if w.startswith(str(path)) else
-                   f"{path}: " + w.replace("warning: ", "", 1) for w in kconf.warnings]
+        errors += [shown(w.replace("warning: ", "", 1) if w.startswith(str(path)) else
+                         f"{path}: " + w.replace("warning: ", "", 1), 300) for w in kconf.warnings]
         kconf.warnings.clear()
         for sym in kconf.unique_defined_syms:
             if sym.user_value is not None and (i == 0 or before[sym.name] != sym.user_value):

@@ -19,6 +19,7 @@ import optuna
 
 from ..config import Config
 from ..errors import KfitError
+from ..redact import redact as redact_line
 
 HEARTBEAT_S, HEARTBEAT_GRACE_S = 60, 300
 # the study's direction for each CONFIG_HPO_OBJECTIVE (space.OBJECTIVES names them)
@@ -65,8 +66,6 @@ def study_name(config: Config) -> str:
 
 # Query parameters that carry a secret (libpq's password, sslpassword; pymysql's passwd; tokens).
 _SECRET_PARAM = r"[^=&\s#?;]*(?:pass|pwd|secret|token)[^=&\s#?;]*"
-_USER_PASSWORD = re.compile(r"([A-Za-z][\w+.-]*://[^:/@\n]*):(?:(?!://)[^@\n])*@(?:[^\s@]*@)*")
-_QUERY_SECRET = re.compile(rf"(?i)([?&;]{_SECRET_PARAM}=)[^&#\s]*")
 
 
 def url_secrets(url: str) -> list[str]:
@@ -108,8 +107,7 @@ def redact(text: str, url: str | None = None) -> str:
     for secret in url_secrets(url if url is not None else text.strip()):
         if len(secret) >= 4:  # a shorter one would hide letters of the message; the patterns below hide it
             text = text.replace(secret, "***")
-    text = _USER_PASSWORD.sub(r"\1:***@", text)
-    return _QUERY_SECRET.sub(r"\1***", text)
+    return redact_line(text)  # any other URL's user:password@ and secret parameters (lib/redact.py)
 
 
 def study_dir(config: Config, storage: str | None = None) -> Path:

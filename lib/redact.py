@@ -1,0 +1,97 @@
+"""One redaction for every line kfit prints or records, and one way to show a user's value in a message.
+
+`redact(text)`: credentials hidden as ***, wherever they appear in a line: a URL's user:password@ (greedy to
+the last @ of the word: a password may hold an unescaped @), and the values of secret query parameters and
+key=value pairs (password, passwd, pwd, secret, token, api_key, apikey, access_key, auth, credential...).
+The CLI routes its own stdout and stderr through it (`RedactingStream`), so a tracker library's or a
+database driver's message printed from this process is redacted too, and so are the run's recorded events
+(lib/monitor.py). A database URL's password is also hidden where it appears without its URL
+(lib/hpo/storage.py's redact, which adds that to this one).
+
+`shown(value)`: a user's value quoted for a message: control characters, a BOM, a NUL and newlines escaped
+(so a value can never forge a line of kfit's output), cut to a readable length.
+
+Layer 1 (docs/architecture.md): it imports nothing from lib.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+# A secret's name ends with one of these words (MLFLOW_TRACKING_TOKEN, WANDB_API_KEY, sslpassword): a name
+# that only holds one (tokens_per_s, "tokens/s") is not a secret's.
+SECRET_WORDS = (r"pass(?:word|wd)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|auth|credentials?|"
+                r"private[_-]?key|session[_-]?key")
+_SECRET_NAME = rf"[\w.-]*(?:{SECRET_WORDS})\b"
+USER_PASSWORD = re.compile(r"([A-Za-z][\w+.-]*://[^:/@\n]*):(?:(?!://)[^@\n])*@(?:[^\s@]*@)*")
+QUERY_SECRET = re.compile(rf"(?i)([?&;]{_SECRET_NAME}=)[^&#\s]*")
+# NAME=value and "name": "value" outside URLs (an environment dump, a JSON error body, a netrc-like line)
+PAIR_SECRET = re.compile(rf"(?i)((?<![\w.-]){_SECRET_NAME}[\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)[^\s\"'&,;]+")
+NETRC_SECRET = re.compile(r"(?i)(\bpassword\s+)\S+")
+LIMIT = 200  # characters of a user's value shown in a message
+
+
+def redact(text: str) -> str:
+    """`text` with every credential shown as ***."""
+    if not text:
+        return text
+    text = USER_PASSWORD.sub(r"\1:***@", text)
+    text = QUERY_SECRET.sub(r"\1***", text)
+    text = PAIR_SECRET.sub(r"\1***", text)
+    return NETRC_SECRET.sub(r"\1***", text)
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0", "\ufeff": "\\ufeff"}
+
+
+def shown(value: object, limit: int = LIMIT) -> str:
+    """A user's value for a message: escaped (control characters, a BOM, NUL, newlines: never an extra line
+    or an invisible character), redacted, and cut to `limit` characters with how much more there was."""
+    text = str(value)
+    cut = len(text) > limit
+    if cut:
+        text = text[:limit]
+    out = "".join(_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c) for c in text)
+    return redact(out) + (f"... ({len(str(value)) - limit:,} more characters)" if cut else "")
+
+
+class RedactingStream(io.TextIOBase):
+    """A text stream that redacts each line before it reaches `stream` (kfit's stdout and stderr). Text is held
+    until its line ends, so a secret split across two writes is still whole when redacted; a progress bar's
+    carriage returns end a piece as a newline does."""
+
+    def __init__(self, stream) -> None:
+        super().__init__()
+        self.stream, self._pending = stream, ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        cut = max(self._pending.rfind("\n"), self._pending.rfind("\r"))
+        if cut >= 0:
+            ready, self._pending = self._pending[:cut + 1], self._pending[cut + 1:]
+            self.stream.write(redact(ready))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.stream.write(redact(self._pending))
+            self._pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", "utf-8")
+
+    @property
+    def errors(self):
+        return getattr(self.stream, "errors", "strict")
+
+    def writable(self) -> bool:
+        return True

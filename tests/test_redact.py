@@ -1,0 +1,87 @@
+"""One redaction (lib/redact.py) for every line kfit prints or records: generated credentials in URLs, query
+strings, NAME=value pairs and JSON never survive it, ordinary figures pass untouched; a user's value shown in
+a message is one escaped, bounded line; a file that is not a config is never echoed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lib.redact import RedactingStream, redact, shown
+
+secrets = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126, blacklist_characters="@/?&#;=:'\","),
+                  min_size=6, max_size=24).filter(lambda s: s.strip("*") and "***" not in s)
+names = st.sampled_from(["password", "PASSWORD", "sslpassword", "passwd", "pwd", "token", "api_key", "apikey",
+                         "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "secret", "client_secret", "access_key",
+                         "AWS_SECRET_ACCESS_KEY", "auth", "credentials"])
+schemes = st.sampled_from(["postgresql", "postgresql+psycopg2", "mysql", "https", "http", "redis", "databricks"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(secrets, names, schemes, st.integers(0, 4))
+def test_no_generated_credential_survives(secret, name, scheme, form):
+    line = [f"could not connect to {scheme}://someone:{secret}@db.example:5432/x (timeout)",
+            f"GET https://h.example/api?{name}={secret}&page=2 failed",
+            f"env: {name}={secret} HOME=/root",
+            json.dumps({"error": "denied", name: secret}),
+            f"machine h.example login me password {secret}"][form]
+    if form == 4 and "pass" not in name.lower():
+        line = line  # netrc's keyword is password itself
+    assert secret not in redact(line), line
+    assert "\n" not in redact(line)
+
+
+@pytest.mark.parametrize("line", [
+    "step 120/120 | epoch 3 | loss 0.3128 | 12,345 tokens/s | lr 3.00e-04",
+    '{"step": 4, "tokens_per_s": 1234.5, "loss": 2.1}',
+    "Run directory: runs/gpt2-20261127 ('make report' draws its curves into report.html there)",
+    "note: CONFIG_PAD_VOCAB=y: the vocabulary padded to 50304",
+    "https://github.com/pytorch/pytorch and postgresql://user@host/db",
+])
+def test_ordinary_lines_pass_untouched(line):
+    assert redact(line) == line
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=3000))
+def test_a_shown_value_is_one_bounded_line(value):
+    out = shown(value, limit=120)
+    assert "\n" not in out and "\r" not in out and "\0" not in out and "\ufeff" not in out
+    assert len(out) <= 120 * 6 + 40  # each character escaped at most to \xNN or \ufeff, plus the note
+
+
+def test_a_stream_redacts_a_secret_split_across_writes():
+    import io
+
+    sink = io.StringIO()
+    stream = RedactingStream(sink)
+    for piece in ("connecting to postgresql://u:hun", "ter2@db/x\n", "progress 10%\r", "done"):
+        stream.write(piece)
+    stream.flush()
+    assert "hunter2" not in sink.getvalue() and sink.getvalue().endswith("progress 10%\rdone")
+
+
+def test_a_credentials_file_given_as_a_fragment_is_not_echoed(tmp_path, kfit_here):
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.example.com\n  login me\n  password hunter2secret\n")
+    done = kfit_here(tmp_path, "plan", KCONFIG_CONFIG=str(netrc))
+    assert done.returncode == 2
+    assert "hunter2secret" not in done.stdout + done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert "is not a config file" in line
+
+
+def test_a_tracker_url_with_a_password_is_never_printed(tmp_path, kfit_here, monkeypatch):
+    from lib import config as kc
+
+    fragment = tmp_path / "fragment"
+    fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\nCONFIG_TRACK_MLFLOW=y\n'
+                        "CONFIG_MAX_STEPS=1\n")
+    kc.make_defconfig("lenet5", [str(fragment)], out=tmp_path / ".config")
+    done = kfit_here(tmp_path, "train", MLFLOW_TRACKING_URI="nosuch://admin:Pa55w0rdXYZ@mlflow.example/x?token=T0k3nXYZ")
+    assert done.returncode == 2, done.stdout + done.stderr
+    everything = done.stdout + done.stderr
+    assert "Pa55w0rdXYZ" not in everything and "T0k3nXYZ" not in everything
+    assert "CONFIG_TRACK_MLFLOW=y" in done.stderr
