@@ -31,10 +31,11 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from .env import env_number, environ
+from .env import MAXIMA, env_number, environ
 from .torchrun_output import TorchrunOutput, explain
 from .errors import KfitError
 from .hardware.host import usable_cores
+from .redact import shown
 from .threads import cores_per_process
 
 DEFAULT_MASTER_PORT = 29500
@@ -83,13 +84,15 @@ def nodes_range(env: Mapping[str, str]) -> tuple[int, int]:
     """NNODES as (min, max) machines: N is (N, N), MIN:MAX an elastic range."""
     text = (env.get("NNODES") or "1").strip()
     low, _, high = text.partition(":")
-    accepted = "give a whole number of machines >= 1, or MIN:MAX (1 <= MIN <= MAX) for an elastic run"
+    most = MAXIMA["NODES"]
+    accepted = (f"give a whole number of machines from 1 to {most:,}, or MIN:MAX (1 <= MIN <= MAX) for an elastic "
+                "run")
     try:
         first, last = int(low), int(high or low)
     except ValueError:
-        raise KfitError(f"NNODES={text!r} is not a number of machines: {accepted}") from None
-    if not 1 <= first <= last:
-        raise KfitError(f"NNODES={text!r} is out of range: {accepted}")
+        raise KfitError(f"NNODES='{shown(text, 40)}' is not a number of machines: {accepted}") from None
+    if not 1 <= first <= last <= most:
+        raise KfitError(f"NNODES='{shown(text, 40)}' is out of range: {accepted}")
     return first, last
 
 

@@ -27,23 +27,39 @@ def _get(name: str, env: Mapping[str, str] | None) -> str | None:
     return value.strip() if value and value.strip() else None
 
 
+# The most a count the user gives may be, checked before any work: far above what any machine or cluster runs,
+# far below what would take kfit minutes and gigabytes to refuse later (a process count in the millions, a
+# generation of billions of tokens).
+MAXIMA = {"GPUS": 4096, "WORLD_SIZE": 1 << 20, "NODES": 65536, "CPUS": 1 << 20, "ARRAY": 100_000,
+          "MAX_TOKENS": 1_000_000, "TOP_K": 10_000_000, "TRIALS": 1_000_000, "N": 100_000, "TRAIN": 100_000,
+          "RUNS": 1000, "BATCH": 1 << 24, "VOCAB": 10_000_000, "EXTEND_EPOCHS": 100_000,
+          "EXTEND_STEPS": 1_000_000_000, "FREE_GB": 1 << 20, "KCONFIG_SEED": 2**63 - 1, "SEED": 2**63 - 1}
+
+
 def env_number(name: str, kind: type[int] | type[float] = int, default=None, env: Mapping[str, str] | None = None,
-               minimum: int | float | None = None):
-    """The variable as a number, or `default` when unset or empty; a clear error when it is not a number
-    (or is below `minimum`)."""
+               minimum: int | float | None = None, maximum: int | float | None = None):
+    """The variable as a number, or `default` when unset or empty; a clear error when it is not a number, or
+    lies below `minimum` or above `maximum` (default MAXIMA's bound for the name)."""
+    from .redact import shown
+
     value = _get(name, env)
     if value is None:
         return default
+    maximum = MAXIMA.get(name) if maximum is None else maximum
     whole = "a whole number" if kind is int else "a number"
-    at_least = f" >= {minimum}" if minimum is not None else ""
+    bounds = (f" from {minimum} to {maximum:,}" if minimum is not None and maximum is not None else
+              f" >= {minimum}" if minimum is not None else f" <= {maximum:,}" if maximum is not None else "")
+    quoted = f"'{shown(value, 40)}'"  # escaped and cut: a value never forges a line of output
     try:
         number = kind(value)
     except ValueError:
-        raise KfitError(f"{name}={value!r} is not a number: give {whole}{at_least}") from None
+        raise KfitError(f"{name}={quoted} is not a number: give {whole}{bounds}") from None
     if number != number or number in (float("inf"), float("-inf")):
-        raise KfitError(f"{name}={value!r} is not a finite number: give {whole}{at_least}")
+        raise KfitError(f"{name}={quoted} is not a finite number: give {whole}{bounds}")
     if minimum is not None and number < minimum:
-        raise KfitError(f"{name}={value!r} is too small: give {whole}{at_least}")
+        raise KfitError(f"{name}={quoted} is too small: give {whole}{bounds}")
+    if maximum is not None and number > maximum:
+        raise KfitError(f"{name}={quoted} is too large: give {whole}{bounds}")
     return number
 
 

@@ -78,7 +78,7 @@ def test_a_flag_wins_over_its_variable_and_is_restored(tmp_path, monkeypatch):
 def test_a_bad_flag_value_is_one_error_naming_the_flag(tmp_path, monkeypatch):
     code, out, err = _run(["plan", "--gpus", "two", "--config", str(tmp_path / ".config")], monkeypatch)
     assert code == 2 and err.strip().splitlines() == ["error: --gpus: GPUS='two' is not a number: give a whole "
-                                                      "number >= 1"], err
+                                                      "number from 1 to 4,096"], err
     code, out, err = _run(["plan", "--format", "xml", "--config", str(tmp_path / ".config")], monkeypatch)
     assert code == 2 and err.startswith("error: --format: FORMAT='xml' is not accepted") and "Traceback" not in err
 

@@ -27,9 +27,8 @@ def test_no_generated_credential_survives(secret, name, scheme, form):
             f"env: {name}={secret} HOME=/root",
             json.dumps({"error": "denied", name: secret}),
             f"machine h.example login me password {secret}"][form]
-    if form == 4 and "pass" not in name.lower():
-        line = line  # netrc's keyword is password itself
-    assert secret not in redact(line), line
+    around = line.replace(secret, "")  # the secret may also occur in the words around it ("machin")
+    assert redact(line).count(secret) <= around.count(secret), line
     assert "\n" not in redact(line)
 
 
@@ -85,3 +84,22 @@ def test_a_tracker_url_with_a_password_is_never_printed(tmp_path, kfit_here, mon
     everything = done.stdout + done.stderr
     assert "Pa55w0rdXYZ" not in everything and "T0k3nXYZ" not in everything
     assert "CONFIG_TRACK_MLFLOW=y" in done.stderr
+
+
+@pytest.mark.parametrize("variable, value, words", [
+    ("GPUS", "3000000", "GPUS='3000000' is too large: give a whole number from 1 to 4,096"),
+    ("GPUS", "1" + "0" * 20, "is too large"), ("NNODES", "99999999", "is out of range"),
+    ("MAX_TOKENS", "5000000000", "MAX_TOKENS='5000000000' is too large"),
+    ("GPUS", "x" * 10_000_000, "more characters)' is not a number"),
+    ("GPUS", "2\nerror: forged", "GPUS='2\\nerror: forged' is not a number"),
+])
+def test_a_count_beyond_any_machine_is_refused_at_once_and_quoted_safely(tmp_path, kfit_here, variable, value, words):
+    import time
+
+    start = time.perf_counter()
+    done = kfit_here(tmp_path, "sample" if variable == "MAX_TOKENS" else "plan", **{variable: value})
+    assert done.returncode == 2 and time.perf_counter() - start < 30
+    lines = (done.stdout + done.stderr).splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and words in errors[0] and len(errors[0]) < 1000, errors
+    assert not any(line.startswith("error: forged") for line in lines)

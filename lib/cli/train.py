@@ -266,12 +266,12 @@ def cmd_sample(args) -> int:
     from ..models.registry import MODELS
 
     families = [name for name, spec in MODELS.items() if spec.text]
-    run = _run("sample", "a run directory, a checkpoint or an exported model.safetensors",
-               lambda model: model in families, kinds=" or ".join(families))
-    settings = dict(max_tokens=env_number("MAX_TOKENS", int, 200, minimum=1),
-                    temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0),
+    settings = dict(max_tokens=env_number("MAX_TOKENS", int, 200, minimum=1),  # checked before any work
+                    temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0, maximum=100.0),
                     top_k=env_number("TOP_K", int, 200, minimum=0) or None,
                     seed=env_number("SEED", int, 0, minimum=0))
+    run = _run("sample", "a run directory, a checkpoint or an exported model.safetensors",
+               lambda model: model in families, kinds=" or ".join(families))
     from ..sample import sample
 
     text, about = sample(run, os.environ.get("PROMPT", ""), **settings)
