@@ -174,7 +174,7 @@ ROWS = [
     Row("FREE_GB above the total, by a rounding", ("plan",), env={"GPU": "h100", "FREE_GB": "79.65"},
         needles=("FREE_GB=79.65 is more than the 79.64 GiB",)),
     Row("GPUS not a number", ("plan",), env={"GPU": "h100", "GPUS": "two"}, needles=("GPUS",)),
-    Row("WORLD_SIZE not a number", ("plan",), env={"WORLD_SIZE": "abc"}, needles=("WORLD_SIZE='abc'", "whole number >= 1")),
+    Row("WORLD_SIZE not a number", ("plan",), env={"WORLD_SIZE": "abc"}, needles=("WORLD_SIZE='abc'", "whole number from 1 to")),
     Row("WORLD_SIZE not a number, train", ("train",), env={"WORLD_SIZE": "abc"}, needles=("WORLD_SIZE='abc'",)),
     Row("WORLD_SIZE zero", ("plan",), env={"WORLD_SIZE": "0"}, needles=("WORLD_SIZE='0'", ">= 1")),
     Row("NNODES not a number", ("plan",), env={"NNODES": "abc"}, needles=("NNODES='abc'", "number of machines")),

@@ -45,7 +45,7 @@ def test_process_count(make_config):
     assert distributed.process_count(config, CPU, "cpu", 2) == (2, "GPUS=2")
     manual_config = make_config("CONFIG_NPROC_MANUAL=y\nCONFIG_NPROC=3\n")
     assert distributed.process_count(manual_config, four, "cuda")[0] == 3
-    with pytest.raises(KfitError, match="GPUS='0' is too small: give a whole number >= 1"):
+    with pytest.raises(KfitError, match="GPUS='0' is too small: give a whole number from 1 to 4,096"):
         distributed.process_count(config, CPU, "cpu", 0)
 
 
