@@ -71,7 +71,7 @@ def process_count(config, hardware, device_type: str, gpus: int | None = None) -
     """Training processes on this machine, and why: `gpus` (GPUS=) wins, then NPROC_MANUAL, then AUTO."""
     if gpus is not None:
         if gpus < 1:
-            raise KfitError(f"GPUS='{gpus}' is too small: give a whole number >= 1")
+            raise KfitError(f"GPUS='{gpus}' is too small: give a whole number from 1 to {MAXIMA['GPUS']:,}")
         return gpus, f"GPUS={gpus}"
     if config.nproc_mode == "manual":
         return config.nproc, f"CONFIG_NPROC={config.nproc}"

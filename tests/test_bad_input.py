@@ -176,7 +176,7 @@ ROWS = [
     Row("GPUS not a number", ("plan",), env={"GPU": "h100", "GPUS": "two"}, needles=("GPUS",)),
     Row("WORLD_SIZE not a number", ("plan",), env={"WORLD_SIZE": "abc"}, needles=("WORLD_SIZE='abc'", "whole number from 1 to")),
     Row("WORLD_SIZE not a number, train", ("train",), env={"WORLD_SIZE": "abc"}, needles=("WORLD_SIZE='abc'",)),
-    Row("WORLD_SIZE zero", ("plan",), env={"WORLD_SIZE": "0"}, needles=("WORLD_SIZE='0'", ">= 1")),
+    Row("WORLD_SIZE zero", ("plan",), env={"WORLD_SIZE": "0"}, needles=("WORLD_SIZE='0'", "from 1 to")),
     Row("NNODES not a number", ("plan",), env={"NNODES": "abc"}, needles=("NNODES='abc'", "number of machines")),
     Row("NNODES not a number, train", ("train",), env={"NNODES": "abc"}, needles=("NNODES='abc'", "MIN:MAX")),
     Row("NNODES zero", ("train",), env={"NNODES": "0"}, needles=("NNODES='0'", ">= 1")),
