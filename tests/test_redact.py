@@ -103,3 +103,13 @@ def test_a_count_beyond_any_machine_is_refused_at_once_and_quoted_safely(tmp_pat
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1 and words in errors[0] and len(errors[0]) < 1000, errors
     assert not any(line.startswith("error: forged") for line in lines)
+
+
+def test_a_value_given_with_a_config_lines_quotes_is_the_value_inside():
+    from lib import config as kc
+
+    base = kc.defconfig_config("lenet5")
+    assert kc.derive(base, {"OUTPUT_DIR": '"runs/x"'}).output_dir == "runs/x"  # not a directory named "runs/x"
+    assert kc.derive(base, {"OUTPUT_DIR": 'runs/"x"'}).output_dir == 'runs/"x"'  # inner quotes are the user's
+    with pytest.raises(kc.ConfigError if hasattr(kc, "ConfigError") else Exception, match="line break or a NUL"):
+        kc.derive(base, {"OUTPUT_DIR": "runs\nCONFIG_EPOCHS=1"})

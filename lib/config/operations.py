@@ -15,6 +15,7 @@ import kconfiglib
 
 from ..errors import ConfigError
 from ..fileio import copy_file, refuse_link
+from ..redact import shown
 from .kconfig import ROOT, assignment_line, load_strict, new_kconfig, require_config_file, write_config
 from .typed import Config, typed_config
 from ..env import env_text
@@ -150,8 +151,10 @@ def _assignment_lines(assignments: Mapping[str, object]) -> str:
             value = f"{value:.6g}"
         text = str(value)
         if any(ch in text for ch in "\n\r\0"):  # it would end the line: a second assignment, unchecked
-            raise ConfigError(f"CONFIG_{name}={text!r}: a value cannot hold a line break")
+            raise ConfigError(f"CONFIG_{name}={shown(text, 80)!r}: a value cannot hold a line break or a NUL")
         if sym.orig_type == kconfiglib.STRING:
+            if len(text) >= 2 and text[0] == text[-1] == '"':  # written as a .config line writes it: the value
+                text = text[1:-1].replace('\\"', '"')      # inside the quotes, not a directory named "runs"
             text = text.replace("\\", "\\\\").replace('"', '\\"')
         lines.append(assignment_line(sym, text))
     return "\n".join(lines) + "\n"
