@@ -5,6 +5,7 @@ each helper here; a helper given none parses them itself (a command that has not
 
 from __future__ import annotations
 
+import errno
 import gc
 import sys
 from pathlib import Path
@@ -16,6 +17,29 @@ from ..errors import KfitError
 
 if TYPE_CHECKING:
     from .invocation import Invocation
+
+
+# What the OS refuses about a path the user gave (a name too long, a loop of links, a file where a directory
+# must be...), and the fix: one error line at the command's boundary, wherever in kfit the path was opened.
+OS_REFUSALS = {
+    errno.ENAMETOOLONG: "a name in a path is at most 255 bytes and a path at most 4096: choose a shorter one",
+    errno.ELOOP: "its symbolic links form a loop: remove or fix the link",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: fix the path",
+    errno.EISDIR: "it is a directory where a file is needed: name a file",
+    errno.EACCES: "permission denied: choose a path you may write and read, or fix its permissions",
+    errno.EPERM: "the operation is not permitted there: choose another path",
+    errno.EROFS: "the file system is read-only: choose a path on a writable disk",
+    errno.ENOENT: "no such file or directory (a dangling link?): fix the path",
+    errno.EEXIST: "something is in the way there (a file, or a link to nothing): remove it or choose another path",
+    errno.EINVAL: "the OS refuses that path (a character it does not allow?): choose another name",
+}
+
+
+def os_refusal(err: OSError) -> str:
+    """An OSError about a path as one line: the path (escaped, cut), the OS's reason, the fix."""
+    from ..redact import shown
+
+    return f"{shown(err.filename, 160)}: {err.strerror or 'refused'}; {OS_REFUSALS[err.errno]}"
 
 
 def run_main(main: Callable[[], int | None]) -> int:
@@ -30,6 +54,11 @@ def run_main(main: Callable[[], int | None]) -> int:
         return main() or 0
     except KfitError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.filename is None or err.errno not in OS_REFUSALS:
+            raise  # not a path the OS refused: a bug to show with its traceback
+        print(f"error: {os_refusal(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -145,8 +145,9 @@ def _sqlite_file(url: str, given: bool) -> Path | None:
 
     try:
         parsed = sqlalchemy.engine.make_url(url)
-    except sqlalchemy.exc.ArgumentError as err:
-        raise _storage_error(url, given, f"not a database URL ({err})", _URL_FIX) from None
+    except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is not a number
+        raise _storage_error(url, given, f"not a database URL ({' '.join(str(err).split())[:120]})", _URL_FIX) \
+            from None
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
