@@ -89,3 +89,17 @@ def test_any_text_in_any_variable_is_run_or_one_error(lenet, kfit_here, variable
         return
     line = checked(done)
     assert len(line) < 2000 and all(not l.startswith("error: ") for l in line.splitlines()[1:])
+
+
+def test_random_bytes_named_txt_are_refused_before_tokenizing(tmp_path):
+    import random
+
+    from lib.data.corpus import find_sources
+    from lib.errors import KfitError
+
+    (tmp_path / "good.txt").write_text("plain text, café\n" * 100)
+    assert find_sources(str(tmp_path / "good.txt"))
+    rng = random.Random(7)
+    (tmp_path / "noise.txt").write_bytes(bytes(rng.randrange(256) for _ in range(5000)))
+    with pytest.raises(KfitError, match=r"noise.txt is not text \(its first 5,000 bytes hold"):
+        find_sources(str(tmp_path))

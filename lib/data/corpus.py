@@ -96,9 +96,33 @@ def find_sources(corpus: str | None) -> list[Source]:
     if not paths:
         raise DataError(f"CORPUS={corpus} holds no .txt, .jsonl or .parquet files: name {what}")
     sources = [_source(p) for p in paths]
+    for source in sources:
+        if source.kind in ("txt", "jsonl"):
+            _require_text(source.name)
     if not any(s.size for s in sources):
         raise DataError(f"CORPUS={corpus} is empty: its {len(sources)} file(s) hold no text")
     return sources
+
+
+TEXT_SAMPLE = 1 << 16  # bytes of each .txt/.jsonl file read to tell text from binary data
+NOT_TEXT_SHARE = 0.02  # of the sample's bytes that are not UTF-8, beyond which the file is not text
+
+
+def _require_text(path) -> None:
+    """A DataError unless the file's start reads as text (UTF-8, no NUL bytes, at most NOT_TEXT_SHARE of its
+    bytes undecodable): random bytes named .txt would otherwise be tokenized as garbage without a word."""
+    try:
+        with open(path, "rb") as f:
+            sample = f.read(TEXT_SAMPLE)
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {path} ({e.strerror or e})") from e
+    if not sample:
+        return
+    bad = len(sample) - len(sample.decode("utf-8", errors="ignore").encode("utf-8"))
+    if b"\0" in sample or bad > NOT_TEXT_SHARE * len(sample):
+        what = "NUL bytes" if b"\0" in sample else f"{bad / len(sample):.0%} of its bytes not UTF-8"
+        raise DataError(f"{path} is not text (its first {len(sample):,} bytes hold {what}): remove it from the "
+                        "corpus, or convert it to UTF-8 text")
 
 
 def _group(lines: list[str]) -> list[str]:
