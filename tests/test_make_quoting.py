@@ -135,3 +135,16 @@ def test_a_stamp_whose_packages_are_gone_reinstalls(tmp_path):
     (site / "torch").mkdir()
     result = make(tmp_path, "-n", "plan", f"VENV={tmp_path / 'venv'}")
     assert "install-deps.sh" not in result.stdout, result.stdout
+
+
+def test_a_fragment_path_with_a_space_is_given_quoted(tmp_path):
+    """FRAGMENTS= splits at spaces as a shell does: a path holding one is quoted inside the value."""
+    spaced = tmp_path / "my fragments"
+    spaced.mkdir()
+    (spaced / "two epochs").write_text("CONFIG_EPOCHS=2\n")
+    result = make(tmp_path, "lenet5-defconfig", f"FRAGMENTS='{spaced / 'two epochs'}' fp32")
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (tmp_path / ".config").read_text()
+    assert "CONFIG_EPOCHS=2" in text and "CONFIG_PRECISION_FP32=y" in text
+    result = make(tmp_path, "lenet5-defconfig", "FRAGMENTS='unclosed")
+    assert result.returncode == 2 and "close the quote" in result.stderr

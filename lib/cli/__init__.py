@@ -25,8 +25,20 @@ from ..errors import KfitError
 # Config targets
 
 
+def fragment_list(text: str) -> list[str]:
+    """FRAGMENTS= as names or paths separated by spaces; a path holding a space is quoted as a shell quotes it
+    (FRAGMENTS="'my fragment' fp32")."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as err:  # an unclosed quote
+        raise KfitError(f"FRAGMENTS={text[:200]!r} cannot be split ({err}): close the quote around a path with "
+                        "a space, e.g. FRAGMENTS=\"'my fragment' fp32\"") from None
+
+
 def cmd_defconfig(args) -> int:
-    fragments = os.environ.get("FRAGMENTS", "").split()
+    fragments = fragment_list(os.environ.get("FRAGMENTS", ""))
     out = kconfig.config_path()
     notes: list[str] = []
     kconfig.make_defconfig(args.name, fragments, out, notes)

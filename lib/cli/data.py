@@ -61,10 +61,8 @@ def cmd_data(args) -> int:
 def train_line(out: Path, fragment: Path) -> str:
     """What to type to train on `out`: the fragment make data wrote there, merged onto a defconfig."""
     sets = f'CONFIG_DATASET_DIR=y and CONFIG_DATA_DIR="{out}"'
-    if any(c.isspace() for c in str(fragment)):  # FRAGMENTS= splits at spaces: the lines themselves
-        return f"Train on it: set {sets} (in a fragment of your own, or 'make menuconfig' -> Dataset)"
     return (f"Train on it ({fragment} sets {sets}; merge it onto any GPT-2 or Llama defconfig):\n"
-            f"  make llama-tiny-defconfig {shlex.quote(f'FRAGMENTS={fragment}')} && make train")
+            f"  make llama-tiny-defconfig {shlex.quote('FRAGMENTS=' + shlex.quote(str(fragment)))} && make train")
 
 
 def register(sub) -> None:
