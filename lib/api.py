@@ -149,14 +149,19 @@ def run_to_resume(config: "Config", *, resume: bool, resume_from: "str | os.Path
                   init_from: "str | os.PathLike | None" = None, log: Callable[[str], None] = print
                   ) -> "Callable[[Plan], Path | None]":
     """What train_planned continues, given the plan: RESUME_FROM's checkpoint (checked here, before any
-    work; its effective batch against the plan's), nothing for INIT_FROM (always a new run), else the
-    resume search when `resume`."""
+    work; its effective batch against the plan's), or its run directory, where the restore takes the newest
+    checkpoint that fits the model (setting aside, with one warning, one that does not); nothing for INIT_FROM
+    (always a new run), else the resume search when `resume`."""
+    from .checkpoint import run_of
     from .trainer.initial import initial_source, not_both
     from .trainer.resume import resume_point
 
     not_both(resume_from, init_from)
     if resume_from is not None:
         path, effective = resume_point(Path(os.fspath(resume_from)), config, log)
+        source = Path(os.fspath(resume_from)).expanduser()
+        if run_of(source) == source:
+            path = source
 
         def chosen(plan: "Plan") -> Path:
             if plan.effective_batch != effective:

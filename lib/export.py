@@ -52,7 +52,9 @@ def checkpoint_of(run: Path) -> Path:
 
 def read_checkpoint(path: Path) -> dict:
     try:
-        state = checkpoint.load_checkpoint(path)
+        state = checkpoint.load_checkpoint(path, verify=True)  # a damaged file is never exported or started from
+    except checkpoint.DamagedCheckpoint as err:
+        raise KfitError(f"{path} is damaged ({err}): name another checkpoint of the run") from None
     except Exception as err:  # noqa: BLE001 - any unreadable checkpoint is the user's file to fix
         raise KfitError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
     if not isinstance(state, dict) or not (state.get("sharded") or isinstance(state.get("model"), dict)):

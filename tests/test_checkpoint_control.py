@@ -94,7 +94,7 @@ def test_resume_from_a_run_directory_takes_its_newest_readable_checkpoint(tmp_pa
     warnings = []
     path, effective = resume_point(run, cfg, warnings.append)
     assert path == run / "checkpoint-2.pt" and effective == 16
-    assert "checkpoint-4.pt is unreadable" in warnings[0]
+    assert warnings == []  # said once, by the restore that sets it aside (tests/test_checkpoint_validation.py)
 
 
 def test_resume_from_refuses_with_the_fix_and_changes_nothing(tmp_path):

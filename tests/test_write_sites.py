@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # file -> (how many write calls it may hold, why each is safe)
 WRITES_ELSEWHERE = {
     "lib/fileio.py": (None, "the layer itself"),
-    "lib/checkpoint.py": (4, "torch.save into a BytesIO buffer write_atomic then writes; DCP's own save into "
+    "lib/checkpoint.py": (5, "torch.save into a BytesIO buffer write_atomic then writes; DCP's own save into "
                              "a fresh temporary directory, swapped into place by two os.replace of names kfit "
-                             "made in the run directory it holds locked"),
+                             "made in the run directory it holds locked; a damaged checkpoint renamed aside "
+                             "there (os.rename moves a link itself, never its target)"),
     "lib/data/tokenized.py": (1, "write_atomic's callable filling write_atomic's own temporary file"),
     "lib/config/operations.py": (3, "the base and the change, and savedefconfig's text, in a private "
                                     "TemporaryDirectory"),

@@ -29,6 +29,7 @@ from .recovery import Recovery
 from .resume import (DEVICE_LOST_EXIT, StoppedToResume, TrainingInterrupted, checkpoint_problem, checkpoint_state,
                      load_state, model_problem, resume_command, sharded_tensors)
 from .rundir import RunDirectory
+from .verify import state_problem
 
 
 class Checkpoints:
@@ -124,21 +125,14 @@ class Checkpoints:
 
     def restore(self, chosen: Path | None = None, marker: dict | None = None) -> Path | None:
         """Continue the run in the run directory from `chosen` (RESUME_FROM's, checked), else its newest
-        readable checkpoint; then a relaunch's out-of-memory `marker` (checkpoint.read_oom_marker's, checked).
-        Returns the checkpoint resumed, or None."""
+        checkpoint that is intact and fits (`fits`: a damaged one is named in one warning, renamed to
+        <name>.damaged and the previous one taken); then a relaunch's out-of-memory `marker`
+        (checkpoint.read_oom_marker's, checked). Returns the checkpoint resumed, or None."""
         run_dir, engine = self.directory.path, self.engine
-
-        def problem(state) -> str | None:  # a wrong file, or a checkpoint of another model: the previous one
-            return checkpoint_problem(state) or model_problem(state, engine.model)
         if chosen is not None:
-            found = (chosen, checkpoint.load_checkpoint(chosen))
-            wrong = model_problem(found[1], engine.model)
-            if wrong is not None:
-                raise KfitError(f"RESUME_FROM={chosen} does not fit this config's model ({wrong}): name a "
-                                "checkpoint of this model (the same preset, vocabulary, CONFIG_PAD_VOCAB and block "
-                                "size), or start a new run from it with INIT_FROM")
+            found = (chosen, self.chosen_state(chosen))
         else:
-            found = checkpoint.latest_valid(run_dir, self.log, problem)
+            found = checkpoint.latest_valid(run_dir, self.log, self.fits, aside=self.rank.is_main)
         if found is None and marker is None:
             self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
             return None
@@ -154,6 +148,41 @@ class Checkpoints:
         # without a checkpoint: out of memory before the first, restarted here
         self.recovery.apply_marker(marker)
         return path
+
+    def fits(self, state: dict, path: Path) -> str | None:
+        """What keeps a loaded checkpoint from going into this run (a wrong file, a checkpoint of another model,
+        a tensor, RNG or scaler state that does not fit: verify.py), None when every part fits."""
+        engine = self.engine
+        return (checkpoint_problem(state) or model_problem(state, engine.model)
+                or state_problem(state, path, engine.model, engine.optimizer, engine.scaler, engine.device))
+
+    def chosen_state(self, chosen: Path) -> dict:
+        """RESUME_FROM's checkpoint, read and checked as `fits` checks one; what is wrong is one KfitError
+        naming it (the user named it: nothing is renamed)."""
+        run_dir = self.directory.path
+        try:
+            state = checkpoint.load_checkpoint(chosen, verify=True)
+        except checkpoint.DamagedCheckpoint as err:
+            raise KfitError(f"RESUME_FROM={chosen} is damaged ({err}): name another checkpoint, or the run "
+                            f"directory ({run_dir}) for its newest intact one") from None
+        except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to replace
+            raise KfitError(f"RESUME_FROM={chosen} cannot be read ({type(err).__name__}: "
+                            f"{' '.join(str(err).split())[:120]}): name another checkpoint, or the run directory "
+                            f"({run_dir}) for its newest readable one") from None
+        wrong = checkpoint_problem(state)
+        if wrong is not None:
+            raise KfitError(f"RESUME_FROM={chosen} is not a kfit checkpoint ({wrong}): name a checkpoint-<step>.pt "
+                            "of a run, or its directory")
+        wrong = model_problem(state, self.engine.model)
+        if wrong is not None:
+            raise KfitError(f"RESUME_FROM={chosen} does not fit this config's model ({wrong}): name a "
+                            "checkpoint of this model (the same preset, vocabulary, CONFIG_PAD_VOCAB and block "
+                            "size), or start a new run from it with INIT_FROM")
+        wrong = self.fits(state, chosen)
+        if wrong is not None:
+            raise KfitError(f"RESUME_FROM={chosen} is damaged ({wrong}): name another checkpoint, or the run "
+                            f"directory ({run_dir}) for its newest intact one")
+        return state
 
     # -- stops that save first ----------------------------------------------------------
 

@@ -26,6 +26,7 @@ import torch
 
 from .. import checkpoint, fileio, resumable
 from ..config import Config
+from ..config.typed import LADDER_RUNGS
 from ..errors import KfitError
 from ..hardware import HardwareProfile
 from ..plan import Plan
@@ -47,15 +48,22 @@ def resume_point(source: Path, config: Config, log=print) -> tuple[Path, int]:
         raise KfitError(f"{what}: that run has finished ({checkpoint.finished_checkpoint(run_dir).name}): "
                         f"INIT_FROM={source} starts a new run from its weights")
     if run_dir == source:
-        found = checkpoint.latest_valid(run_dir, log, checkpoint_problem)
+        # what it skips is said (and renamed aside) once, by the restore that checks it against the model too
+        skipped: list[str] = []
+        found = checkpoint.latest_valid(run_dir, skipped.append, lambda state, _: checkpoint_problem(state))
         if found is None:
+            for line in skipped:
+                log(line)
             raise KfitError(f"{what} holds no readable checkpoint-<step>.pt: name a run directory that saved "
                             "one, or start afresh without RESUME_FROM")
         path, state = found
     else:
         path = source
         try:
-            state = checkpoint.load_checkpoint(path)
+            state = checkpoint.load_checkpoint(path, verify=True)
+        except checkpoint.DamagedCheckpoint as err:
+            raise KfitError(f"{what} is damaged ({err}): name another checkpoint, or the run directory ({run_dir}) "
+                            "for its newest intact one") from None
         except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to replace
             raise KfitError(f"{what} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}): name "
                             f"another checkpoint, or the run directory ({run_dir}) for its newest readable one"
@@ -144,6 +152,17 @@ def progress_type_problem(progress: dict) -> str | None:
             return f"its progress field {f.name} is {type(value).__name__} {str(value)[:40]!r}, not {f.type}"
     if progress["window_size"] < 1 or progress["micro_batch"] < 1:
         return "its progress holds a window or micro-batch below 1"
+    below = [k for k in ("halvings", "step", "epoch", "window", "samples", "interval_samples", "stale_evals",
+                         "elapsed_s") if progress.get(k, 0) < 0]
+    if below:
+        return f"its progress holds {', '.join(below)} below 0"
+    unknown = [r for r in progress.get("rungs", []) if r not in LADDER_RUNGS]
+    if unknown:
+        return f"its progress names the ladder rung {str(unknown[0])[:40]!r}, not one of {', '.join(LADDER_RUNGS)}"
+    marks = [*progress.get("best", []), *([progress["early_best"]] if progress.get("early_best") is not None else [])]
+    if any(not (isinstance(m, list) and len(m) == 2 and type(m[0]) is int and isinstance(m[1], (int, float))
+                and not isinstance(m[1], bool)) for m in marks):
+        return "its progress holds a best or early_best evaluation that is not [step, value]"
     return None
 
 
@@ -182,7 +201,8 @@ def _named_optimizer_state(raw: dict, model: torch.nn.Module, optimizer: torch.o
 
 def load_state(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scaler: torch.amp.GradScaler, device: torch.device, path=None, sharded: bool = False) -> Progress:
-    """Put a checkpoint's tensors and RNG states back in place; returns where the run stood.
+    """Put a checkpoint's tensors and RNG states back in place; returns where the run stood. The checkpoint
+    was checked against the model, optimizer, scaler and device first (verify.state_problem): torch trusts it.
 
     A checkpoint of either kind fits a model of either kind: a sharded checkpoint (state["sharded"],
     at `path`) is resharded to this run's processes by torch.distributed.checkpoint (into a whole
@@ -201,7 +221,8 @@ def load_state(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optim
     else:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
+    if state["scaler"]:  # empty: saved by a scaler that was off (an enabled one refuses it with a traceback)
+        scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"], device)
     return Progress(**state["progress"])
 

@@ -88,6 +88,10 @@ def claim_run_directory(config: Config, run_dir: Path | None, resume: Path | Non
     path = Path(resume or run_dir or run_directory(config))
     fileio.refuse_linked_directory(path)  # RUN_NAME or a resumed run that is a link: never written through
     if resume is None:  # a new run starts only where no run's history is: it never replaces one
+        fileio.refuse_link(path / fileio.LOCK_NAME)  # a lock planted as a link: named first, as taking it would
+        holder = fileio.lock_holder(path) if path.is_dir() else None
+        if holder is not None:  # a live run there: said as such, before what it holds
+            raise checkpoint.in_use_error(path, holder)
         history = run_history(path)
         if history is not None:
             raise KfitError(f"{path} holds another run ({history}), which a new run would replace: choose another "
