@@ -347,7 +347,8 @@ def test_contents_that_do_not_fit_are_set_aside_with_the_reason(runs, change, re
         assert_set_aside(run, runs, t, warnings, damaged, reason=f"is not a usable checkpoint ({reason}")
 
 
-def test_with_no_intact_checkpoint_left_the_run_starts_afresh_as_before(runs):
+def test_with_no_intact_checkpoint_left_a_fresh_run_starts_in_a_new_directory(runs):
+    """The picked run keeps its history: its metrics byte for byte, its damaged checkpoints set aside."""
     with copy_of(runs) as run:
         newest, older = run / "checkpoint-8.pt", run / "checkpoint-4.pt"
         span = member_spans(newest)[-2]
@@ -355,15 +356,19 @@ def test_with_no_intact_checkpoint_left_the_run_starts_afresh_as_before(runs):
         damaged[span[1]] ^= 1
         newest.write_bytes(bytes(damaged))
         resave(older, lambda s: s["rng"].update(torch=s["rng"]["torch"][:-1]))
+        metrics = (run / "metrics.jsonl").read_bytes()
         notes: list[str] = []
         t = trainer(runs.config, resume=run, log=notes.append)
-        assert t.resumed_from is None
+        assert t.resumed_from is None and t.run_dir != run  # a new one under CONFIG_OUTPUT_DIR
         warnings = [n for n in notes if n.startswith("warning:")]
         assert len(warnings) == 3, notes
         assert "checkpoint-8.pt is damaged (its member" in warnings[0]
         assert "checkpoint-4.pt is not a usable checkpoint (its torch RNG state is [5055] uint8" in warnings[1]
-        assert warnings[2] == f"warning: no readable checkpoint in {run}: starting a fresh run"
-        assert t.fit().steps == 12 and same_weights(run, runs)  # the same seed: the uninterrupted run again
+        assert warnings[2] == f"warning: no readable checkpoint in {run}: starting a fresh run in a new directory"
+        assert f"note: {run} keeps its history; the fresh run is {t.run_dir}" in notes
+        result = t.fit()
+        assert result.steps == 12 and same_weights(result.run_dir, runs)  # the same seed: the uninterrupted run
+        assert (run / "metrics.jsonl").read_bytes() == metrics
         assert (run / "checkpoint-8.pt.damaged").is_file() and (run / "checkpoint-4.pt.damaged").is_file()
 
 

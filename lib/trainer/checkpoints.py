@@ -134,7 +134,7 @@ class Checkpoints:
         else:
             found = checkpoint.latest_valid(run_dir, self.log, self.fits, aside=self.rank.is_main)
         if found is None and marker is None:
-            self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run")
+            self.log(f"warning: no readable checkpoint in {run_dir}: starting a fresh run in a new directory")
             return None
         path = None
         if found is not None:

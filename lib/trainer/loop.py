@@ -123,6 +123,8 @@ class Trainer:
                                        elapsed=self.elapsed, event=self.event, log=self.log,
                                        lower_is_better=lower_is_better)
         self.resumed_from = self.checkpoints.restore(chosen, marker) if resume is not None else None
+        if resume is not None and self.resumed_from is None:
+            self.start_afresh_elsewhere()
         self.engine.wrap(self.plan)
         self.recover_oom = config.oom_recovery and not self.sharded
         self.total_steps = total_steps(self.train_split, self.progress.window_size, config.epochs, config.max_steps)
@@ -423,6 +425,15 @@ class Trainer:
 
     def epochs_begun(self) -> int:
         return self.checkpoints.epochs_begun()
+
+    def start_afresh_elsewhere(self) -> None:
+        """The run picked to resume had no intact checkpoint: the fresh run gets a directory of its own, so
+        the picked one keeps its history (its metrics, its config, the checkpoints set aside as .damaged)."""
+        kept = self.directory.path
+        self.directory.release()
+        self.directory, _, _ = RunDirectory.claim(self.config, self.rank, None, None, self.log)
+        self.checkpoints.directory = self.directory
+        self.log(f"note: {kept} keeps its history; the fresh run is {self.directory.path}")
 
     def release_run_directory(self) -> None:
         """Let another `make train` take the run directory (the process ending does it too)."""
