@@ -142,6 +142,7 @@ test: TEST_TIER := -m 'not slow'
 check: TEST_TIER :=
 test check: export PYTEST_ADDOPTS += $(TEST_TIER) $(PYTEST_ARGS)
 test check: export KFIT_OVERRIDES :=
+check: export KFIT_TIER := check
 test: ## Run the quick tier of the tests: all but those marked slow (installs chromium for the HTML checks)
 check: ## Run every test, the slow end-to-end runs too (before pushing a change they cover)
 test check: $(ENV_STAMP)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pickle
 import shutil
 import struct
@@ -41,7 +42,9 @@ BASE = ("CONFIG_DEVICE_CPU=y\nCONFIG_EPOCHS=10\nCONFIG_TARGET_EFFECTIVE_BATCH=16
 
 
 def examples(n: int) -> settings:
-    """n examples, each a real resume of a fresh copy (a few tenths of a second): no deadline."""
+    """n examples under `make check` (KFIT_TIER=check), a quarter of them (3 at least) in `make test`'s quick
+    tier; each a real resume of a fresh copy (a few tenths of a second): no deadline."""
+    n = n if os.environ.get("KFIT_TIER") == "check" else max(3, n // 4)
     return settings(max_examples=n, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

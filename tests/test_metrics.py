@@ -206,6 +206,7 @@ def test_built_in_image_metrics_match_a_hand_count_on_random_predictions(seed):
     assert got["eval_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_every_rank_evaluates_its_share_and_the_metrics_are_the_whole_splits(tmp_path, factory):
     """GPUS=2 through the real torchrun (gloo): the accuracy both ranks computed from their halves of the eval
     split (summed by torchmetrics' sync) is the whole split's, as one process evaluates the final weights."""
