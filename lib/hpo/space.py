@@ -12,15 +12,12 @@ import optuna
 
 from ..config import Config, derive
 from ..errors import ConfigError, KfitError
-from .storage import redact
+from .storage import OBJECTIVES, redact
 
 # Each parameter's Kconfig symbols, for the error when the space changed (a CONFIG_HPO_SPACE entry: that symbol).
 SPACE_SYMBOLS = {"learning_rate": "CONFIG_HPO_LR_MIN/MAX", "weight_decay": "CONFIG_HPO_WD_MIN/MAX",
                  "optimizer": "CONFIG_HPO_OPTIMIZER_SGD/ADAM/ADAMW", "effective_batch": "CONFIG_HPO_BATCH_SIZES"}
 
-# objective -> (what lines call it, the study's direction)
-OBJECTIVES = {"eval_loss": ("eval loss", "minimize"), "accuracy": ("accuracy", "maximize"),
-              "macro_f1": ("macro-F1", "maximize")}
 # Symbols a trial's own settings fix (its budget, its run directory), and the search's own settings.
 _NOT_SEARCHABLE = {"EPOCHS": "the trials' epochs are CONFIG_HPO_MAX_RESOURCE", "MAX_STEPS": "trials train by epochs",
                    "EVAL_INTERVAL": "trials evaluate after every epoch", "RESUME": "every trial starts fresh",

@@ -22,8 +22,9 @@ from ..errors import KfitError
 from ..redact import redact as redact_line
 
 HEARTBEAT_S, HEARTBEAT_GRACE_S = 60, 300
-# the study's direction for each CONFIG_HPO_OBJECTIVE (space.OBJECTIVES names them)
-OBJECTIVE_DIRECTION = {"eval_loss": "minimize", "accuracy": "maximize", "macro_f1": "maximize"}
+# objective (CONFIG_HPO_OBJECTIVE_*) -> (what lines call it, the study's direction)
+OBJECTIVES = {"eval_loss": ("eval loss", "minimize"), "accuracy": ("accuracy", "maximize"),
+              "macro_f1": ("macro-F1", "maximize")}
 # How long a worker waits for a storage another connection holds locked (SQLite's busy timeout, and the
 # retries that mark a trial failed after it) before giving up with one error line.
 LOCK_WAIT_S = 30.0
@@ -232,7 +233,7 @@ def open_study(config: Config, storage: str | None = None, *, create: bool = Tru
         study_dir(config).mkdir(parents=True, exist_ok=True)
     try:
         study = optuna.create_study(storage=_storage(url, given), study_name=study_name(config),
-                                    direction=OBJECTIVE_DIRECTION[config.hpo_objective],
+                                    direction=OBJECTIVES[config.hpo_objective][1],
                                     pruner=make_pruner(config), load_if_exists=True) \
             if create else optuna.load_study(study_name=study_name(config), storage=_storage(url, given),
                                              pruner=make_pruner(config))
