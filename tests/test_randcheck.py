@@ -73,11 +73,12 @@ def test_a_sweep_plans_and_trains_every_draw_right(capsys):
     assert out.splitlines()[-1].startswith("randcheck: draws=12 targets=4 ")
 
 
-@pytest.mark.slow  # make itself, one draw planned and trained with one and two processes
+@pytest.mark.slow  # make itself, one draw planned and trained with one and two processes (seed 9: a lenet5 draw
+# that plans on every target; an option added to Kconfig changes which config a seed draws)
 def test_make_randcheck_reproduces_one_seed_and_ends_with_the_summary(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     done = subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "randcheck", "N=1",
-                           "KCONFIG_SEED=4", "TRAIN=1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           "KCONFIG_SEED=9", "TRAIN=1"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     last = done.stdout.splitlines()[-1]

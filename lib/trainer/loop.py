@@ -123,7 +123,7 @@ class Trainer:
                                        elapsed=self.elapsed, event=self.event, log=self.log,
                                        lower_is_better=lower_is_better)
         self.resumed_from = self.checkpoints.restore(chosen, marker) if resume is not None else None
-        if resume is not None and self.resumed_from is None:
+        if resume is not None and self.resumed_from is None and marker is None:  # (a marker: restarted here)
             self.start_afresh_elsewhere()
         self.engine.wrap(self.plan)
         self.recover_oom = config.oom_recovery and not self.sharded
