@@ -60,7 +60,12 @@ SHAPES = {"GPT2_BLOCK_SIZE": (64,), "LLAMA_BLOCK_SIZE": (64,), "RESNET_IMAGE_SIZ
 SMALL = {"TARGET_EFFECTIVE_BATCH": 256,
          "BATCH_SIZE": 64, "GRADIENT_ACCUMULATION": 4, "EVAL_BATCH_SIZE": 256, "EPOCHS": 3,
          "CUSTOM_TRAIN_SAMPLES": 512, "CUSTOM_EVAL_SAMPLES": 128, "DATALOADER_WORKERS": 2, "CPU_THREADS": 2,
-         "NPROC": 8, "OOM_MAX_HALVINGS": 4, "LR_FINDER_STEPS": 20, "HPO_TRIALS": 4}
+         "NPROC": 8, "OOM_MAX_HALVINGS": 4, "LR_FINDER_STEPS": 20, "HPO_TRIALS": 4, "VOCAB_SIZE": 4096}
+# A Llama of its own shape (CONFIG_LLAMA_PRESET_CUSTOM) in this share of the Llama draws, from these small
+# dimensions; a shape the config refuses is drawn again, and the deeper ones are planned by lib/memory/depth.py
+CUSTOM_LLAMA_SHARE = 0.3
+CUSTOM_LLAMA = {"LLAMA_DIM": (64, 96, 128), "LLAMA_LAYERS": (2, 3, 8), "LLAMA_HEADS": (2, 4, 6),
+                "LLAMA_KV_HEADS": (1, 2, 4), "LLAMA_FFN_DIM": (128, 256)}
 # Off in every draw, said: they reach services outside this machine
 OFF = ("TRACK_WANDB", "TRACK_MLFLOW")
 # The four machines a draw is planned for: (name, api.machine's keywords, processes, machines)
@@ -158,6 +163,10 @@ def draw(seed: int, out: Path) -> Draw:
         for name in SMALL_CHOICES:  # a choice re-drawn above a preset is clamped again
             if kconf.syms[name].visibility:
                 kconf.syms[name].set_value(2)
+        if kconf.syms["LLAMA_PRESET_CUSTOM"].visibility and rng.random() < CUSTOM_LLAMA_SHARE:
+            kconf.syms["LLAMA_PRESET_CUSTOM"].set_value(2)
+            for name, values in CUSTOM_LLAMA.items():
+                kconf.syms[name].set_value(str(rng.choice(values)))
         label = f"randcheck (seed {seed})"
         try:
             return Draw(seed, family, write_checked(kconf, out, label), out)

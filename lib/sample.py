@@ -154,7 +154,9 @@ def _rebuild(run: Path, config, weights: dict) -> tuple[torch.nn.Module, dict]:
     except KeyError as err:
         raise KfitError(f"{run}: no {err.args[0]} in its weights: not a kfit {config.model} model") from None
     if llama:
-        model = build_model("llama", llama_preset=preset, block_size=block, vocab_size=vocab,
+        from .models.registry import llama_shape
+
+        model = build_model("llama", llama_preset=llama_shape(config), block_size=block, vocab_size=vocab,
                             tie_embeddings=config.llama_tie_embeddings is not False)
     else:
         model = build_model("gpt2", gpt2_preset=preset, block_size=block, vocab_size=vocab)

@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .metrics import Metrics, builtin, custom as custom_metrics
 from .models import build_model
 from .models.freeze import freeze
-from .models.registry import checkpointing_for, spec_for
+from .models.registry import checkpointing_for, spec_for, vocabulary
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -133,6 +133,7 @@ def load_task(config: Config) -> Task:
     if spec.text:
         train, test, info = load_text_data(config.data_dir if config.dataset == "dir" else None,
                                            spec.block_size(config))
+        vocabulary(config, info)  # data whose ids reach CONFIG_VOCAB_SIZE is refused now, not in a trace
     else:
         source = config.dataset_format if config.dataset == "dir" else "digits"
         train, test, info = load_image_data(source, config.data_dir, config.image_size)

@@ -73,17 +73,27 @@ CASES = {"lenet5": (512, 1024, 2048), "resnet18": (8, 16, 32), "gpt2-tiny": (8, 
          "custom-transformer": (32, 128, 512), "outside": (8, 32, 128),
          "hf-gpt2": (8, 32, 128), "hf-bert": (8, 32, 128),
          "llama-tiny": (16, 64), "llama-tiny-ckpt": (16, 64), "llama-20m": (4, 16), "llama-20m-ckpt": (4, 16),
+         "llama-20m-sac-op": (4, 16), "llama-20m-sac-layer": (4, 16),
          # the zoo (scripts/zoo.py): Hugging Face families from small configs, at micro-batches a run of them
          # trains at. Not Mamba: on a CPU its reference scan allocates thousands of sub-64 KiB tensors per step,
          # which live in the C heap, where RSS moved 2-5 MiB (-7% to +5%) around the allocator's peak
          "hf-llama": (16, 64, 128), "hf-mixtral": (16, 64, 128), "hf-t5": (16, 64, 128), "hf-vit": (16, 64, 128),
          "hf-convnext": (16, 64, 128)}
 # a CASES name that is a defconfig with changes: name -> (defconfig, its changes). Llama 20M at 256 tokens
-# keeps a case's run short on a CPU; "-ckpt": gradient checkpointing (each block recomputed in backward).
+# keeps a case's run short on a CPU; "-ckpt": gradient checkpointing (each block recomputed in backward);
+# "-sac-*": selective activation checkpointing (CONFIG_ACTIVATION_CHECKPOINT_SELECTIVE_*).
 VARIANTS = {"llama-tiny-ckpt": ("llama-tiny", {"GRADIENT_CHECKPOINTING": True}),
             "llama-20m": ("llama-tiny", {"LLAMA_PRESET_20M": True, "LLAMA_BLOCK_SIZE": 256}),
             "llama-20m-ckpt": ("llama-tiny", {"LLAMA_PRESET_20M": True, "LLAMA_BLOCK_SIZE": 256,
-                                              "GRADIENT_CHECKPOINTING": True})}
+                                              "GRADIENT_CHECKPOINTING": True}),
+            # selective activation checkpointing: each block keeps its attention and every other matmul
+            # ("-sac-op"), or every second block is checkpointed in full ("-sac-layer")
+            "llama-20m-sac-op": ("llama-tiny", {"LLAMA_PRESET_20M": True, "LLAMA_BLOCK_SIZE": 256,
+                                                "GRADIENT_CHECKPOINTING": True,
+                                                "ACTIVATION_CHECKPOINT_SELECTIVE_OP": True}),
+            "llama-20m-sac-layer": ("llama-tiny", {"LLAMA_PRESET_20M": True, "LLAMA_BLOCK_SIZE": 256,
+                                                   "GRADIENT_CHECKPOINTING": True,
+                                                   "ACTIVATION_CHECKPOINT_SELECTIVE_LAYER": True})}
 FACTORIES = {"outside": "outside_model:build", "hf-gpt2": "scripts.bench_memory:hf_gpt2",
              "hf-bert": "scripts.bench_memory:hf_bert",
              **{f"hf-{name}": f"scripts.zoo:{name}" for name in ("llama", "mixtral", "t5", "vit", "convnext")}}

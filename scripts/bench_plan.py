@@ -16,11 +16,14 @@ Every process runs with Python's default bytecode cache (PYTHONDONTWRITEBYTECODE
 dropped from the environment): the cold plan writes kfit's compiled modules, as
 the first `make plan` of a checkout does, so a cached plan does not pay for
 compiling kfit's source again (about 0.1 s here), which no user's second plan pays.
+The Llama 3 defconfigs (SCALE) are left out of part 1, which plans each for this CPU: they are planned for
+the clusters they are rented on instead, cold and cached, as `make plan GPU=... GPUS=...` (SCALE_CASES).
 Part 2, per catalog GPU: the micro-batch cap of the tier policy and of the
 planner for each defconfig, each with its predicted peak as a share of the
 planner's budget (the tier batch is traced too, to show what it would use).
-Last line: plan: cached_overhead_s=X cold_max_s=Y
-(X: the largest overhead over the shipped defconfigs; Y: the slowest cold plan, wall seconds.)
+Last line: plan: cached_overhead_s=X cold_max_s=Y scale_cold_max_s=Z scale_cached_overhead_s=W
+(X: the largest overhead over the shipped defconfigs; Y: the slowest cold plan, wall seconds; Z and W the
+same for the scale cases.)
 """
 
 from __future__ import annotations
@@ -59,6 +62,34 @@ def timed_run(args: list[str], env: dict, cwd: str) -> tuple[float, float]:
 
 def _cache_state(cache: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(cache.rglob("*.json"))}
+
+
+# The published Llama 3 shapes, planned for clusters (not this CPU): (defconfig, make variables) per case.
+SCALE = ("llama3.2-1b", "llama3.2-3b", "llama3-8b", "llama3-70b", "llama3-405b")
+SCALE_CASES = (("llama3-8b", {"GPU": "h100-96gb", "GPUS": "8"}),
+               ("llama3-8b", {"GPU": "h100-96gb", "GPUS": "8", "NNODES": "16", "NET_GBPS": "50"}))
+
+
+def scale_times() -> list[dict]:
+    """Each SCALE_CASES plan cold (an empty cache), then cached (the fastest of REPEATS), with import torch
+    timed beside it."""
+    kfit = [sys.executable, str(ROOT / "scripts" / "kfit.py"), "plan"]
+    rows = []
+    for name, variables in SCALE_CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "KFIT_CACHE_DIR": str(Path(tmp) / "cache"), **variables}
+            for drop in ("HW", "PYTHONDONTWRITEBYTECODE"):
+                env.pop(drop, None)
+            config = Path(tmp) / f"{name}.config"
+            kconfig.make_defconfig(name, out=config)
+            env["KCONFIG_CONFIG"] = str(config)
+            cold = timed_run(kfit, env, tmp)[0]
+            torch_runs = [timed_run([sys.executable, "-c", TORCH_BASELINE], env, tmp) for _ in range(REPEATS)]
+            cached = [timed_run(kfit, env, tmp) for _ in range(REPEATS)]
+            rows.append({"case": f"{name} " + " ".join(f"{k}={v}" for k, v in variables.items()), "cold": cold,
+                         "cached": min(w for w, _ in cached), "torch": min(w for w, _ in torch_runs),
+                         "overhead": min(c for _, c in cached) - min(c for _, c in torch_runs)})
+    return rows
 
 
 def wall_times(names: list[str]) -> list[dict]:
@@ -118,7 +149,7 @@ def batch_table(names: list[str]) -> list[str]:
 
 
 def main() -> int:
-    names = kconfig.defconfig_names()
+    names = [n for n in kconfig.defconfig_names() if n not in SCALE]
     rows = wall_times(names)
     print(f"{'defconfig':<20} {'cold h100 s':>11} {'cold cpu s':>10} {'cached h100 s':>13} {'cached cpu s':>12} "
           f"{'import torch s':>14} {'overhead cpu s':>14} {'traced':>6}")
@@ -129,8 +160,15 @@ def main() -> int:
     print()
     for line in batch_table(names):
         print(line)
+    print()
+    scale = scale_times()
+    print(f"{'scale case':<52} {'cold s':>7} {'cached s':>8} {'import torch s':>14} {'overhead cpu s':>14}")
+    for r in scale:
+        print(f"{r['case']:<52} {r['cold']:>7.2f} {r['cached']:>8.2f} {r['torch']:>14.2f} {r['overhead']:>14.2f}")
     print(f"plan: cached_overhead_s={max(r['overhead'] for r in rows):.2f} "
-          f"cold_max_s={max(max(r['cold_h100'], r['cold_cpu']) for r in rows):.2f}")
+          f"cold_max_s={max(max(r['cold_h100'], r['cold_cpu']) for r in rows):.2f} "
+          f"scale_cold_max_s={max(r['cold'] for r in scale):.2f} "
+          f"scale_cached_overhead_s={max(r['overhead'] for r in scale):.2f}")
     return 0
 
 

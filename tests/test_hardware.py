@@ -906,7 +906,7 @@ def test_a_profile_with_its_own_speed_figures_plans_a_gpu_the_catalog_lacks(tmp_
     assert own.predicted_step_seconds == pytest.approx(reference.predicted_step_seconds)
     assert "the HW= profile's peaks" in own.reasons["step_time"]
     assert HardwareProfile.from_dict(json.loads(profile.to_json())) == profile  # the figures round-trip
-    for bad, why in (({**speed, "half_tflops": 9.9e9}, "'gpus\[0\].speed.half_tflops' must be above 0 and at most 100000"),
+    for bad, why in (({**speed, "half_tflops": 9.9e9}, r"'gpus\[0\].speed.half_tflops' must be above 0 and at most 100000"),
                      ({**speed, "bandwidth_gbs": -1}, "speed.bandwidth_gbs"),
                      ({k: v for k, v in speed.items() if k != "tdp_watts"}, "tdp_watts")):
         with pytest.raises(HardwareError, match=why):

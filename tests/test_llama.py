@@ -3,6 +3,7 @@ the config, planner, sharding and step-time paths every built-in model goes thro
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from lib import config as kc
 from lib.hardware import resolve_hardware
@@ -83,13 +84,88 @@ def test_tied_and_untied_embeddings():
     assert set(tied.state_dict()) == set(untied.state_dict())  # an export loads into either
 
 
-def test_presets_span_20m_to_1b():
+def test_presets_span_20m_to_405b():
     counts = {}
     for name in LLAMA_PRESETS:
         with torch.device("meta"):
             counts[name] = count_parameters(build_model("llama", llama_preset=name, vocab_size=32000))
-    assert 15e6 < counts["20m"] < 25e6 and 0.95e9 < counts["1b"] < 1.1e9
+    assert 15e6 < counts["20m"] < 25e6 and 0.95e9 < counts["1b"] < 1.1e9 and counts["405b"] > 4e11
     assert list(counts.values()) == sorted(counts.values())
+
+
+# Published parameter counts with Llama 3's 128,256-token vocabulary (Meta's model cards), tied as each is.
+PUBLISHED = {"llama3.2-1b": ("1b", 1.24e9), "llama3.2-3b": ("3b", 3.21e9), "llama3-8b": ("8b", 8.03e9),
+             "llama3-70b": ("70b", 70.6e9), "llama3-405b": ("405b", 405.9e9)}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_llama3_defconfigs_are_the_published_shapes(name, tmp_path):
+    """make <name>-defconfig gives the published model, planned at its real vocabulary without a corpus."""
+    from lib.models.registry import llama_shape
+
+    config = kc.make_defconfig(name, out=tmp_path / ".config")
+    preset, published = PUBLISHED[name]
+    assert (config.llama_preset, config.vocab_size, config.llama_block_size) == (preset, 128256, 8192)
+    assert config.llama_tie_embeddings == (preset in ("1b", "3b")) and not config.weight_decay_embeddings
+    assert llama_shape(config).rope_theta == 500000.0
+    with torch.device("meta"):  # nothing allocated: a 405B model is 1.6 TB in fp32
+        model = build_model("llama", llama_preset=llama_shape(config), vocab_size=config.vocab_size,
+                            tie_embeddings=config.llama_tie_embeddings)
+    assert abs(count_parameters(model) / published - 1) < 0.005
+
+
+def custom_text(dim, layers, heads, kv, ffn, theta="500000") -> str:
+    return (f"CONFIG_LLAMA_PRESET_CUSTOM=y\nCONFIG_LLAMA_DIM={dim}\nCONFIG_LLAMA_LAYERS={layers}\n"
+            f"CONFIG_LLAMA_HEADS={heads}\nCONFIG_LLAMA_KV_HEADS={kv}\nCONFIG_LLAMA_FFN_DIM={ffn}\n"
+            f'CONFIG_LLAMA_ROPE_THETA="{theta}"\n')
+
+
+def test_a_custom_size_is_built_from_its_settings(make_config):
+    from lib.task import load_task
+
+    config = make_config(custom_text(96, 3, 6, 2, 256, "10000") + "CONFIG_VOCAB_SIZE=1000\n", "llama-tiny")
+    model = load_task(config).build(False)
+    assert (len(model.layers), model.config.dim, model.config.n_head, model.config.n_kv_head,
+            model.config.hidden_dim, model.config.rope_theta) == (3, 96, 6, 2, 256, 10000.0)
+    assert model.embed.weight.shape == (1024, 96)  # 1000 tokens padded to a multiple of 64
+
+
+@settings(max_examples=60, deadline=None)
+@given(dim=st.integers(16, 600), heads=st.integers(1, 40), kv=st.integers(1, 40))
+def test_the_config_refuses_exactly_the_shapes_the_model_refuses(dim, heads, kv, tmp_path_factory):
+    """Every dimension the menu accepts either builds or is refused when the config is read, in one line
+    naming the settings; never a model that fails later."""
+    from lib.errors import ConfigError
+
+    tmp = tmp_path_factory.mktemp("custom")
+    fragment = tmp / "fragment"
+    fragment.write_text(custom_text(dim, 2, heads, kv, 64))
+    try:
+        LlamaConfig(dim=dim, n_layer=2, n_head=heads, n_kv_head=kv, hidden_dim=64)
+        builds = True
+    except ValueError:
+        builds = False
+    try:
+        config = kc.make_defconfig("llama-tiny", [str(fragment)], out=tmp / ".config")
+    except ConfigError as err:
+        assert not builds and "\n" not in str(err) and "CONFIG_LLAMA_" in str(err), str(err)
+        return
+    assert builds and config.llama_dims == (dim, 2, heads, kv, 64)
+
+
+def test_vocab_size_plans_without_a_corpus_and_training_refuses_larger_data(make_config):
+    """CONFIG_VOCAB_SIZE sizes the model; data whose ids reach it is refused in one line naming the fix."""
+    from lib.errors import ConfigError
+    from lib.task import load_task
+
+    big = load_task(make_config("CONFIG_VOCAB_SIZE=128256\n", "llama-tiny"))
+    with torch.device("meta"):
+        assert big.build(False).embed.weight.shape[0] == 128256
+    with pytest.raises(ConfigError, match=r"CONFIG_VOCAB_SIZE=100 is smaller than the data's vocabulary \(256"):
+        load_task(make_config("CONFIG_VOCAB_SIZE=100\n", "llama-tiny"))
+    gpt2 = load_task(make_config("CONFIG_VOCAB_SIZE=50257\n", "gpt2-tiny"))
+    with torch.device("meta"):
+        assert gpt2.build(False).lm_head.weight.shape[0] == 50304
 
 
 def test_fsdp_shards_every_block():

@@ -29,9 +29,13 @@ class Config:
     gpt2_dropout: float | None
     resnet_image_size: int | None
     dropout: float | None  # before an image model's last Linear, [0, 1) (LeNet-5, ResNets); None: a model without it
-    llama_preset: str | None  # tiny | 20m | 60m | 125m | 350m | 1b (MODEL_LLAMA)
+    llama_preset: str | None  # a key of lib/models/llama.py's LLAMA_PRESETS, or custom (MODEL_LLAMA)
+    # LLAMA_PRESET_CUSTOM's shape: (dim, layers, heads, key/value heads, SwiGLU width), rope theta
+    llama_dims: tuple[int, int, int, int, int] | None
+    llama_rope_theta: float | None
     llama_block_size: int | None
     llama_tie_embeddings: bool | None
+    vocab_size: int | None  # CONFIG_VOCAB_SIZE: GPT-2's and Llama's tokens, 0 = the data's; None for other models
     pad_vocab: bool | None
     custom_model_factory: str | None  # "package.module:function" (MODEL_CUSTOM)
     custom_train_samples: int | None
@@ -81,6 +85,9 @@ class Config:
     tf32: str  # auto | on | off
     cudnn_benchmark: str  # auto | on | off
     gradient_checkpointing: bool
+    # what a checkpointed GPT-2 or Llama block keeps: full | selective_op | selective_layer (None: other models)
+    recompute_policy: str | None
+    recompute_every: int | None  # selective_layer: every k-th block checkpointed
     # a custom model's blocks to checkpoint, by class name; () = its own switch or its repeated blocks
     checkpoint_modules: tuple[str, ...]
     workers_mode: str  # auto | manual
@@ -316,6 +323,27 @@ def _function_of(kconf: kconfiglib.Kconfig, name: str) -> str | None:
     return value
 
 
+def _llama_shape(kconf) -> dict:
+    """LLAMA_PRESET_CUSTOM's dimensions, checked as the model will check them, so a shape that cannot be built
+    is refused when the config is read, naming the settings."""
+    dim = int_of(kconf, "LLAMA_DIM")
+    if dim is None:
+        return dict(llama_dims=None, llama_rope_theta=None)
+    dims = (dim, int_of(kconf, "LLAMA_LAYERS"), int_of(kconf, "LLAMA_HEADS"), int_of(kconf, "LLAMA_KV_HEADS"),
+            int_of(kconf, "LLAMA_FFN_DIM"))
+    _, _, heads, kv_heads, _ = dims
+    if dim % heads:
+        raise ConfigError(f"CONFIG_LLAMA_DIM={dim} is not a multiple of CONFIG_LLAMA_HEADS={heads}: choose a width "
+                          f"that is (e.g. {dim // heads * heads or heads * 2}) or another head count")
+    if (dim // heads) % 2:
+        raise ConfigError(f"CONFIG_LLAMA_DIM={dim} / CONFIG_LLAMA_HEADS={heads} gives heads {dim // heads} wide: "
+                          "rotary embeddings need an even head width, so choose a width or head count that gives one")
+    if heads % kv_heads:
+        raise ConfigError(f"CONFIG_LLAMA_KV_HEADS={kv_heads} does not divide CONFIG_LLAMA_HEADS={heads}: choose a "
+                          "divisor of the query heads (1 up to their number)")
+    return dict(llama_dims=dims, llama_rope_theta=number_of(kconf, "LLAMA_ROPE_THETA", low=1))
+
+
 def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = str_of(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
@@ -333,9 +361,11 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         gpt2_dropout=number_of(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
         resnet_image_size=int_of(kconf, "RESNET_IMAGE_SIZE"),
         dropout=number_of(kconf, "DROPOUT", low=0, high=1, high_open=True),
-        llama_preset=choice_of(kconf, "LLAMA_PRESET_", {p.upper(): p for p in ("tiny", "20m", "60m", "125m", "350m", "1b")}),
+        llama_preset=member_of(kconf, "LLAMA_PRESET_"),
+        **_llama_shape(kconf),
         llama_block_size=int_of(kconf, "LLAMA_BLOCK_SIZE"),
         llama_tie_embeddings=bool_of(kconf, "LLAMA_TIE_EMBEDDINGS") if kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility else None,
+        vocab_size=int_of(kconf, "VOCAB_SIZE"),
         pad_vocab=bool_of(kconf, "PAD_VOCAB") if kconf.syms["PAD_VOCAB"].visibility else None,
         custom_model_factory=factory,
         custom_train_samples=int_of(kconf, "CUSTOM_TRAIN_SAMPLES"),
@@ -384,6 +414,8 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         tf32=choice_of(kconf, "TF32_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
         cudnn_benchmark=choice_of(kconf, "CUDNN_BENCHMARK_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
         gradient_checkpointing=bool_of(kconf, "GRADIENT_CHECKPOINTING"),
+        recompute_policy=member_of(kconf, "ACTIVATION_CHECKPOINT_"),
+        recompute_every=int_of(kconf, "ACTIVATION_CHECKPOINT_EVERY"),
         checkpoint_modules=_class_names(kconf),
         workers_mode=choice_of(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
         dataloader_workers=int_of(kconf, "DATALOADER_WORKERS"),

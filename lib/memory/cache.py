@@ -120,7 +120,13 @@ def model_fingerprint(config: Config) -> dict:
                           _file_hash(Path(config.data_dir or "") / "meta.json") or "gpt2-vocab"))
         if llama:
             fp.update(tied=config.llama_tie_embeddings)
-        if config.pad_vocab and config.dataset == "dir":  # the embedded text's 256 bytes need no padding
+            if config.llama_dims:  # CONFIG_LLAMA_PRESET_CUSTOM's shape
+                fp.update(dims=list(config.llama_dims))
+        if config.recompute_policy not in (None, "full"):  # what a checkpointed block keeps
+            fp.update(recompute=[config.recompute_policy, config.recompute_every or 0])
+        if config.vocab_size:  # CONFIG_VOCAB_SIZE in place of the data's (left out at 0: keys stay as they were)
+            fp.update(vocab=config.vocab_size)
+        if config.pad_vocab and (config.dataset == "dir" or config.vocab_size):  # 256 bytes need no padding
             fp.update(pad_vocab=True)
     elif config.model == "custom":
         from ..models.custom import load_factory, source_file
@@ -157,12 +163,15 @@ def parallel_key(strategy: str, world_size: int, local_world_size: int | None, c
 
 
 def fingerprint(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
-                train: bool, parallel: dict | None = None) -> tuple[str, dict]:
-    """(hash, contents) of everything but the batch size that changes a trace; `parallel`: parallel_key's."""
+                train: bool, parallel: dict | None = None, scaled_from: tuple[int, ...] = ()) -> tuple[str, dict]:
+    """(hash, contents) of everything but the batch size that changes a trace; `parallel`: parallel_key's;
+    `scaled_from`: the depths a deep model's traces are scaled from (depth.py), () for traces of every block."""
     key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(parallel is not None),
            "model": model_fingerprint(config), "device_type": device_type, "precision": precision, "train": train}
     if parallel is not None:
         key["parallel"] = parallel
+    if scaled_from:
+        key["scaled_from"] = list(scaled_from)
     if device_type == "cpu":  # the convolution kernels torch picks (and their scratch) depend on this CPU
         from .workspace import cpu_kernels_key
 

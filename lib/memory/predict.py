@@ -98,6 +98,7 @@ from ..parallel import is_sharded
 from . import allocator_model
 from .allocator_model import ATTENTION_WORKSPACE_SHARE  # noqa: F401  re-exported
 from .cache import default_cache_dir, fingerprint, parallel_key, read_traces, write_traces
+from .depth import SHALLOW, at_depth, depth_of, scaled
 from .curve import PeakCurve, Vector, affine_runs, largest_fitting  # noqa: F401  largest_fitting: re-exported
 from .trace import CATEGORIES, MiB, Trace, trace_step
 
@@ -235,8 +236,9 @@ class MemoryPredictor:
     exactly affine (`affine`: see `affine_runs`).
     """
 
-    def __init__(self, cache_dir: Path | str | None = None) -> None:
+    def __init__(self, cache_dir: Path | str | None = None, *, full_depth: bool = False) -> None:
         self._cache_dir = Path(cache_dir) if cache_dir else None
+        self.full_depth = full_depth  # trace every block of a deep transformer (depth.py scales two shallow ones)
         self._memo: dict[str, dict[str, dict]] = {}
         self._sharded = None  # sharded_process.ShardedTracer: its child process starts at the first sharded trace
         self._fits: dict[str, "MeasuredFit | None"] = {}  # key -> the measured fit, where the trace failed
@@ -273,13 +275,24 @@ class MemoryPredictor:
         """(cache key, batch -> the cached trace of this step, tracing and caching it on a miss).
         `parallel`: cache.parallel_key's (None: one process's step, which a DDP rank runs too)."""
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
+        layers = None if self.full_depth else depth_of(config)
         key, contents = fingerprint(config, device_type=device_type, precision=precision,
-                                    gradient_checkpointing=ckpt, train=train, parallel=parallel)
+                                    gradient_checkpointing=ckpt, train=train, parallel=parallel,
+                                    scaled_from=SHALLOW if layers else ())
 
         def trace(batch: int) -> Trace:
             if batch < 1:
                 raise ValueError(f"batch must be >= 1, got {batch}")
             if str(batch) not in self._entries(key):
+                if layers is not None:  # two shallow steps (traced and cached as any), scaled to the depth
+                    result = scaled(tuple(
+                        self._step(at_depth(config, d), device_type=device_type, precision=precision,
+                                   gradient_checkpointing=ckpt, train=train, parallel=parallel)[1](batch)
+                        for d in SHALLOW), layers)
+                    self._memo.pop(key, None)
+                    self._entries(key)[str(batch)] = result.to_json()
+                    self._store(key, contents)
+                    return Trace.from_json(self._entries(key)[str(batch)])
                 with _tracing(config, batch, parallel, train):
                     if parallel is None:
                         from ..task import task_once

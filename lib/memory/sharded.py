@@ -80,7 +80,7 @@ import torch
 
 from ..config import Config
 from .fake import fake_copy, fake_kernels, model_features
-from .trace import Trace, evaluation_pass, step_optimizer, training_steps
+from .trace import SegmentPeaks, Trace, evaluation_pass, step_optimizer, training_steps
 from .workspace import kernel_workspace
 
 # FSDPMemTracker's categories (_FSDPRefType values) -> ours.
@@ -234,23 +234,31 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
             tracker.track_inputs((x, y))
             return x, y
 
+        segments = SegmentPeaks(tracker, model)
         with _propagation_untracked(tracker):
             if train:
                 with tracker:
                     x, y = batch_tensors()
                     training_steps(model, optimizer, task.loss, x, y, autocast=autocast,
                                    grad_clip=config.grad_clip, foreach=device_type == "cuda",
-                                   before_each=tracker.reset_mod_stats)
+                                   before_each=tracker.reset_mod_stats, segment_end=segments.end)
             else:
                 model.eval()
                 with tracker, torch.no_grad(), autocast:
                     evaluation_pass(model, task, *batch_tensors())
-        peak = tracker.get_tracker_snapshot("peak")
-    snap = next(iter(peak.values()), {})
-    breakdown = {name: 0 for name in BREAKDOWN}
-    for k, v in snap.items():
-        name = getattr(k, "value", k)
-        if name in FSDP_CATEGORIES:
-            breakdown[FSDP_CATEGORIES[name]] += int(v)
-    return Trace(batch=batch, peak_bytes=int(snap.get("Total", 0)), breakdown=breakdown, parameters=parameters,
-                 features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start)
+                    segments.end()
+        segments.close()
+
+    def breakdown_of(snap: dict) -> tuple[int, dict[str, int]]:
+        breakdown = {name: 0 for name in BREAKDOWN}
+        for k, v in snap.items():
+            name = getattr(k, "value", k)
+            if name in FSDP_CATEGORIES:
+                breakdown[FSDP_CATEGORIES[name]] += int(v)
+        return int(snap.get("Total", 0)), breakdown
+
+    total, breakdown = breakdown_of(segments.highest())
+    return Trace(batch=batch, peak_bytes=total, breakdown=breakdown, parameters=parameters,
+                 features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start,
+                 segments=tuple(dict(zip(("peak_bytes", "breakdown"), breakdown_of(snap)))
+                                for _, snap in segments.peaks))

@@ -84,13 +84,57 @@ class Trace:
     # what the CUDA caching allocator (expandable segments) reserves beyond the step's allocated peak, its
     # allocations and frees replayed in order (caching_allocator.py); None where not replayed (not CUDA)
     allocator_holes: int | None = None
+    # the peak of each stretch of the step (training_steps' phases: each forward, backward and optimizer
+    # step), as {"peak_bytes", "breakdown"}: depth.py scales each by the depth; () where not recorded
+    segments: tuple[dict, ...] = ()
 
     def to_json(self) -> dict:
-        return {**self.__dict__, "features": list(self.features)}
+        return {**self.__dict__, "features": list(self.features), "segments": list(self.segments)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Trace":
-        return cls(**{**d, "features": tuple(d["features"])})
+        return cls(**{**d, "features": tuple(d["features"]), "segments": tuple(d.get("segments", ()))})
+
+
+class SegmentPeaks:
+    """The peak of each stretch of a traced step: `end()` closes a stretch, keeping the tracker's peak since
+    the last one, and starts the next from the bytes live now. The step's peak is the largest of them.
+
+    Why: a step's peak is the larger of a few moments (the loss and the backward's start, the optimizer
+    step), each affine in a transformer's depth, with different slopes; their maximum is not affine, but
+    each stretch's peak is, so depth.py scales them one by one."""
+
+    def __init__(self, tracker, model: torch.nn.Module | None = None) -> None:
+        self.tracker = tracker
+        self.peaks: list[tuple[int, dict]] = []  # (total, snapshot) per stretch
+        # Within a forward or backward the peak moment moves too (Llama 60M: the embedding's backward at 2-4
+        # blocks, the start of backward from 5), so each of the model's own children (a transformer's
+        # embedding, its norm, its head) starts a stretch as it runs forward and as its output's gradient
+        # arrives in backward: the same stretches at every depth, each with one slope.
+        self.handles = []
+        for child in (model.children() if model is not None else ()):
+            self.handles.append(child.register_forward_pre_hook(lambda *_: self.end()))
+            self.handles.append(child.register_forward_hook(self._on_output))
+
+    def _on_output(self, module, args, out) -> None:
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: self.end())
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def end(self) -> None:
+        t = self.tracker
+        snap = next(iter(t._peak_mem_snap.values()), None)
+        if snap is not None:
+            self.peaks.append((next(iter(t._peak_mem.values())), dict(snap)))
+        t._peak_mem, t._peak_mem_snap = {}, {}
+        t._update_peak_stats(None)  # the next stretch starts from what is live now
+
+    def highest(self) -> dict:
+        """The step's peak snapshot (the largest stretch's), {} when nothing was tracked."""
+        return max(self.peaks, key=lambda p: p[0])[1] if self.peaks else {}
 
 
 def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> torch.optim.Optimizer:
@@ -112,23 +156,30 @@ def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> 
 
 
 def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: float, foreach: bool,
-                   before_each: Callable[[], None] | None = None, forward_loss: Callable | None = None) -> None:
+                   before_each: Callable[[], None] | None = None, forward_loss: Callable | None = None,
+                   segment_end: Callable[[], None] | None = None) -> None:
     """The traced (and, in bench_memory, measured) sequence: two steps, the second accumulating. `forward_loss`
-    (x, y -> loss: lib/step.py's, compiled) runs in place of `loss_fn(model(x), y)` where given."""
+    (x, y -> loss: lib/step.py's, compiled) runs in place of `loss_fn(model(x), y)` where given; `segment_end`
+    is called after each forward, backward and optimizer step (SegmentPeaks.end)."""
     from .autocast import step_casts
 
+    end = segment_end or (lambda: None)
     with step_casts(autocast):  # a traced step's casts reach the recompute in backward (TracedAutocast)
         for _ in range(2):
             if before_each:
                 before_each()
             with autocast:
                 loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
+            end()
             loss.backward()
             del loss
+            end()
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=foreach)
             optimizer.step()
+            end()
         optimizer.zero_grad(set_to_none=True)
+        end()
 
 
 def evaluation_pass(model, task, x, y) -> None:
@@ -222,34 +273,42 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
             return (torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype),
                     torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype))
 
+        segments = SegmentPeaks(tracker, model)
         if train:
             optimizer = step_optimizer(config, model, device_type)
             tracker.track_external(model, optimizer)
             with tracker:
                 x, y = batch_tensors()
                 training_steps(model, optimizer, task.loss, x, y, autocast=autocast, grad_clip=config.grad_clip,
-                               foreach=device_type == "cuda", before_each=tracker.reset_mod_stats)
+                               foreach=device_type == "cuda", before_each=tracker.reset_mod_stats,
+                               segment_end=segments.end)
         else:
             model.eval()
             tracker.track_external(model)
             with tracker, torch.no_grad(), autocast:
                 evaluation_pass(model, task, *batch_tensors())
-        peak = tracker.get_tracker_snapshot("peak")
-    snap = next(iter(peak.values()), {})
-    breakdown = {name: 0 for name in _ONE_PROCESS}
-    total = 0
-    for k, v in snap.items():
-        name = getattr(k, "value", k)
-        if name in _CATEGORIES:
-            breakdown[_CATEGORIES[name]] = int(v)
-        elif name == "Total":
-            total = int(v)
-    # The batch was counted as an activation (made outside any module): name it.
+                segments.end()
+        segments.close()
     batch_bytes = batch * (x1[0].numel() * x1.element_size() + y1[0].numel() * y1.element_size())
-    moved = min(batch_bytes, breakdown["activations"])
-    breakdown["activations"] -= moved
-    breakdown["batch"] = moved
+
+    def breakdown_of(snap: dict) -> tuple[int, dict[str, int]]:
+        breakdown = {name: 0 for name in _ONE_PROCESS}
+        total = 0
+        for k, v in snap.items():
+            name = getattr(k, "value", k)
+            if name in _CATEGORIES:
+                breakdown[_CATEGORIES[name]] = int(v)
+            elif name == "Total":
+                total = int(v)
+        # The batch was counted as an activation (made outside any module): name it.
+        moved = min(batch_bytes, breakdown["activations"])
+        breakdown["activations"] -= moved
+        breakdown["batch"] = moved
+        return total, breakdown
+
+    total, breakdown = breakdown_of(segments.highest())
     holes = replay(tracker.events).holes if device_type == "cuda" else None
     return Trace(batch=batch, peak_bytes=total, breakdown=breakdown, parameters=parameters,
                  features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start,
-                 allocator_holes=holes)
+                 allocator_holes=holes, segments=tuple(
+                     dict(zip(("peak_bytes", "breakdown"), breakdown_of(snap))) for _, snap in segments.peaks))

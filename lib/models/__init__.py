@@ -37,12 +37,14 @@ def build_model(
     vocab_size: int = 50257,
     dropout: float = 0.0,
     grad_checkpointing: bool = False,
-    llama_preset: str = "125m",
+    llama_preset: "str | LlamaConfig" = "125m",
     tie_embeddings: bool = True,
+    recompute=None,
 ) -> torch.nn.Module:
     """Build a freshly initialised model. LeNet-5 is too small to need grad_checkpointing and ignores it.
     `dropout` is GPT-2's on its attention and residual paths, an image model's before its last Linear layer
-    (none at 0); Llama has none.
+    (none at 0); Llama has none. `llama_preset` names a preset, or is a LlamaConfig whose shape is taken.
+    `recompute`: what a checkpointed GPT-2 or Llama block keeps (lib/models/checkpointing.py's Recompute).
 
     Build under `with torch.device("meta"):` to get shapes and counts without allocating memory.
     """
@@ -51,10 +53,13 @@ def build_model(
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     gpt2_config = llama_config = None
     if name == "llama":
-        if llama_preset not in LLAMA_PRESETS:
+        if isinstance(llama_preset, LlamaConfig):  # a shape of its own (CONFIG_LLAMA_PRESET_CUSTOM)
+            shape = llama_preset
+        elif llama_preset in LLAMA_PRESETS:
+            shape = LLAMA_PRESETS[llama_preset]
+        else:
             raise ValueError(f"unknown llama preset {llama_preset!r}; choose one of {', '.join(LLAMA_PRESETS)}")
-        llama_config = replace(LLAMA_PRESETS[llama_preset], block_size=block_size, vocab_size=vocab_size,
-                               tie_embeddings=tie_embeddings)
+        llama_config = replace(shape, block_size=block_size, vocab_size=vocab_size, tie_embeddings=tie_embeddings)
     elif spec.data == "text":
         if gpt2_preset not in GPT2_PRESETS:
             choices = ", ".join(GPT2_PRESETS)
@@ -63,7 +68,7 @@ def build_model(
                               dropout=dropout)
     return spec.builder(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
                         gpt2_config=gpt2_config, llama_config=llama_config, grad_checkpointing=grad_checkpointing,
-                        dropout=dropout)
+                        dropout=dropout, recompute=recompute)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

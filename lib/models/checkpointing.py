@@ -181,4 +181,76 @@ def is_on(model: nn.Module, how: Checkpointing) -> bool:
     return any(isinstance(m, wrapper) for m in model.modules())
 
 
-__all__ = ["Checkpointing", "find", "is_on", "module_classes", "repeated_blocks", "switch"]
+
+# --------------------------------------------------------------------------
+# What a checkpointed built-in transformer recomputes (CONFIG_ACTIVATION_CHECKPOINT_*)
+
+RECOMPUTE_POLICIES = ("full", "selective_op", "selective_layer")
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """How GPT-2's and Llama's blocks are checkpointed when checkpointing is on:
+
+      full             every block recomputed in backward: only its input is kept
+      selective_op     every block, but the outputs of the costly ops are kept (selective activation
+                       checkpointing, torch.utils.checkpoint's policy contexts): every other matmul's and
+                       every attention's, so backward recomputes the cheap ops and half the matmuls
+      selective_layer  every `every`-th block recomputed in full, the others keep all they save
+    """
+
+    policy: str = "full"
+    every: int = 2
+
+    def __post_init__(self) -> None:
+        if self.policy not in RECOMPUTE_POLICIES:
+            raise ValueError(f"recompute policy {self.policy!r}: one of {', '.join(RECOMPUTE_POLICIES)}")
+        if self.every < 1:
+            raise ValueError(f"every {self.every}: at least 1")
+
+    def checkpointed(self, index: int) -> bool:
+        """Whether block `index` (from 0) is checkpointed at all."""
+        return self.policy != "selective_layer" or (index + 1) % self.every == 0
+
+
+def _kept_ops() -> frozenset:
+    """The ops whose outputs selective_op keeps: the matmuls and every attention kernel torch may pick."""
+    import torch
+
+    aten = torch.ops.aten
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    return frozenset([aten.mm.default, *(getattr(aten, n).default for n in names if hasattr(aten, n))])
+
+
+def _op_contexts():
+    """A fresh policy for one checkpointed call: keep every attention's output and the matmuls' except every
+    second one, counted from the block's start in forward and in the recompute alike (so the two agree)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    kept, mm = _kept_ops(), torch.ops.aten.mm.default
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func is mm:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def run_block(block, index: int, recompute: Recompute, *args):
+    """Block `index` of a checkpointed transformer on `args`, as `recompute` says."""
+    from torch.utils.checkpoint import checkpoint
+
+    if not recompute.checkpointed(index):
+        return block(*args)
+    if recompute.policy == "selective_op":
+        return checkpoint(block, *args, use_reentrant=False, context_fn=_op_contexts)
+    return checkpoint(block, *args, use_reentrant=False)
+
+
+__all__ = ["RECOMPUTE_POLICIES", "Checkpointing", "Recompute", "find", "is_on", "module_classes", "repeated_blocks", "run_block", "switch"]

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
+
+from .checkpointing import Recompute, run_block
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,12 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, config: GPT2Config, grad_checkpointing: bool = False) -> None:
+    def __init__(self, config: GPT2Config, grad_checkpointing: bool = False,
+                 recompute: Recompute = Recompute()) -> None:
         super().__init__()
         self.config = config
         self.grad_checkpointing = grad_checkpointing
+        self.recompute = recompute  # what a checkpointed block keeps (lib/models/checkpointing.py)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
@@ -107,9 +110,9 @@ class GPT2(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
+        for i, block in enumerate(self.transformer.h):
             if self.grad_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = run_block(block, i, self.recompute, x)
             else:
                 x = block(x)
         return self.lm_head(self.transformer.ln_f(x))

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
+
+from .checkpointing import Recompute, run_block
 
 
 @dataclass(frozen=True)
@@ -106,10 +107,12 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, config: LlamaConfig, grad_checkpointing: bool = False) -> None:
+    def __init__(self, config: LlamaConfig, grad_checkpointing: bool = False,
+                 recompute: Recompute = Recompute()) -> None:
         super().__init__()
         self.config = config
         self.grad_checkpointing = grad_checkpointing
+        self.recompute = recompute  # what a checkpointed block keeps (lib/models/checkpointing.py)
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
@@ -133,17 +136,18 @@ class Llama(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = rotary(T, self.config.head_dim, self.config.rope_theta, idx.device)
         x = self.embed(idx)
-        for block in self.layers:
+        for i, block in enumerate(self.layers):
             if self.grad_checkpointing and self.training:
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+                x = run_block(block, i, self.recompute, x, cos, sin)
             else:
                 x = block(x, cos, sin)
         return self.lm_head(self.norm(x))
 
 
-# The family's sizes; block_size, vocab_size and tie_embeddings come from build_model. Parameters with a
-# 32,000-token vocabulary and tied embeddings: about 5M (tiny), 19M, 63M, 125M, 335M and 1.04B (the 1b
-# preset is Llama 3.2 1B's shape).
+# The family's sizes; block_size, vocab_size and tie_embeddings come from build_model. The small presets'
+# parameters with a 32,000-token vocabulary, tied: about 5M (tiny), 19M, 63M, 125M and 335M. From 1b on they are
+# the published Llama 3 shapes (Meta's model cards and params.json: Llama 3.2 1B and 3B, Llama 3.1 8B, 70B and
+# 405B), with 128,256 tokens: 1.24B and 3.21B tied, 8.03B, 70.6B and 405.9B untied.
 LLAMA_PRESETS: dict[str, LlamaConfig] = {
     "tiny": LlamaConfig(dim=128, n_layer=4, n_head=4, n_kv_head=2, hidden_dim=384),  # CPU smoke runs
     "20m": LlamaConfig(dim=320, n_layer=8, n_head=8, n_kv_head=4, hidden_dim=864),
@@ -151,4 +155,9 @@ LLAMA_PRESETS: dict[str, LlamaConfig] = {
     "125m": LlamaConfig(dim=768, n_layer=16, n_head=12, n_kv_head=4, hidden_dim=2048),
     "350m": LlamaConfig(dim=1024, n_layer=24, n_head=16, n_kv_head=8, hidden_dim=3072),
     "1b": LlamaConfig(dim=2048, n_layer=16, n_head=32, n_kv_head=8, hidden_dim=8192, rope_theta=500000.0),
+    "3b": LlamaConfig(dim=3072, n_layer=28, n_head=24, n_kv_head=8, hidden_dim=8192, rope_theta=500000.0),
+    "8b": LlamaConfig(dim=4096, n_layer=32, n_head=32, n_kv_head=8, hidden_dim=14336, rope_theta=500000.0),
+    "70b": LlamaConfig(dim=8192, n_layer=80, n_head=64, n_kv_head=8, hidden_dim=28672, rope_theta=500000.0),
+    "405b": LlamaConfig(dim=16384, n_layer=126, n_head=128, n_kv_head=8, hidden_dim=53248, rope_theta=500000.0),
 }
+LLAMA3_VOCAB = 128256  # the Llama 3 tokenizer's tokens (tiktoken-based, 128,000 + 256 special)

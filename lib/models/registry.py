@@ -56,16 +56,18 @@ def _resnet(depth: int):
     return build
 
 
-def _gpt2(gpt2_config, grad_checkpointing: bool = False, **_):
+def _gpt2(gpt2_config, grad_checkpointing: bool = False, recompute=None, **_):
+    from .checkpointing import Recompute
     from .gpt2 import GPT2
 
-    return GPT2(gpt2_config, grad_checkpointing)
+    return GPT2(gpt2_config, grad_checkpointing, recompute or Recompute())
 
 
-def _llama(llama_config, grad_checkpointing: bool = False, **_):
+def _llama(llama_config, grad_checkpointing: bool = False, recompute=None, **_):
+    from .checkpointing import Recompute
     from .llama import Llama
 
-    return Llama(llama_config, grad_checkpointing)
+    return Llama(llama_config, grad_checkpointing, recompute or Recompute())
 
 
 def _image_args(config: "Config", info: "DatasetInfo") -> dict:
@@ -83,16 +85,48 @@ def vocab_rows(vocab_size: int, pad: bool | None) -> int:
     return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE if pad else vocab_size
 
 
+def vocabulary(config: "Config", info: "DatasetInfo") -> int:
+    """A text model's tokens: CONFIG_VOCAB_SIZE where set (a model planned at its real size before its corpus
+    exists), else the data's (a tokenized corpus's, or 256 bytes). Data whose ids reach a set size cannot train
+    on the model: a ConfigError naming both and the fix."""
+    if not config.vocab_size:
+        return info.vocab_size
+    if info.vocab_size > config.vocab_size:
+        raise ConfigError(f"CONFIG_VOCAB_SIZE={config.vocab_size} is smaller than the data's vocabulary "
+                          f"({info.vocab_size} tokens, {info.name}): train on a corpus tokenized with the model's "
+                          "tokenizer (make data), or set CONFIG_VOCAB_SIZE=0 to take the data's")
+    return config.vocab_size
+
+
+def recompute_of(config: "Config"):
+    """What a checkpointed GPT-2 or Llama block keeps (CONFIG_ACTIVATION_CHECKPOINT_*: checkpointing.Recompute)."""
+    from .checkpointing import Recompute
+
+    return Recompute(config.recompute_policy or "full", config.recompute_every or 2)
+
+
 def _gpt2_args(config: "Config", info: "DatasetInfo") -> dict:
     return dict(gpt2_preset=config.gpt2_preset, block_size=info.block_size,
-                vocab_size=vocab_rows(info.vocab_size, config.pad_vocab), dropout=config.gpt2_dropout or 0.0)
+                vocab_size=vocab_rows(vocabulary(config, info), config.pad_vocab), dropout=config.gpt2_dropout or 0.0,
+                recompute=recompute_of(config))
+
+
+def llama_shape(config: "Config"):
+    """The configured Llama's LlamaConfig without its context and vocabulary: a preset's published shape, or
+    LLAMA_PRESET_CUSTOM's dimensions. Every place that builds a Llama from a Config asks here."""
+    from .llama import LLAMA_PRESETS, LlamaConfig
+
+    if config.llama_preset != "custom":
+        return LLAMA_PRESETS[config.llama_preset]
+    dim, n_layer, n_head, n_kv_head, hidden_dim = config.llama_dims
+    return LlamaConfig(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, hidden_dim=hidden_dim,
+                       rope_theta=config.llama_rope_theta or 500000.0)
 
 
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
-    # the vocabulary is the data's: a tokenized corpus's, or 256 bytes
-    return dict(llama_preset=config.llama_preset, block_size=info.block_size,
-                vocab_size=vocab_rows(info.vocab_size, config.pad_vocab),
-                tie_embeddings=config.llama_tie_embeddings is not False)
+    return dict(llama_preset=llama_shape(config), block_size=info.block_size,
+                vocab_size=vocab_rows(vocabulary(config, info), config.pad_vocab),
+                tie_embeddings=config.llama_tie_embeddings is not False, recompute=recompute_of(config))
 
 
 def _smaller(family: str) -> str:

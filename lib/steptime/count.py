@@ -42,6 +42,7 @@ from ..config import Config
 from ..errors import KfitError
 from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
+from ..memory.depth import SHALLOW, at_depth, depth_of, line
 from .cache import is_count, read_json, write_json
 
 FORMAT = 7  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops;
@@ -97,6 +98,20 @@ class Counts:
     def micro_batch(self, batch: float) -> Phase:
         """Forward and backward of one micro-batch."""
         return self.at(batch, "forward") + self.at(batch, "backward")
+
+    @classmethod
+    def on_line(cls, shallow: "list[Counts]", layers: int) -> "Counts":
+        """The counts of a transformer `layers` blocks deep from its counts at depth.py's SHALLOW depths: each
+        figure on the line through the two (a block's work is the same in every block)."""
+        a, b = shallow
+
+        def phase(x: Phase, y: Phase) -> Phase:
+            return Phase(**{f: max(0.0, line(getattr(x, f), getattr(y, f), layers)) for f in FIELDS})
+
+        phases = {batch: {name: phase(a.phases[batch][name], b.phases[batch][name]) for name in b.phases[batch]}
+                  for batch in b.phases}
+        return cls(phases=phases, parameters=round(line(a.parameters, b.parameters, layers)),
+                   train_samples=b.train_samples, eval_samples=b.eval_samples)
 
     def to_json(self) -> dict:
         return {"phases": {str(b): {k: v.to_json() for k, v in p.items()} for b, p in self.phases.items()},
@@ -292,20 +307,24 @@ def step_key(config: Config, *, device_type: str, precision: str, gradient_check
     return hashlib.sha256(json.dumps(contents, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def counts_key(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool) -> str:
-    """The counts' cache key: the step's key and this counter's own code."""
+def counts_key(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
+               scaled: bool = False) -> str:
+    """The counts' cache key: the step's key and this counter's own code (and, `scaled`, that the counts are
+    on the line through two shallow steps': lib/memory/depth.py)."""
     key = step_key(config, device_type=device_type, precision=precision,
                    gradient_checkpointing=gradient_checkpointing)
-    return hashlib.sha256(f"{FORMAT}:{_code_hash(True)}:{key}".encode()).hexdigest()[:24]
+    how = f":scaled{list(SHALLOW)}" if scaled else ""
+    return hashlib.sha256(f"{FORMAT}:{_code_hash(True)}:{key}{how}".encode()).hexdigest()[:24]
 
 
 class StepCounter:
     """Counts steps through a JSON cache in <cache dir>/steptime; `counted` says how many ran."""
 
-    def __init__(self, cache_dir: Path | str | None = None) -> None:
+    def __init__(self, cache_dir: Path | str | None = None, *, full_depth: bool = False) -> None:
         self._cache_dir = Path(cache_dir) if cache_dir else None
         self._memo: dict[str, Counts] = {}
         self.counted = 0
+        self.full_depth = full_depth  # count every block of a deep transformer (else lib/memory/depth.py's two)
 
     @property
     def cache_dir(self) -> Path:
@@ -313,8 +332,9 @@ class StepCounter:
 
     def counts(self, config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
                task=None) -> Counts:
+        layers = None if self.full_depth else depth_of(config)
         key = counts_key(config, device_type=device_type, precision=precision,
-                         gradient_checkpointing=gradient_checkpointing)
+                         gradient_checkpointing=gradient_checkpointing, scaled=layers is not None)
         if key in self._memo:
             return self._memo[key]
         path = self.cache_dir / f"counts-{key}.json"
@@ -325,9 +345,14 @@ class StepCounter:
                 return self._memo[key]
             except ValueError as err:
                 cache_note(path, f"invalid ({err})", then="dropped; counted again")
+        step = dict(precision=precision, device_type=device_type, gradient_checkpointing=gradient_checkpointing)
+        if layers is not None:  # every count is affine in the depth: two shallow steps' on a line
+            shallow = [self.counts(at_depth(config, d), **step) for d in SHALLOW]
+            self._memo[key] = counts = Counts.on_line(shallow, layers)
+            write_json(path, counts.to_json())
+            return counts
         task = task or task_for(config)
         phases, parameters = {}, 0
-        step = dict(precision=precision, device_type=device_type, gradient_checkpointing=gradient_checkpointing)
         try:
             for batch in COUNT_BATCHES:
                 phases[batch], parameters = count_step(task, config, batch=batch, **step)
