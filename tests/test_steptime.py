@@ -567,3 +567,22 @@ def test_a_run_calibrates_its_plan_whatever_threads_the_calling_process_has(cach
         with using_threads(process_threads):
             after = steptime.calibrate(lenet, cpu, at, [0.5])
         assert after.calibrated and after.seconds == pytest.approx(0.5), (plan_threads, process_threads)
+
+
+@pytest.mark.parametrize("T", [64, 256, 1024])
+def test_causal_attention_is_counted_at_a_flash_kernels_share(T):
+    """A causal scaled_dot_product_attention, forward and backward, counts the tiles at or below the diagonal:
+    causal_share of what the same attention counts unmasked (torch's formulas count the full square)."""
+    import torch.nn.functional as F
+
+    from lib.steptime.count import causal_share, counted
+
+    def attention(causal: bool) -> float:
+        q, k, v = (torch.randn(1, 2, T, 16, requires_grad=True) for _ in range(3))
+        return counted(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward())
+
+    full, causal = attention(False), attention(True)
+    assert full.attention_flops > 0
+    assert causal.attention_flops == pytest.approx(full.attention_flops * causal_share(T, T), rel=1e-9)
+    assert causal_share(1024, 1024) == 0.5625 and causal_share(8192, 8192) == pytest.approx(0.5078, abs=1e-4)
+    assert causal_share(T, T) == min(1.0, 0.5 + 64 / T)

@@ -220,20 +220,26 @@ def _kept_ops() -> frozenset:
     aten = torch.ops.aten
     names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
              "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    return frozenset([aten.mm.default, *(getattr(aten, n).default for n in names if hasattr(aten, n))])
+    return frozenset([*_matmuls(), *(getattr(aten, n).default for n in names if hasattr(aten, n))])
+
+
+def _matmuls() -> tuple:
+    """A Linear's matmul as autograd dispatches it: mm without a bias (Llama), addmm with one (GPT-2)."""
+    import torch
+
+    return torch.ops.aten.mm.default, torch.ops.aten.addmm.default
 
 
 def _op_contexts():
     """A fresh policy for one checkpointed call: keep every attention's output and the matmuls' except every
     second one, counted from the block's start in forward and in the recompute alike (so the two agree)."""
-    import torch
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    kept, mm = _kept_ops(), torch.ops.aten.mm.default
+    kept, mm = _kept_ops(), _matmuls()
     counts = {False: 0, True: 0}
 
     def policy(ctx, func, *args, **kwargs):
-        if func is mm:
+        if func in mm:
             counts[ctx.is_recompute] += 1
             if counts[ctx.is_recompute] % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE

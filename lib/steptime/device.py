@@ -36,7 +36,8 @@ from .cache import cpu_figures, write_json
 # (docs/validation/, 2026-11-23, torch 2.11, bf16; replayed by tests/test_steptime_replay.py):
 #
 #   matmul 0.60     GPT-2 124M compiled, micro-batch 128 x 4 (step-time check, runs -2 and -4): 680.7 and
-#                   691.7 ms measured against 726-740 ms predicted at 0.60 (+5-7%); the diagnostics' kernel
+#                   691.7 ms measured against 726-740 ms predicted at 0.60 (+5-7%; 684.5 ms, +0.6% and -1.0%, since
+#                   causal attention is counted at a flash-attention kernel's share: count.py); the diagnostics' kernel
 #                   times (diag.jsonl, torch.profiler) matched 60% of the bf16 peak once each kernel's floor
 #                   was added. Large bf16 GEMMs reach 70-75% on an H100; GPT-2's 768-wide ones less.
 #   attention 0.60  no separate evidence: GPT-2 124M, whose FLOPs are 20% fused attention (head size 64),
