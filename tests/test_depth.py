@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lib.memory import MemoryPredictor, Trace
-from lib.memory.depth import SHALLOW, at_depth, depth_of, scaled
+from lib.memory.depth import at_depth, depth_of, scaled, shallow_depths
 from lib.models.registry import llama_shape
 from lib.steptime.count import FIELDS, StepCounter
 
@@ -73,8 +73,8 @@ segment = st.tuples(st.integers(0, 2**34), st.integers(0, 2**30))  # (bytes at d
 
 
 @settings(max_examples=200, deadline=None)
-@given(segments=st.lists(segment, min_size=1, max_size=7), layers=st.integers(4, 200))
-def test_scaling_takes_the_largest_stretch_at_the_depth(segments, layers):
+@given(segments=st.lists(segment, min_size=1, max_size=7), layers=st.integers(5, 200), sharded=st.booleans())
+def test_scaling_takes_the_largest_stretch_at_the_depth(segments, layers, sharded):
     """Each stretch affine in the depth, with its own slope: the scaled peak is the largest of them at the
     depth, not the line through the two shallow peaks."""
     def trace(depth: int) -> Trace:
@@ -84,6 +84,7 @@ def test_scaling_takes_the_largest_stretch_at_the_depth(segments, layers):
         return Trace(batch=1, peak_bytes=top["peak_bytes"], breakdown=top["breakdown"], parameters=depth * 10 + 3,
                      features=(), eval_samples=1, seconds=1.0, segments=stretches)
 
-    out = scaled((trace(SHALLOW[0]), trace(SHALLOW[1])), layers)
+    depths = shallow_depths(sharded)
+    out = scaled((trace(depths[0]), trace(depths[1])), layers, depths)
     assert out.peak_bytes == max(c + layers * s for c, s in segments)
     assert out.breakdown["activations"] == out.peak_bytes and out.parameters == layers * 10 + 3

@@ -102,3 +102,5 @@ def test_a_two_machine_plan_shows_its_layout_and_the_network_it_assumes():
     assert "crosses the network between machines (25 GB/s" in line or "across machines at" in line, line
     one = api.plan_for(config, h100s, gpus=8)[1]
     assert one.predicted_step_seconds < plan.predicted_step_seconds  # the network costs time per step
+    # each machine's cores are shared by its own 8 processes, not by all 16 (AWS p5: 24 vCPUs per H100)
+    assert (plan.cpu_threads, plan.num_workers) == (one.cpu_threads, one.num_workers) and plan.num_workers == 4

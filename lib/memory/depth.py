@@ -11,7 +11,8 @@ low for Llama 350M and 1B with checkpointing. So trace.py and sharded.py keep th
 the step (`Trace.segments`: each forward, backward and optimizer step), and this module scales each
 stretch by the depth and takes the largest.
 
-The shallow depths are 2 and 3 (not 1: with one block FSDP2 has no next block to prefetch). Checked
+The shallow depths are 2 and 3, and 3 and 4 for a sharded step (FSDP2's prefetch in backward settles from 3
+blocks on: `SHALLOW_SHARDED`). Checked
 against full traces in tests/test_depth.py (within 0.5%; equal to the byte in most cases).
 `MemoryPredictor(full_depth=True)` traces every block instead.
 """
@@ -25,6 +26,14 @@ from ..config import Config
 from .trace import Trace
 
 SHALLOW = (2, 3)
+# A sharded step's: FSDP2 prefetches the next block's all-gather in backward only from 3 blocks on (Llama 70B
+# over 64 ranks: 3.2 GiB of all-gathers in flight at 2 blocks, 4.8 at 3, 4 and 5), so 2 is off its line
+SHALLOW_SHARDED = (3, 4)
+
+
+def shallow_depths(sharded: bool) -> tuple[int, int]:
+    """The two depths a step is traced at: SHALLOW_SHARDED for a sharded strategy's, else SHALLOW."""
+    return SHALLOW_SHARDED if sharded else SHALLOW
 MIN_LAYERS = 6  # a model this shallow or shallower is traced whole: scaling would save little
 
 
@@ -62,21 +71,24 @@ def _derived(config: Config, layers: int) -> Config:
                            "LLAMA_TIE_EMBEDDINGS": config.llama_tie_embeddings is not False})
 
 
-def line(a: float, b: float, layers: int) -> float:
-    """The value at `layers` of the line through (SHALLOW[0], a) and (SHALLOW[1], b)."""
-    lo, hi = SHALLOW
+def line(a: float, b: float, layers: int, depths: tuple[int, int] = SHALLOW) -> float:
+    """The value at `layers` of the line through (depths[0], a) and (depths[1], b)."""
+    lo, hi = depths
     return b + (layers - hi) * (b - a) / (hi - lo)
 
 
-def scaled(shallow: tuple[Trace, Trace], layers: int) -> Trace:
-    """The trace at `layers` blocks from traces at the SHALLOW depths: each stretch's peak and breakdown on
-    the line through the two, the largest stretch taken (the whole peak where a trace kept no stretches)."""
+def scaled(shallow: tuple[Trace, Trace], layers: int, depths: tuple[int, int] = SHALLOW) -> Trace:
+    """The trace at `layers` blocks from traces at `depths`: each stretch's peak and breakdown on the line
+    through the two, the largest stretch taken (the whole peak where a trace kept no stretches)."""
     a, b = shallow
+
+    def at(x: float, y: float) -> float:  # the value at `layers` blocks
+        return line(x, y, layers, depths)
 
     def stretch(x: dict, y: dict) -> dict:
         keys = dict.fromkeys([*x["breakdown"], *y["breakdown"]])
-        return {"peak_bytes": round(line(x["peak_bytes"], y["peak_bytes"], layers)),
-                "breakdown": {k: max(0, round(line(x["breakdown"].get(k, 0), y["breakdown"].get(k, 0), layers)))
+        return {"peak_bytes": round(at(x["peak_bytes"], y["peak_bytes"])),
+                "breakdown": {k: max(0, round(at(x["breakdown"].get(k, 0), y["breakdown"].get(k, 0))))
                               for k in keys}}
 
     if a.segments and len(a.segments) == len(b.segments):
@@ -91,8 +103,8 @@ def scaled(shallow: tuple[Trace, Trace], layers: int) -> Trace:
     holes = (None if a.allocator_holes is None or b.allocator_holes is None
              else max(a.allocator_holes, b.allocator_holes))
     return replace(b, peak_bytes=top["peak_bytes"], breakdown=top["breakdown"],
-                   parameters=round(line(a.parameters, b.parameters, layers)), seconds=a.seconds + b.seconds,
+                   parameters=round(at(a.parameters, b.parameters)), seconds=a.seconds + b.seconds,
                    allocator_holes=holes, segments=segments)
 
 
-__all__ = ["MIN_LAYERS", "SHALLOW", "at_depth", "depth_of", "line", "scaled"]
+__all__ = ["MIN_LAYERS", "SHALLOW", "SHALLOW_SHARDED", "at_depth", "depth_of", "line", "scaled", "shallow_depths"]

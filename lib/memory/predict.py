@@ -98,7 +98,7 @@ from ..parallel import is_sharded
 from . import allocator_model
 from .allocator_model import ATTENTION_WORKSPACE_SHARE  # noqa: F401  re-exported
 from .cache import default_cache_dir, fingerprint, parallel_key, read_traces, write_traces
-from .depth import SHALLOW, at_depth, depth_of, scaled
+from .depth import at_depth, depth_of, scaled, shallow_depths
 from .curve import PeakCurve, Vector, affine_runs, largest_fitting  # noqa: F401  largest_fitting: re-exported
 from .trace import CATEGORIES, MiB, Trace, trace_step
 
@@ -278,7 +278,7 @@ class MemoryPredictor:
         layers = None if self.full_depth else depth_of(config)
         key, contents = fingerprint(config, device_type=device_type, precision=precision,
                                     gradient_checkpointing=ckpt, train=train, parallel=parallel,
-                                    scaled_from=SHALLOW if layers else ())
+                                    scaled_from=shallow_depths(parallel is not None) if layers else ())
 
         def trace(batch: int) -> Trace:
             if batch < 1:
@@ -288,7 +288,7 @@ class MemoryPredictor:
                     result = scaled(tuple(
                         self._step(at_depth(config, d), device_type=device_type, precision=precision,
                                    gradient_checkpointing=ckpt, train=train, parallel=parallel)[1](batch)
-                        for d in SHALLOW), layers)
+                        for d in shallow_depths(parallel is not None)), layers, shallow_depths(parallel is not None))
                     self._memo.pop(key, None)
                     self._entries(key)[str(batch)] = result.to_json()
                     self._store(key, contents)

@@ -114,10 +114,12 @@ def _resolve(request: PlanRequest) -> Plan:
     compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
     tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
     idle = hardware.cpu.idle_cores  # step timings taken while planning run at the threads training will
-    cpu_threads, reasons["cpu_threads"] = decide_cpu_threads(config, device_type, hardware, world_size,
+    # the processes that share one machine's cores: a 16-machine run's 8 per machine, not its 128
+    local = world_size // nodes
+    cpu_threads, reasons["cpu_threads"] = decide_cpu_threads(config, device_type, hardware, local,
                                                              idle_cores=idle,
                                                              omp_threads=request.settings.omp_threads)
-    workers, reasons["workers"] = decide_loader_workers(config, device_type, hardware, world_size, idle_cores=idle)
+    workers, reasons["workers"] = decide_loader_workers(config, device_type, hardware, local, idle_cores=idle)
     prefetch, prefetch_note = decide_prefetch(config, workers)
     if prefetch_note:
         notes.append(prefetch_note)
