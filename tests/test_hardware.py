@@ -407,6 +407,25 @@ def test_later_entries_specifics():
     assert catalog.CATALOG["l40s"].peak.half_tflops < 400
 
 
+def test_fp8_peaks_where_the_tensor_cores_have_fp8_and_none_elsewhere():
+    """FP8 tensor cores arrive with NVIDIA's compute capability 8.9 (Ada, Hopper, Blackwell) and AMD's CDNA 3
+    (gfx942): there the dense FP8 peak is about twice the bf16 one (the L40S datasheet's a little more), each
+    entry's last note naming its page; elsewhere there is none."""
+    for key, e in catalog.CATALOG.items():
+        has_fp8 = e.compute_capability >= (8, 9) if e.vendor == "nvidia" else e.arch == "gfx942"
+        assert (e.peak.fp8_tflops is not None) == has_fp8, key
+        if has_fp8:
+            assert 1.99 <= e.peak.fp8_tflops / e.peak.half_tflops <= 2.03, key
+        assert e.key and "FP8" in catalog_notes(key)[-1], key
+    assert catalog.CATALOG["h100"].peak.fp8_tflops == 1978.9 and catalog.CATALOG["a100-80gb"].peak.fp8_tflops is None
+
+
+def catalog_notes(key: str) -> list[str]:
+    import json
+
+    return next(g["notes"] for g in json.loads(catalog.DATA_FILE.read_text())["gpus"] if g["key"] == key)
+
+
 def test_detected_mi300x_is_the_catalog_entry():
     """What ROCm torch reports for an MI300X finds the catalog entry, with the same total."""
     e = catalog.CATALOG["mi300x"]

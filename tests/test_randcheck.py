@@ -38,9 +38,15 @@ def test_a_seed_draws_the_same_strict_config_and_the_draws_cover_the_space(tmp_p
     for key in ("gradient_checkpointing", "hyperparam_mode", "optimizer", "precision"):
         assert len({getattr(c, key, None) or c.symbols.get(key.upper()) for c in configs}) > 1, key
     assert any(c.symbols.get("PARALLEL_FSDP") == "y" for c in configs)
+    assert any(c.llama_preset == "custom" for c in configs)  # the new options are drawn among the others
+    assert len({c.recompute_policy for c in configs if c.recompute_policy}) > 1
     for c in configs:
         preset = {"gpt2": "GPT2_PRESET_TINY", "llama": "LLAMA_PRESET_TINY"}.get(c.model)
-        assert preset is None or c.symbols[preset] == "y", c.model
+        if c.llama_preset == "custom":  # a Llama of its own small shape (randcheck.CUSTOM_LLAMA)
+            assert all(value in randcheck.CUSTOM_LLAMA[name]
+                       for name, value in zip(randcheck.CUSTOM_LLAMA, c.llama_dims)), c.llama_dims
+        else:
+            assert preset is None or c.symbols[preset] == "y", c.model
         assert c.symbols.get("TRACK_WANDB") != "y" and c.symbols.get("TRACK_MLFLOW") != "y"
         assert c.hyperparam_mode == "manual" or c.symbols.get("HYPER_PARAM_POLICY_PLANNER") == "y"
         for name, high in randcheck.SMALL.items():

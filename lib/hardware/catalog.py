@@ -31,8 +31,11 @@ How the figures were chosen
   divides counted work by: dense (not 2:4 sparse) TFLOP/s for plain fp32
   (non-tensor), TF32 tensor cores (None where there are none), bf16/fp16
   tensor cores with fp32 accumulation (the fp16 figure on V100 and T4, which
-  lack bf16), and memory bandwidth in GB/s (10^9 bytes/s), each from the page
-  in ``peak.source``.  Vendors quote sparse figures first on Ampere and later:
+  lack bf16), FP8 tensor cores with fp32 accumulation (None before NVIDIA's
+  compute capability 8.9 and AMD's CDNA 3; twice the bf16 rate where there,
+  the L40S's datasheet a little more), and memory bandwidth in GB/s (10^9
+  bytes/s), each from the page in ``peak.source`` (the FP8 figure's page in
+  the entry's last note).  Vendors quote sparse figures first on Ampere and later:
   the dense ones are half of them.
 * ``peak.link_gbs`` and ``peak.link`` describe how one GPU talks to its peers
   inside one machine for collectives (all-reduce of gradients, all-gather of
@@ -211,6 +214,7 @@ class Peak:
     fp32_tflops: float  # plain fp32 (CUDA cores / vector units)
     tf32_tflops: float | None  # TF32 tensor cores; None without them
     half_tflops: float  # bf16 (fp16 where there is no bf16) tensor cores, fp32 accumulate
+    fp8_tflops: float | None  # FP8 tensor cores, fp32 accumulate; None without them (before Ada/Hopper, CDNA 3)
     bandwidth_gbs: float
     source: str
     link_gbs: float  # one GPU to its peers in one machine, ONE direction (see the module docstring)
@@ -254,7 +258,8 @@ _TEXT = (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
 _COUNT = (lambda v: _whole(v) and v > 0, "an integer > 0")
 _FIGURE = (_positive, "a number > 0")
 _PEAK_FIELDS = {"fp32_tflops": _FIGURE, "tf32_tflops": (lambda v: v is None or _positive(v), "a number > 0 or null"),
-                "half_tflops": _FIGURE, "bandwidth_gbs": _FIGURE, "source": _TEXT, "link_gbs": _FIGURE,
+                "half_tflops": _FIGURE, "fp8_tflops": (lambda v: v is None or _positive(v), "a number > 0 or null"),
+                "bandwidth_gbs": _FIGURE, "source": _TEXT, "link_gbs": _FIGURE,
                 "link": _TEXT}
 _COMMON_FIELDS = {"key": _TEXT, "name": _TEXT, "vendor": _TEXT, "total_bytes": _COUNT, "tdp_watts": _COUNT,
                   "memory_type": _TEXT, "source": _TEXT, "peak": (lambda v: isinstance(v, dict), "an object"),

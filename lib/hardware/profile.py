@@ -37,7 +37,7 @@ def format_size(n_bytes: int, mb_decimals: int = 1) -> str:
 
 # What a profile's GPU speed figures may be at most: no GPU comes within a factor of ten of these (a B200's dense
 # bf16 is 2,250 TFLOP/s, its HBM 7,700 GB/s, its power 1,000 W); a larger number is a typo, refused.
-SPEED_LIMITS = {"fp32_tflops": 1e4, "tf32_tflops": 1e5, "half_tflops": 1e5, "bandwidth_gbs": 1e5,
+SPEED_LIMITS = {"fp32_tflops": 1e4, "tf32_tflops": 1e5, "half_tflops": 1e5, "fp8_tflops": 2e5, "bandwidth_gbs": 1e5,
                 "link_gbs": 1e5, "tdp_watts": 1e4}
 
 
@@ -52,6 +52,7 @@ class GPUSpeed:
     tdp_watts: float
     tf32_tflops: float | None = None  # None: no TF32 tensor cores
     link_gbs: float | None = None  # to its peers in one machine, one direction; None: the catalog's, else PCIe's
+    fp8_tflops: float | None = None  # FP8 tensor cores; None: none
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def _gpu_to_dict(g: GPUInfo) -> dict:
 
 
 _SPEED_FIELDS = tuple(f.name for f in dataclasses.fields(GPUSpeed))
-_SPEED_OPTIONAL = ("tf32_tflops", "link_gbs")
+_SPEED_OPTIONAL = ("tf32_tflops", "link_gbs", "fp8_tflops")
 
 
 def _speed_from_dict(origin: str, where: str, d: Any) -> GPUSpeed:

@@ -13,6 +13,8 @@ stretches they prove, so a cached plan traces nothing even when the budget moves
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import functools
 from typing import TYPE_CHECKING
@@ -160,6 +162,15 @@ class PlannerPolicy:
             ckpt = self.predictor.predict(config, batch=1, device_type=device_type, precision=precision,
                                           gradient_checkpointing=True, **sharding)
             helps.append(f"gradient checkpointing (CONFIG_GRADIENT_CHECKPOINTING=y): {_fmt(ckpt.peak_bytes)}")
+        elif config.gradient_checkpointing and config.recompute_policy not in (None, "full"):
+            full = self.predictor.predict(dataclasses.replace(config, recompute_policy="full"), batch=1,
+                                          device_type=device_type, precision=precision, **sharding)
+            helps.append(f"full checkpointing (CONFIG_ACTIVATION_CHECKPOINT_FULL): {_fmt(full.peak_bytes)}")
+        sharded_state = sum(one.breakdown.get(k, 0) for k in ("parameters", "gradients", "optimizer_state"))
+        if (sharding and sharding["strategy"] == "fsdp" and spec_for(config.model).text
+                and 2 * sharded_state <= one.peak_bytes):  # most of the peak is what more ranks do not shrink
+            helps.append("tensor or pipeline parallelism, which kfit does not have yet: FSDP shards the weights, "
+                         "not a sequence's activations, so more GPUs leave this peak where it is")
         if config.optimizer in ("adam", "adamw"):
             helps.append(f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor "
                          "per parameter instead of two)")

@@ -62,8 +62,8 @@ def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, 
 
 
 def _on_the_ladder(request: PlanRequest, no_fit: NoFitError) -> Plan:
-    """The plan with the fewest of the ladder's rungs under which micro-batch 1 is predicted to fit; `no_fit`
-    (the planner's refusal, with what would help) when none does."""
+    """The plan with the fewest of the ladder's rungs under which micro-batch 1 is predicted to fit; the
+    refusal with every rung taken (the planner's, with what would help) when none does."""
     config, hardware = request.config, request.hardware
     device_type, _ = decide_device(config, hardware)
     gpu = hardware.primary_gpu if device_type == "cuda" else None
@@ -76,7 +76,9 @@ def _on_the_ladder(request: PlanRequest, no_fit: NoFitError) -> Plan:
         keys[name] = what
         try:
             plan = _resolve(dataclasses.replace(request, config=rung_config))
-        except NoFitError:
+        except NoFitError as err:  # the refusal with every rung taken so far: its peaks are the ones that count
+            no_fit = NoFitError(f"{err.what}, even with the out-of-memory ladder's {', '.join(taken)} "
+                                "(CONFIG_OOM_LADDER_*)", err.helps, err.hint)
             continue
         why = f"out-of-memory ladder: micro-batch 1 is predicted not to fit without {', '.join(taken)}"
         reasons = {**plan.reasons, "oom_ladder": f"before training: {', '.join(taken)}"}

@@ -70,12 +70,15 @@ def pick(config: Config, policy: BatchPolicy, choose: ChooseArgs, *, world_size:
     failures: list[str] = []
     fitted: list[tuple[str, BatchChoice, tuple | None]] = []
     no_fit = True  # every strategy refused for lack of memory: the out-of-memory ladder may help
+    helps: tuple[str, ...] = ()  # what would help, said with the refusal of them all
     for strategy in options:
         try:
             choice = choose.choose(policy, config, strategy)
         except PlanError as err:
             no_fit = no_fit and isinstance(err, NoFitError)
             failures.append(f"{strategy}: {err.what if isinstance(err, NoFitError) else err}")
+            if isinstance(err, NoFitError) and (not helps or strategy == "fsdp"):
+                helps = err.helps  # the most sharded strategy's: what helps where sharding has done its part
             continue
         if strategy == "ddp" and choice.max_micro >= min(share, MIN_MICRO_BATCH):
             found = speed(strategy, choice)
@@ -85,7 +88,8 @@ def pick(config: Config, policy: BatchPolicy, choose: ChooseArgs, *, world_size:
             failures.append(f"ddp: fits only micro-batch {choice.max_micro} (< {min(share, MIN_MICRO_BATCH)})")
         fitted.append((strategy, choice, speed(strategy, choice)))
     if not fitted:
-        raise (NoFitError if no_fit else PlanError)("no data-parallel strategy fits: " + "; ".join(failures))
+        message = "no data-parallel strategy fits: " + "; ".join(failures)
+        raise NoFitError(message, helps) if no_fit else PlanError(message)
     timed = [f for f in fitted if f[2] is not None]
     if timed:
         strategy, choice, found = max(timed, key=lambda f: f[2][0])
