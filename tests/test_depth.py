@@ -30,6 +30,17 @@ def test_only_deep_llamas_are_scaled_and_the_shallow_ones_keep_the_shape(make_co
     assert llama_shape(shallow).n_layer == 2
     assert (llama_shape(shallow).dim, shallow.vocab_size, shallow.llama_block_size) == (512, 32000, 128)
     assert at_depth(config, 2) is shallow  # derived once per plan
+    assert shallow_depths(config, False) == (2, 3) and shallow_depths(config, True) == (3, 4)
+
+
+def test_every_kth_block_checkpointed_scales_by_whole_periods(make_config):
+    """With every k-th block checkpointed the blocks are alike only k at a time: traced at k and 2k blocks
+    (2k and 3k sharded), and traced whole where the depth is no whole number of k."""
+    every = lambda k: llama(make_config, f"CONFIG_ACTIVATION_CHECKPOINT_SELECTIVE_LAYER=y\n"  # noqa: E731
+                                         f"CONFIG_ACTIVATION_CHECKPOINT_EVERY={k}\n")
+    assert shallow_depths(every(2), False) == (2, 4) and shallow_depths(every(2), True) == (4, 6)
+    assert depth_of(every(2)) == 16 and depth_of(every(3)) is None  # 16 blocks: 8 periods of 2, not of 3
+    assert depth_of(every(8)) is None  # 16 blocks are no deeper than 2 periods of 8
 
 
 slow = pytest.mark.slow  # a full trace of 16 blocks takes 10-20 s here
@@ -38,6 +49,9 @@ slow = pytest.mark.slow  # a full trace of 16 blocks takes 10-20 s here
 @pytest.mark.parametrize("extra, ckpt, train, parallel", [
     pytest.param("", False, True, {}, marks=slow), pytest.param("", True, True, {}, marks=slow),
     pytest.param("CONFIG_ACTIVATION_CHECKPOINT_SELECTIVE_OP=y\n", True, True, {}, marks=slow),
+    pytest.param("CONFIG_ACTIVATION_CHECKPOINT_SELECTIVE_LAYER=y\n", True, True, {}, marks=slow),
+    pytest.param("CONFIG_ACTIVATION_CHECKPOINT_SELECTIVE_LAYER=y\n", True, True,
+                 dict(strategy="fsdp", world_size=2), marks=slow),
     ("", None, False, {}),
     pytest.param("", True, True, dict(strategy="fsdp", world_size=4), marks=slow),
     pytest.param("", False, True, dict(strategy="fsdp_grad_op", world_size=2), marks=slow)])
@@ -73,8 +87,9 @@ segment = st.tuples(st.integers(0, 2**34), st.integers(0, 2**30))  # (bytes at d
 
 
 @settings(max_examples=200, deadline=None)
-@given(segments=st.lists(segment, min_size=1, max_size=7), layers=st.integers(5, 200), sharded=st.booleans())
-def test_scaling_takes_the_largest_stretch_at_the_depth(segments, layers, sharded):
+@given(segments=st.lists(segment, min_size=1, max_size=7), layers=st.integers(7, 200),
+       depths=st.sampled_from([(2, 3), (3, 4), (2, 4), (4, 6)]))
+def test_scaling_takes_the_largest_stretch_at_the_depth(segments, layers, depths):
     """Each stretch affine in the depth, with its own slope: the scaled peak is the largest of them at the
     depth, not the line through the two shallow peaks."""
     def trace(depth: int) -> Trace:
@@ -84,7 +99,6 @@ def test_scaling_takes_the_largest_stretch_at_the_depth(segments, layers, sharde
         return Trace(batch=1, peak_bytes=top["peak_bytes"], breakdown=top["breakdown"], parameters=depth * 10 + 3,
                      features=(), eval_samples=1, seconds=1.0, segments=stretches)
 
-    depths = shallow_depths(sharded)
     out = scaled((trace(depths[0]), trace(depths[1])), layers, depths)
     assert out.peak_bytes == max(c + layers * s for c, s in segments)
     assert out.breakdown["activations"] == out.peak_bytes and out.parameters == layers * 10 + 3

@@ -12,7 +12,8 @@ the step (`Trace.segments`: each forward, backward and optimizer step), and this
 stretch by the depth and takes the largest.
 
 The shallow depths are 2 and 3, and 3 and 4 for a sharded step (FSDP2's prefetch in backward settles from 3
-blocks on: `SHALLOW_SHARDED`). Checked
+blocks on: `SHALLOW_SHARDED`); where every k-th block is checkpointed the blocks are alike only k at a time,
+so the depths are k and 2k (2k and 3k sharded), and a depth that is no whole number of k is traced whole. Checked
 against full traces in tests/test_depth.py (within 0.5%; equal to the byte in most cases).
 `MemoryPredictor(full_depth=True)` traces every block instead.
 """
@@ -29,23 +30,35 @@ SHALLOW = (2, 3)
 # A sharded step's: FSDP2 prefetches the next block's all-gather in backward only from 3 blocks on (Llama 70B
 # over 64 ranks: 3.2 GiB of all-gathers in flight at 2 blocks, 4.8 at 3, 4 and 5), so 2 is off its line
 SHALLOW_SHARDED = (3, 4)
-
-
-def shallow_depths(sharded: bool) -> tuple[int, int]:
-    """The two depths a step is traced at: SHALLOW_SHARDED for a sharded strategy's, else SHALLOW."""
-    return SHALLOW_SHARDED if sharded else SHALLOW
 MIN_LAYERS = 6  # a model this shallow or shallower is traced whole: scaling would save little
 
 
-def depth_of(config: Config) -> int | None:
+def _period(config: Config) -> int:
+    """The blocks that repeat: every block, or every k-th block's checkpointing with k blocks between
+    (CONFIG_ACTIVATION_CHECKPOINT_SELECTIVE_LAYER, whose blocks are not all alike)."""
+    return (config.recompute_every or 2) if config.recompute_policy == "selective_layer" else 1
+
+
+def shallow_depths(config: Config, sharded: bool) -> tuple[int, int]:
+    """The two depths a step is traced at: SHALLOW (SHALLOW_SHARDED for a sharded strategy's), in whole
+    periods of blocks where the blocks differ (every k-th checkpointed: k and 2k blocks, 2k and 3k sharded)."""
+    period = _period(config)
+    if period == 1:
+        return SHALLOW_SHARDED if sharded else SHALLOW
+    return (2 * period, 3 * period) if sharded else (period, 2 * period)
+
+
+def depth_of(config: Config, sharded: bool = False) -> int | None:
     """The blocks of a model whose step is traced shallow and scaled (a built-in Llama deeper than
-    MIN_LAYERS), else None."""
+    MIN_LAYERS and than its shallow depths, in whole periods of alike blocks), else None."""
     if config.model != "llama":
         return None
     from ..models.registry import llama_shape
 
     layers = llama_shape(config).n_layer
-    return layers if layers > MIN_LAYERS else None
+    if layers <= MIN_LAYERS or layers % _period(config) or layers <= shallow_depths(config, sharded)[1]:
+        return None
+    return layers
 
 
 def at_depth(config: Config, layers: int) -> Config:

@@ -275,10 +275,11 @@ class MemoryPredictor:
         """(cache key, batch -> the cached trace of this step, tracing and caching it on a miss).
         `parallel`: cache.parallel_key's (None: one process's step, which a DDP rank runs too)."""
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
-        layers = None if self.full_depth else depth_of(config)
+        layers = None if self.full_depth else depth_of(config, parallel is not None)
+        depths = shallow_depths(config, parallel is not None)
         key, contents = fingerprint(config, device_type=device_type, precision=precision,
                                     gradient_checkpointing=ckpt, train=train, parallel=parallel,
-                                    scaled_from=shallow_depths(parallel is not None) if layers else ())
+                                    scaled_from=depths if layers else ())
 
         def trace(batch: int) -> Trace:
             if batch < 1:
@@ -288,7 +289,7 @@ class MemoryPredictor:
                     result = scaled(tuple(
                         self._step(at_depth(config, d), device_type=device_type, precision=precision,
                                    gradient_checkpointing=ckpt, train=train, parallel=parallel)[1](batch)
-                        for d in shallow_depths(parallel is not None)), layers, shallow_depths(parallel is not None))
+                        for d in depths), layers, depths)
                     self._memo.pop(key, None)
                     self._entries(key)[str(batch)] = result.to_json()
                     self._store(key, contents)

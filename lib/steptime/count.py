@@ -44,7 +44,7 @@ from ..config import Config
 from ..errors import KfitError
 from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
-from ..memory.depth import SHALLOW, at_depth, depth_of, line
+from ..memory.depth import at_depth, depth_of, line, shallow_depths
 from .cache import is_count, read_json, write_json
 
 FORMAT = 8  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops;
@@ -103,17 +103,17 @@ class Counts:
         return self.at(batch, "forward") + self.at(batch, "backward")
 
     @classmethod
-    def on_line(cls, shallow: "list[Counts]", layers: int) -> "Counts":
-        """The counts of a transformer `layers` blocks deep from its counts at depth.py's SHALLOW depths: each
-        figure on the line through the two (a block's work is the same in every block)."""
+    def on_line(cls, shallow: "list[Counts]", layers: int, depths: tuple[int, int]) -> "Counts":
+        """The counts of a transformer `layers` blocks deep from its counts at `depths` (depth.py's): each
+        figure on the line through the two (a period of blocks does the same work wherever it is)."""
         a, b = shallow
 
         def phase(x: Phase, y: Phase) -> Phase:
-            return Phase(**{f: max(0.0, line(getattr(x, f), getattr(y, f), layers)) for f in FIELDS})
+            return Phase(**{f: max(0.0, line(getattr(x, f), getattr(y, f), layers, depths)) for f in FIELDS})
 
         phases = {batch: {name: phase(a.phases[batch][name], b.phases[batch][name]) for name in b.phases[batch]}
                   for batch in b.phases}
-        return cls(phases=phases, parameters=round(line(a.parameters, b.parameters, layers)),
+        return cls(phases=phases, parameters=round(line(a.parameters, b.parameters, layers, depths)),
                    train_samples=b.train_samples, eval_samples=b.eval_samples)
 
     def to_json(self) -> dict:
@@ -338,12 +338,12 @@ def step_key(config: Config, *, device_type: str, precision: str, gradient_check
 
 
 def counts_key(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
-               scaled: bool = False) -> str:
-    """The counts' cache key: the step's key and this counter's own code (and, `scaled`, that the counts are
-    on the line through two shallow steps': lib/memory/depth.py)."""
+               scaled: tuple[int, ...] = ()) -> str:
+    """The counts' cache key: the step's key and this counter's own code (and, `scaled`, the depths of the two
+    shallow steps whose line the counts are on: lib/memory/depth.py)."""
     key = step_key(config, device_type=device_type, precision=precision,
                    gradient_checkpointing=gradient_checkpointing)
-    how = f":scaled{list(SHALLOW)}" if scaled else ""
+    how = f":scaled{list(scaled)}" if scaled else ""
     return hashlib.sha256(f"{FORMAT}:{_code_hash(True)}:{key}{how}".encode()).hexdigest()[:24]
 
 
@@ -363,8 +363,9 @@ class StepCounter:
     def counts(self, config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
                task=None) -> Counts:
         layers = None if self.full_depth else depth_of(config)
+        depths = shallow_depths(config, False)
         key = counts_key(config, device_type=device_type, precision=precision,
-                         gradient_checkpointing=gradient_checkpointing, scaled=layers is not None)
+                         gradient_checkpointing=gradient_checkpointing, scaled=depths if layers else ())
         if key in self._memo:
             return self._memo[key]
         path = self.cache_dir / f"counts-{key}.json"
@@ -377,8 +378,8 @@ class StepCounter:
                 cache_note(path, f"invalid ({err})", then="dropped; counted again")
         step = dict(precision=precision, device_type=device_type, gradient_checkpointing=gradient_checkpointing)
         if layers is not None:  # every count is affine in the depth: two shallow steps' on a line
-            shallow = [self.counts(at_depth(config, d), **step) for d in SHALLOW]
-            self._memo[key] = counts = Counts.on_line(shallow, layers)
+            shallow = [self.counts(at_depth(config, d), **step) for d in depths]
+            self._memo[key] = counts = Counts.on_line(shallow, layers, depths)
             write_json(path, counts.to_json())
             return counts
         task = task or task_for(config)
