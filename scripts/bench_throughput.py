@@ -21,7 +21,19 @@ times, lib.trainer.timing) at
 the plan's micro-batch, the plan re-resolved, and its prediction against the
 later rounds (never the steps it was calibrated with).
 Intra-op threads: lib.threads' decision for the machine as each case starts.
-Last line: throughput: cases=N min_ratio_to_best=R max_step_time_err_calibrated=E max_step_time_err_uncalibrated=U
+
+Paired: in each round after the first, the plan's samples/s over the best point's in the same round (the
+best: the highest median over those rounds), for the first plan and the re-resolved one; the median of the
+worse plan's ratios and a bootstrap 90% interval of that median. Rounds share their moment, so the ratio
+of two points in one round cancels a busy machine's drift between rounds.
+
+Runs in a row (RUNS): after the first calibration, RUNS more runs of the same config, each planned from
+the calibrations so far, timed as the trainer times its first steps and calibrating the next: their
+predicted step times, and the largest move from one run's prediction to the next.
+
+LOAD=N (--load N): N busy processes (a Python loop each) run for the whole bench, started and stopped by it.
+Last line: throughput: cases=N load=L worst_paired_ratio=P min_ratio_to_best=R max_run_to_run_move=M
+max_step_time_err_calibrated=E max_step_time_err_uncalibrated=U
 """
 
 from __future__ import annotations
@@ -31,7 +43,9 @@ import contextlib
 import math
 import os
 import shutil
+import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +65,7 @@ from lib.trainer.windows import rank_batches  # noqa: E402
 SWEEP = (8, 16, 32, 64, 128, 256, 512)
 # defconfig -> settings merged on top. ResNet-18 trains at 16-35 samples/s on this 2-core CPU (one
 # thread, under load): a 512-sample step takes 15-30 s, so it runs at 128 to keep the bench near 4 minutes.
-CASES = {"lenet5": {}, "resnet18": {"TARGET_EFFECTIVE_BATCH": 128}, "gpt2-tiny": {}, "custom-transformer": {}}
+CASES = {"lenet5": {}, "resnet18": {"TARGET_EFFECTIVE_BATCH": 128}, "gpt2-tiny": {}}
 ROUND_S = 0.4  # each point runs at least this long per round (at least one step)
 # The plan's point in the first round runs the steps lib.steptime.calibrate gets: as many as the trainer
 # times for it (lib.trainer.timing: at least STEPS steps and MIN_SECONDS of them).
@@ -63,6 +77,8 @@ CASE_BUDGET_S = 25.0  # no round starts after a case has measured this long, onc
 # the cross-validated ratio judged the plan on one round; 5 give four steps, and halves of 3 and 2 rounds.
 MIN_ROUNDS = 5
 MAX_ROUNDS = 10
+RUNS = 4  # runs in a row after the first calibration, for the predictions' run-to-run move
+BOOTSTRAP = 2000  # resamples of the paired ratios for the median's 90% interval
 
 
 @dataclass
@@ -156,7 +172,8 @@ def sweep_points(window: int, plan_micro: int, world_size: int = 1) -> list[Poin
 
 def measure_case(config, plan, task, *, rounds: int = MIN_ROUNDS, budget_s: float = CASE_BUDGET_S,
                  round_s: float = ROUND_S, calibration_s: float = CALIBRATION_S,
-                 calibration_steps: int = CALIBRATION_STEPS, after_first=None) -> dict[int, Point]:
+                 calibration_steps: int = CALIBRATION_STEPS, after_first=None,
+                 runner: Runner | None = None) -> dict[int, Point]:
     """Interleaved rounds over the sweep (and the plan's micro-batch) at the plan's effective batch per process.
 
     after_first(points) runs after round one (where the plan's point ran the calibration's steps) and may return
@@ -164,7 +181,7 @@ def measure_case(config, plan, task, *, rounds: int = MIN_ROUNDS, budget_s: floa
     """
     window, world_size = plan.effective_batch, plan.world_size
     points = {p.micro: p for p in sweep_points(window, plan.micro_batch, world_size)}
-    runner = Runner(config, plan, task)
+    runner = runner or Runner(config, plan, task)
     started = time.perf_counter()
     done = 0
     while done < rounds or (time.perf_counter() - started < budget_s and done < MAX_ROUNDS):
@@ -248,6 +265,27 @@ class Row:
     predicted: float | None  # seconds of the plan's step, uncalibrated
     predicted_calibrated: float | None
     busy_cores: float | None = None  # other processes' CPU use while the case was measured
+    predictions: list[float] = field(default_factory=list)  # the runs in a row's predicted step seconds
+
+    def paired(self) -> tuple[float, float, float]:
+        """(median, 5th, 95th percentile of the median by bootstrap) of the worse plan's per-round samples/s
+        over the best point's in the same round, over the rounds after the calibration round."""
+        later = slice(1, None)
+        best = self.best(later)
+
+        def ratios(micro: int) -> list[float]:
+            plan, top = self.points[micro].steps[1:], best.steps[1:]
+            return [statistics.median(b) / statistics.median(a) for a, b in zip(plan, top) if a and b]
+
+        worst = min((ratios(m) for m in {self.plan[0], self.calibrated_plan[0]}), key=lambda r: statistics.median(r))
+        rng = random.Random(0)
+        medians = sorted(statistics.median(rng.choices(worst, k=len(worst))) for _ in range(BOOTSTRAP))
+        return (statistics.median(worst), medians[int(0.05 * BOOTSTRAP)], medians[int(0.95 * BOOTSTRAP) - 1])
+
+    def run_to_run_move(self) -> float | None:
+        """The largest |next / previous - 1| of the runs in a row's predictions."""
+        p = self.predictions
+        return max((abs(b / a - 1) for a, b in zip(p, p[1:])), default=None)
 
     def best(self, rounds: slice = slice(None)) -> Point:
         return max(self.points.values(), key=lambda p: p.samples_per_second(rounds))
@@ -280,7 +318,7 @@ class Row:
 
 
 def run_case(name: str, settings: dict, hardware, *, rounds: int = MIN_ROUNDS, budget_s: float = CASE_BUDGET_S,
-             round_s: float = ROUND_S, log=print) -> Row:
+             round_s: float = ROUND_S, runs: int = RUNS, log=print) -> Row:
     from lib.hardware.host import CPULoadMeter
     from lib.hyperparams import resolve
     from lib.plan import ModelDescription
@@ -313,13 +351,30 @@ def run_case(name: str, settings: dict, hardware, *, rounds: int = MIN_ROUNDS, b
 
         task = load_task(config)
         meter = CPULoadMeter()
+        runner = Runner(config, plan, task)
         points = measure_case(config, plan, task, rounds=rounds, budget_s=budget_s, round_s=round_s,
-                              after_first=calibrate)
+                              after_first=calibrate, runner=runner)
+        again = state["plan"]
+        predictions = runs_in_a_row(config, hardware, model, runner, runs) if steptime() is not None else []
         busy = meter.read().busy_cores
-    again = state["plan"]
     return Row(case=name, threads=threads, plan=(plan.micro_batch, plan.grad_accum),
                calibrated_plan=(again.micro_batch, again.grad_accum), points=points,
-               predicted=predicted, predicted_calibrated=state["predicted"], busy_cores=busy)
+               predicted=predicted, predicted_calibrated=state["predicted"], busy_cores=busy, predictions=predictions)
+
+
+def runs_in_a_row(config, hardware, model, runner: Runner, runs: int = RUNS) -> list[float]:
+    """`runs` runs of the config, each planned from the calibrations so far (its prediction kept), timed as
+    the trainer times its first steps and calibrating the next (lib.steptime.calibrate)."""
+    from lib.hyperparams import resolve
+
+    predictions = []
+    for _ in range(runs):
+        plan = resolve(config, hardware, model)
+        predictions.append(predicted_seconds(config, hardware, plan))
+        point = Point(plan.micro_batch, plan.effective_batch, plan.world_size)
+        steps = runner.measure(point, CALIBRATION_S, CALIBRATION_STEPS)
+        steptime().calibrate(config, hardware, plan, steps)
+    return predictions
 
 
 # --------------------------------------------------------------------------
@@ -336,51 +391,81 @@ def _rate(value: float) -> str:
 
 def table(rows: list[Row]) -> list[str]:
     lines = [f"{'case':<20} {'busy':>4} {'thr':>3} {'micro':>5} {'samples/s by micro-batch':<44} "
-             f"{'plan/s':>8} {'best':>10} {'ratio':>5} {'step s':>7} {'pred':>7} {'err':>6} "
-             f"{'cal':>5} {'pred':>7} {'err':>6}"]
+             f"{'plan/s':>8} {'best':>10} {'ratio':>5} {'paired (90%)':>18} {'step s':>7} {'pred':>7} {'err':>6} "
+             f"{'cal':>5} {'pred':>7} {'err':>6}  runs in a row (predicted ms)"]
     for r in rows:
         best = r.best()
         sweep = " ".join(f"{m}:{_rate(p.samples_per_second())}" for m, p in sorted(r.points.items()))
         unc, cal = r.errors()
         plan_micro, cal_micro = r.plan[0], r.calibrated_plan[0]
+        mid, lo, hi = r.paired()
+        runs = " ".join(f"{p * 1e3:.1f}" for p in r.predictions)
+        move = r.run_to_run_move()
         lines.append(f"{r.case:<20} {_f(r.busy_cores, '.1f'):>4} {r.threads:>3} {plan_micro:>5} {sweep:<44} "
                      f"{_rate(r.points[plan_micro].samples_per_second()):>8} "
                      f"{_rate(best.samples_per_second()) + '@' + str(best.micro):>10} {r.ratio():>5.2f} "
+                     f"{f'{mid:.2f} ({lo:.2f}-{hi:.2f})':>18} "
                      f"{r.measured(plan_micro):>7.3f} {_f(r.predicted, '.3f'):>7} {_f(unc, '.1%'):>6} "
-                     f"{cal_micro:>5} {_f(r.predicted_calibrated, '.3f'):>7} {_f(cal, '.1%'):>6}")
+                     f"{cal_micro:>5} {_f(r.predicted_calibrated, '.3f'):>7} {_f(cal, '.1%'):>6}  "
+                     f"{runs}{f' (move {move:.1%})' if move is not None else ''}")
     return lines
 
 
-def summary(rows: list[Row]) -> str:
+def summary(rows: list[Row], load: int = 0) -> str:
     def worst(values):
         values = [v for v in values if v is not None]
         return max(values) if values else math.nan
 
-    return (f"throughput: cases={len(rows)} min_ratio_to_best={min(r.ratio() for r in rows):.3f} "
+    return (f"throughput: cases={len(rows)} load={load} worst_paired_ratio={min(r.paired()[0] for r in rows):.3f} "
+            f"min_ratio_to_best={min(r.ratio() for r in rows):.3f} "
+            f"max_run_to_run_move={worst(r.run_to_run_move() for r in rows):.3f} "
             f"max_step_time_err_calibrated={worst(r.errors()[1] for r in rows):.3f} "
             f"max_step_time_err_uncalibrated={worst(r.errors()[0] for r in rows):.3f}")
+
+
+@contextlib.contextmanager
+def background_load(cores: int):
+    """`cores` busy processes (a Python loop each) while the bench runs, stopped on the way out."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, cores))]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help="defconfigs to run (comma-separated)")
+    parser.add_argument("--load", type=int, default=int(os.environ.get("LOAD") or 0),
+                        help="busy background processes to run meanwhile (LOAD=)")
     args = parser.parse_args(argv)
+    with background_load(args.load):
+        time.sleep(1.0 if args.load else 0.0)  # the busy processes running before anything is sampled
+        return _bench(args)
+
+
+def _bench(args) -> int:
     from lib.hardware import detect
 
     hardware = detect()
     from lib.hardware.host import cpu_load
 
-    print(f"CPU: {hardware.cpu.name}, {cpu_load().describe()}")
+    print(f"CPU: {hardware.cpu.name}, {args.load} busy background process(es), {cpu_load().describe()}")
     rows = []
     for name in args.cases.split(","):
-        rows.append(run_case(name, CASES.get(name, {}), hardware))
+        # detected again for each case: its idle cores are the load now (the background load's included)
+        rows.append(run_case(name, CASES.get(name, {}), detect() if args.load else hardware))
     print("samples/s of real optimizer steps at the plan's effective batch; busy: cores other processes used "
           "meanwhile; 'ratio': the plan's micro-batch "
           "(the worse of uncalibrated and calibrated) over the best; step s: measured after the first round; "
-          "pred/err: predicted step time and |pred/measured - 1|, uncalibrated then calibrated")
+          "pred/err: predicted step time and |pred/measured - 1|, uncalibrated then calibrated; paired: the "
+          "median over rounds of the plan's samples/s over the best's in the same round (the worse plan), its "
+          "bootstrap 90% interval; runs in a row: each run's predicted step time, planned from the runs before")
     for line in table(rows):
         print(line)
-    print(summary(rows))
+    print(summary(rows, args.load))
     return 0
 
 

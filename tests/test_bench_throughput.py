@@ -51,7 +51,8 @@ def test_measures_real_steps_and_prints_table_and_summary(tmp_path):
     header, line = bench.table([row])
     assert header.split()[:4] == ["case", "busy", "thr", "micro"] and line.split()[:4] == ["lenet5", "-", "1", "8"]
     assert re.search(r" 8:\S+ 16:\S+ ", line) and line.rstrip().endswith("-")
-    assert re.fullmatch(r"throughput: cases=1 min_ratio_to_best=\d\.\d{3} max_step_time_err_calibrated=nan "
+    assert re.fullmatch(r"throughput: cases=1 load=0 worst_paired_ratio=\d\.\d{3} min_ratio_to_best=\d\.\d{3} "
+                        r"max_run_to_run_move=nan max_step_time_err_calibrated=nan "
                         r"max_step_time_err_uncalibrated=\d+\.\d{3}", bench.summary([row]))
 
 
@@ -92,3 +93,27 @@ def test_ratio_picks_the_best_on_rounds_it_does_not_judge_on():
     late = _row({64: [1.0, 1.0], 32: [1.1, 1.1]})
     late.points[64].steps[1] = []
     assert late.ratio() == pytest.approx(1.0)
+
+
+def test_paired_ratios_compare_the_plan_with_the_best_within_each_round():
+    # a drift that slows every point alike in round 3 leaves the paired ratios alone
+    row = _row({64: [9.9, 1.0, 1.2, 2.4, 1.2], 32: [9.9, 0.8, 1.0, 2.0, 1.0]})
+    mid, low, high = row.paired()
+    assert mid == pytest.approx(0.8 / 1.0, rel=0.05) and low <= mid <= high <= 1.0
+    assert _row({64: [1.0] * 5, 32: [1.1] * 5}).paired() == (1.0, 1.0, 1.0)  # the plan is the best
+
+
+def test_runs_in_a_row_report_the_largest_move_between_predictions():
+    row = _row({64: [1.0, 1.0]})
+    assert row.run_to_run_move() is None
+    row.predictions = [0.100, 0.110, 0.099]
+    assert row.run_to_run_move() == pytest.approx(0.1)
+
+
+def test_the_background_load_runs_while_asked_and_stops():
+    import psutil
+
+    with bench.background_load(1):
+        children = psutil.Process().children()
+        assert len(children) == 1 and children[0].is_running()
+    assert not children[0].is_running() or children[0].status() == psutil.STATUS_ZOMBIE

@@ -231,7 +231,7 @@ SET_VARIABLE = "KFIT_SET"  # the overrides, as JSON [[name, value], ...]: what t
 # validation): never an override, never warned about.
 MAKE_VARIABLES = frozenset({
     "V", "PYTHON", "VENV", "PY", "KFIT", "ROOT", "Q", "KFIT_VERBOSE", "PYTEST_JOBS", "PYTEST_ARGS", "PYTEST_ADDOPTS",
-    "TORCH_SPEC", "TORCH_VERSION", "TORCH_ROCM_INDEX", "DEVICE", "QUICK", "CHECKS", "STEPS", "REPEATS", "SHELL", "MAKEFLAGS",
+    "TORCH_SPEC", "TORCH_VERSION", "TORCH_ROCM_INDEX", "DEVICE", "QUICK", "CHECKS", "STEPS", "REPEATS", "LOAD", "SHELL", "MAKEFLAGS",
     "MAKEFILES", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKECMDGOALS", "CURDIR", "SUFFIXES", "MAKE", "SET",
     MAKE_LIST, SET_VARIABLE})
 # Names of other tools' settings a user may put on make's command line: not a near-miss of a kfit symbol.

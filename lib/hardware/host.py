@@ -181,13 +181,22 @@ def cpu_load(interval_s: float = 0.2) -> CPULoad:
 
 
 _SINCE_IMPORT: list[CPULoadMeter] = []
+# A long-lived process (a benchmark, a notebook, an HPO study) plans long after import: a sample older than
+# this averages over other moments (the bench's background load, started after import, read as 0.2 of 1
+# busy core) and is started afresh
+STALE_SAMPLE_S = 30.0
 
 
 def cpu_load_since_start(min_sample_s: float = 0.2) -> CPULoad | None:
     """Other processes' CPU use since this module was imported (kfit imports it before torch, so planning
-    gets a sample of a second or more for free), waiting out the rest of min_sample_s; None without psutil."""
+    gets a sample of a second or more for free), or over the last min_sample_s where that sample is older than
+    STALE_SAMPLE_S, waiting out the rest of min_sample_s; None without psutil."""
     try:
-        meter = _SINCE_IMPORT[0] if _SINCE_IMPORT else CPULoadMeter()
+        if not _SINCE_IMPORT:
+            _SINCE_IMPORT.append(CPULoadMeter())
+        meter = _SINCE_IMPORT[0]
+        if time.perf_counter() - meter.first[0] > STALE_SAMPLE_S:
+            meter.start()
     except Exception:  # noqa: BLE001 - no psutil, no /proc: the load is unknown
         return None
     wait = min_sample_s - (time.perf_counter() - meter.first[0])
