@@ -76,6 +76,10 @@ class Plan:
     predicted_run_seconds: float | None = None  # the configured epochs / steps (time limit), evaluations included
     predicted_energy_kwh: float | None = None  # the device's power limit x the run's time
     predicted_mfu: float | None = None  # model FLOPs utilisation: counted FLOPs/s over the datasheet peak
+    predicted_step_uncertainty: float | None = None  # the relative half-width of the interval around the step time
+    # the runner-up splits of the same effective batch, fastest first: (micro-batch, accumulation, predicted step
+    # seconds); a run whose first steps fall outside the interval times them and may switch (lib/trainer/trial.py)
+    alternatives: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def split(self) -> BatchSplit:
@@ -101,7 +105,8 @@ class Plan:
             raise ValueError(f"a plan is a JSON object, not {type(data).__name__}")
         names = {f.name for f in fields(cls)}
         try:
-            return cls(**{**{k: v for k, v in data.items() if k in names}, "notes": tuple(data.get("notes", ()))})
+            return cls(**{**{k: v for k, v in data.items() if k in names}, "notes": tuple(data.get("notes", ())),
+                          "alternatives": tuple(tuple(a) for a in data.get("alternatives", ()))})
         except TypeError as err:
             raise ValueError(f"not a plan: {err}") from None
 

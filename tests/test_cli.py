@@ -20,7 +20,7 @@ from lib.errors import KfitError
 
 ROOT = Path(__file__).resolve().parent.parent
 # make variables of other programs than kfit: the GPU validation and benchmark scripts, the torch install
-NOT_KFIT = {"DEVICE", "QUICK", "CHECKS", "REPEATS", "STEPS", "TORCH_SPEC"}
+NOT_KFIT = {"DEVICE", "QUICK", "CHECKS", "REPEATS", "STEPS", "TORCH_SPEC", "LOAD"}
 CLEARED = {*flags.FLAGS, "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "GNUMAKEFLAGS"}
 
 

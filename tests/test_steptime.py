@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ from lib.hardware import catalog, resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
 from lib.plan import BatchChoice
 from lib.steptime import (
-    MEASURED_TIE, Candidate, Counts, Device, Phase, StepTimeModel, balanced_micro_batches, count_step, device, fastest,
+    Candidate, Counts, Device, Phase, StepTimeModel, balanced_micro_batches, count_step, device, fastest,
     gpu_device, window_sizes,
 )
 from lib.steptime.count import FIELDS
@@ -31,6 +32,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(steptime.MEASURE_ENV, "0")
     monkeypatch.setattr(device, "measure_cpu", lambda: dict(CPU_FIGURES))
+    monkeypatch.setattr(sys.modules["lib.steptime.calibrate"], "current_load", lambda: 0.0)  # runs here: idle
     return tmp_path / "cache"
 
 
@@ -214,6 +216,42 @@ def test_calibration_round_trip(cache, lenet):
     assert again.predicted_step_seconds == pytest.approx(0.52) and "calibrated" in again.reasons["step_time"]
 
 
+def test_runs_calibrate_the_micro_batch_they_ran_at_and_correct_the_others_between(cache, lenet, monkeypatch):
+    cpu = resolve_hardware(gpu="cpu")
+    plan = resolve(lenet, cpu, ModelDescription.from_config(lenet))
+    at = {m: dataclasses.replace(plan, micro_batch=m, grad_accum=512 // m) for m in (64, 128, 256, 512)}
+    base = {m: steptime.predict_step_time(lenet, cpu, p).seconds for m, p in at.items()}
+    steptime.calibrate(lenet, cpu, at[128], [base[128] * 2])
+    # one micro-batch calibrated: one factor for every candidate, the ranking as it was
+    assert all(steptime.predict_step_time(lenet, cpu, p).seconds == pytest.approx(base[m] * 2) for m, p in at.items())
+    steptime.calibrate(lenet, cpu, at[512], [base[512] * 0.5])
+    steptime.calibrate(lenet, cpu, at[512], [base[512] * 0.6])
+    steptime.calibrate(lenet, cpu, at[512], [base[512] * 9.0])  # one slow run among three: the median holds
+    now = {m: steptime.predict_step_time(lenet, cpu, p) for m, p in at.items()}
+    assert now[128].seconds == pytest.approx(base[128] * 2) and now[512].seconds == pytest.approx(base[512] * 0.6)
+    assert now[256].seconds == pytest.approx(base[256] * (2 + 0.6) / 2)  # halfway in log2, between the runs
+    assert now[64].seconds == pytest.approx(base[64] * 2)  # held past the runs
+    assert "calibrated by runs at micro-batch 128 (x2.00), 512 (x0.60)" in now[256].source
+    # each run's micro-batch is known as well as its runs agree (512's disagree); away from them, less
+    assert now[128].uncertainty < now[256].uncertainty < now[512].uncertainty
+    again = resolve(lenet, cpu, ModelDescription.from_config(lenet))
+    assert again.micro_batch == 512 and "calibrated by runs" in again.reasons["step_time"]
+
+    # runs on a busy machine neither push out the idle ones nor outvote them; they widen the interval
+    calibration = sys.modules["lib.steptime.calibrate"]
+    monkeypatch.setattr(calibration, "current_load", lambda: 0.9)
+    for _ in range(calibration.CALIBRATION_RUNS + 2):
+        steptime.calibrate(lenet, cpu, at[512], [base[512] * 3.0])
+    assert steptime.predict_step_time(lenet, cpu, at[512]).seconds == pytest.approx(base[512] * 0.6)
+    runs = next(iter(json.loads((cache / "steptime" / steptime.CALIBRATION_FILE).read_text()).values()))
+    loaded = [r for r in runs if r["micro_batch"] == 512 and r["load"] > calibration.LOADED_SHARE]
+    assert len(loaded) == calibration.CALIBRATION_RUNS and len([r for r in runs if r["micro_batch"] == 512]) == 8
+    # where only loaded runs ran, they are what there is, and the load widens the interval
+    steptime.calibrate(lenet, cpu, at[64], [base[64] * 4.0])
+    loaded_64 = steptime.predict_step_time(lenet, cpu, at[64])
+    assert loaded_64.seconds == pytest.approx(base[64] * 4.0) and loaded_64.uncertainty > now[128].uncertainty
+
+
 def test_plan_json_and_text_show_the_predictions(cache, lenet):
     import sys
     from pathlib import Path
@@ -369,12 +407,16 @@ def test_real_micro_batches_are_timed_within_the_budget():
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
     mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # noqa: E731
     task = fake_task(mlp, (16,))
-    measured, optimizer = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
-                                             sizes=[1, 4, 16], estimate=lambda b: 1e-5, budget_s=0.5)
+    timed = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
+                               sizes=[1, 4, 16], estimate=lambda b: 1e-5, budget_s=0.5)
+    measured, optimizer = timed.micro, timed.optimizer
     assert sorted(measured) == sorted(optimizer) == [1, 4, 16] and all(0 < t < 0.5 for t in measured.values())
     assert all(0 < t < 0.5 for t in optimizer.values())
+    # each size's spread from the rounds (the budget affords more than PAIRED_ROUNDS), and the load meanwhile
+    assert sorted(timed.spread) == [1, 4, 16] and all(0 <= v < 1 for v in timed.spread.values())
+    assert timed.busy_cores is not None and timed.busy_cores >= 0
     assert time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False, sizes=[1, 4],
-                              estimate=lambda b: 10.0, budget_s=0.5) == ({}, {})  # nothing affordable
+                              estimate=lambda b: 10.0, budget_s=0.5)[:3] == ({}, {}, {})  # nothing affordable
 
 
 def test_timed_sizes_and_the_optimizer_share_the_largest_sizes_level_by_the_median_of_each_rounds_ratio():
@@ -394,6 +436,41 @@ def test_timed_sizes_and_the_optimizer_share_the_largest_sizes_level_by_the_medi
     assert typical(first, rounds[:2]) == ({16: 0.010, 128: 0.040}, {16: 0.004, 128: 0.008})
 
 
+def test_timings_taken_under_load_are_taken_again_when_quieter_and_never_replace_quieter_ones(cache, lenet,
+                                                                                               monkeypatch):
+    from lib.steptime.measure import Timings
+
+    calibration = sys.modules["lib.steptime.calibrate"]
+    cpu = resolve_hardware(gpu="cpu")
+    calls = []
+
+    def timed(load: float, level: float):
+        def fake(config, task, *, sizes, **_):
+            calls.append(load)
+            return Timings({s: level * s for s in sizes}, {s: 1e-4 for s in sizes}, {s: 0.01 for s in sizes},
+                           busy_cores=load * 2)
+        return fake
+
+    monkeypatch.setattr("lib.hardware.host.usable_cores", lambda: 2.0)
+
+    def model(now: float, load: float, level: float):
+        monkeypatch.setattr(calibration, "current_load", lambda: now)
+        monkeypatch.setattr(calibration, "time_micro_batches", timed(load, level))
+        return steptime.step_time_model(lenet, cpu, device_type="cpu", precision="fp32", measure_up_to=8)
+
+    busy = model(now=0.9, load=0.9, level=0.002)  # timed under load: kept, its interval wide
+    assert calls == [0.9] and busy.measured[8] == pytest.approx(0.016) and busy.load == pytest.approx(0.9)
+    assert busy.uncertainty(8) > 0.1
+    assert model(now=0.8, load=0.1, level=0.001).measured[8] == pytest.approx(0.016) and calls == [0.9]  # cached
+    quiet = model(now=0.0, load=0.0, level=0.001)  # quieter now than when timed: timed again, replaced
+    assert calls == [0.9, 0.0] and quiet.measured[8] == pytest.approx(0.008) and quiet.load == 0.0
+    # a quieter timing is not replaced by a busier one, and it is used from then on
+    monkeypatch.setattr(calibration, "current_load", lambda: 0.9)
+    assert steptime.step_time_model(lenet, cpu, device_type="cpu", precision="fp32",
+                                    measure_up_to=8).measured[8] == pytest.approx(0.008)
+    assert calls == [0.9, 0.0]
+
+
 def test_the_optimizer_costs_what_was_measured_after_the_last_micro_batch_of_the_step():
     base = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
     measured = dataclasses.replace(base, measured={16: 0.16, 64: 0.6}, measured_optimizer={16: 0.004, 64: 0.006})
@@ -404,19 +481,35 @@ def test_the_optimizer_costs_what_was_measured_after_the_last_micro_batch_of_the
     assert measured.parts(64, 4)["optimizer"] == pytest.approx(0.006)
 
 
-def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_measured_sizes():
+def test_past_the_measured_sizes_the_time_per_sample_is_held_and_ties_go_to_the_surer_candidate():
+    from lib.steptime.model import EXTRAPOLATION_SPREAD, FEW_ROUNDS_SPREAD, LOAD_SPREAD, ROOFLINE_SPREAD, SPREAD_FLOOR
+
     base = StepTimeModel(counts=fake_counts(), device=FAKE_CPU, precision="fp32")
-    measured = dataclasses.replace(base, measured={16: 0.16, 32: 0.30})
+    measured = dataclasses.replace(base, measured={16: 0.16, 32: 0.30}, measured_spread={16: 0.02, 32: 0.08})
     assert measured.micro_seconds(64) == pytest.approx(0.60) and measured.micro_seconds(128) == pytest.approx(1.2)
     assert measured.measured_covers(32) and not measured.measured_covers(33) and base.measured_covers(4096)
-    inside = Candidate(32, 4, False, 1.0, 128.0, measured=True)
-    past = Candidate(128, 1, False, 0.99, 129.3, measured=False)  # 1% faster by the held figure: a tie
-    assert fastest([past, inside], False)[0] is inside
-    clear = Candidate(128, 1, False, 0.9, 142.2, measured=False)  # 11% faster: no tie
-    assert fastest([clear, inside], False)[0] is clear
-    smaller = Candidate(16, 8, False, 0.93, 137.6, measured=True)  # 7% faster by timings on a CPU
-    assert fastest([smaller, inside], False)[0] is smaller
-    assert fastest([smaller, inside], False, tie=MEASURED_TIE)[0] is inside  # within a shared CPU's noise
+    # the interval: the rounds' spread (at least the floor), wider past the timed sizes and under load
+    assert base.uncertainty(64) == ROOFLINE_SPREAD
+    assert measured.uncertainty(16) == SPREAD_FLOOR and measured.uncertainty(32) == pytest.approx(0.08)
+    assert measured.uncertainty(128) == pytest.approx(0.08 + 2 * EXTRAPOLATION_SPREAD)
+    assert dataclasses.replace(measured, measured_spread={}).uncertainty(16) == FEW_ROUNDS_SPREAD
+    assert dataclasses.replace(measured, load=0.5).uncertainty(16) == pytest.approx(SPREAD_FLOOR + LOAD_SPREAD / 2)
+
+    # by the roofline, within each other's interval (3% apart): fewer, larger micro-batches
+    small = Candidate(32, 4, False, 1.0, 128.0, uncertainty=ROOFLINE_SPREAD)
+    near = Candidate(64, 2, False, 1.02, 125.5, uncertainty=ROOFLINE_SPREAD)
+    far = Candidate(64, 2, False, 1.05, 121.9, uncertainty=ROOFLINE_SPREAD)
+    assert fastest([small, near], False)[0] is near and fastest([small, far], False)[0] is small
+    # timed on this CPU: the higher samples/s at worst, so a size past the timed ones is only possibly faster
+    inside = Candidate(32, 4, False, 1.0, 128.0, uncertainty=measured.uncertainty(32))
+    past = Candidate(128, 1, False, 0.97, 132.0, uncertainty=measured.uncertainty(128))
+    assert fastest([past, inside], False, timed=True)[0] is inside
+    assert fastest([past, inside], False)[0] is past  # the roofline's rule would take the larger
+    clear = Candidate(128, 1, False, 0.6, 213.0, uncertainty=measured.uncertainty(128))  # no overlap
+    assert fastest([clear, inside], False, timed=True)[0] is clear
+    # the configured checkpointing first within a tie
+    ckpt = Candidate(32, 4, True, 1.01, 126.7, uncertainty=ROOFLINE_SPREAD)
+    assert fastest([small, ckpt], True)[0] is ckpt and fastest([small, ckpt], False)[0] is small
 
 
 def test_cpu_figures_are_each_benchmarks_fastest_over_interleaved_rounds(monkeypatch):

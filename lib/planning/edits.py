@@ -47,6 +47,17 @@ def resumed_at(plan: Plan, micro_batch: int) -> Plan:
     return dataclasses.replace(plan, micro_batch=micro_batch)
 
 
+def switched(plan: Plan, micro_batch: int, why: str) -> Plan:
+    """The plan of a run that switched its micro-batch after timing its runner-up splits (lib/trainer/trial.py):
+    `micro_batch`, with the accumulation that keeps each process's share (the effective batch unchanged), and
+    the runner-up's predicted step time where it is one."""
+    share = samples_per_process(plan)
+    predicted = next((s for m, _, s in plan.alternatives if m == micro_batch), None)
+    reasons = {**plan.reasons, "micro_batch": f"{plan.reasons.get('micro_batch', '')}; switched to {micro_batch} {why}"}
+    return dataclasses.replace(plan, micro_batch=micro_batch, grad_accum=-(-share // micro_batch), reasons=reasons,
+                               predicted_step_seconds=predicted or plan.predicted_step_seconds)
+
+
 def with_note(plan: Plan, note: str) -> Plan:
     """The plan with one more note, shown with it (`kfit plan`'s, where it plans without a config file)."""
     return dataclasses.replace(plan, notes=(*plan.notes, note))

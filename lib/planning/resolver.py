@@ -136,6 +136,7 @@ def _resolve(request: PlanRequest) -> Plan:
     sync = "step"
     checkpointing = config.gradient_checkpointing
     speed_model = None
+    alternatives: tuple = ()  # the runner-up splits (AUTO with step-time prediction)
     offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
     if config.hyperparam_mode == "manual":
         options, reasons["strategy"] = strategy_candidates(config, world_size, nodes)
@@ -187,7 +188,7 @@ def _resolve(request: PlanRequest) -> Plan:
                 config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed)
         cap, reasons["micro_batch"] = choice.max_micro, choice.reason
         if fast is not None:
-            best, option, speed_model, why = fast
+            best, option, speed_model, why, alternatives = fast
             micro, accum, checkpointing, choice = best.micro_batch, best.grad_accum, option.checkpointing, option.choice
             share = target // world_size
             reasons["micro_batch"] = f"{choice.reason}; {why}"
@@ -230,7 +231,8 @@ def _resolve(request: PlanRequest) -> Plan:
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
         gradient_checkpointing=checkpointing, num_workers=workers, cpu_threads=cpu_threads,
         pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), strategy=strategy, nodes=nodes,
-        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, prefetch_factor=prefetch, **memory)
+        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, prefetch_factor=prefetch,
+        alternatives=alternatives, **memory)
     with using_threads(timing_threads):
         return with_predictions(config, hardware, plan, speed_model)
 

@@ -31,14 +31,28 @@ def _other_checkpointing(config: Config, choice: BatchChoice, share: int) -> boo
     return (config.gradient_checkpointing or choice.max_micro < share) and can_checkpoint(config)
 
 
-def _speed_reason(choice, ranked, share: int, cap: int, source: str, tie: float) -> str:
-    """Why this micro-batch: the choice, a near-tie it won, the runner-up, the largest that fits, the
-    largest that divides the share (the rule before step-time prediction), each with its samples/s."""
-    why = f"fastest predicted of {len(ranked)} candidates ({source}): {choice.describe()}"
+def _within(candidate) -> str:
+    return f"±{candidate.uncertainty:.0%}"
+
+
+def _speed_reason(choice, ranked, share: int, cap: int, source: str, timed: bool) -> str:
+    """Why this micro-batch: the choice and its interval, a tie it won, the runner-up, the largest that fits,
+    the largest that divides the share (the rule before step-time prediction), each with its samples/s."""
+    why = f"fastest predicted of {len(ranked)} candidates ({source}): {choice.describe()} ({_within(choice)})"
+    from ..steptime import ties
+
     best = ranked[0]
     said = [choice]
     if best is not choice:
-        why += f"; {best.describe()} is within {tie:.0%}, and the larger micro-batch is kept"
+        tied = len(ties(ranked))
+        rule = ("the highest samples/s at worst (the low end of its interval)" if timed else
+                "fewer, larger micro-batches (what a busy host slows least)")
+        others = "" if tied <= 2 else f" and {tied - 2} more"
+        why += (f"; a tie broken: {best.describe()} ({_within(best)}){others} overlap its interval, and the tie "
+                f"goes to {rule}"
+                if choice.gradient_checkpointing == best.gradient_checkpointing else
+                f"; {best.describe()} ({_within(best)}) overlaps its interval, and the configured checkpointing "
+                "is kept")
         said.append(best)
     same = [c for c in ranked if c.gradient_checkpointing == choice.gradient_checkpointing]
     for label, found in (("runner-up", next((c for c in ranked if c not in said), None)),
@@ -52,12 +66,16 @@ def _speed_reason(choice, ranked, share: int, cap: int, source: str, tie: float)
     return why
 
 
+ALTERNATIVES = 2  # runner-ups a plan keeps for a run to time where its first steps miss the prediction
+
+
 def choose_fastest(config: Config, policy: BatchPolicy, choice: BatchChoice, args: ChooseArgs, *, tf32: bool,
                    measure: bool = True):
-    """(candidate, its option, its step-time model, reason) with the highest predicted samples/s among the
+    """(candidate, its option, its step-time model, reason, the runner-ups' (micro-batch, accumulation, step
+    seconds)) with the highest predicted samples/s among the
     micro-batches (and checkpointing settings) that fit under `args` (its strategy included); None where the
     device's speed is unknown. measure: time real micro-batches on this CPU where not cached yet."""
-    from ..steptime import MEASURED_TIE, TIE, candidates, fastest, step_time_model
+    from ..steptime import candidates, fastest, step_time_model
 
     hardware, world_size, target = args.hardware, args.world_size, args.target
     share = target // world_size
@@ -89,11 +107,14 @@ def choose_fastest(config: Config, policy: BatchPolicy, choice: BatchChoice, arg
                 add(_Option(other.gradient_checkpointing, args.choose(policy, other)), alt)
             except PlanError:
                 pass  # the other setting does not fit at all
-    tie = MEASURED_TIE if any(m.measured for m, _ in models.values()) else TIE
-    best, ranked = fastest(ranked, config.gradient_checkpointing, tie)
+    timed = any(m.measured for m, _ in models.values())
+    best, ranked = fastest(ranked, config.gradient_checkpointing, timed=timed)
     model, option = models[best.gradient_checkpointing]
     cap = min(option.choice.max_micro, share)
-    return best, option, model, _speed_reason(best, ranked, share, cap, model.source, tie)
+    # the runner-ups a run may time (lib/trainer/trial.py); none where timing is off (KFIT_STEPTIME_MEASURE=0)
+    alternatives = tuple((c.micro_batch, c.grad_accum, c.seconds) for c in ranked if measure and c is not best
+                         and c.gradient_checkpointing == best.gradient_checkpointing)[:ALTERNATIVES]
+    return best, option, model, _speed_reason(best, ranked, share, cap, model.source, timed), alternatives
 
 
 def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, speed_model=None) -> Plan:
@@ -111,7 +132,8 @@ def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, spee
                "kfit knows)")
         return dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why})
     fields, why = plan_predictions(config, plan, speed_model)
-    planned = dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields)
+    planned = dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields,
+                                  predicted_step_uncertainty=speed_model.uncertainty(plan.micro_batch))
     mfu, mfu_why = model_flops_utilisation(planned, speed_model)
     reasons = {**planned.reasons, "mfu": mfu_why}
     if speed_model.communication is not None:  # the collectives the step time assumes, and over which links

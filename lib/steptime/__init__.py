@@ -14,14 +14,14 @@ from .calibrate import (
     CALIBRATION_FILE, MEASURE_ENV, StepTime, calibrate, evaluations, model_for_plan, plan_predictions,
     predict_step_time, run_steps, step_time, step_time_model,
 )
-from .choose import MEASURED_TIE, TIE, Candidate, balanced_micro_batches, candidates, fastest
+from .choose import Candidate, balanced_micro_batches, candidates, fastest, ties
 from .count import COUNT_BATCHES, Counts, Phase, StepCounter, count_step
 from .device import Device, device_for, gpu_device, measure_cpu
 from .model import StepTimeModel, calibrated, window_sizes
 
 __all__ = [
-    "CALIBRATION_FILE", "COUNT_BATCHES", "MEASURE_ENV", "MEASURED_TIE", "TIE", "Candidate", "Counts", "Device", "Phase",
+    "CALIBRATION_FILE", "COUNT_BATCHES", "MEASURE_ENV", "Candidate", "Counts", "Device", "Phase",
     "StepCounter", "StepTime", "StepTimeModel", "balanced_micro_batches", "calibrate", "calibrated", "candidates", "count_step",
     "device_for", "evaluations", "fastest", "gpu_device", "measure_cpu", "model_for_plan", "plan_predictions",
-    "predict_step_time", "run_steps", "step_time", "step_time_model", "window_sizes",
+    "predict_step_time", "run_steps", "step_time", "step_time_model", "ties", "window_sizes",
 ]

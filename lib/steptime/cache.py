@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_atomic
 
@@ -63,9 +64,11 @@ def cpu_figures(path: Path) -> dict | None:
 
 
 def valid_run(run) -> bool:
-    """A calibration entry: the plan's split and the median step seconds of one run."""
+    """A calibration entry: the plan's split, the median step seconds of one run and the load it ran under
+    (other processes' share of the cores; entries from before the load was kept have none: idle)."""
     return (isinstance(run, dict) and all(is_count(run.get(k)) for k in RUN_FIELDS)
-            and is_number(run.get("seconds"), positive=True))
+            and is_number(run.get("seconds"), positive=True)
+            and ("load" not in run or (is_number(run["load"]) and 0 <= run["load"] <= 1)))
 
 
 def calibration_entries(path: Path) -> dict[str, list[dict]]:
@@ -87,22 +90,34 @@ def calibration_entries(path: Path) -> dict[str, list[dict]]:
     return clean
 
 
-def measured_timings(path: Path) -> tuple[dict[int, float], set[int], dict[int, float]]:
-    """measured-<key>.json's (forward+backward seconds by micro-batch, the sizes skipped, the optimizer's
-    seconds by the micro-batch before it); empty when missing or damaged (noted), so the sizes are timed
-    again."""
+class Measured(NamedTuple):
+    """measured-<key>.json: real micro-batch timings on this machine (measure.py)."""
+
+    micro: dict[int, float]  # forward+backward seconds by micro-batch
+    skipped: set[int]  # sizes the budget left out
+    optimizer: dict[int, float]  # the optimizer's seconds by the micro-batch before it
+    spread: dict[int, float]  # relative half-width by micro-batch (measure.spreads)
+    load: float  # other processes' share of the usable cores while timed (0: idle or unknown)
+
+
+def measured_timings(path: Path) -> Measured:
+    """measured-<key>.json's timings; empty when missing or damaged (noted), so the sizes are timed again."""
     data = read_json(path)
     if not data:
-        return {}, set(), {}
+        return Measured({}, set(), {}, {}, 0.0)
     try:
         micro, optimizer = (_by_size(data.get(key, {}), key) for key in ("micro", "optimizer"))
+        spread = {int(k): float(v) for k, v in data.get("spread", {}).items() if is_number(v) and v >= 0}
         skipped = data.get("skipped", [])
         if not isinstance(skipped, list) or not all(is_count(s) for s in skipped):
             raise ValueError("skipped is not a list of sizes")
+        load = data.get("load", 0.0)
+        if not (is_number(load) and 0 <= load <= 1):
+            raise ValueError("load is not a share of the cores")
     except (AttributeError, TypeError, ValueError) as err:
         cache_note(path, f"invalid ({err})")
-        return {}, set(), {}
-    return micro, set(skipped), optimizer
+        return Measured({}, set(), {}, {}, 0.0)
+    return Measured(micro, set(skipped), optimizer, spread, float(load))
 
 
 def _by_size(entries: dict, what: str) -> dict[int, float]:

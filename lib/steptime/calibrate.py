@@ -4,12 +4,19 @@
 cached), the device's figures (device.py), any real micro-batch timings taken
 on this machine (measure.py, cached) and any calibration. `predict_step_time`
 applies it to a plan. `calibrate` is what the trainer calls after its first
-steps: it stores the run's median step time under a key of the machine, the
-model's step and the plan's precision, compile, TF32 and world size, in
-<cache dir>/steptime/calibration.json (the last CALIBRATION_RUNS runs); from
-then on the model is scaled by the median over those runs of (the run's time /
-the model's own prediction for that step), recomputed at each use, so the
-next `make plan` on that machine lands close.
+steps: it stores the run's median step time and the load other processes put
+on the CPU under a key of the machine, the model's step and the plan's
+precision, compile, TF32 and world size, in
+<cache dir>/steptime/calibration.json (the last CALIBRATION_RUNS runs at each
+micro-batch and load: idle, or loaded past LOADED_SHARE of the cores). From
+then on each micro-batch a run trained at is predicted by the median over its
+runs of (the run's time / the model's own prediction for that step), idle runs
+only where there are any; other micro-batches by those ratios interpolated in
+log2(micro-batch) (`calibrated_by_runs`), so the runs correct the ranking of
+the candidates, not only its level, and one run on a busy machine does not set
+the next plans. Timings taken under load (measured or calibrated) widen the
+prediction's interval (model.py, `uncertainty`), and measured-*.json timings
+taken under heavier load than now are taken again, never the other way round.
 
 Measuring while planning can be switched off with KFIT_STEPTIME_MEASURE=0.
 
@@ -41,11 +48,12 @@ from .cache import SCHEMA, calibration_entries, is_count, measured_timings, writ
 from .count import StepCounter, step_key, task_for
 from ..fileio import is_number, write_atomic
 from .device import Device, device_for
-from .measure import START_RATIO, TIMINGS_FORMAT, budget_for, power_sizes, time_micro_batches
+from .measure import START_RATIO, TIMINGS_FORMAT, budget_for, power_sizes, relative_spread, time_micro_batches
 from .model import StepTimeModel, calibrated, window_sizes
 
 CALIBRATION_FILE = "calibration.json"
-CALIBRATION_RUNS = 5  # the last runs kept per machine and model; their median ratio calibrates
+CALIBRATION_RUNS = 5  # the last runs kept per machine, model, micro-batch and load; their median ratio calibrates
+LOADED_SHARE = 0.25  # other processes' share of the usable cores past which timings count as taken under load
 MEASURE_ENV = "KFIT_STEPTIME_MEASURE"
 
 _COUNTERS: dict[Path, StepCounter] = {}
@@ -60,6 +68,7 @@ class StepTime:
     calibrated: bool  # scaled by a real run on this machine
     source: str  # roofline / measured / calibrated, and from what
     parts: dict[str, float]  # micro_batches, optimizer, step_overhead: seconds, summing to `seconds`
+    uncertainty: float = 0.0  # the relative half-width of the interval around `seconds` (model.uncertainty)
 
 
 def steptime_dir(cache_dir: Path | str | None = None) -> Path:
@@ -87,25 +96,48 @@ def _run_estimate(model: StepTimeModel, config: Config, micro_batch: int) -> flo
     return min(seconds, config.time_limit_s) if config.time_limit_s else seconds
 
 
+def current_load() -> float:
+    """Other processes' share of this CPU's usable cores (lib.hardware.host; 0 where unknown)."""
+    from ..hardware.host import cpu_load_since_start
+
+    load = cpu_load_since_start()
+    return 0.0 if load is None or not load.usable_cores else min(1.0, load.busy_cores / load.usable_cores)
+
+
 def _measured(model: StepTimeModel, config: Config, counts: str, *, precision: str, checkpointing: bool,
               measure_up_to: int | None, directory: Path) -> StepTimeModel:
-    """The model with this machine's real micro-batch timings, taking the missing ones when asked and cheap."""
+    """The model with this machine's real micro-batch timings, taking the missing ones when asked and cheap,
+    and taking them all again where the cached ones ran under heavier load than now."""
     path = directory / f"measured-{_hash(model.device.key, counts, TIMINGS_FORMAT)}.json"
-    micro, skipped, optimizer = measured_timings(path)  # empty when missing or damaged (noted)
-    wanted = [s for s in power_sizes(measure_up_to or 0) if s not in micro and s not in skipped]
-    if measure_up_to and wanted:
+    stored = measured_timings(path)  # empty when missing or damaged (noted)
+    micro, optimizer, spread, load = stored.micro, stored.optimizer, stored.spread, stored.load
+    now = current_load()
+    wanted = [s for s in power_sizes(measure_up_to or 0) if s not in micro and s not in stored.skipped]
+    busier = bool(micro) and load - now > LOADED_SHARE
+    if measure_up_to and (wanted or busier):
         # all sizes again, in one set of rounds: timings taken at different times do not compare
         sizes = sorted(set(wanted) | set(micro))
-        micro, optimizer = time_micro_batches(config, task_for(config), precision=precision,
-                                              gradient_checkpointing=checkpointing, sizes=sizes,
-                                              estimate=model.roofline_micro_seconds,
-                                              budget_s=budget_for(_run_estimate(model, config, max(sizes))))
-        skipped = set(sizes) - set(micro)
-        write_json(path, {"micro": {str(k): v for k, v in micro.items()}, "skipped": sorted(skipped),
-                          "optimizer": {str(k): v for k, v in optimizer.items()}, "time": time.time()})
-    if not micro:
+        timed = time_micro_batches(config, task_for(config), precision=precision,
+                                   gradient_checkpointing=checkpointing, sizes=sizes,
+                                   estimate=model.roofline_micro_seconds,
+                                   budget_s=budget_for(_run_estimate(model, config, max(sizes))))
+        timed_load = _share(timed.busy_cores)
+        if timed.micro and (wanted or timed_load < load):  # a busier timing never replaces a quieter one
+            micro, optimizer, spread, load = timed.micro, timed.optimizer, timed.spread, timed_load
+            write_json(path, {"micro": {str(k): v for k, v in micro.items()}, "skipped": sorted(set(sizes) - set(micro)),
+                              "optimizer": {str(k): v for k, v in optimizer.items()},
+                              "spread": {str(k): v for k, v in spread.items()}, "load": round(load, 3),
+                              "time": time.time()})
+    if not micro:  # the roofline's interval is its own: the load widens what was timed
         return model
-    return dataclasses.replace(model, measured=micro, measured_optimizer=optimizer)
+    return dataclasses.replace(model, measured=micro, measured_optimizer=optimizer, measured_spread=spread,
+                               load=max(load, now))
+
+
+def _share(busy_cores: float | None) -> float:
+    from ..hardware.host import usable_cores
+
+    return 0.0 if busy_cores is None else min(1.0, busy_cores / max(1.0, usable_cores()))
 
 
 def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, world_size: int,
@@ -151,12 +183,33 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
                           measure_up_to=measure_up_to, directory=directory)
     runs = calibration_entries(directory / CALIBRATION_FILE).get(
         _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy), [])
-    if runs:  # the median run's ratio: one run on a busy machine does not set the next plans
-        ratios = sorted(((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]), i)
-                         for i, r in enumerate(runs)))
-        run = runs[ratios[(len(ratios) - 1) // 2][1]]
+    return calibrated_by_runs(model, runs) if runs else model
+
+
+def calibrated_by_runs(model: StepTimeModel, runs: list[dict]) -> StepTimeModel:
+    """The model calibrated by the runs: at each micro-batch a run trained at, the median of its runs' ratios to
+    the model (the idle runs' where there are any); between and beyond them interpolated in log2(micro-batch)
+    and held. Runs at one micro-batch only: the model scaled as `calibrated` scales it, by its median run."""
+    by_micro: dict[int, list[dict]] = {}
+    for run in runs:
+        by_micro.setdefault(run["micro_batch"], []).append(run)
+    points, spreads, loads = [], [], []
+    for micro, group in sorted(by_micro.items()):
+        trusted = [r for r in group if r.get("load", 0.0) <= LOADED_SHARE] or group
+        ratios = sorted(((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]), r)
+                         for r in trusted), key=lambda pair: pair[0])
+        points.append((micro, ratios[(len(ratios) - 1) // 2]))
+        spreads.append((micro, relative_spread([q for q, _ in ratios])))
+        loads.extend(r.get("load", 0.0) for r in trusted)
+    load = max(model.load, statistics.fmean(loads)) if model.device.kind == "cpu" else 0.0
+    if len(points) == 1:
+        _, (_, run) = points[0]
         model = calibrated(model, run["seconds"], run["micro_batch"], run["grad_accum"], run["samples"])
-    return model
+    else:
+        latest = runs[-1]["micro_batch"]
+        model = dataclasses.replace(model, correction=1.0, correction_bound="all", calibrated_at=latest,
+                                    corrections=tuple((m, q) for m, (q, _) in points))
+    return dataclasses.replace(model, calibration_spread=tuple(spreads), load=load)
 
 
 def model_for_plan(config: Config, hardware: HardwareProfile, plan: Plan,
@@ -188,7 +241,8 @@ def step_time(model: StepTimeModel, plan: Plan) -> StepTime:
     parts = model.parts(plan.micro_batch, plan.grad_accum, samples)
     seconds = sum(parts.values())
     return StepTime(seconds=seconds, samples_per_second=plan.effective_batch / seconds,
-                    calibrated=model.calibrated_at is not None, source=model.source, parts=parts)
+                    calibrated=model.calibrated_at is not None, source=model.source, parts=parts,
+                    uncertainty=model.uncertainty(plan.micro_batch))
 
 
 def predict_step_time(config: Config, hardware: HardwareProfile, plan: Plan,
@@ -238,12 +292,28 @@ def _calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_secon
     name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.world_size,
                             strategy=plan.strategy)
     runs = entries.get(name, [])
+    load = current_load() if plan.device_type == "cpu" else 0.0
     runs.append({"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "samples": samples_per_process(plan),
-                 "seconds": statistics.median(step_seconds), "steps": len(step_seconds),
+                 "seconds": statistics.median(step_seconds), "steps": len(step_seconds), "load": round(load, 3),
                  "device": model.device.name, "model": config.model, "time": round(time.time(), 3)})
-    entries[name] = runs[-CALIBRATION_RUNS:]
+    entries[name] = _kept(runs)
     _write_calibration(path, entries)
     return predict_step_time(config, hardware, plan, cache_dir)
+
+
+def _kept(runs: list[dict]) -> list[dict]:
+    """The last CALIBRATION_RUNS runs of each micro-batch and load (idle or loaded), in their order: a run
+    under load never pushes out an idle one."""
+    def kind(run: dict) -> tuple[int, bool]:
+        return run["micro_batch"], run.get("load", 0.0) > LOADED_SHARE
+
+    seen: dict[tuple[int, bool], int] = {}
+    kept = []
+    for run in reversed(runs):
+        seen[kind(run)] = seen.get(kind(run), 0) + 1
+        if seen[kind(run)] <= CALIBRATION_RUNS:
+            kept.append(run)
+    return kept[::-1]
 
 
 def _write_calibration(path: Path, entries: dict) -> None:
@@ -283,7 +353,7 @@ def plan_predictions(config: Config, plan: Plan, model: StepTimeModel) -> tuple[
     device = model.device
     devices = plan.world_size if device.kind == "gpu" else 1  # processes on a CPU share one package
     energy = device.power_watts * devices * seconds / 3.6e6 if device.power_watts else None
-    why = (f"{step.source}; {steps} steps x {step.seconds * 1e3:.1f} ms + {evals} evaluation(s) x "
+    why = (f"{step.source}; {steps} steps x {step.seconds * 1e3:.1f} ms (±{step.uncertainty:.0%}) + {evals} evaluation(s) x "
            f"{eval_s * 1e3:.1f} ms = {seconds:,.1f}s"
            + (f", stopped by CONFIG_TIME_LIMIT={config.time_limit_s}" if limited else ""))
     if energy is None:

@@ -5,13 +5,21 @@ are, for each accumulation count k >= ceil(S / C), the balanced micro-batch
 ceil(S / k): the smallest that needs only k micro-batches (the last one
 short when it does not divide S; the trainer weighs it by its samples).
 Every divisor of S up to C is among them, and any other micro-batch with the
-same k runs the same number of micro-batches, less evenly. Predicted
-throughputs within `TIE` of the best (`MEASURED_TIE` where they come from
-micro-batches timed on this CPU) count as a tie, broken towards the
-configured checkpointing setting, then a micro-batch within the sizes timed
-on this device (past them the time per sample is only held, not known), then
-the larger micro-batch (fewer launches, and the roofline's optimism about
-small batches stays unused).
+same k runs the same number of micro-batches, less evenly. Each candidate's
+predicted throughput carries an interval (model.py, `uncertainty`: the spread
+of the timings it rests on, how far it lies from them, the load they were
+taken under); candidates whose interval overlaps the best's are a tie,
+broken towards the configured checkpointing setting, then
+
+  by the roofline (a GPU's): the larger micro-batch. Fewer, larger steps are
+      what contention on the host hurts least (fewer launches for a busy host
+      to queue), and the roofline's optimism about small batches stays unused.
+  by sizes timed on this CPU: the highest samples/s the candidate reaches at
+      worst (the low end of its interval). A size past the timed ones, or
+      timed with a wide spread, is only possibly faster; and a larger size is
+      not the safe side on a shared CPU: under one busy core LeNet-5's 512
+      trained 20% slower than 256 (make bench-throughput LOAD=1), its working
+      set sharing the caches with the other process.
 """
 
 from __future__ import annotations
@@ -21,12 +29,6 @@ from dataclasses import dataclass
 from ..units import batch_split
 from .model import StepTimeModel
 
-TIE = 0.03
-# Timings of a shared CPU move between plans by more than the roofline's 3%: LeNet-5's 512 against 256
-# per sample was 0.90, 1.01, 1.04 and 1.06 over four plans here (in the bench's sweeps the two are within
-# a few percent), ResNet-18's 16 against 32 0.88-0.99. Within 10% the larger of the timed sizes is kept:
-# on the four models of make bench-throughput the larger was never slower beyond the noise.
-MEASURED_TIE = 0.10
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class Candidate:
     samples_per_second: float  # over all processes
     measured: bool = True  # within the micro-batch sizes timed on this device (or none were)
     share: int | None = None  # one process's samples per step (None: micro_batch x grad_accum)
+    uncertainty: float = 0.0  # the relative half-width of the interval around `seconds` (model.uncertainty)
+
+    def interval(self) -> tuple[float, float]:
+        """The samples/s interval: (slowest, fastest) within the uncertainty."""
+        return self.samples_per_second / (1 + self.uncertainty), self.samples_per_second / (1 - min(0.9, self.uncertainty))
 
     def describe(self) -> str:
         """'21 x 24 + 8 x 1 = 512 -> 9,870 samples/s': the step's micro-batches of one process, which multiply."""
@@ -71,16 +78,24 @@ def candidates(model: StepTimeModel, *, share: int, cap: int, world_size: int,
         accum = -(-share // micro)
         seconds = model.seconds(micro, accum, share)
         out.append(Candidate(micro, accum, gradient_checkpointing, seconds, share * world_size / seconds,
-                             model.measured_covers(micro), share))
+                             model.measured_covers(micro), share, model.uncertainty(micro)))
     return out
 
 
-def fastest(options: list[Candidate], configured_checkpointing: bool,
-            tie: float = TIE) -> tuple[Candidate, list[Candidate]]:
-    """(the choice, every option fastest first) under the tie rule above."""
+def ties(ranked: list[Candidate]) -> list[Candidate]:
+    """The candidates whose interval overlaps the fastest's (ranked: fastest first)."""
+    slowest_best = ranked[0].interval()[0]
+    return [c for c in ranked if c.interval()[1] >= slowest_best]
+
+
+def fastest(options: list[Candidate], configured_checkpointing: bool, *,
+            timed: bool = False) -> tuple[Candidate, list[Candidate]]:
+    """(the choice, every option fastest first) under the tie rule above; `timed`: the candidates rest on
+    sizes timed on this device."""
     ranked = sorted(options, key=lambda c: -c.samples_per_second)
-    best = ranked[0].samples_per_second
-    near = [c for c in ranked if c.samples_per_second >= best * (1 - tie)]
-    choice = max(near, key=lambda c: (c.gradient_checkpointing == configured_checkpointing, c.measured,
-                                      c.micro_batch))
+
+    def safe(c: Candidate) -> float:
+        return c.interval()[0] if timed else c.micro_batch
+
+    choice = max(ties(ranked), key=lambda c: (c.gradient_checkpointing == configured_checkpointing, safe(c)))
     return choice, ranked

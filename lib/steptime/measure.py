@@ -46,14 +46,23 @@ PLANNED_RUNS = 2
 MAX_REPEATS = 50
 PAIRED_ROUNDS = 5
 # Cached timings from another way of taking them are taken again (2: the median of rounds' ratios, each
-# run after one of its size, the optimizer after a backward, by size)
-TIMINGS_FORMAT = 2
+# run after one of its size, the optimizer after a backward, by size; 3: with each size's spread and the load)
+TIMINGS_FORMAT = 3
 START_RATIO = 1.5  # a training step reaches less than the matmul peak: assume 1.5x the roofline at first
 
 
 class Timing(NamedTuple):
     micro: float  # seconds of one forward+backward
     optimizer: float  # seconds of the optimizer step after it
+
+
+class Timings(NamedTuple):
+    """What time_micro_batches took: each a dict by micro-batch size."""
+
+    micro: dict[int, float]  # seconds of forward+backward
+    optimizer: dict[int, float]  # seconds of the optimizer step after a backward of that size
+    spread: dict[int, float]  # the relative half-width of a 90% interval of the size's figure (`spreads`)
+    busy_cores: float | None = None  # other processes' CPU use meanwhile, in cores (lib.hardware.host)
 
 
 def power_sizes(limit: int) -> list[int]:
@@ -92,19 +101,56 @@ def typical(first: dict[int, Timing], rounds: list[dict[int, Timing]]) -> tuple[
     return {size: at(size, "micro") for size in first}, {size: at(size, "optimizer") for size in first}
 
 
+def spreads(rounds: list[dict[int, Timing]]) -> dict[int, float]:
+    """Each size's relative half-width of a 90% interval of its figure, from the rounds' ratios to the
+    largest size (scaled median absolute deviation, over the square root of the rounds: the median's);
+    the largest size's own, the median of the others'. Empty with fewer than PAIRED_ROUNDS rounds."""
+    if len(rounds) < PAIRED_ROUNDS:
+        return {}
+    anchor = max(rounds[0])
+    out = {size: relative_spread([r[size].micro / r[anchor].micro for r in rounds])
+           for size in rounds[0] if size != anchor}
+    out[anchor] = statistics.median(out.values()) if out else 0.0
+    return out
+
+
+def relative_spread(values: list[float]) -> float:
+    """The relative half-width of a 90% interval of the values' median: their median absolute deviation as a
+    normal standard deviation (x 1.4826), the median's standard error (x 1.253 / sqrt(n)), 90% (x 1.645);
+    0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    mad = statistics.median(abs(v - mid) for v in values)
+    return 1.645 * 1.253 * 1.4826 * mad / mid / len(values) ** 0.5
+
+
+def step_clock() -> Callable[[], float]:
+    """The clock a timing reads: on one intra-op thread the thread's CPU time, else the wall clock. Another
+    process sharing the core takes turns with a run; a short run often fits between its turns and a long one
+    never does, so on a busy machine the wall clock favoured small micro-batches (LeNet-5 planned at 16 x 32,
+    1.75x slower than 512 x 1 timed back to back); the thread's CPU time is what each run costs, whoever
+    else runs, and the real run's share of the core scales every size alike. Several threads wait for each
+    other, and that wait is part of the step: the wall clock."""
+    import torch
+
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpointing: bool,
                        sizes: list[int], estimate: Callable[[int], float],
-                       budget_s: float = BUDGET_S) -> tuple[dict[int, float], dict[int, float]]:
-    """(seconds of forward+backward by size, seconds of the optimizer step by the size of the backward before
-    it), timed on the CPU.
+                       budget_s: float = BUDGET_S) -> Timings:
+    """Seconds of forward+backward by size, seconds of the optimizer step by the size of the backward before
+    it, and each size's spread, timed on the CPU, with the load other processes put on it meanwhile.
 
     Nothing is timed where the smallest size is not `affordable` by `estimate(size)` (one forward+backward).
     """
     from ..hardware.allocator import keep_freed_memory
+    from ..hardware.host import CPULoadMeter
     from ..step import autocast_for, make_optimizer, seed_everything
 
     if not affordable(sizes, estimate, budget_s):
-        return {}, {}
+        return Timings({}, {}, {})
     keep_freed_memory()  # the C heap as a CPU run has it (lib.api.train_planned), unless RAM is short there
     seed_everything(config.seed)
     model = task.build(gradient_checkpointing)
@@ -113,14 +159,16 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     autocast = autocast_for(SimpleNamespace(precision=precision, device_type="cpu"))
     batches: dict[int, tuple] = {}
 
+    clock = step_clock()
+
     def run(size: int) -> float:
         x, y = batches[size] if size in batches else batches.setdefault(size, task.example_batch(size))
-        start = time.perf_counter()
+        start = clock()
         model.zero_grad(set_to_none=True)
         with autocast:
             loss = task.loss(model(x), y)
         loss.backward()
-        return time.perf_counter() - start
+        return clock() - start
 
     def timed(size: int) -> Timing:
         """One untimed run, then one timed and the optimizer after it. A run right after another size's
@@ -131,12 +179,16 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
         at 16, 0.66-0.84 at 128; scripts/diagnostics/cpu_step_protocols.py)."""
         run(size)
         micro = run(size)
-        start = time.perf_counter()
+        start = clock()
         optimizer.step()
-        return Timing(micro, time.perf_counter() - start)
+        return Timing(micro, clock() - start)
 
     run(min(sizes))
     optimizer.step()  # creates the optimizer state
+    try:
+        meter = CPULoadMeter()
+    except Exception:  # noqa: BLE001 - no psutil, no /proc: the load is unknown
+        meter = None
     # the budget is the timings': a process's first optimizer imports torch._dynamo (2.1-3.5 s here), which
     # took most of a first plan's 3 s before one size was timed
     started = time.perf_counter()
@@ -156,4 +208,5 @@ def time_micro_batches(config: Config, task, *, precision: str, gradient_checkpo
     while elapsed() + cost <= budget_s and (  # more only where a whole round still fits
             len(rounds) + 1 < REPEATS or (len(rounds) + 1 < MAX_REPEATS and elapsed() < budget_s / 2)):
         rounds.append({size: timed(size) for size in sorted(first)})
-    return typical(first, rounds)
+    micro, optimizer_s = typical(first, rounds)
+    return Timings(micro, optimizer_s, spreads(rounds), None if meter is None else meter.read().busy_cores)

@@ -66,6 +66,19 @@ from .device import COMPILE_MEMORY_FACTOR, COMPILE_OPS_FACTOR, Device
 # a little better (83) and the uncalibrated cases worse (24.9% at worst against the 25% asked).
 OVERLAP_P = 4.0
 
+# How well a predicted step time is known, as the relative half-width of an interval around it: two
+# candidates whose intervals overlap are a tie (choose.py). A roofline's ranking is good to a few percent
+# (ROOFLINE_SPREAD each side: 3% apart is a tie). Timings on this CPU carry their rounds' spread (measure.py,
+# at least SPREAD_FLOOR each side: a size's figure moved by that between plans here), FEW_ROUNDS_SPREAD where
+# too few rounds gave none, and EXTRAPOLATION_SPREAD per doubling past the largest size timed or away from the
+# nearest micro-batch a run calibrated; other processes' share of the cores adds up to LOAD_SPREAD (a
+# shared CPU's timings move more between plans, also on its CPU time: caches and memory are shared).
+ROOFLINE_SPREAD = 0.015
+SPREAD_FLOOR = 0.05
+FEW_ROUNDS_SPREAD = 0.10
+EXTRAPOLATION_SPREAD = 0.05
+LOAD_SPREAD = 0.10
+
 
 def combined(device: float, host: float) -> float:
     """A GPU step's time from its device and host times (OVERLAP_P); a CPU's (host 0) is its device time."""
@@ -102,6 +115,12 @@ class StepTimeModel:
     correction: float = 1.0  # a real run's step time over this model's prediction (1.0: not calibrated)
     calibrated_at: int | None = None  # the micro-batch the calibration ran at
     correction_bound: str = "all"  # what `correction` scales: "all", or a GPU's "host" or "device" time
+    # runs calibrated at several micro-batches: (micro-batch, its factor), log2-interpolated between them and
+    # held beyond, in place of `correction` (calibrate.py, calibrated_by_runs)
+    corrections: tuple[tuple[int, float], ...] = ()
+    calibration_spread: tuple[tuple[int, float], ...] = ()  # (micro-batch, the runs' relative spread there)
+    measured_spread: dict[int, float] = field(default_factory=dict)  # micro-batch -> measure.spreads' figure
+    load: float = 0.0  # other processes' share of the usable cores while timed, or now (the larger)
     communication: Communication | None = None  # several processes' collectives (comm.py)
     # micro-batch -> micro_seconds: a plan weighs tens of candidates of up to hundreds of micro-batches each
     # (not copied by dataclasses.replace, so a changed model starts empty)
@@ -133,9 +152,15 @@ class StepTimeModel:
         device += ops * dev.kernel_floor_s
         return device, host
 
-    def _corrected(self, work: Phase, efficiency: float) -> float:
+    def factor(self, micro_batch: float) -> float:
+        """The calibration's factor for a step of `micro_batch`: the runs' own where they ran at it."""
+        if self.corrections:
+            return log2_interpolated(sorted((math.log2(m), f) for m, f in self.corrections), micro_batch)
+        return self.correction
+
+    def _corrected(self, work: Phase, efficiency: float, factor: float | None = None) -> float:
         """`work`'s seconds with the calibration applied to the bound it was fitted on."""
-        c = self.correction
+        c = self.correction if factor is None else factor
         if self.correction_bound == "all":
             return self._seconds(work, self.compile) * efficiency * c
         device, host = (t * efficiency for t in self._bounds(work, self.compile))
@@ -171,13 +196,15 @@ class StepTimeModel:
 
     def forward_seconds(self, batch: float) -> float:
         """One evaluation forward (no backward), scaled as the micro-batch is."""
-        return self._corrected(self.counts.at(batch, "forward"), self.efficiency(batch))
+        return self._corrected(self.counts.at(batch, "forward"), self.efficiency(batch), self.factor(batch))
 
-    def corrected_micro_seconds(self, batch: float) -> float:
-        """One micro-batch's forward and backward, calibration included."""
+    def corrected_micro_seconds(self, batch: float, factor: float | None = None) -> float:
+        """One micro-batch's forward and backward, calibration included (`factor`: the step's, where the
+        micro-batch is a window's short last one)."""
+        factor = self.factor(batch) if factor is None else factor
         if self.correction_bound == "all":
-            return self.micro_seconds(batch) * self.correction
-        return self._corrected(self.counts.micro_batch(batch), 1.0)  # a GPU's: nothing measured
+            return self.micro_seconds(batch) * factor
+        return self._corrected(self.counts.micro_batch(batch), 1.0, factor)  # a GPU's: nothing measured
 
     def optimizer_seconds(self, batch: float = 1) -> float:
         """One optimizer step after a micro-batch of `batch`."""
@@ -190,8 +217,8 @@ class StepTimeModel:
     def parts(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> dict[str, float]:
         """Seconds of one optimizer step by part, calibration included; they sum to `seconds`."""
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
-        micro = [self.corrected_micro_seconds(s) for s in sizes]
-        f = self.correction
+        f = self.factor(micro_batch)
+        micro = [self.corrected_micro_seconds(s, f) for s in sizes]
         parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(sizes[-1] if sizes else micro_batch) * f,
                  "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
@@ -203,10 +230,32 @@ class StepTimeModel:
         `samples` per process is not a multiple), the optimizer and the fixed overhead."""
         return sum(self.parts(micro_batch, grad_accum, samples).values())
 
+    def uncertainty(self, micro_batch: float) -> float:
+        """The relative half-width of the interval around a step of `micro_batch` (ROOFLINE_SPREAD and the
+        figures after it)."""
+        x = math.log2(max(micro_batch, 1))
+        if self.measured:
+            u = max(SPREAD_FLOOR, log2_interpolated(sorted((math.log2(b), v) for b, v in self.measured_spread.items()),
+                                                    micro_batch) if self.measured_spread else FEW_ROUNDS_SPREAD)
+            u += EXTRAPOLATION_SPREAD * max(0.0, x - math.log2(max(self.measured)))
+        else:
+            u = ROOFLINE_SPREAD
+        if self.calibration_spread and self.device.kind == "cpu":
+            # a run's own micro-batch is known as well as its runs agree, the others by the nearest, less the
+            # further away
+            # (a GPU's calibrated step keeps the roofline's interval: its ranking is the roofline's)
+            distance, spread = min((abs(x - math.log2(m)), v) for m, v in self.calibration_spread)
+            by_runs = max(SPREAD_FLOOR, spread) + EXTRAPOLATION_SPREAD * distance
+            u = min(u, by_runs) if self.measured else by_runs
+        return u + LOAD_SPREAD * min(1.0, self.load)
+
     @property
     def source(self) -> str:
         """Where the figure comes from, for the plan's reasons."""
-        if self.correction != 1.0 or self.calibrated_at is not None:
+        if self.corrections:
+            points = ", ".join(f"{m} (x{f:.2f})" for m, f in sorted(self.corrections))
+            how = f"calibrated by runs at micro-batch {points}"
+        elif self.correction != 1.0 or self.calibrated_at is not None:
             scaled = "" if self.correction_bound == "all" else f" of its {self.correction_bound} time"
             how = f"calibrated by a run at micro-batch {self.calibrated_at} (x{self.correction:.2f}{scaled})"
         elif self.measured:
@@ -214,7 +263,7 @@ class StepTimeModel:
             how = f"measured on this device at micro-batch {sizes[0]}-{sizes[-1]}"
         else:
             how = f"roofline: {self.device.source}"
-        if self.measured and self.calibrated_at is not None:
+        if self.measured and (self.calibrated_at is not None or self.corrections):
             how += f", measured at micro-batch {min(self.measured)}-{max(self.measured)}"
         return how
 
@@ -225,7 +274,7 @@ def calibrated(model: StepTimeModel, seconds: float, micro_batch: int, grad_accu
     measured, the factor scales the bound that limits the step's micro-batch (the host's time, with the
     trainer's overhead, or the device's), solved so the step comes out at `seconds`; where no factor of that
     bound reaches it, or on a CPU (whose time is one sum), the whole step is scaled."""
-    base = replace(model, correction=1.0, correction_bound="all")
+    base = replace(model, correction=1.0, correction_bound="all", corrections=())
     predicted = base.seconds(micro_batch, grad_accum, samples)
     if not predicted > 0:
         return base

@@ -122,10 +122,10 @@ def with_timings(model: StepTimeModel, task) -> StepTimeModel:
     """The model with measure.py's timings of the task at powers of two up to the larger size, as a CPU
     plan's (calibrate._measured: the same call, within its default budget)."""
     config = kc.read_config(kc.DEFCONFIG_DIR / "lenet5")
-    micro, optimizer = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
-                                          sizes=power_sizes(max(SIZES)), estimate=model.roofline_micro_seconds,
-                                          budget_s=BUDGET_S)
-    return dataclasses.replace(model, measured=micro, measured_optimizer=optimizer) if micro else model
+    timed = time_micro_batches(config, task, precision="fp32", gradient_checkpointing=False,
+                               sizes=power_sizes(max(SIZES)), estimate=model.roofline_micro_seconds, budget_s=BUDGET_S)
+    return (dataclasses.replace(model, measured=timed.micro, measured_optimizer=timed.optimizer,
+                                measured_spread=timed.spread) if timed.micro else model)
 
 
 def transfer_errors(predicted: dict[int, float], ratio: float) -> dict[tuple[int, int], float]:
