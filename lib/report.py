@@ -159,26 +159,77 @@ class Progress:
 
 def plan_matrix(defconfigs: list[str] | None = None, targets: list[tuple[str, HardwareProfile]] | None = None,
                 policy=None, label: str = "plan-matrix", world_size: int = 1, *,
-                settings: "Settings | None" = None) -> list[MatrixRow]:
+                settings: "Settings | None" = None, jobs: int = 1) -> list[MatrixRow]:
     """The plan of every defconfig on every machine for `world_size` processes (a PlanError becomes the
-    row's error), with progress on stderr (Progress); settings as recommendations'."""
-    rows = []
+    row's error), with progress on stderr (Progress); settings as recommendations'. `jobs` > 1: the
+    defconfigs planned in that many processes at once (`parallel_jobs`), sharing the traces on disk."""
     targets = targets or machines()
     names = defconfigs or kconfig.defconfig_names()
+    if jobs > 1 and len(names) > 1 and policy is None:
+        return _parallel_matrix(names, targets, label, world_size, settings, jobs)
+    rows = []
     progress = Progress(len(names) * len(targets), label, policy)
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            config = kconfig.make_defconfig(name, out=Path(tmp) / f"{name}.config")
-            model = ModelDescription.from_config(config)
-            for key, hardware in targets:
-                with progress.item(f"{name} on {key}"):
-                    try:
-                        plan = resolve(config, hardware, model, world_size, policy, settings=settings)
-                        rows.append(MatrixRow(name, key, plan))
-                    except KfitError as err:
-                        rows.append(MatrixRow(name, key, None, str(err)))
+    for name in names:
+        rows.extend(_defconfig_rows(name, targets, policy, world_size, settings, progress))
     progress.close()
     return rows
+
+
+def _defconfig_rows(name: str, targets: list[tuple[str, HardwareProfile]], policy, world_size: int,
+                    settings: "Settings | None", progress: "Progress | None" = None) -> list[MatrixRow]:
+    """One defconfig's row on every machine."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = kconfig.make_defconfig(name, out=Path(tmp) / f"{name}.config")
+        model = ModelDescription.from_config(config)
+        for key, hardware in targets:
+            with progress.item(f"{name} on {key}") if progress is not None else _nothing():
+                try:
+                    plan = resolve(config, hardware, model, world_size, policy, settings=settings)
+                    rows.append(MatrixRow(name, key, plan))
+                except KfitError as err:
+                    rows.append(MatrixRow(name, key, None, str(err)))
+    return rows
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def parallel_jobs() -> int:
+    """Processes for a whole matrix: one per usable core (a plan is one core's work: tracing, counting)."""
+    from .hardware.host import usable_cores
+
+    return max(1, int(usable_cores()))
+
+
+def _parallel_matrix(names: list[str], targets, label: str, world_size: int, settings, jobs: int) -> list[MatrixRow]:
+    """plan_matrix's rows with the defconfigs spread over `jobs` fresh processes, progress one line per
+    defconfig. This machine's CPU is planned here afterwards, alone: its plan times real steps and decides
+    threads from the idle cores, which the other processes would take."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    remote = [t for t in targets if t[0] != "cpu"]
+    local = [t for t in targets if t[0] == "cpu"]
+    done: dict[str, list[MatrixRow]] = {}
+    start = time.perf_counter()
+    # fresh interpreters (spawn): a fork of a process that imported torch may hang in its threads
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_defconfig_rows, name, remote, None, world_size, settings): name for name in names}
+        for future in as_completed(futures):
+            name = futures[future]
+            done[name] = future.result()
+            print(f"{label} {len(done)}/{len(names)}: {name} on {len(remote)} machine(s) "
+                  f"({time.perf_counter() - start:.1f}s in all)", file=sys.stderr, flush=True)
+    if local:
+        progress = Progress(len(names) * len(local), f"{label} (this CPU)")
+        for name in names:
+            done[name] += _defconfig_rows(name, local, None, world_size, settings, progress)
+        progress.close()
+    order = [key for key, _ in targets]
+    return [row for name in names for row in sorted(done[name], key=lambda r: order.index(r.machine))]
 
 
 # Models that outgrow one device, planned for several processes: (defconfig, preset fragment, GPU, processes).

@@ -133,7 +133,7 @@ def cmd_check_hardware(args) -> int:
 
 
 def cmd_plan_matrix(args) -> int:
-    from ..report import format_matrix, plan_matrix, scale_out_rows
+    from ..report import format_matrix, parallel_jobs, plan_matrix, scale_out_rows
 
     from .common import env_number
     from ..report import machines
@@ -141,7 +141,9 @@ def cmd_plan_matrix(args) -> int:
     start = time.perf_counter()
     # as everywhere: GPUS=N training processes, N GPUs on each catalog machine
     gpus = env_number("GPUS", int, minimum=1)
-    rows = (plan_matrix(targets=machines(gpus=gpus), world_size=gpus) if gpus else plan_matrix() + scale_out_rows())
+    jobs = parallel_jobs()
+    rows = (plan_matrix(targets=machines(gpus=gpus), world_size=gpus, jobs=jobs) if gpus
+            else plan_matrix(jobs=jobs) + scale_out_rows())
     if args.format == "json":
         print(json.dumps([{"defconfig": r.defconfig, "machine": r.machine, "error": r.error,
                            "plan": r.plan.to_dict() if r.plan else None} for r in rows], indent=2))
@@ -167,12 +169,12 @@ def _focus_machine() -> str:
 
 
 def cmd_plan_report(args) -> int:
-    from ..report import check_writable, plan_matrix, render_report
+    from ..report import check_writable, parallel_jobs, plan_matrix, render_report
 
     out = Path(os.environ.get("OUT") or "plan-report.html")
     check_writable(out)
     focus = _focus_machine()
-    render_report(plan_matrix(), focus, out)
+    render_report(plan_matrix(jobs=parallel_jobs()), focus, out)
     print(f"plan report written to {out} (details for {focus}; open it in a browser)")
     return 0
 

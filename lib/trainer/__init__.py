@@ -16,6 +16,8 @@
   initial.py     INIT_FROM: a new run from trained weights, checked by name and shape
   schedule.py    the learning-rate schedule
   timing.py      the first steps' time against the plan's prediction; calibrating lib.steptime
+  trial.py       where the first steps miss the predicted interval: the runner-up micro-batches timed, the
+                 fastest kept (one process, eager)
   ending.py      after the last step: the final evaluation and checkpoint, then bookkeeping whose failure is a
                  warning (the step-time report, the last metrics line, closing the monitor and trackers)
 """

@@ -56,6 +56,7 @@ from .resume import MIN_AUTO_INTERVAL_S, StopSignals, auto_interval_s, checkpoin
 from .rundir import RunDirectory, output_directory
 from .schedule import check_schedule
 from .timing import StepTimer, finish_line, format_seconds
+from .trial import Trial
 from .windows import InputWait, Progress, epoch_windows, epochs_trained, total_steps
 
 Log = Callable[[str], None]
@@ -189,6 +190,7 @@ class Trainer:
         open_run(self)  # the run's files, its first lines, the monitor and trackers
         self.start_conditions()
         self.timer = StepTimer(config, self.hardware, self.event, calibrate=main)
+        self.trial = Trial(plan, world_size=self.rank.world_size, resumed=self.resumed_from is not None)
         line = finish_line(plan, self.total_steps, p.step)
         if line:
             log(line)
@@ -261,9 +263,14 @@ class Trainer:
                     mark.record()
                 else:
                     self.settle()
+            if self.trial.active and self.plan.device_type == "cuda":
+                torch.cuda.synchronize(self.device)  # the trial's few steps: each one's own time
             step_s = time.perf_counter() - started
             self.timer.record(self.plan, step_s, mark)
             p.step, p.window, p.samples = p.step + 1, p.window + 1, p.samples + n
+            switch = self.trial.record(p.micro_batch, step_s)
+            if switch is not None:  # from the next step on
+                self.switch_micro_batch(switch)
             p.interval_samples += n
             if self.boundary(timed_out, signalled, last=p.window == len(windows)):
                 self.settle()  # before anything acts on this step's state: divergence stops the run here
@@ -393,6 +400,21 @@ class Trainer:
             self.recovery.after_oom(step, reason if failed else "another rank ran out of memory")
         engine.update(step, self.total_steps)
         return loss_sum, agreed.time_limit, agreed.signal
+
+    def switch_micro_batch(self, micro: int) -> None:
+        """The trial (trial.py) runs the next steps at `micro`: a runner-up to time, or its choice."""
+        trial, before = self.trial, self.progress.micro_batch
+        self.engine.feed = None  # the micro-batches loaded ahead are the old size's
+        if trial.active:
+            self.recovery.switched(micro, f"(timing it: {trial.outside})", write=False)
+            return
+        self.recovery.switched(micro, f"by the run's own steps: {trial.outside}; timed {trial.describe()}", write=True)
+        kept = micro == trial.planned.micro_batch
+        self.event("micro_batch_switch", f"Micro-batch {micro} {'kept' if kept else f'from {trial.planned.micro_batch}'} "
+                   f"({self.plan.split.text()}) after step {self.progress.step}: {trial.outside}; the run's own steps "
+                   f"timed {trial.describe()}", planned_micro_batch=trial.planned.micro_batch, micro_batch=micro,
+                   grad_accum=self.plan.grad_accum, step=self.progress.step, before=before,
+                   timed_step_seconds={str(m): t for m, t in trial.medians().items()})
 
     def mark_oom(self, step: int, err: BaseException) -> None:
         """Under FSDP: record in the run directory what the relaunched run takes (recovery.py), for `make train`

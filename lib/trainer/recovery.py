@@ -89,6 +89,13 @@ class Recovery:
         self.progress.rungs.extend(n for n in names if n not in self.progress.rungs)
         self.apply(plan, names, write)
 
+    def switched(self, micro_batch: int, why: str, write: bool) -> None:
+        """The in-run trial's micro-batch (trial.py) from the next step on, the same samples per step; plan.json
+        says it where `write` (the trial's choice, not a size it is timing)."""
+        self.progress.micro_batch = micro_batch
+        self.plan = edits.switched(self.plan, micro_batch, why)
+        self.apply(self.plan, [], write)
+
     def halved(self, why: str) -> None:
         """The plan at the progress's smaller micro-batch, with the accumulation that keeps the step's samples."""
         p = self.progress
