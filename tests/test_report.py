@@ -48,6 +48,22 @@ def test_planner_matrix_row_shows_peak_against_budget():
     assert line.startswith("lenet5") and "t4" in line and "GiB" in line and line.endswith("%")
 
 
+@pytest.mark.slow
+def test_a_parallel_matrix_plans_what_one_process_plans_in_the_same_order(capsys):
+    targets = [m for m in machines() if m[0] in ("t4", "h100", "cpu")]
+    names = ["lenet5", "llama-tiny", "gpt2-tiny"]
+    serial = plan_matrix(names, targets)
+    capsys.readouterr()
+    parallel = plan_matrix(names, targets, jobs=2)  # the GPUs in two spawned processes, this CPU here after
+    assert [(r.defconfig, r.machine) for r in parallel] == [(r.defconfig, r.machine) for r in serial]
+    for a, b in zip(serial, parallel):
+        if a.machine != "cpu":  # this CPU's plan times real steps: its figures move between plans
+            assert (a.plan.micro_batch, a.plan.grad_accum, a.plan.predicted_peak_bytes) == (
+                b.plan.micro_batch, b.plan.grad_accum, b.plan.predicted_peak_bytes), (a.defconfig, a.machine)
+    err = capsys.readouterr().err
+    assert "plan-matrix 3/3: " in err and "on 2 machine(s)" in err
+
+
 def test_matrix_progress_goes_to_stderr_and_names_what_is_traced(tmp_path, capsys, monkeypatch):
     import io
 
