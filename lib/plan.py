@@ -95,6 +95,7 @@ class Plan:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["notes"] = list(self.notes)
+        d["alternatives"] = [list(a) for a in self.alternatives]  # as JSON has it: a checkpoint's plan equals plan.json's
         d["last_micro_batch"] = self.last_micro_batch  # beside micro_batch and grad_accum: they multiply with it
         return d
 

@@ -36,6 +36,16 @@ def _feed(trial: Trial, seconds: dict[int, float], steps: int) -> list[tuple[int
     return switches
 
 
+def test_a_plans_runner_ups_survive_plan_json_and_a_checkpoint_alike():
+    from lib.plan import Plan
+
+    plan = _plan()
+    data = plan.to_dict()
+    assert json.loads(json.dumps(data)) == data  # a checkpoint's plan (this dict) equals plan.json's
+    assert Plan.from_dict(json.loads(json.dumps(data))) == plan
+    assert _plan(alternatives=()).to_dict()["alternatives"] == []
+
+
 def test_steps_inside_the_interval_leave_the_plan_alone():
     trial = Trial(_plan(), world_size=1, resumed=False)
     assert trial.active and _feed(trial, {64: 0.105}, 50) == [] and not trial.active
