@@ -53,9 +53,16 @@ class Stop(Exception):
     pass
 
 
+_PLANS: dict = {}
+
+
 def trainer(config, **kwargs) -> Trainer:
-    plan = resolve(config, CPU, ModelDescription.from_config(config))
-    return Trainer(config, plan, CPU, **{"log": lambda line: None, **kwargs})
+    """A trainer of `config` on one plan per config: the runs compared bit for bit here share their split
+    (each run's calibration may move the next plan's micro-batch, and with it the sums' order)."""
+    key = repr(config)
+    if key not in _PLANS:
+        _PLANS[key] = resolve(config, CPU, ModelDescription.from_config(config))
+    return Trainer(config, _PLANS[key], CPU, **{"log": lambda line: None, **kwargs})
 
 
 @dataclasses.dataclass(repr=False)
