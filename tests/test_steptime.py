@@ -234,8 +234,16 @@ def test_runs_calibrate_the_micro_batch_they_ran_at_and_correct_the_others_betwe
     assert "calibrated by runs at micro-batch 128 (x2.00), 512 (x0.60)" in now[256].source
     # each run's micro-batch is known as well as its runs agree (512's disagree); away from them, less
     assert now[128].uncertainty < now[256].uncertainty < now[512].uncertainty
+    # the ranking the planner sees with timing on; with it off (KFIT_STEPTIME_MEASURE=0, as here) one factor
+    from lib.threads import using_threads
+
+    with using_threads(plan.cpu_threads):  # the calibrations' key: the plan's threads
+        ranked = steptime.step_time_model(lenet, cpu, device_type="cpu", precision="fp32")
+        one = steptime.step_time_model(lenet, cpu, device_type="cpu", precision="fp32", per_micro_batch=False)
+    assert ranked.seconds(512, 1) < ranked.seconds(128, 4) and "calibrated by runs" in ranked.source
+    assert one.seconds(512, 1) / base[512] == pytest.approx(one.seconds(128, 4) / base[128])
     again = resolve(lenet, cpu, ModelDescription.from_config(lenet))
-    assert again.micro_batch == 512 and "calibrated by runs" in again.reasons["step_time"]
+    assert again.micro_batch == plan.micro_batch  # reproducible plans: no run moved the choice
 
     # runs on a busy machine neither push out the idle ones nor outvote them; they widen the interval
     calibration = sys.modules["lib.steptime.calibrate"]

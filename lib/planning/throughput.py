@@ -85,7 +85,8 @@ def choose_fastest(config: Config, policy: BatchPolicy, choice: BatchChoice, arg
         return step_time_model(config, hardware, device_type=args.device_type, precision=args.precision, tf32=tf32,
                                compile=args.compile, gradient_checkpointing=checkpointing, world_size=world_size,
                                measure_up_to=min(choice.max_micro, share) if measure else None,
-                               strategy=args.strategy, local_world_size=args.local_world_size)
+                               strategy=args.strategy, local_world_size=args.local_world_size,
+                               per_micro_batch=measure)  # timing off: no run moves the choice (reproducible plans)
 
     def add(option: _Option, model) -> None:
         models[option.checkpointing] = (model, option)

@@ -157,12 +157,13 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
                     tf32: bool = False, compile: bool = False, gradient_checkpointing: bool | None = None,
                     world_size: int = 1, measure_up_to: int | None = None,
                     cache_dir: Path | str | None = None, strategy: str = "none",
-                    local_world_size: int | None = None) -> StepTimeModel | None:
+                    local_world_size: int | None = None, per_micro_batch: bool = True) -> StepTimeModel | None:
     """The step-time model of this config on this device; None where the device's speed is unknown.
     With several processes it includes the strategy's collectives (comm.py) where the links are known.
 
     `measure_up_to`: on this machine's CPU, time real micro-batches (powers of two up to it) that are
-    not cached yet, within measure.BUDGET_S. Cached timings and calibrations are always used.
+    not cached yet, within measure.BUDGET_S. Cached timings and calibrations are always used; `per_micro_batch`
+    False: the runs calibrate by one factor (their median run's), which leaves the candidates' ranking as it was.
     """
     checkpointing = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
     directory = steptime_dir(cache_dir)
@@ -183,10 +184,10 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
                           measure_up_to=measure_up_to, directory=directory)
     runs = calibration_entries(directory / CALIBRATION_FILE).get(
         _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy), [])
-    return calibrated_by_runs(model, runs) if runs else model
+    return calibrated_by_runs(model, runs, per_micro_batch=per_micro_batch) if runs else model
 
 
-def calibrated_by_runs(model: StepTimeModel, runs: list[dict]) -> StepTimeModel:
+def calibrated_by_runs(model: StepTimeModel, runs: list[dict], *, per_micro_batch: bool = True) -> StepTimeModel:
     """The model calibrated by the runs: at each micro-batch a run trained at, the median of its runs' ratios to
     the model (the idle runs' where there are any); between and beyond them interpolated in log2(micro-batch)
     and held. Runs at one micro-batch only: the model scaled as `calibrated` scales it, by its median run."""
@@ -202,6 +203,10 @@ def calibrated_by_runs(model: StepTimeModel, runs: list[dict]) -> StepTimeModel:
         spreads.append((micro, relative_spread([q for q, _ in ratios])))
         loads.extend(r.get("load", 0.0) for r in trusted)
     load = max(model.load, statistics.fmean(loads)) if model.device.kind == "cpu" else 0.0
+    if not per_micro_batch:  # the median run over all of them, as one factor
+        ratios = sorted(((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]), i)
+                         for i, r in enumerate(runs)))
+        points = [(None, (None, runs[ratios[(len(ratios) - 1) // 2][1]]))]
     if len(points) == 1:
         _, (_, run) = points[0]
         model = calibrated(model, run["seconds"], run["micro_batch"], run["grad_accum"], run["samples"])
