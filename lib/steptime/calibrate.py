@@ -191,6 +191,11 @@ def calibrated_by_runs(model: StepTimeModel, runs: list[dict], *, per_micro_batc
     """The model calibrated by the runs: at each micro-batch a run trained at, the median of its runs' ratios to
     the model (the idle runs' where there are any); between and beyond them interpolated in log2(micro-batch)
     and held. Runs at one micro-batch only: the model scaled as `calibrated` scales it, by its median run."""
+    if not per_micro_batch:  # the median run over all of them as one factor; the interval the model's own
+        ratios = sorted(((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]), i)
+                         for i, r in enumerate(runs)))
+        run = runs[ratios[(len(ratios) - 1) // 2][1]]
+        return calibrated(model, run["seconds"], run["micro_batch"], run["grad_accum"], run["samples"])
     by_micro: dict[int, list[dict]] = {}
     for run in runs:
         by_micro.setdefault(run["micro_batch"], []).append(run)
@@ -203,10 +208,6 @@ def calibrated_by_runs(model: StepTimeModel, runs: list[dict], *, per_micro_batc
         spreads.append((micro, relative_spread([q for q, _ in ratios])))
         loads.extend(r.get("load", 0.0) for r in trusted)
     load = max(model.load, statistics.fmean(loads)) if model.device.kind == "cpu" else 0.0
-    if not per_micro_batch:  # the median run over all of them, as one factor
-        ratios = sorted(((r["seconds"] / model.seconds(r["micro_batch"], r["grad_accum"], r["samples"]), i)
-                         for i, r in enumerate(runs)))
-        points = [(None, (None, runs[ratios[(len(ratios) - 1) // 2][1]]))]
     if len(points) == 1:
         _, (_, run) = points[0]
         model = calibrated(model, run["seconds"], run["micro_batch"], run["grad_accum"], run["samples"])
