@@ -2,7 +2,7 @@
 
 Data flows one way, and imports follow it (docs/architecture.md):
 Kconfig -> .config -> lib.config.Config -> lib.hardware.HardwareProfile -> lib.plan.Plan
-(lib.hyperparams.resolve, with lib.memory and lib.planner) -> lib.trainer -> the run directory.
+(lib.planning.make_plan, with lib.memory and lib.steptime) -> lib.trainer -> the run directory.
 
 Installed, this package is `kfit` (in a checkout, `lib`). Its Python API (lib/api.py) is here too:
 kfit.load_config, kfit.machine, kfit.resolve_plan and kfit.train; they are imported on first use, so

@@ -11,7 +11,7 @@ Everything goes through the same code as the command line: the strict config rea
 take is a ConfigError naming it), the resolver, and the one training loop. Errors the user can fix are
 KfitError subclasses (lib/errors.py), one line each. Unlike the command line, these functions read no
 environment variables for their settings (GPU=, GPUS=, RESUME=, ...): the arguments say everything. One default
-comes from the surroundings, as documented where it applies: `settings=None` (plan_for, resolve_plan, train)
+comes from the surroundings, as documented where it applies: `settings=None` (resolve_plan, train)
 takes this process's planning settings, `lib.planning.Settings.from_environment()` (OMP_NUM_THREADS, whether
 to time steps on this CPU: KFIT_STEPTIME_MEASURE); pass a `Settings` to decide them here. The command line
 always passes its own, parsed once per command.
@@ -77,47 +77,21 @@ def _machine(gpu, hw, free_gb, gpus) -> "HardwareProfile":
     return resolve_hardware(hw=os.fspath(hw) if hw is not None else None, gpu=gpu, free_gb=free_gb, gpus=gpus)
 
 
-def processes(config: "Config", machine: "HardwareProfile", world_size: int | None = None, *,
-              gpus: int | None = None, nodes: int = 1) -> tuple[int, int]:
-    """(training processes, machines) as `kfit train` would run them: `world_size` if given, else `gpus`
-    (GPUS=), CONFIG_NPROC or one per identical GPU (lib.distributed.process_count) on each of `nodes`
-    machines."""
-    from . import distributed
-    from .planning.decisions import decide_device
-
-    if world_size is None:
-        device_type, _ = decide_device(config, machine)
-        world_size = distributed.process_count(config, machine, device_type, gpus)[0] * nodes
-    return world_size, nodes if world_size % nodes == 0 else 1
-
-
-def plan_for(config: "Config", machine: "HardwareProfile", world_size: int | None = None, *,
-             gpus: int | None = None, nodes: int = 1, settings: "Settings | None" = None
-             ) -> "tuple[ModelDescription, Plan]":
-    """(model description, plan) for a config on a machine, as training would resolve it, for `world_size`
-    processes (else as processes() counts them). settings: what the surroundings say (lib.planning.Settings);
-    None, the default, takes this process's: Settings.from_environment() (planning.settings_or_environment)."""
-    from .planning import PlanRequest, resolve_request, settings_or_environment
-    from .plan import ModelDescription
-
-    model = ModelDescription.from_config(config)
-    world_size, nodes = processes(config, machine, world_size, gpus=gpus, nodes=nodes)
-    return model, resolve_request(PlanRequest(config, machine, model, world_size=world_size, nodes=nodes,
-                                              settings=settings_or_environment(settings)))
-
-
 def resolve_plan(config: "Config", hardware: "HardwareProfile | None" = None, *, gpu: str | None = None,
          hw: "str | os.PathLike | None" = None, free_gb: float | None = None, gpus: int | None = None,
          world_size: int | None = None, settings: "Settings | None" = None) -> "Plan":
     """The plan `kfit plan` shows (and `kfit train` would start from) for `config` on a machine: `hardware`
     (a profile from kfit.machine()), else the one gpu/hw/free_gb/gpus describe (see machine()), else this
     one. gpus=N also means N training processes, as GPUS=N does; world_size plans for that many processes
-    in all. settings: as plan_for's (None: this process's). plan.to_dict() is `kfit plan --format json`'s plan."""
+    in all. settings: what the surroundings say (lib.planning.Settings); None, the default, takes this
+    process's (Settings.from_environment()). plan.to_dict() is `kfit plan --format json`'s plan."""
+    from .planning import make_plan
+
     if hardware is None:
         hardware = _machine(gpu, hw, free_gb, gpus)
     elif gpu or hw or free_gb is not None:
         raise KfitError("give either a hardware profile or gpu/hw/free_gb, not both")
-    return plan_for(config, hardware, world_size, gpus=gpus, settings=settings)[1]
+    return make_plan(config, hardware, world_size=world_size, gpus=gpus, settings=settings).plan
 
 
 def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, resume: bool = False,
@@ -131,17 +105,18 @@ def train(config: "Config", *, output_dir: "str | os.PathLike | None" = None, re
     (its newest readable checkpoint) or checkpoint instead, as `kfit train --resume-from`; init_from: start
     a new run from the weights of a run directory, checkpoint or model.safetensors (`--init-from`). A
     mismatch with the config is a KfitError before anything is written. log: each line kfit would print.
-    settings: the planning settings, as plan_for's (None: this process's).
+    settings: the planning settings, as resolve_plan's (None: this process's).
     Returns the TrainResult: run_dir, steps, epochs, seconds, stop_reason, final_eval (the last
     evaluation's metrics) and history. A diverged loss raises FloatingPointError; a stop by SIGINT /
     SIGTERM raises lib.trainer.TrainingInterrupted (its exit_code is 130 / 143) after a checkpoint."""
     from .hardware import resolve_hardware
+    from .planning import make_plan
 
     if output_dir is not None:
         config = kconfig.derive(config, {"OUTPUT_DIR": os.fspath(output_dir)})
     pick = run_to_resume(config, resume=resume, resume_from=resume_from, init_from=init_from, log=log)
     here = usable_hardware(config, resolve_hardware(), warn=log)
-    model, plan = plan_for(config, here, 1, settings=settings)
+    model, plan = make_plan(config, here, world_size=1, settings=settings)
     return train_planned(config, here, plan, model, log=log, resume=pick, init_from=init_from)
 
 
@@ -216,9 +191,8 @@ def train_planned(config: "Config", machine: "HardwareProfile", plan: "Plan", mo
     continue, or None; on rank 0 only. `init_from`: weights a new run starts from (INIT_FROM)."""
     from . import distributed
     from .hardware.allocator import RETENTION_FACTOR, keep_freed_memory, needs_returning, return_freed_memory
+    from .planning import confirm
     from .planning.render import start_lines
-    from .planning.throughput import with_predictions
-    from .probe import maybe_probe
     from .task import load_task
     from .trainer import train as train_loop
 
@@ -230,10 +204,7 @@ def train_planned(config: "Config", machine: "HardwareProfile", plan: "Plan", mo
         log(f"warning: the effective batch {plan.effective_batch} is larger than the training set "
             f"({len(task.train):,} samples): each step uses all of them, one step per epoch; lower "
             f"CONFIG_TARGET_EFFECTIVE_BATCH to {len(task.train)} or less")
-    probed = maybe_probe(config, plan, machine, task, log=log, rank=rank)
-    if probed != plan:  # another micro-batch: its own predicted time
-        probed = with_predictions(config, machine, probed)
-    plan = probed
+    plan = confirm(config, plan, machine, task, log=log, rank=rank)
     if plan.device_type == "cpu" and needs_returning(plan.predicted_peak_bytes, plan.budget_bytes):
         returned = return_freed_memory()
         log(f"Memory: the predicted peak x {RETENTION_FACTOR} (glibc keeps freed memory) exceeds the budget: "

@@ -31,7 +31,8 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from .env import MAXIMA, env_number, environ
+from .env import env_number, environ
+from .units import MAXIMA
 from .torchrun_output import TorchrunOutput, explain
 from .errors import KfitError
 from .hardware.host import usable_cores
@@ -65,19 +66,6 @@ SINGLE = Rank()
 def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
     env = environ() if env is None else env
     return "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "RANK" in env)
-
-
-def process_count(config, hardware, device_type: str, gpus: int | None = None) -> tuple[int, str]:
-    """Training processes on this machine, and why: `gpus` (GPUS=) wins, then NPROC_MANUAL, then AUTO."""
-    if gpus is not None:
-        if gpus < 1:
-            raise KfitError(f"GPUS='{gpus}' is too small: give a whole number from 1 to {MAXIMA['GPUS']:,}")
-        return gpus, f"GPUS={gpus}"
-    if config.nproc_mode == "manual":
-        return config.nproc, f"CONFIG_NPROC={config.nproc}"
-    if device_type == "cuda" and hardware.identical_gpu_count > 1:
-        return hardware.identical_gpu_count, f"AUTO: {hardware.identical_gpu_count} identical GPUs"
-    return 1, "AUTO: one process"
 
 
 def nodes_range(env: Mapping[str, str]) -> tuple[int, int]:

@@ -8,6 +8,7 @@ import os
 from typing import Mapping, MutableMapping, Sequence
 
 from .errors import KfitError
+from .units import MAXIMA  # noqa: F401  (lib.env.MAXIMA: the bounds env_number checks)
 
 TRUE = ("1", "y", "yes", "true", "on")
 FALSE = ("0", "n", "no", "false", "off")
@@ -27,13 +28,6 @@ def _get(name: str, env: Mapping[str, str] | None) -> str | None:
     return value.strip() if value and value.strip() else None
 
 
-# The most a count the user gives may be, checked before any work: far above what any machine or cluster runs,
-# far below what would take kfit minutes and gigabytes to refuse later (a process count in the millions, a
-# generation of billions of tokens).
-MAXIMA = {"GPUS": 4096, "WORLD_SIZE": 1 << 20, "NODES": 65536, "CPUS": 1 << 20, "ARRAY": 100_000,
-          "MAX_TOKENS": 1_000_000, "TOP_K": 10_000_000, "TRIALS": 1_000_000, "N": 100_000, "TRAIN": 100_000,
-          "RUNS": 1000, "BATCH": 1 << 24, "VOCAB": 10_000_000, "EXTEND_EPOCHS": 100_000,
-          "EXTEND_STEPS": 1_000_000_000, "FREE_GB": 1 << 20, "KCONFIG_SEED": 2**63 - 1, "SEED": 2**63 - 1}
 
 
 def env_number(name: str, kind: type[int] | type[float] = int, default=None, env: Mapping[str, str] | None = None,

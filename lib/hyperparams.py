@@ -13,9 +13,9 @@ The lines training starts with are printed:
     -> batch=64, grad_acc=8 (effective=512, target=512)
     Compile: Enabled (GPU 'NVIDIA H100 80GB HBM3' has good torch.compile support)
 
-This module is a thin facade: the plan is made by lib/planning/ (resolve, the batch policies, the ladder), the
-machine is detected by lib/hardware/; `resolve`, `ModelDescription`, `TierPolicy` and the decision functions are
-re-exported for scripts that want the parts.
+This module is a thin facade over the one door to a plan (lib/planning/door.py, make_plan); the machine is
+detected by lib/hardware/. `resolve` (the door with positional arguments), `ModelDescription`, `TierPolicy` and
+the decision functions are here for scripts that want the parts.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .config import Config
 from .errors import ConfigError, PlanError
 from .hardware import HardwareProfile
 from .plan import BatchChoice, BatchPolicy, ModelDescription, Plan
-from .planning import PlanRequest, Settings, resolve, resolve_request
+from .planning import Settings, make_plan
 from .planning.decisions import (COMPILE_DENY, auto_detect_compile as _decide_compile, calculate_gradient_accumulation,
                                  decide_device, decide_gradient_sync, decide_precision, decide_tf32)
 from .planning.render import compile_line, summary_line
@@ -34,10 +34,10 @@ from .planning.throughput import with_predictions
 from .planning.tiers import TierPolicy, policy_for
 
 __all__ = [
-    "BatchChoice", "BatchPolicy", "COMPILE_DENY", "ModelDescription", "Plan", "PlanRequest", "Settings",
+    "BatchChoice", "BatchPolicy", "COMPILE_DENY", "ModelDescription", "Plan", "Settings",
     "TierPolicy", "apply_hyperparams", "auto_detect_compile", "auto_detect_hyperparams",
     "calculate_gradient_accumulation", "compile_line", "decide_device", "decide_gradient_sync",
-    "decide_precision", "decide_tf32", "get_gpu_info", "policy_for", "resolve", "resolve_request",
+    "decide_precision", "decide_tf32", "get_gpu_info", "policy_for", "resolve",
     "summary_line", "with_predictions",
 ]
 
@@ -84,14 +84,25 @@ def auto_detect_hyperparams(config: Any, gpu_info: dict | None = None, model_typ
     and the rationale line; nothing is applied."""
     config = as_config(config, model_type)
     hardware = (gpu_info or get_gpu_info())["profile"]
-    model = ModelDescription.from_config(config)
-    plan = resolve(config, hardware, model, world_size or processes())
+    model, plan = make_plan(config, hardware, world_size=world_size or _ranks())
     return {"batch_size": plan.micro_batch, "gradient_accumulation": plan.grad_accum,
             "effective_batch": plan.effective_batch, "compile": plan.compile, "plan": plan,
             "gpu_info": gpu_info, "rationale": summary_line(plan, hardware, model)}
 
 
-def processes() -> int:
+def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription | None = None, world_size: int = 1,
+            policy: BatchPolicy | None = None, nodes: int = 1, settings: Settings | None = None) -> Plan:
+    """The plan for `config` on `hardware` with `world_size` processes over `nodes` machines (make_plan, with the
+    positional arguments scripts have called it with). model: the config's, if given (the door derives it from
+    the config; another model is an error). policy: the batch policy (None: the config's). settings: None takes
+    this process's."""
+    planned = make_plan(config, hardware, world_size=world_size, nodes=nodes, settings=settings, policy=policy)
+    if model is not None and model.name != planned.model.name:
+        raise PlanError(f"model {model.name!r} but the config trains {config.model!r}: the config names the model")
+    return planned.plan
+
+
+def _ranks() -> int:
     """Training processes: WORLD_SIZE as torchrun sets it for each rank, else 1."""
     from .env import env_number
 
@@ -106,8 +117,7 @@ def apply_hyperparams(config: Any, verbose: bool = True, model_type: str | None 
     lines when `verbose`, and return the Plan."""
     kfit_config = as_config(config, model_type)
     hardware = hardware or get_gpu_info()["profile"]
-    model = ModelDescription.from_config(kfit_config)
-    plan = resolve(kfit_config, hardware, model, world_size or processes())
+    model, plan = make_plan(kfit_config, hardware, world_size=world_size or _ranks())
     if not isinstance(config, Config):
         values = {"BATCH_SIZE": plan.micro_batch, "GRADIENT_ACCUMULATION": plan.grad_accum,
                   "COMPILE_MODEL": plan.compile, "EFFECTIVE_BATCH": plan.effective_batch,

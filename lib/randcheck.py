@@ -187,13 +187,14 @@ def _refusal_ok(err: BaseException) -> tuple[bool, str]:
 def plan_draw(d: Draw, settings) -> list[Outcome]:
     """The draw planned for every target: a plan with a predicted peak, or one error line naming a setting."""
     from . import api
+    from .planning import make_plan
 
     outcomes = []
     for name, machine, world, nodes in TARGETS:
         command = f"make randcheck N=1 KCONFIG_SEED={d.seed} TRAIN=0"
         try:
             hardware = api.machine(**machine)
-            _, plan = api.plan_for(d.config, hardware, world, nodes=nodes, settings=settings)
+            plan = make_plan(d.config, hardware, world_size=world, nodes=nodes, settings=settings).plan
         except KfitError as err:
             ok, detail = _refusal_ok(err)
             outcomes.append(Outcome(d.seed, f"plan {name}", ok, "refused: " + detail, command))

@@ -22,7 +22,7 @@ how many epochs that is and names the largest preset whose budget the data
 covers (the tokenized corpus's real token count, from its meta.json, when the
 config trains on one).
 
-Every figure comes from the resolver (lib.hyperparams.resolve, passed in as
+Every figure comes from the plan (lib.planning.make_plan, passed in as
 `plan`): the predicted peak against the budget, the step time, the strategy.
 Before a shape is traced, two lower bounds rule out what cannot work: the
 model's state (parameters, gradients and AdamW's two moments, 16 bytes per

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from . import config as kconfig, fileio
 from .errors import KfitError
 from .hardware import HardwareProfile, catalog, from_catalog, resolve_hardware
-from .hyperparams import ModelDescription, Plan, resolve
+from .plan import Plan
+from .planning import make_plan
 from .models.registry import can_checkpoint
 from .planning.render import size
 from .units import GiB, format_bytes, gib
@@ -66,7 +67,7 @@ def hardware_warnings(hardware: HardwareProfile) -> list[str]:
 def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Plan, world_size: int = 1, *,
                     settings: "Settings | None" = None) -> list[str]:
     """Advice for this config on this machine, each naming the Kconfig option. settings: the planning settings
-    the other memory profiles are planned with (the command's; None: this process's, as planning.resolve)."""
+    the other memory profiles are planned with (the command's; None: this process's, as make_plan)."""
     advice = []
     gpu = hardware.primary_gpu
     if plan.device_type == "cuda" and plan.precision == "fp32" and gpu.supports_bf16:
@@ -82,8 +83,8 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
                 continue
             other_config = kconfig.derive(config, {f"MEMORY_PROFILE_{symbol}": True})
             try:
-                other = resolve(other_config, hardware, ModelDescription.from_config(other_config), world_size,
-                                nodes=plan.nodes, settings=settings)
+                other = make_plan(other_config, hardware, world_size=world_size, nodes=plan.nodes,
+                                  settings=settings).plan
             except KfitError:
                 continue  # a smaller share that does not fit is no advice
             changed = (other.micro_batch, other.grad_accum, other.gradient_checkpointing, other.strategy) != (
@@ -181,11 +182,10 @@ def _defconfig_rows(name: str, targets: list[tuple[str, HardwareProfile]], polic
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         config = kconfig.make_defconfig(name, out=Path(tmp) / f"{name}.config")
-        model = ModelDescription.from_config(config)
         for key, hardware in targets:
             with progress.item(f"{name} on {key}") if progress is not None else _nothing():
                 try:
-                    plan = resolve(config, hardware, model, world_size, policy, settings=settings)
+                    plan = make_plan(config, hardware, world_size=world_size, policy=policy, settings=settings).plan
                     rows.append(MatrixRow(name, key, plan))
                 except KfitError as err:
                     rows.append(MatrixRow(name, key, None, str(err)))
@@ -249,13 +249,12 @@ def scale_out_rows(policy=None, *, settings: "Settings | None" = None) -> list[M
         for name, assignment, gpu, processes, nodes in SCALE_OUT:
             (Path(tmp) / "fragment").write_text(assignment + "\n")
             config = kconfig.make_defconfig(name, [str(Path(tmp) / "fragment")], out=Path(tmp) / "config")
-            model = ModelDescription.from_config(config)
             label = f"{name}-{config.gpt2_preset}"
             machine = f"{gpu} x{processes}" if nodes == 1 else f"{nodes} x {gpu} x{processes}"
             with progress.item(f"{label} on {machine}"):
                 try:
-                    plan = resolve(config, resolve_hardware(gpu=gpu, gpus=processes), model, processes * nodes, policy,
-                                   nodes=nodes, settings=settings)
+                    plan = make_plan(config, resolve_hardware(gpu=gpu, gpus=processes), world_size=processes * nodes,
+                                     policy=policy, nodes=nodes, settings=settings).plan
                     rows.append(MatrixRow(label, machine, plan))
                 except KfitError as err:
                     rows.append(MatrixRow(label, machine, None, str(err)))

@@ -3,12 +3,20 @@ never prints a decimal GB or MB for memory). Layer 1 (docs/architecture.md): it 
 
 `format_bytes` is kfit's one byte formatter; `gib` the figure kfit prints and reads back (FREE_GB=, the
 hardware profile's *_gb arguments) in GiB. `batch_split` is kfit's one formatter of a step's micro-batches and
-accumulation (its lines multiply: '21 x 24 + 8 x 1 = 512').
+accumulation (its lines multiply: '21 x 24 + 8 x 1 = 512'). MAXIMA bounds the counts a user gives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# The most a count the user gives may be, checked before any work: far above what any machine or cluster runs,
+# far below what would take kfit minutes and gigabytes to refuse later (a process count in the millions, a
+# generation of billions of tokens).
+MAXIMA = {"GPUS": 4096, "WORLD_SIZE": 1 << 20, "NODES": 65536, "CPUS": 1 << 20, "ARRAY": 100_000,
+          "MAX_TOKENS": 1_000_000, "TOP_K": 10_000_000, "TRIALS": 1_000_000, "N": 100_000, "TRAIN": 100_000,
+          "RUNS": 1000, "BATCH": 1 << 24, "VOCAB": 10_000_000, "EXTEND_EPOCHS": 100_000,
+          "EXTEND_STEPS": 1_000_000_000, "FREE_GB": 1 << 20, "KCONFIG_SEED": 2**63 - 1, "SEED": 2**63 - 1}
 
 MiB = 2**20
 GiB = 2**30

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training throughput at the planner's micro-batch against a micro-batch sweep (make bench-throughput).
 
-For each case the plan is resolved on this machine (lib.hyperparams.resolve
+For each case the plan is resolved on this machine (lib.planning.make_plan
 with the detected hardware) in a fresh cache directory, so no step-time
 calibration exists (the memory traces are copied in, so planning stays warm).
 Then real optimizer steps run, as the trainer runs them (lib.task's data,
@@ -320,17 +320,15 @@ class Row:
 def run_case(name: str, settings: dict, hardware, *, rounds: int = MIN_ROUNDS, budget_s: float = CASE_BUDGET_S,
              round_s: float = ROUND_S, runs: int = RUNS, log=print) -> Row:
     from lib.hardware.host import CPULoadMeter
-    from lib.hyperparams import resolve
-    from lib.plan import ModelDescription
+    from lib.planning import make_plan
     from lib.task import load_task
 
     with fresh_cache(), tempfile.TemporaryDirectory() as tmp:
         config = kconfig.make_defconfig(name, out=Path(tmp) / "config")
         if settings:
             config = kconfig.derive(config, settings)
-        model = ModelDescription.from_config(config)
         threads, why = set_threads(config, hardware)  # before planning: the predictor times steps too
-        plan = resolve(config, hardware, model)
+        plan = make_plan(config, hardware).plan
         if getattr(plan, "cpu_threads", threads) != threads:
             threads, why = plan.cpu_threads, plan.reasons["cpu_threads"]
             torch.set_num_threads(threads)
@@ -345,7 +343,7 @@ def run_case(name: str, settings: dict, hardware, *, rounds: int = MIN_ROUNDS, b
             if module is None:
                 return None
             module.calibrate(config, hardware, plan, points[plan.micro_batch].steps[0])
-            again = resolve(config, hardware, model)
+            again = make_plan(config, hardware).plan
             state.update(plan=again, predicted=predicted_seconds(config, hardware, again))
             return again.micro_batch
 
@@ -355,21 +353,21 @@ def run_case(name: str, settings: dict, hardware, *, rounds: int = MIN_ROUNDS, b
         points = measure_case(config, plan, task, rounds=rounds, budget_s=budget_s, round_s=round_s,
                               after_first=calibrate, runner=runner)
         again = state["plan"]
-        predictions = runs_in_a_row(config, hardware, model, runner, runs) if steptime() is not None else []
+        predictions = runs_in_a_row(config, hardware, runner, runs) if steptime() is not None else []
         busy = meter.read().busy_cores
     return Row(case=name, threads=threads, plan=(plan.micro_batch, plan.grad_accum),
                calibrated_plan=(again.micro_batch, again.grad_accum), points=points,
                predicted=predicted, predicted_calibrated=state["predicted"], busy_cores=busy, predictions=predictions)
 
 
-def runs_in_a_row(config, hardware, model, runner: Runner, runs: int = RUNS) -> list[float]:
+def runs_in_a_row(config, hardware, runner: Runner, runs: int = RUNS) -> list[float]:
     """`runs` runs of the config, each planned from the calibrations so far (its prediction kept), timed as
     the trainer times its first steps and calibrating the next (lib.steptime.calibrate)."""
-    from lib.hyperparams import resolve
+    from lib.planning import make_plan
 
     predictions = []
     for _ in range(runs):
-        plan = resolve(config, hardware, model)
+        plan = make_plan(config, hardware).plan
         predictions.append(predicted_seconds(config, hardware, plan))
         point = Point(plan.micro_batch, plan.effective_batch, plan.world_size)
         steps = runner.measure(point, CALIBRATION_S, CALIBRATION_STEPS)

@@ -30,6 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 KFIT = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
 
 
+def counting_resolves(log: Path) -> dict[str, str]:
+    """The environment under which every process started (torchrun's ranks too) logs each plan it resolves to
+    `log`, one line "<pid> <model> world_size=<n>" (tests/hooks/sitecustomize.py)."""
+    hooks = str(ROOT / "tests" / "hooks")
+    path = os.pathsep.join(p for p in (hooks, os.environ.get("PYTHONPATH")) if p)
+    return {"KFIT_TEST_RESOLVE_LOG": str(log), "PYTHONPATH": path}
+
+
 def kfit_script():
     """scripts/kfit.py loaded as a module (its main, as make runs it), apart from any other test's copy."""
     spec = importlib.util.spec_from_file_location("kfit_cli", ROOT / "scripts" / "kfit.py")

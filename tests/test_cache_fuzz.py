@@ -13,7 +13,8 @@ import pytest
 from lib import fileio, probe, steptime
 from lib.hardware import detect, details
 from lib.plan import ModelDescription
-from lib.planning import PlanRequest, Settings, resolve_request
+from lib.planning import PlanRequest, Settings
+from lib.planning.resolver import resolve_request
 from lib.planning.memory_policy import PlannerPolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")

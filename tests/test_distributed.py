@@ -18,7 +18,7 @@ from lib.checkpoint import FINAL, load_checkpoint
 from lib.errors import KfitError
 from lib.hardware import resolve_hardware
 from lib.hyperparams import ModelDescription, resolve
-from tests.helpers import CPU, manual, run
+from tests.helpers import CPU, counting_resolves, manual, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -38,15 +38,17 @@ def test_torchrun_command_for_one_and_several_machines():
 
 
 def test_process_count(make_config):
+    from lib.planning import process_count
+
     config = make_config("")
     four = resolve_hardware(gpu="h100", gpus=4)
-    assert distributed.process_count(config, four, "cuda") == (4, "AUTO: 4 identical GPUs")
-    assert distributed.process_count(config, CPU, "cpu")[0] == 1
-    assert distributed.process_count(config, CPU, "cpu", 2) == (2, "GPUS=2")
+    assert process_count(config, four, "cuda") == (4, "AUTO: 4 identical GPUs")
+    assert process_count(config, CPU, "cpu")[0] == 1
+    assert process_count(config, CPU, "cpu", 2) == (2, "GPUS=2")
     manual_config = make_config("CONFIG_NPROC_MANUAL=y\nCONFIG_NPROC=3\n")
-    assert distributed.process_count(manual_config, four, "cuda")[0] == 3
+    assert process_count(manual_config, four, "cuda")[0] == 3
     with pytest.raises(KfitError, match="GPUS='0' is too small: give a whole number from 1 to 4,096"):
-        distributed.process_count(config, CPU, "cpu", 0)
+        process_count(config, CPU, "cpu", 0)
 
 
 def test_each_rank_plans_for_its_own_gpu_and_mixed_models_for_the_smallest(make_config):
@@ -123,7 +125,7 @@ def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_p
     assert previewed.returncode == 0, previewed.stderr
     plan = json.loads(previewed.stdout)
     resolves = tmp_path / "resolves.log"
-    trained = _kfit(tmp_path, Path(config.source), "train", GPUS="2", KFIT_RESOLVE_LOG=str(resolves))
+    trained = _kfit(tmp_path, Path(config.source), "train", GPUS="2", **counting_resolves(resolves))
     assert trained.returncode == 0, trained.stdout + trained.stderr
     # one resolve in the launcher, none in the two ranks: they train the plan it hands them
     [launcher] = resolves.read_text().splitlines()
@@ -138,7 +140,7 @@ def test_the_plan_previewed_with_gpus_is_the_plan_that_trains(make_config, tmp_p
 def test_one_process_train_resolves_its_plan_once(make_config, tmp_path):
     config = make_config("CONFIG_MAX_STEPS=1\nCONFIG_TARGET_EFFECTIVE_BATCH=64\n")
     resolves = tmp_path / "resolves.log"
-    trained = _kfit(tmp_path, Path(config.source), "train", KFIT_RESOLVE_LOG=str(resolves))
+    trained = _kfit(tmp_path, Path(config.source), "train", **counting_resolves(resolves))
     assert trained.returncode == 0, trained.stdout + trained.stderr
     [line] = resolves.read_text().splitlines()
     assert line.endswith(" lenet5 world_size=1") and "Done: 1 steps" in trained.stdout

@@ -25,7 +25,7 @@ from lib.planning import ChooseArgs
 from lib.planning.strategy import candidates, pick
 from lib.trainer import Trainer
 from lib.trainer.windows import rank_batches
-from tests.helpers import CPU
+from tests.helpers import CPU, counting_resolves
 
 ROOT = Path(__file__).resolve().parent.parent
 KFIT = [sys.executable, str(ROOT / "scripts" / "kfit.py")]
@@ -355,7 +355,7 @@ def test_out_of_memory_under_fsdp_relaunches_at_half_the_micro_batch(tmp_path, r
     micro = json.loads(planned.stdout)["micro_batch"]  # the planner's pick among near-ties: 4 or 8 here
     assert micro >= 2, planned.stdout
     resolves = tmp_path / "resolves.log"
-    env = env_for(config, GPUS="2", KFIT_INJECT_OOM_ABOVE=str(micro - 1), KFIT_RESOLVE_LOG=str(resolves))
+    env = env_for(config, GPUS="2", KFIT_INJECT_OOM_ABOVE=str(micro - 1), **counting_resolves(resolves))
     result = subprocess.run(KFIT + ["train"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     half = micro // 2

@@ -184,6 +184,47 @@ def test_every_path_docs_architecture_names_exists():
     assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
 
 
+def layout_entries(text: str) -> list[str]:
+    """The paths docs/layout.md's tree names: each line's first column ('lib/probe.py, oom.py' is lib/probe.py
+    and lib/oom.py; 'lib/lr_finder.py, hpo/' lib/lr_finder.py and lib/hpo/), and the module after a ';' in a
+    description ('torchrun_output.py: ...' beside lib/distributed.py)."""
+    block = text.split("```", 2)[1]
+    paths = []
+    for line in block.splitlines():
+        if not line.strip() or line.startswith(" "):  # a description's continuation
+            continue
+        column, description = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        folder = ""
+        for token in (t.strip() for t in column.split(",")):
+            if "/" in token.rstrip("/") or not folder:
+                folder = token.rstrip("/").rsplit("/", 1)[0] if "/" in token.rstrip("/") else ""
+                paths.append(token)
+            else:
+                paths.append(f"{folder}/{token}")
+        if folder:
+            paths += [f"{folder}/{m}" for m in re.findall(r"; (\w+\.py):", description)]
+    return [p for p in paths if "<" not in p and "*" not in p]
+
+
+def test_docs_layout_names_paths_that_exist_and_every_package():
+    """docs/layout.md's tree: every path it names exists, and every package and module of lib/ is named there
+    (a package by its folder; a module by its file)."""
+    named = layout_entries((ROOT / "docs" / "layout.md").read_text())
+    assert len(named) > 40
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"docs/layout.md names paths that do not exist: {missing}"
+    listed = {p.rstrip("/") for p in named}
+    unnamed = sorted(str(p.relative_to(ROOT)) for p in sorted(LIB.iterdir())
+                     if (p.is_dir() and not p.name.startswith("__") and str(p.relative_to(ROOT)) not in listed)
+                     or (p.suffix == ".py" and not p.name.startswith("__") and str(p.relative_to(ROOT)) not in listed))
+    assert not unnamed, f"docs/layout.md does not name: {unnamed}"
+
+
+def test_the_layout_reader_expands_bare_names_to_their_folder():
+    text = "```\nlib/probe.py, oom.py   what\nlib/x/, y/   z\nlib/d.py   a; e.py: b\n                 more\n```"
+    assert layout_entries(text) == ["lib/probe.py", "lib/oom.py", "lib/x/", "lib/y/", "lib/d.py", "lib/e.py"]
+
+
 def paths_named(text: str) -> list[str]:
     """Paths such as lib/config/, lib/hardware/profile.py, kconfigs/Kconfig.model (in backticks or tables);
     a bare file name after a comma in the same cell ('`lib/x.py`, `y.py`') belongs to the first one's folder."""

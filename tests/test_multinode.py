@@ -90,17 +90,18 @@ def test_a_two_machine_plan_shows_its_layout_and_the_network_it_assumes():
     """`make plan NNODES=2 GPU=h100 GPUS=8`: 8 processes on each of 2 machines, the strategy, and the step's
     collectives over the network between the machines."""
     from lib import api
+    from lib.planning import make_plan
     from lib.planning.render import format_plan
 
     config = api.load_config("gpt2-tiny")
     h100s = api.machine(gpu="h100", gpus=8)
-    model, plan = api.plan_for(config, h100s, gpus=8, nodes=2)
+    model, plan = make_plan(config, h100s, gpus=8, nodes=2)
     assert (plan.world_size, plan.nodes) == (16, 2) and not any("share GPUs" in n for n in plan.notes)
     text = format_plan(plan, config, h100s, model)
     assert "8 per machine on each of 2 machines = 16" in text
     [line] = [row for row in text.splitlines() if row.strip().startswith("communication")]
     assert "crosses the network between machines (25 GB/s" in line or "across machines at" in line, line
-    one = api.plan_for(config, h100s, gpus=8)[1]
+    one = make_plan(config, h100s, gpus=8).plan
     assert one.predicted_step_seconds < plan.predicted_step_seconds  # the network costs time per step
     # each machine's cores are shared by its own 8 processes, not by all 16 (AWS p5: 24 vCPUs per H100)
     assert (plan.cpu_threads, plan.num_workers) == (one.cpu_threads, one.num_workers) and plan.num_workers == 4

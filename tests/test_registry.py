@@ -56,7 +56,7 @@ def test_memory_capped_models_that_checkpoint_are_told_to(defconfig, advised, ca
     def no_other_profile(*args, **kwargs):
         raise KfitError("not planned in this test")
 
-    monkeypatch.setattr(report, "resolve", no_other_profile)
+    monkeypatch.setattr(report, "make_plan", no_other_profile)
     config = kc.make_defconfig(defconfig, out=tmp_path / ".config")
     advice = report.recommendations(config, resolve_hardware(gpu="cpu"), capped)
     assert any("CONFIG_GRADIENT_CHECKPOINTING=y" in a for a in advice) is advised

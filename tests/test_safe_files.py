@@ -177,7 +177,7 @@ def test_calibrate_never_fails_a_finished_run(tmp_path, monkeypatch):
     import json
 
     from lib import steptime
-    from lib.api import plan_for
+    from lib.planning import make_plan
     from lib.config import make_defconfig
     from lib.hardware import detect
 
@@ -185,7 +185,7 @@ def test_calibrate_never_fails_a_finished_run(tmp_path, monkeypatch):
     fragment.write_text(f'CONFIG_OUTPUT_DIR="{tmp_path}/runs"\nCONFIG_DEVICE_CPU=y\n')
     config = make_defconfig("lenet5", [str(fragment)], out=tmp_path / "config")
     hardware = detect()
-    plan = plan_for(config, hardware, 1)[1]
+    plan = make_plan(config, hardware, world_size=1).plan
     cache = tmp_path / "cache"
     (cache / "steptime").mkdir(parents=True)
     (cache / "steptime" / "calibration.json").write_text(json.dumps(

@@ -45,6 +45,7 @@ def test_kfit_train_parses_its_variables_once_and_plans_with_their_settings(tmp_
 
     import lib.api
     import lib.hardware
+    import lib.planning
     from lib.cli import train
     from lib.cli.invocation import Invocation
 
@@ -54,9 +55,9 @@ def test_kfit_train_parses_its_variables_once_and_plans_with_their_settings(tmp_
     monkeypatch.setattr(Invocation, "from_environment",
                         classmethod(lambda cls, env=None: parses.append(env) or parse(cls, env)))
     monkeypatch.setattr(lib.hardware, "resolve_hardware", lambda **kwargs: cpu)
-    monkeypatch.setattr(lib.api, "plan_for", lambda config, machine, world_size, **kw: planned.append(kw) or (
+    monkeypatch.setattr(lib.planning, "make_plan", lambda config, machine, **kw: planned.append(kw) or (
         "model", SimpleNamespace(strategy="none", device_type="cpu")))
-    monkeypatch.setattr(train, "train_planned", lambda *a, **kw: SimpleNamespace(
+    monkeypatch.setattr(lib.api, "train_planned", lambda *a, **kw: SimpleNamespace(
         final_eval={"accuracy": 1.0}, steps=1, epochs=1.0, seconds=0.1, run_dir="runs/x"))
     monkeypatch.setenv("KCONFIG_CONFIG", str(tmp_path / ".config"))
     monkeypatch.setenv("KFIT_SET", '[["EPOCHS", "1"]]')

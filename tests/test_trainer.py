@@ -179,10 +179,8 @@ def test_text_corpus_directory_sets_the_vocabulary(make_config, tmp_path):
 
 @pytest.fixture
 def cli_train(monkeypatch):
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
-    import cli_train
+    """lib.api, whose usable_hardware `kfit train` calls, with GPU 0 unusable."""
+    from lib import api as cli_train
 
     monkeypatch.setattr("lib.hardware.gpu_unusable_reason",
                         lambda index=0: f"GPU {index} is unusable (RuntimeError: CUDA error: no kernel image): fix")

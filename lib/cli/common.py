@@ -89,7 +89,7 @@ def hardware_from_env(allow_simulated: bool = True, run: Invocation | None = Non
     if not allow_simulated and (hw or gpu):
         raise KfitError("HW= and GPU= describe another machine, but training runs on this one: unset them "
                         "(use 'make plan HW=... / GPU=...' to see another machine's plan)")
-    # GPUS=N is N training processes everywhere (lib.distributed.process_count); on a simulated machine
+    # GPUS=N is N training processes everywhere (lib.planning.process_count); on a simulated machine
     # (GPU=) it also gives that machine N of its GPU
     hardware = resolve_hardware(hw=hw, gpu=gpu, free_gb=run.free_gb, gpus=run.gpus if allow_simulated and gpu else None)
     # torch is imported by now: its ~170k objects never become garbage, so the collector stops walking
@@ -163,22 +163,3 @@ def _overridden(config: "kconfig.Config", run: Invocation) -> tuple["kconfig.Con
         reason = " ".join(str(err).replace("invalid configuration:", "").replace("requested change: ", "").split())
         raise KfitError(f"command-line override {reason} (overrides: {shown})") from None
     return config, f"overrides: {shown} (command line; {config.source} unchanged)"
-
-
-def processes(config, hardware, world_size: int | None = None, run: Invocation | None = None) -> tuple[int, int]:
-    """(training processes, machines) as 'make train' would run them, from the command's variables (WORLD_SIZE=,
-    GPUS=, NNODES=): lib.api.processes. So a plan previewed with the arguments of a run is the plan that runs."""
-    from .. import api
-
-    run = parsed(run)
-    return api.processes(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes)
-
-
-def plan_for(config, hardware, world_size: int | None = None, run: Invocation | None = None):
-    """(model description, plan) for a config on a machine, as training would resolve it, with the command's
-    settings (lib.planning.Settings: never the API's default)."""
-    from .. import api
-
-    run = parsed(run)
-    return api.plan_for(config, hardware, world_size or run.world_size, gpus=run.gpus, nodes=run.planned_nodes,
-                        settings=run.settings)

@@ -65,6 +65,12 @@ class Invocation:
         """The machines a plan is made for: an elastic range plans for its largest."""
         return self.nodes[1]
 
+    def plan_args(self, world_size: int | None = None) -> dict:
+        """The door's keywords (lib.planning.make_plan) for this command's processes (WORLD_SIZE=, GPUS=,
+        NNODES=) and settings: so a plan previewed with the arguments of a run is the plan that runs."""
+        return dict(world_size=world_size or self.world_size, gpus=self.gpus, nodes=self.planned_nodes,
+                    settings=self.settings)
+
 
 def _settings_type() -> type:
     """lib.planning.Settings, imported when first needed: lib.planning imports torch, which a command that only

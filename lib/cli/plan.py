@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from .common import config_to_plan, hardware_from_env, plan_for
+from .common import config_to_plan, hardware_from_env, parsed
 from .flags import MACHINE, command
 from .. import config as kconfig
 from ..errors import KfitError
@@ -31,9 +31,12 @@ def time_rows(*args, **kwargs):
 
 
 def cmd_plan(args) -> int:
-    hardware = hardware_from_env()
-    config, note = config_to_plan()
-    model, plan = plan_for(config, hardware)
+    from ..planning import make_plan
+
+    run = parsed(None)
+    hardware = hardware_from_env(run=run)
+    config, note = config_to_plan(run)
+    model, plan = make_plan(config, hardware, **run.plan_args())
     if note:
         from ..planning import edits
 
@@ -120,7 +123,9 @@ def cmd_check_hardware(args) -> int:
         print(f"  warning: {warning}")
     if path.exists():
         config = kconfig.read_config(path)
-        model, plan = plan_for(config, hardware)
+        from ..planning import make_plan
+
+        model, plan = make_plan(config, hardware, **parsed(None).plan_args())
         print()
         print(format_plan(plan, config, hardware, model))
         advice = recommendations(config, hardware, plan, plan.world_size)

@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .common import apply_hint, hardware_from_env, new_defconfig_dir, plan_for, processes
+from .common import apply_hint, hardware_from_env, new_defconfig_dir, parsed
 from .. import config as kconfig, fileio
 from ..env import env_bool
 from ..errors import KfitError
@@ -209,14 +209,17 @@ def cmd_recommend(args) -> int:
     if write and out_dir.exists() and not out_dir.is_dir():
         raise KfitError(f"OUT={out}: not a directory: WRITE=1 writes recommended-<mode> files into a directory "
                         "(OUT=<name>.html writes the HTML page)")
-    hardware = hardware_from_env()
+    from ..planning import make_plan, processes
+
+    run = parsed(None)
+    hardware = hardware_from_env(run=run)
     base, source, note = _base()
-    nproc, _ = processes(base, hardware)
+    nproc, _ = processes(base, hardware, world_size=run.world_size, gpus=run.gpus, nodes=run.planned_nodes)
     device_type, _ = decide_device(base, hardware)
     flops = _device_flops(base, hardware, nproc)
 
     def plan(config):
-        return plan_for(config, hardware)[1]
+        return make_plan(config, hardware, **run.plan_args()).plan
 
     shapes, dataset_tokens = [], None
     if base.model in FAMILIES:

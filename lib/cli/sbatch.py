@@ -112,7 +112,7 @@ def node_request(cpus: int | None, partition: str | None, hardware, ask=None) ->
 
 
 def cmd_sbatch(args) -> int:
-    from .. import api
+    from ..planning import make_plan
     from ..planning.render import summary_line
 
     nodes = env_number("NODES", int, 1, minimum=1)
@@ -125,7 +125,7 @@ def cmd_sbatch(args) -> int:
     partition, account = _name(env_text("PARTITION"), "PARTITION"), _name(env_text("ACCOUNT"), "ACCOUNT")
     hardware = hardware_from_env(allow_simulated=True)  # GPU= / HW= describe the cluster's nodes
     config = ensure_config()
-    model, plan = api.plan_for(config, hardware, gpus=gpus, nodes=nodes)
+    model, plan = make_plan(config, hardware, gpus=gpus, nodes=nodes)
     per_node = plan.world_size // nodes if plan.world_size % nodes == 0 else plan.world_size
     if array is None and per_node * nodes != plan.world_size:
         raise KfitError(f"the plan has {plan.world_size} processes, not {nodes} machine(s) x {per_node}: set GPUS=")

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import ensure_config, hardware_from_env, plan_for
+from .common import ensure_config, hardware_from_env
 from .. import config as kconfig
 from ..env import env_number, env_text
 from ..errors import KfitError
@@ -25,20 +25,6 @@ from .slurm import with_slurm
 
 # torch and what needs it are imported by the commands that use them, not with this module: kfit's parser
 # imports every command's module, and a config target or a refused variable then starts in about 0.5 s, not 3 s.
-
-
-def train_planned(*args, **kwargs):
-    """lib.api.train_planned (a name here, so a test can replace what cmd_train calls)."""
-    from ..api import train_planned as train
-
-    return train(*args, **kwargs)
-
-
-def usable_hardware(*args, **kwargs):
-    """lib.api.usable_hardware (scripts/cli_train.py's tests call it by this name)."""
-    from ..api import usable_hardware as usable
-
-    return usable(*args, **kwargs)
 
 
 def _rank_script() -> Path:
@@ -121,21 +107,19 @@ def _handed_plan(config, hardware, run: Invocation, world_size: int, log, nodes:
     """In a rank: the launcher's `plan`; resolved here only where there is none (torchrun started by hand) or
     an elastic restart changed the world size (`world_size` processes over the `nodes` machines that joined),
     and then said. A rank that falls back to the CPU cannot train a GPU plan beside GPU ranks: refused."""
-    from ..plan import ModelDescription
+    from ..planning import make_plan, received
 
     if plan is not None:
         if plan.device_type != "cpu" and not hardware.gpus:
             raise KfitError(f"this rank's GPU cannot train (see the warning above), but the run was planned for "
                             f"{plan.device_name}: fix or leave out that GPU (CUDA_VISIBLE_DEVICES) and start again")
         if plan.world_size == world_size:
-            return ModelDescription.from_config(config), plan
+            return received(config, plan)
         log(f"note: {world_size} processes joined, the launcher planned for {plan.world_size}: re-planning for "
             f"{world_size} (an elastic restart)")
     else:
         log("note: no plan from a kfit launcher (torchrun started by hand?): resolving it in every rank")
-    from .. import api
-
-    return api.plan_for(config, hardware, world_size, nodes=nodes, settings=run.settings)
+    return make_plan(config, hardware, world_size=world_size, nodes=nodes, settings=run.settings)
 
 
 def extended_run(run: Invocation):
@@ -166,8 +150,10 @@ def cmd_train(args) -> int:
     import torch
 
     from .. import distributed
+    from ..api import train_planned, usable_hardware
     from ..oom import ADVICE, is_oom
     from ..parallel import is_sharded
+    from ..planning import make_plan, process_count
     from ..planning.decisions import decide_device
     from ..trainer import TrainingInterrupted
 
@@ -185,10 +171,10 @@ def cmd_train(args) -> int:
                             "torchrun ('make plan WORLD_SIZE=N' shows what N processes would run)")
         hardware = usable_hardware(config, hardware, _stderr)
         device_type, _ = decide_device(config, hardware)
-        nproc, why = distributed.process_count(config, hardware, device_type, run.gpus)
+        nproc, why = process_count(config, hardware, device_type, run.gpus)
         # the one resolve of this launch: it validates the config (and refuses a world size it cannot take)
         # before any process starts, and every rank trains it
-        model, plan = plan_for(config, hardware, nproc * run.planned_nodes, run=run)
+        model, plan = make_plan(config, hardware, **run.plan_args(nproc * run.planned_nodes))
         if nproc > 1 or run.planned_nodes > 1:  # one process on each of several machines is torchrun's too
             return _launch(config, hardware, model, plan, run, nproc, why)
     rank = distributed.current()

@@ -15,7 +15,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from .common import ensure_config, env_number, hardware_from_env, new_defconfig_dir, plan_for
+from .common import ensure_config, env_number, hardware_from_env, new_defconfig_dir, parsed
 from .. import config as kconfig, fileio
 from ..errors import KfitError
 from .flags import command
@@ -67,9 +67,12 @@ def cmd_find_lr(args) -> int:
     from ..env import env_bool
 
     apply = env_bool("APPLY", False)  # checked before the sweep, not after it
-    hardware = hardware_from_env(allow_simulated=False)
-    config = ensure_config()
-    model, plan = plan_for(config, hardware)
+    from ..planning import make_plan
+
+    run = parsed(None)
+    hardware = hardware_from_env(allow_simulated=False, run=run)
+    config = ensure_config(run)
+    model, plan = make_plan(config, hardware, **run.plan_args())
     batch = _positive("BATCH") or plan.micro_batch
     runs = _positive("RUNS") or 1
     split = plan.split

@@ -29,7 +29,7 @@ Kconfig values a trial's parameters stand for), runner.py (the trials, the study
 from ..errors import KfitError  # noqa: F401  (lib.hpo.KfitError, as before the split)
 from .runner import (
     TRIAL_FAILURES, Interrupted, Log, best_assignments, best_trial, capped, counts, fail_stale_trials, fold_task,
-    new_trial_dir, objective, plan_of, probe_once, run_study, status_lines, trial_line,
+    new_trial_dir, objective, probe_once, run_study, status_lines, trial_line,
 )
 from .space import (OBJECTIVES, SPACE_SYMBOLS, assignments, check_objective, check_space, describe, heaviest,
                     parse_space, sample, search_space, space_text, trial_config)
@@ -42,6 +42,6 @@ __all__ = [
     "HEARTBEAT_GRACE_S", "HEARTBEAT_S", "OBJECTIVES", "SPACE_SYMBOLS", "TRIAL_FAILURES", "HyperbandWithPatience",
     "Interrupted", "Log", "assignments", "best_assignments", "best_trial", "capped", "check_objective", "check_space",
     "counts", "describe", "fail_stale_trials", "fold_task", "heaviest", "make_pruner", "new_trial_dir", "objective",
-    "open_study", "parse_space", "plan_of", "probe_once", "redact", "run_study", "sample", "search_space",
+    "open_study", "parse_space", "probe_once", "redact", "run_study", "sample", "search_space",
     "space_text", "status_lines", "storage_url", "study_dir", "study_name", "trial_config", "trial_line",
 ]

@@ -16,7 +16,8 @@ import torch
 from ..config import Config
 from ..data.splits import BatchSplit
 from ..errors import KfitError
-from ..hyperparams import ModelDescription, Plan, resolve
+from ..plan import Plan
+from ..planning import make_plan
 from ..units import batch_split
 from .space import (OBJECTIVES, assignments, check_objective, check_space, describe, heaviest, maximise,
                     objective_label, sample, search_space, space_text, stored_space, study_objective, trial_config)
@@ -43,11 +44,6 @@ def new_trial_dir(directory: Path, number: int) -> Path:
             n += 1
 
 
-def plan_of(config: Config, hardware) -> Plan:
-    """A trial's plan: one process (trials do not run under torchrun)."""
-    return resolve(config, hardware, ModelDescription.from_config(config), 1)
-
-
 def probe_once(config: Config, hardware, task, log: Log = print) -> dict | None:
     """Before the first trial: the probe (lib/probe.py, as CONFIG_PROBE_* says) of the trial that needs the most
     memory, the largest effective batch with the optimizer that keeps the most state; its largest micro-batch
@@ -56,7 +52,7 @@ def probe_once(config: Config, hardware, task, log: Log = print) -> dict | None:
 
     params = heaviest(config)
     cfg = trial_config(config, params, "probe")
-    result = confirm(cfg, plan_of(cfg, hardware), hardware, task, log=log)
+    result = confirm(cfg, make_plan(cfg, hardware, world_size=1).plan, hardware, task, log=log)
     if result is not None:
         log(f"Probe: every trial's micro-batch at most {result['max_micro']}, eval batch at most "
             f"{result['eval_batch']} (probed once, {describe(params)})")
@@ -87,7 +83,7 @@ def objective(config: Config, hardware, task, *, storage: str | None = None, log
         params = sample(trial, config)
         run_dir = new_trial_dir(directory, trial.number)
         cfg = trial_config(config, params, run_dir.name)
-        plan = capped(plan_of(cfg, hardware), probed)
+        plan = capped(make_plan(cfg, hardware, world_size=1).plan, probed)
         split = plan.split
         for name, value in (("micro_batch", plan.micro_batch), ("grad_accum", split.count),
                             ("last_micro_batch", split.last_micro_batch), ("world_size", plan.world_size),

@@ -9,12 +9,15 @@
     ladder.py         the out-of-memory ladder: halving and rungs, before training and during it
     edits.py          the plan's other changes: the probe's result, the evaluation batch, a resumed micro-batch
     resolver.py       the resolver: a PlanRequest -> Plan
+    door.py           the one door every caller plans through: make_plan (the model and processes derived
+                      from the config), confirm (the probe on the device, re-predicted)
     render.py         the lines a plan prints
 
 Imports are light: torch is imported where a prediction needs it.
 """
 
+from .door import Planned, confirm, make_plan, process_count, processes, received
 from .request import ChooseArgs, PlanRequest, Settings, settings_or_environment
-from .resolver import resolve, resolve_request
 
-__all__ = ["ChooseArgs", "PlanRequest", "Settings", "resolve", "resolve_request", "settings_or_environment"]
+__all__ = ["ChooseArgs", "PlanRequest", "Planned", "Settings", "confirm", "make_plan", "process_count",
+           "processes", "received", "settings_or_environment"]

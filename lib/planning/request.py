@@ -19,22 +19,20 @@ class Settings:
 
     omp_threads: int | None = None
     measure: bool = True
-    resolve_log: str | None = None  # a file that gets one line per resolve (KFIT_RESOLVE_LOG; tests count them)
 
     @classmethod
     def from_environment(cls, env=None) -> "Settings":
-        from ..env import env_bool, env_number, env_text
+        from ..env import env_bool, env_number
 
         omp = env_number("OMP_NUM_THREADS", int, None, env)
         return cls(omp_threads=omp if omp and omp > 0 else None,
-                   measure=env_bool("KFIT_STEPTIME_MEASURE", True, env),
-                   resolve_log=env_text("KFIT_RESOLVE_LOG", env))
+                   measure=env_bool("KFIT_STEPTIME_MEASURE", True, env))
 
 
 def settings_or_environment(settings: Settings | None) -> Settings:
     """`settings`, or where None this process's (Settings.from_environment()): the documented default of the
-    callers that have no command line to parse them (lib/api.py, planning.resolve() for the facade, the reports
-    and validation). The command line passes its own, parsed once per command (lib/cli/invocation.py)."""
+    callers that have no command line to parse them (lib/api.py, lib/hyperparams.py, the reports and
+    validation). The command line passes its own, parsed once per command (lib/cli/invocation.py)."""
     return Settings.from_environment() if settings is None else settings
 
 

@@ -14,16 +14,13 @@ Where not even micro-batch 1 is predicted to fit, the out-of-memory ladder's run
 (ladder.pre_training).
 
 Nothing here detects hardware or reads the environment: what the surroundings say comes in the request's
-Settings (the command line's, parsed once per command; `resolve()` without them takes this process's, as
-lib/api.py's functions do).
+Settings. Callers come through lib/planning/door.py (make_plan), which builds the request.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
-from ..fileio import open_append
 from ..config import Config
 from ..errors import NoFitError, PlanError
 from ..hardware import HardwareProfile
@@ -44,21 +41,10 @@ def resolve_request(request: PlanRequest) -> Plan:
     """The plan for the request, sharing the model as lib.planning.strategy decides. Where the memory planner
     predicts that not even micro-batch 1 fits, the out-of-memory ladder's rungs that the config allows are
     taken before training (`_on_the_ladder`), as training would take them after running out of memory."""
-    if request.settings.resolve_log:  # tests count resolves per launch
-        with open_append(request.settings.resolve_log) as log:
-            log.write(f"{os.getpid()} {request.config.model} world_size={request.world_size}\n")
     try:
         return _resolve(request)
     except NoFitError as err:
         return _on_the_ladder(request, err)
-
-
-def resolve(config: Config, hardware: HardwareProfile, model: ModelDescription, world_size: int = 1,
-            policy: BatchPolicy | None = None, nodes: int = 1, settings: Settings | None = None) -> Plan:
-    """resolve_request() from its parts, for callers with no command line (the facade, the reports, validation).
-    settings: what the surroundings say; None, the default, takes this process's (settings_or_environment)."""
-    return resolve_request(PlanRequest(config, hardware, model, world_size=world_size, nodes=nodes, policy=policy,
-                                       settings=settings_or_environment(settings)))
 
 
 def _on_the_ladder(request: PlanRequest, no_fit: NoFitError) -> Plan:

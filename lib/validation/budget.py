@@ -114,7 +114,7 @@ def judge_squeeze(*, steps: int, events: list[dict], peak: int, plan, free: int,
 
 def check_squeezed(ctx: Context, predictor: MemoryPredictor | None = None) -> Result:
     from ..hardware import resolve_hardware
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
 
     held = 0
     if ctx.device == "cuda":
@@ -130,7 +130,7 @@ def check_squeezed(ctx: Context, predictor: MemoryPredictor | None = None) -> Re
         free = math.ceil(need / config.memory_profile)
         base = resolve_hardware(gpu="cpu")
         hardware = dataclasses.replace(base, cpu=dataclasses.replace(base.cpu, ram_available_bytes=free))
-    plan = resolve(config, hardware, ModelDescription.from_config(config))
+    plan = make_plan(config, hardware).plan
     if ctx.device == "cuda":
         ctx.cuda.reset_peaks()
     result = run_training(config, plan, hardware)
@@ -188,7 +188,7 @@ def judge_recovery(*, clean, recovered, events: list[dict], effective_batch: int
 def check_oom_recovery(ctx: Context, predictor: MemoryPredictor | None = None) -> Result:
     from ..checkpoint import FINAL, load_checkpoint
     from ..hardware import resolve_hardware
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
 
     micro = OOM_MICRO[ctx.device]
     settings = {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": micro, "GRADIENT_ACCUMULATION": OOM_ACCUM,
@@ -200,7 +200,7 @@ def check_oom_recovery(ctx: Context, predictor: MemoryPredictor | None = None) -
     runs, leave = {}, None
     for name in ("oom-clean", "oom-recovered"):
         config = make_config(ctx, base, name, settings)
-        plan = resolve(config, hardware, ModelDescription.from_config(config))
+        plan = make_plan(config, hardware).plan
         if name == "oom-recovered" and ctx.device == "cuda":
             predictor = predictor or MemoryPredictor()
             small, large = (predictor.predict(config, batch=b, device_type="cuda", precision="fp32").peak_bytes

@@ -6,7 +6,7 @@ loss in one graph, lib/step.py forward_loss: `loss_compiled` in the figures); ea
 is timed over TIMED_CALLS calls after
 warm-up (the compiled one after its first compile, whose time is reported).
 speedup = compiled / eager samples per second. Compile AUTO (what
-lib.hyperparams.resolve decides for this GPU) is confirmed when it compiles and
+lib.planning.make_plan decides for this GPU) is confirmed when it compiles and
 every speedup is at least 1, or when it does not and every speedup is below 1;
 otherwise the check fails and the suggestion says which way AUTO should go.
 """
@@ -64,11 +64,11 @@ def throughput(task, config, cuda, *, batch: int, compile: bool) -> dict:
 def compile_auto(ctx: Context) -> tuple[bool, str]:
     """What compile AUTO decides on this machine (a MANUAL batch: the planner is not needed)."""
     from ..hardware import resolve_hardware
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
 
     config = kconfig.make_defconfig("resnet18", out=ctx.workdir / "compile-auto.config")
     config = kconfig.derive(config, {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 8, "GRADIENT_ACCUMULATION": 1})
-    plan = resolve(config, resolve_hardware(), ModelDescription.from_config(config))
+    plan = make_plan(config, resolve_hardware()).plan
     return plan.compile, plan.reasons["compile"]
 
 

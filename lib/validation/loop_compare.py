@@ -115,10 +115,10 @@ def config_for(name: str, micro_batch: int, steps: int, out: Path, device: str, 
 
 def planned_micro_batch(name: str, out: Path, device: str, compile: bool, hardware) -> int:
     """The micro-batch kfit's planner chooses (AUTO) for the case's model on this device."""
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
 
     config = base_config(name, out, device, compile)
-    return resolve(config, hardware, ModelDescription.from_config(config)).micro_batch
+    return make_plan(config, hardware).plan.micro_batch
 
 
 class Reference:
@@ -229,13 +229,13 @@ def compare(case: Case, rounds: int, out: Path, device: str = "cpu", clock: Cloc
             out_of_time: Callable[[], bool] = lambda: False) -> Comparison:
     """`rounds` rounds of `case` on `device` (fewer where `out_of_time` says so after one), timed by `clock`."""
     from ..hardware import resolve_hardware
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
     from ..task import load_task
 
     hardware = resolve_hardware() if device == "cuda" else resolve_hardware(gpu="cpu")
     micro = case.micro_batch or planned_micro_batch(case.name, out, device, case.compile, hardware)
     config = config_for(case.name, micro, case.warmup + case.steps + 1, out, device, case.compile)
-    plan = resolve(config, hardware, ModelDescription.from_config(config))
+    plan = make_plan(config, hardware).plan
     task = load_task(config)
     result = Comparison(case, plan.cpu_threads, plan.num_workers, plan.precision, micro, plan, config, hardware)
     for n in range(rounds):  # a run directory each: a second run in the first's would resume it

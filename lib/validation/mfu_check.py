@@ -43,13 +43,13 @@ FLOOR = 0.25
 def plan_for(ctx: Context):
     """(config, hardware, plan) of GPT-2 124M on the 50,257-token vocabulary at BATCH x 1, compiled, bf16."""
     from ..hardware import resolve_hardware
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
 
     config = vocab.make_config(ctx.workdir, "mfu", {"HYPER_PARAM_MANUAL": True, "BATCH_SIZE": BATCH,
                                                     "GRADIENT_ACCUMULATION": 1, "COMPILE_MANUAL": True,
                                                     "COMPILE_MODEL": True, "PRECISION_BF16": True})
     hardware = resolve_hardware()
-    return config, hardware, resolve(config, hardware, ModelDescription.from_config(config))
+    return config, hardware, make_plan(config, hardware).plan
 
 
 def measured_mfu(plan, speed_model, samples_per_s: float) -> tuple[float | None, str]:

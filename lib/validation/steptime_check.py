@@ -93,13 +93,13 @@ def timed_run(config, hardware):
     """(config run, plan, the trainer's step_time event) of a short real run of `config`, its MAX_STEPS set
     so the trainer's timed window is covered (`steps_for`)."""
     from .. import config as kconfig
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
 
-    plan = resolve(config, hardware, ModelDescription.from_config(config))
+    plan = make_plan(config, hardware).plan
     steps = steps_for(plan)
     if steps != config.max_steps:
         config = kconfig.derive(config, {"MAX_STEPS": steps})
-        plan = resolve(config, hardware, ModelDescription.from_config(config))
+        plan = make_plan(config, hardware).plan
     result = run_training(config, plan, hardware)
     return config, plan, step_time_event(result.run_dir)
 

@@ -123,11 +123,11 @@ def check_sweep(ctx: Context) -> Result:
     if ctx.device != "cuda":
         return skipped("DEVICE=cpu: a CPU plan times real steps at its candidate micro-batches already")
     from ..hardware import resolve_hardware
-    from ..hyperparams import ModelDescription, resolve
+    from ..planning import make_plan
     from ..task import load_task
 
     config = vocab.make_config(ctx.workdir, "sweep", SETTINGS)
-    plan = resolve(config, resolve_hardware(), ModelDescription.from_config(config))
+    plan = make_plan(config, resolve_hardware()).plan
     share = plan.effective_batch // plan.world_size
     sizes = sizes_to_time(plan.micro_batch, plan.max_micro_batch or plan.micro_batch, share)
     measured = time_steps(ctx, config, load_task(config), plan, sizes)

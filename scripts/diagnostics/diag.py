@@ -73,7 +73,7 @@ if "mem" in PARTS:
 if "oom" in PARTS:
     from lib.checkpoint import FINAL, load_checkpoint
     from lib.hardware import resolve_hardware
-    from lib.hyperparams import ModelDescription, resolve
+    from lib.planning import make_plan
 
     hw = resolve_hardware()
     weights = {}
@@ -87,7 +87,7 @@ if "oom" in PARTS:
                                                      "LEARNING_RATE": 1e-3, "EVAL_BATCH_SIZE": 4,
                                                      "PRECISION_FP32": True, "TF32_OFF": True,
                                                      "COMPILE_MANUAL": True, "COMPILE_MODEL": False})
-            plan = resolve(config, hw, ModelDescription.from_config(config))
+            plan = make_plan(config, hw).plan
             res = run_training(config, plan, hw)
             weights[name] = load_checkpoint(res.run_dir / FINAL)["model"]
             losses = [json.loads(l).get("loss") for l in (res.run_dir / "metrics.jsonl").read_text().splitlines()

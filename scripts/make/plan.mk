@@ -1,4 +1,4 @@
-# Memory planner targets (lib/memory/, lib/planner.py, lib/report.py).
+# Planning targets (lib/planning/, lib/memory/, lib/steptime/, lib/report.py).
 .PHONY: plan-matrix plan-report bench-memory bench-plan
 
 plan-matrix: $(ENV_STAMP) ## Plan every defconfig on every catalog GPU and the CPU (FORMAT=json)
