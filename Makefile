@@ -51,9 +51,7 @@ FRAGMENT_NAMES := $(sort $(notdir $(wildcard $(ROOT)/defconfigs/fragments/*)))
 DEFAULT_DEFCONFIG := lenet5
 
 .DEFAULT_GOAL := help
-.PHONY: FORCE help version env menuconfig oldconfig olddefconfig savedefconfig listnewconfig defconfig \
-        alldefconfig allnoconfig allyesconfig randconfig \
-        plan check-hardware train export report sample test check clean mrproper distclean
+.PHONY: FORCE help version env defconfig test check clean mrproper distclean
 
 # The environment is built on first use and rebuilt when the requirements change, or when a package it needs is
 # gone although the stamp is there (a glob per package: no Python starts on every make); install-deps.sh then
@@ -66,38 +64,28 @@ $(ENV_STAMP): $(addprefix $(ROOT)/,requirements.txt requirements-test.txt script
 	$(if $(ENV_MISSING),@echo $(call q,note: $(VENV) lacks $(ENV_MISSING): installing again) >&2)
 	$(Q)cd $(call q,$(ROOT)) && scripts/install-deps.sh $(call q,$(VENV)) $(call q,$(PYTHON))
 
-env: $(ENV_STAMP) ## Create .venv and install the dependencies (done automatically)
+help-env := Create .venv and install the dependencies (done automatically)
+env: $(ENV_STAMP)
 
 # --- configuration -------------------------------------------------------
 
-menuconfig: $(ENV_STAMP) ## Edit a copy of the config in a terminal menu; kept only if valid
-	$(Q)$(KFIT) menuconfig
+# Targets that only run `kfit <target>` (KFIT_TARGETS) or `scripts/<target>.py` with '-' as '_' (SCRIPT_TARGETS)
+# are one rule over each list, below the areas' fragments, as the kernel's simple targets are; each area adds its
+# own to the lists in scripts/make/<area>.mk, and every target's line in 'make help' is its help-<target>.
+KFIT_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig alldefconfig allnoconfig allyesconfig \
+  randconfig
+help-menuconfig := Edit a copy of the config in a terminal menu; kept only if valid
+help-oldconfig := Ask only for symbols the config does not set (defaults without a terminal)
+help-olddefconfig := Validate the config and fill new symbols with defaults
+help-savedefconfig := Write the minimal config to ./defconfig
+help-listnewconfig := List symbols the config does not set yet
+help-alldefconfig := Write the config with every symbol at its default
+help-allnoconfig := Write the config with as many options n as allowed
+help-allyesconfig := Write the config with as many options y as allowed
+help-randconfig := Write a random valid config (KCONFIG_SEED=n to repeat one; the seed is printed)
 
-oldconfig: $(ENV_STAMP) ## Ask only for symbols the config does not set (defaults without a terminal)
-	$(Q)$(KFIT) oldconfig
-
-olddefconfig: $(ENV_STAMP) ## Validate the config and fill new symbols with defaults
-	$(Q)$(KFIT) olddefconfig
-
-savedefconfig: $(ENV_STAMP) ## Write the minimal config to ./defconfig
-	$(Q)$(KFIT) savedefconfig
-
-listnewconfig: $(ENV_STAMP) ## List symbols the config does not set yet
-	$(Q)$(KFIT) listnewconfig
-
-alldefconfig: $(ENV_STAMP) ## Write the config with every symbol at its default
-	$(Q)$(KFIT) alldefconfig
-
-allnoconfig: $(ENV_STAMP) ## Write the config with as many options n as allowed
-	$(Q)$(KFIT) allnoconfig
-
-allyesconfig: $(ENV_STAMP) ## Write the config with as many options y as allowed
-	$(Q)$(KFIT) allyesconfig
-
-randconfig: $(ENV_STAMP) ## Write a random valid config (KCONFIG_SEED=n to repeat one; the seed is printed)
-	$(Q)$(KFIT) randconfig
-
-defconfig: $(DEFAULT_DEFCONFIG)-defconfig ## Apply the default defconfig (lenet5)
+help-defconfig := Apply the default defconfig (lenet5)
+defconfig: $(DEFAULT_DEFCONFIG)-defconfig
 
 # FRAGMENTS="a b" merges defconfigs/fragments/a and b on top; every value must take.
 # FORCE: pattern rules cannot be .PHONY, and a file named like the target must not stop them.
@@ -115,23 +103,13 @@ defconfig-%: FORCE $(ENV_STAMP)
 
 # --- planning and training -----------------------------------------------
 
-plan: $(ENV_STAMP) ## Show the resolved plan (FORMAT=json, HW=, GPU=, FREE_GB=, GPUS=, WORLD_SIZE=)
-	$(Q)$(KFIT) plan
-
-check-hardware: $(ENV_STAMP) ## Report this machine (or HW=/GPU=) and the plan for the config
-	$(Q)$(KFIT) check-hardware
-
-train: $(ENV_STAMP) ## Train as configured (default defconfig without a config; RESUME_FROM=<run> INIT_FROM=<weights> EXTEND_EPOCHS=N)
-	$(Q)$(KFIT) train
-
-export: $(ENV_STAMP) ## One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint>, default the last run; OUT=dir)
-	$(Q)$(KFIT) export
-
-report: $(ENV_STAMP) ## One HTML page of a run: curves against the plan's predictions, events (RUN=, default the last run; OUT=)
-	$(Q)$(KFIT) report
-
-sample: $(ENV_STAMP) ## Text from a trained GPT-2 or Llama run (RUN=, default the last one; PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
-	$(Q)$(KFIT) sample
+KFIT_TARGETS += plan check-hardware train export report sample
+help-plan := Show the resolved plan (FORMAT=json, HW=, GPU=, FREE_GB=, GPUS=, WORLD_SIZE=)
+help-check-hardware := Report this machine (or HW=/GPU=) and the plan for the config
+help-train := Train as configured (default defconfig without a config; RESUME_FROM=<run> INIT_FROM=<weights> EXTEND_EPOCHS=N)
+help-export := One model.safetensors from a run, sharded or not (RUN=<run dir or checkpoint>, default the last run; OUT=dir)
+help-report := One HTML page of a run: curves against the plan's predictions, events (RUN=, default the last run; OUT=)
+help-sample := Text from a trained GPT-2 or Llama run (RUN=, default the last one; PROMPT= MAX_TOKENS= TEMPERATURE= TOP_K= SEED=)
 
 # Two tiers, as larger projects keep them: 'make test' runs every test not marked slow (minutes: run it on every
 # change; CI runs it), 'make check' runs them all (the end-to-end torchrun, FSDP, SLURM, PostgreSQL and make
@@ -143,37 +121,56 @@ check: TEST_TIER :=
 test check: export PYTEST_ADDOPTS += $(TEST_TIER) $(PYTEST_ARGS)
 test check: export KFIT_OVERRIDES :=
 check: export KFIT_TIER := check
-test: ## Run the quick tier of the tests: all but those marked slow (installs chromium for the HTML checks)
-check: ## Run every test, the slow end-to-end runs too (before pushing a change they cover)
+help-test := Run the quick tier of the tests: all but those marked slow (installs chromium for the HTML checks)
+test:
+help-check := Run every test, the slow end-to-end runs too (before pushing a change they cover)
+check:
 test check: $(ENV_STAMP)
 	$(Q)$(call q,$(ROOT)/scripts/ensure-chromium.sh)
 	$(Q)cd $(call q,$(ROOT)) && $(RUN_PY) -m pytest -q -n $(call q,$(PYTEST_JOBS)) --dist loadfile --no-loadscope-reorder
 
-# Each area adds its targets (and their '## ' help lines) in scripts/make/<area>.mk.
+# Each area adds its targets to KFIT_TARGETS / SCRIPT_TARGETS (with their help-<target>) in scripts/make/<area>.mk.
+SCRIPT_TARGETS :=
+CORE_TARGETS := $(KFIT_TARGETS)
 include $(sort $(wildcard $(ROOT)/scripts/make/*.mk))
+AREA_TARGETS := $(filter-out $(CORE_TARGETS),$(KFIT_TARGETS)) $(SCRIPT_TARGETS)
+
+.PHONY: $(KFIT_TARGETS) $(SCRIPT_TARGETS)
+$(KFIT_TARGETS): $(ENV_STAMP)
+	$(Q)$(KFIT) $@
+
+$(SCRIPT_TARGETS): $(ENV_STAMP)
+	$(Q)$(RUN_PY) $(call q,$(ROOT)/scripts/$(subst -,_,$@).py)
 
 # --- cleaning --------------------------------------------------------------
 
-clean: ## Remove runs and caches (keeps the config and the environment)
+help-clean := Remove runs and caches (keeps the config and the environment)
+clean:
 	rm -rf runs $(call q,$(ROOT)/.pytest_cache)
 	find $(call q,$(ROOT)) -path $(call q,$(VENV)) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
-mrproper: clean ## Also remove the config files (KCONFIG_CONFIG, its .old, menuconfig's copy, ./defconfig)
+help-mrproper := Also remove the config files (KCONFIG_CONFIG, its .old, menuconfig's copy, ./defconfig)
+mrproper: clean
 	rm -f $(foreach f,$(value KCONFIG_CONFIG) $(value KCONFIG_CONFIG).old $(value KCONFIG_CONFIG).menuconfig,$(call q,$(f))) defconfig
 
-distclean: mrproper ## Also remove the virtual environment
+help-distclean := Also remove the virtual environment
+distclean: mrproper
 	rm -rf $(call q,$(VENV))
 
 FORCE:
 
-version: $(ENV_STAMP) ## Print kfit's, Python's and torch's versions and this machine's device
+help-version := Print kfit's, Python's and torch's versions and this machine's device
+version: $(ENV_STAMP)
 	$(Q)$(KFIT) --version
 
-help: ## List targets, defconfigs and fragments
+help-help := List targets, defconfigs and fragments
+# Every target with a help-<target>, in the order of the sections above and then the areas'
+HELP_TARGETS = env $(CORE_TARGETS) defconfig test check $(AREA_TARGETS) clean mrproper distclean version help
+help:
 	@echo "kfit: Kconfig-driven training"
 	@echo
 	@echo "Targets:"
-	@grep -hE '^[a-z-]+:.*## ' $(foreach f,$(MAKEFILE_LIST),$(call q,$(f))) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 20
+	@{ $(foreach t,$(HELP_TARGETS),printf '  %s\t%s\n' $(call q,$(t)) $(call q,$(help-$(t)));) } | expand -t 20
 	@echo "  <name>-defconfig  Write the config from defconfigs/<name> (also defconfig-<name>)"
 	@echo "  <fragment>.config Merge defconfigs/fragments/<fragment> onto the current config"
 	@echo

@@ -1,7 +1,4 @@
 # Data: a corpus tokenized into train.bin / val.bin / meta.json / tokenizer.json (lib/data/tokenized.py).
 # Command-line variables (CORPUS=, TOKENIZER=, VOCAB=, OUT=) reach kfit as environment.
-
-.PHONY: data
-
-data: $(ENV_STAMP) ## Tokenize a corpus for training (CORPUS=file|dir|glob TOKENIZER=json VOCAB=4096 OUT=data/<name>)
-	$(Q)$(KFIT) data
+KFIT_TARGETS += data
+help-data := Tokenize a corpus for training (CORPUS=file|dir|glob TOKENIZER=json VOCAB=4096 OUT=data/<name>)

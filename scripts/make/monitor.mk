@@ -1,6 +1,3 @@
 # --- monitoring ------------------------------------------------------------
-
-.PHONY: bench-monitor
-
-bench-monitor: $(ENV_STAMP) ## Measure the live monitor's cost per training step (STEPS=, REPEATS=, BATCH=)
-	$(Q)$(RUN_PY) $(call q,$(ROOT))/scripts/bench_monitor.py
+SCRIPT_TARGETS += bench-monitor
+help-bench-monitor := Measure the live monitor's cost per training step (STEPS=, REPEATS=, BATCH=)

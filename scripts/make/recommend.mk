@@ -1,5 +1,3 @@
-# Recommended configurations (lib/recommend.py, seed 002).
-.PHONY: recommend
-
-recommend: $(ENV_STAMP) ## Three configurations for this machine: conservative, balanced, extreme (GPU=, GPUS=, HW=, WRITE=1 [OUT=dir], OUT=page.html, FORMAT=json)
-	$(Q)$(KFIT) recommend
+# Recommended configurations (lib/recommend.py).
+KFIT_TARGETS += recommend
+help-recommend := Three configurations for this machine: conservative, balanced, extreme (GPU=, GPUS=, HW=, WRITE=1 [OUT=dir], OUT=page.html, FORMAT=json)
