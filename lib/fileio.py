@@ -250,6 +250,15 @@ def fsync_dir(path: Path | str) -> None:
         os.close(dir_fd)
 
 
+def content_hash(path: Path | str | None) -> str | None:
+    """The first 16 hex digits of a file's SHA-256 (a cache key's part), or None where there is no such file."""
+    import hashlib
+
+    if not path or not os.path.isfile(path):
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 def umask() -> int:
     """The process's umask, read from /proc where it can be: os.umask() can only read it by setting it,
     which another thread creating a file at that instant would see."""

@@ -25,7 +25,9 @@ class ModelDescription:
 
     @classmethod
     def from_config(cls, config: Config) -> "ModelDescription":
-        return cls(name=config.model, preset=config.gpt2_preset or getattr(config, "llama_preset", None))
+        from .models.registry import preset_of
+
+        return cls(name=config.model, preset=preset_of(config))
 
 
 @dataclass(frozen=True)

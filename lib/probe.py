@@ -92,12 +92,15 @@ def write_cache(path: Path, cache: dict, log=print) -> None:
 
 def fingerprint(config: Config, plan: Plan, hardware: HardwareProfile, task: Task) -> str:
     """What decides how much memory a training step takes on this device."""
+    from .memory.cache import model_fingerprint
+
     gpu = hardware.primary_gpu if plan.device_type != "cpu" else None
     info = task.info
     key = {
         "device": plan.device_type, "name": gpu.name if gpu else hardware.cpu.name,
         "total_bytes": gpu.total_bytes if gpu else hardware.cpu.ram_total_bytes,
-        "model": config.model, "preset": config.gpt2_preset, "custom": config.custom_model_factory,
+        # the model's shapes as its family declares them (a Llama preset's too; lib/models/registry.py)
+        "model": model_fingerprint(config),
         "data": [info.channels, info.image_size, info.num_classes, info.vocab_size, info.block_size],
         "optimizer": config.optimizer, "optimizer_name": config.optimizer_name, "memory_profile": config.memory_profile,
         "precision": plan.precision, "compile": plan.compile, "compile_mode": plan.compile_mode,

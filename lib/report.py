@@ -22,6 +22,7 @@ from .planning import make_plan
 from .models.registry import can_checkpoint
 from .planning.render import size
 from .units import GiB, format_bytes, gib
+from .models.registry import label as model_label
 
 if TYPE_CHECKING:
     from .planning import Settings
@@ -249,7 +250,7 @@ def scale_out_rows(policy=None, *, settings: "Settings | None" = None) -> list[M
         for name, assignment, gpu, processes, nodes in SCALE_OUT:
             (Path(tmp) / "fragment").write_text(assignment + "\n")
             config = kconfig.make_defconfig(name, [str(Path(tmp) / "fragment")], out=Path(tmp) / "config")
-            label = f"{name}-{config.gpt2_preset}"
+            label = model_label(config)
             machine = f"{gpu} x{processes}" if nodes == 1 else f"{nodes} x {gpu} x{processes}"
             with progress.item(f"{label} on {machine}"):
                 try:

@@ -140,26 +140,17 @@ def load_run_model(run: Path) -> tuple[torch.nn.Module, dict]:
 
 def _rebuild(run: Path, config, weights: dict) -> tuple[torch.nn.Module, dict]:
     """The run's model with its weights loaded, and what it is."""
-    from .models import build_model
+    from .models.registry import MODELS, label, preset_of
 
-    if config.model not in ("gpt2", "llama"):
-        raise KfitError(f"{run} is a {config.model} run: make sample generates text from GPT-2 and Llama runs")
-    llama = config.model == "llama"
-    preset = config.llama_preset if llama else config.gpt2_preset
+    spec = MODELS.get(config.model)
+    if spec is None or spec.from_weights is None:
+        samplers = " and ".join(name for name, m in MODELS.items() if m.from_weights is not None)
+        raise KfitError(f"{run} is a {config.model} run: make sample generates text from {samplers} runs")
+    preset = preset_of(config) or label(config)
     try:
-        if llama:
-            vocab, block = weights["embed.weight"].shape[0], config.llama_block_size
-        else:
-            vocab, block = weights["transformer.wte.weight"].shape[0], weights["transformer.wpe.weight"].shape[0]
+        model, vocab, block = spec.from_weights(config, weights)
     except KeyError as err:
         raise KfitError(f"{run}: no {err.args[0]} in its weights: not a kfit {config.model} model") from None
-    if llama:
-        from .models.registry import llama_shape
-
-        model = build_model("llama", llama_preset=llama_shape(config), block_size=block, vocab_size=vocab,
-                            tie_embeddings=config.llama_tie_embeddings is not False)
-    else:
-        model = build_model("gpt2", gpt2_preset=preset, block_size=block, vocab_size=vocab)
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:

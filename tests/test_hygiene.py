@@ -95,10 +95,7 @@ def test_the_private_import_finder_sees_every_form(tmp_path):
 
 # Known leftovers in files owned elsewhere, each to ask lib/models/registry.py instead (spec_for(name).text);
 # empty these as they are fixed. (path relative to the checkout, the code)
-MODEL_LIST_LEFTOVERS: set[tuple[str, str]] = {
-    ("lib/sample.py", "config.model not in ('gpt2', 'llama')"),
-    ("lib/memory/cache.py", "config.model in ('gpt2', 'llama')"),
-}
+MODEL_LIST_LEFTOVERS: set[tuple[str, str]] = set()
 
 
 def _model_names() -> set[str]:

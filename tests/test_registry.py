@@ -85,3 +85,47 @@ def test_a_task_builds_each_text_model_from_its_registry_arguments(tmp_path):
         assert task.info.block_size == spec_for(config.model).block_size(config)
         model = task.build(True)
         assert isinstance(model, kind) and model.grad_checkpointing
+
+
+def test_every_model_declares_its_shape_key_and_its_name_leads_it():
+    """The model part of every cache key comes from the model's own spec: a family without one cannot be
+    planned from a cache (a ConfigError), so a new family never shares another's keys."""
+    from lib.errors import ConfigError
+    from lib.models import registry
+
+    assert all(spec.shape_key is not None for spec in MODELS.values())
+    config = kc.defconfig_config("gpt2-tiny")
+    assert registry.shape_key(config)["model"] == "gpt2" and list(registry.shape_key(config))[0] == "model"
+    toy = dataclasses.replace(MODELS["gpt2"], name="toy", shape_key=None)
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(MODELS, "toy", toy)
+        with pytest.raises(ConfigError, match="declares no shape_key"):
+            registry.shape_key(dataclasses.replace(config, model="toy"))
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny"])
+def test_each_preset_of_a_family_gets_its_own_keys_and_label(name, tmp_path):
+    """Every preset of a text family is its own model to the trace cache and the probe's cache (the probe's key
+    named GPT-2's preset only, so two Llama sizes shared a probe result), and names its runs and studies."""
+    from lib.memory.cache import model_fingerprint
+    from lib.models import registry
+    from lib.probe import fingerprint
+    from lib.task import load_task
+
+    family = name.split("-")[0].upper()
+    base = kc.defconfig_config(name)
+    presets = [s.name.removeprefix(f"{family}_PRESET_").lower() for s in new_kconfig().syms.values()
+               if s.name.startswith(f"{family}_PRESET_") and s.choice is not None]
+    configs = []
+    for preset in presets:
+        try:
+            configs.append(kc.derive(base, {f"{family}_PRESET_{preset.upper()}": True}))
+        except KfitError:
+            continue  # a preset that needs other settings (custom dimensions)
+    assert len(configs) >= 3
+    assert len({registry.label(c) for c in configs}) == len(configs)
+    assert len({str(model_fingerprint(c)) for c in configs}) == len(configs)
+    hardware = resolve_hardware(gpu="h100")
+    plan = resolve(base, hardware, None)
+    task = load_task(base)
+    assert len({fingerprint(c, plan, hardware, task) for c in configs}) == len(configs)

@@ -19,6 +19,7 @@ from .common import ensure_config, env_number, hardware_from_env, new_defconfig_
 from .. import config as kconfig, fileio
 from ..errors import KfitError
 from .flags import command
+from ..models.registry import label as model_label
 
 
 def _new_directory(base: Path, prefix: str) -> Path:
@@ -79,7 +80,7 @@ def cmd_find_lr(args) -> int:
     why = "BATCH=" if os.environ.get("BATCH") else "the plan's per-device micro-batch"
     why += f"; training steps micro-batches {split.text()}"
     scaling = lr_finder.scaling_for(config, batch, plan.effective_batch)
-    print(f"LR range test: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
+    print(f"LR range test: {model_label(config)}, "
           f"{config.optimizer}, one process on {plan.device_type} ({plan.precision}) at batch {batch} ({why})")
     print(f"Sweep {config.lr_finder_min_lr:g} -> {config.lr_finder_max_lr:g} over {config.lr_finder_steps} steps, "
           f"smoothing {config.lr_finder_smoothing:g}, stop above {config.lr_finder_diverge:g} x the best; "

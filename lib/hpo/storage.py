@@ -20,6 +20,7 @@ import optuna
 from ..config import Config
 from ..errors import KfitError
 from ..redact import redact as redact_line
+from ..models.registry import label as model_label
 
 HEARTBEAT_S, HEARTBEAT_GRACE_S = 60, 300
 # objective (CONFIG_HPO_OBJECTIVE_*) -> (what lines call it, the study's direction)
@@ -59,7 +60,7 @@ def make_pruner(config: Config) -> optuna.pruners.HyperbandPruner:
 
 
 def study_name(config: Config) -> str:
-    name = config.hpo_study_name or (f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model)
+    name = config.hpo_study_name or model_label(config)
     if "/" in name or os.sep in name:  # it names the directory hpo-<name>
         raise KfitError(f"study name {name!r} (HPO_STUDY= or CONFIG_HPO_STUDY_NAME) has a '/': name it without one")
     return name

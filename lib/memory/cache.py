@@ -84,12 +84,6 @@ def write_traces(path: Path, contents: dict) -> None:
     sweep_temporaries(path.parent)
 
 
-def _file_hash(path: str | os.PathLike | None) -> str | None:
-    if not path or not os.path.isfile(path):
-        return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 @functools.lru_cache(maxsize=2)
 def _code_hash(sharded: bool = False) -> str:
     """kfit's own code that shapes a trace: this package, the optimizer and loss, the built-in models;
@@ -109,37 +103,9 @@ def model_fingerprint(config: Config) -> dict:
     """The config fields that decide the model's shapes (and so its traces), never the data's contents: with
     the parameters CONFIG_FREEZE freezes and the blocks CONFIG_CHECKPOINT_MODULES checkpoints (left out where
     empty, so the keys of configs without them stay as they were)."""
-    fp: dict = {"model": config.model}
-    if config.model in ("gpt2", "llama"):
-        llama = config.model == "llama"
-        fp.update(preset=config.llama_preset if llama else config.gpt2_preset,
-                  block_size=config.llama_block_size if llama else config.gpt2_block_size,
-                  dropout=bool(config.gpt2_dropout),  # masks are saved for backward only when > 0
-                  # the vocabulary: 256 bytes for the embedded text, meta.json (or GPT-2's) for a corpus
-                  corpus=(None if config.dataset != "dir" else
-                          _file_hash(Path(config.data_dir or "") / "meta.json") or "gpt2-vocab"))
-        if llama:
-            fp.update(tied=config.llama_tie_embeddings)
-            if config.llama_dims:  # CONFIG_LLAMA_PRESET_CUSTOM's shape
-                fp.update(dims=list(config.llama_dims))
-        if config.recompute_policy not in (None, "full"):  # what a checkpointed block keeps
-            fp.update(recompute=[config.recompute_policy, config.recompute_every or 0])
-        if config.vocab_size:  # CONFIG_VOCAB_SIZE in place of the data's (left out at 0: keys stay as they were)
-            fp.update(vocab=config.vocab_size)
-        if config.pad_vocab and (config.dataset == "dir" or config.vocab_size):  # 256 bytes need no padding
-            fp.update(pad_vocab=True)
-    elif config.model == "custom":
-        from ..models.custom import load_factory, source_file
+    from ..models.registry import shape_key
 
-        fp.update(factory=config.custom_model_factory,
-                  source=_file_hash(source_file(load_factory(config.custom_model_factory))))
-        if config.checkpoint_modules:  # which blocks a checkpointed step recomputes
-            fp.update(checkpoint_modules=list(config.checkpoint_modules))
-    else:  # image models: channels and classes come from the data set's format
-        fp.update(image_size=config.image_size,
-                  data=config.dataset_format if config.dataset == "dir" else "digits")
-        if config.dropout:  # its masks are saved for backward (left out at 0: the keys stay as they were)
-            fp.update(dropout=True)
+    fp = shape_key(config)  # each family's own fields (lib/models/registry.py)
     if config.freeze:  # frozen parameters have no gradients and no optimizer state
         fp.update(freeze=list(config.freeze))
     return fp

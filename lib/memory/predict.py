@@ -101,6 +101,7 @@ from .cache import default_cache_dir, fingerprint, parallel_key, read_traces, wr
 from .depth import at_depth, depth_of, scaled, shallow_depths
 from .curve import PeakCurve, Vector, affine_runs, largest_fitting  # noqa: F401  largest_fitting: re-exported
 from .trace import CATEGORIES, MiB, Trace, trace_step
+from ..models.registry import label as model_label
 
 if TYPE_CHECKING:
     from .measured import MeasuredFit
@@ -216,7 +217,7 @@ def _tracing(config: Config, batch: int, parallel: dict | None, train: bool):
     if not sys.stderr.isatty():
         yield
         return
-    label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+    label = model_label(config)
     how = f", {parallel['strategy']} x{parallel['world_size']}" if parallel else ""
     sys.stderr.write(f"\rtracing {label} ({'training step' if train else 'evaluation'}{how}) at "
                      f"micro-batch {batch} ...\x1b[K")

@@ -32,6 +32,14 @@ class ModelSpec:
     build_args: "Callable[[Config, DatasetInfo], dict] | None" = None
     block_size: "Callable[[Config], int | None] | None" = None  # a text model's context, as configured
     smaller: str | None = None  # what makes the model itself smaller, for the advice when it does not fit
+    # the size the config picks ("124m", "8b"; None for a model of one size): names runs, studies and traces
+    preset: "Callable[[Config], str | None] | None" = None
+    # the config fields that decide the model's shapes (and so its traces and its probe's result), beside its
+    # name: every family says its own, so no two families' configs can share a cache key
+    shape_key: "Callable[[Config], dict] | None" = None
+    # a text model rebuilt from a run's weights (make sample): (config, state dict) -> (module, vocab, context);
+    # a KeyError names a tensor the weights lack
+    from_weights: "Callable[[Config, dict], tuple[object, int, int]] | None" = None
 
     @property
     def text(self) -> bool:
@@ -129,23 +137,98 @@ def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
                 tie_embeddings=config.llama_tie_embeddings is not False, recompute=recompute_of(config))
 
 
+def _text_key(block_size: "Callable[[Config], int | None]", preset: "Callable[[Config], str | None]"):
+    """A text family's shape key: its preset and context, and what every text model shares (the vocabulary as
+    the data or CONFIG_VOCAB_SIZE gives it, its padding, dropout's masks, what a checkpointed block keeps)."""
+    from pathlib import Path
+
+    def key(config: "Config") -> dict:
+        from ..fileio import content_hash
+
+        fp: dict = dict(preset=preset(config), block_size=block_size(config),
+                        dropout=bool(config.gpt2_dropout),  # masks are saved for backward only when > 0
+                        # the vocabulary: 256 bytes for the embedded text, meta.json (or GPT-2's) for a corpus
+                        corpus=(None if config.dataset != "dir" else
+                                content_hash(Path(config.data_dir or "") / "meta.json") or "gpt2-vocab"))
+        return fp
+    return key
+
+
+def _text_extras(config: "Config", fp: dict) -> dict:
+    if config.recompute_policy not in (None, "full"):  # what a checkpointed block keeps
+        fp.update(recompute=[config.recompute_policy, config.recompute_every or 0])
+    if config.vocab_size:  # CONFIG_VOCAB_SIZE in place of the data's (left out at 0: keys stay as they were)
+        fp.update(vocab=config.vocab_size)
+    if config.pad_vocab and (config.dataset == "dir" or config.vocab_size):  # 256 bytes need no padding
+        fp.update(pad_vocab=True)
+    return fp
+
+
+def _gpt2_key(config: "Config") -> dict:
+    return _text_extras(config, _text_key(lambda c: c.gpt2_block_size, lambda c: c.gpt2_preset)(config))
+
+
+def _llama_key(config: "Config") -> dict:
+    fp = _text_key(lambda c: c.llama_block_size, lambda c: c.llama_preset)(config)
+    fp.update(tied=config.llama_tie_embeddings)
+    if config.llama_dims:  # CONFIG_LLAMA_PRESET_CUSTOM's shape
+        fp.update(dims=list(config.llama_dims))
+    return _text_extras(config, fp)
+
+
+def _image_key(config: "Config") -> dict:
+    # channels and classes come from the data set's format
+    fp: dict = dict(image_size=config.image_size, data=config.dataset_format if config.dataset == "dir" else "digits")
+    if config.dropout:  # its masks are saved for backward (left out at 0: the keys stay as they were)
+        fp.update(dropout=True)
+    return fp
+
+
+def _custom_key(config: "Config") -> dict:
+    from ..fileio import content_hash
+    from .custom import load_factory, source_file
+
+    fp: dict = dict(factory=config.custom_model_factory,
+                    source=content_hash(source_file(load_factory(config.custom_model_factory))))
+    if config.checkpoint_modules:  # which blocks a checkpointed step recomputes
+        fp.update(checkpoint_modules=list(config.checkpoint_modules))
+    return fp
+
+
+def _gpt2_from_weights(config: "Config", weights: dict) -> tuple[object, int, int]:
+    from . import build_model
+
+    vocab, block = weights["transformer.wte.weight"].shape[0], weights["transformer.wpe.weight"].shape[0]
+    return build_model("gpt2", gpt2_preset=config.gpt2_preset, block_size=block, vocab_size=vocab), vocab, block
+
+
+def _llama_from_weights(config: "Config", weights: dict) -> tuple[object, int, int]:
+    from . import build_model
+
+    vocab, block = weights["embed.weight"].shape[0], config.llama_block_size
+    return build_model("llama", llama_preset=llama_shape(config), block_size=block, vocab_size=vocab,
+                       tie_embeddings=config.llama_tie_embeddings is not False), vocab, block
+
+
 def _smaller(family: str) -> str:
     return f"a smaller preset (CONFIG_{family}_PRESET_*) or a shorter CONFIG_{family}_BLOCK_SIZE"
 
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("lenet5", "images", supports_checkpointing=False, tier_scale=4.0, builder=_lenet5,
-              build_args=_image_args),
+              build_args=_image_args, shape_key=_image_key),
     ModelSpec("resnet18", "images", supports_checkpointing=True, tier_scale=2.0, builder=_resnet(18),
-              build_args=_image_args),
+              build_args=_image_args, shape_key=_image_key),
     ModelSpec("resnet50", "images", supports_checkpointing=True, tier_scale=1.5, builder=_resnet(50),
-              build_args=_image_args),
+              build_args=_image_args, shape_key=_image_key),
     ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2, build_args=_gpt2_args,
-              block_size=lambda config: config.gpt2_block_size, smaller=_smaller("GPT2")),
+              block_size=lambda config: config.gpt2_block_size, smaller=_smaller("GPT2"),
+              preset=lambda config: config.gpt2_preset, shape_key=_gpt2_key, from_weights=_gpt2_from_weights),
     ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
-              block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA")),
+              block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
+              preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
-    ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None),
+    ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key),
 )}
 
 BUILT_IN = tuple(name for name, spec in MODELS.items() if spec.builder is not None)
@@ -157,6 +240,28 @@ def spec_for(name: str) -> ModelSpec:
         return MODELS[name]
     except KeyError:
         raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
+
+
+def preset_of(config: "Config") -> str | None:
+    """The size the config's model is built at (its family's preset), or None for a model of one size."""
+    spec = MODELS.get(config.model)
+    return spec.preset(config) if spec is not None and spec.preset is not None else None
+
+
+def label(config: "Config") -> str:
+    """The model as runs, studies, traces and start lines name it: 'gpt2-124m', 'llama-8b', 'lenet5'."""
+    preset = preset_of(config)
+    return f"{config.model}-{preset}" if preset else config.model
+
+
+def shape_key(config: "Config") -> dict:
+    """The config fields that decide the model's shapes, its name first: the model part of every cache key
+    (traces, probe results). A model without a shape_key cannot be planned from a cache: a ConfigError."""
+    spec = spec_for(config.model)
+    if spec.shape_key is None:
+        raise ConfigError(f"model {config.model!r} declares no shape_key in lib/models/registry.py: its traces "
+                          "could share another model's cache key")
+    return {"model": config.model, **spec.shape_key(config)}
 
 
 def checkpointing_for(model_or_config: "str | Config", model: object | None = None) -> "Checkpointing | None":

@@ -25,6 +25,7 @@ from ..hardware import HardwareProfile, gib
 from ..models.registry import can_checkpoint, spec_for
 from ..plan import BatchChoice
 from ..units import format_bytes
+from ..models.registry import label as model_label
 
 if TYPE_CHECKING:  # lib.memory (and so torch) is imported on first use: the resolver imports this module
     from ..memory import MemoryPredictor, Prediction
@@ -153,7 +154,7 @@ class PlannerPolicy:
     def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
                 precision: str, sharding: dict) -> NoFitError:
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in one.breakdown.items() if v >= 2**20)
-        label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+        label = model_label(config)
         helps = []
         if precision == "fp32":
             bf16 = self.predictor.predict(config, batch=1, device_type=device_type, precision="bf16", **sharding)

@@ -12,6 +12,7 @@ from .. import tracking
 from ..data.stream import StreamSplit, resume_note
 from ..monitor import Monitor
 from .ending import quietly
+from ..models.registry import label as model_label
 
 if TYPE_CHECKING:
     from .loop import Trainer
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 def model_line(trainer: "Trainer") -> str:
     config, plan, p = trainer.config, trainer.plan, trainer.progress
-    return (f"Model: {config.model}{'-' + config.gpt2_preset if config.gpt2_preset else ''}, "
+    return (f"Model: {model_label(config)}, "
             f"{trainer.engine.trainable_parameters:,} trainable / {trainer.parameters:,} parameters"
             + (f" (CONFIG_FREEZE: {', '.join(config.freeze)})" if config.freeze else "")
             + f", on {plan.device_type} ({plan.precision}); "

@@ -23,6 +23,7 @@ from ..distributed import Rank
 from ..errors import KfitError
 from ..hardware import HardwareProfile
 from ..plan import Plan
+from ..models.registry import label as model_label
 
 
 def output_directory(config: Config) -> Path:
@@ -42,7 +43,7 @@ def run_directory(config: Config) -> Path:
     if config.run_name:
         return base / config.run_name
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    label = f"{config.model}-{config.gpt2_preset}" if config.gpt2_preset else config.model
+    label = model_label(config)
     base.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):
         path = base / (f"{label}-{stamp}" if n == 1 else f"{label}-{stamp}-{n}")
