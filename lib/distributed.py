@@ -84,8 +84,9 @@ def nodes_range(env: Mapping[str, str]) -> tuple[int, int]:
     return first, last
 
 
-def torchrun_command(nproc: int, script: Path, env: Mapping[str, str]) -> list[str]:
-    """The torchrun command line that runs `script train` in nproc processes on this machine."""
+def torchrun_command(nproc: int, script: Path, env: Mapping[str, str], script_args: tuple[str, ...] = ("train",)
+                     ) -> list[str]:
+    """The torchrun command line that runs `script <script_args>` in nproc processes on this machine."""
     low, high = nodes_range(env)
     nnodes = high
     if low != high:
@@ -107,7 +108,7 @@ def torchrun_command(nproc: int, script: Path, env: Mapping[str, str]) -> list[s
     else:
         rendezvous = ["--standalone"]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *rendezvous,
-            str(script), "train"]
+            str(script), *script_args]
 
 
 def _with_threads(nproc: int, env: dict[str, str], threads: int | None) -> dict[str, str]:
@@ -144,7 +145,8 @@ def _die_with_parent() -> None:
 
 def run_torchrun(nproc: int, script: Path, env: dict[str, str], *, threads: int | None = None,
                  relaunch: Callable[[float], str | None] | None = None, attempts: int = 0,
-                 log_path: Path | None = None) -> int:
+                 log_path: Path | None = None, script_args: tuple[str, ...] = ("train",),
+                 withheld: frozenset[str] = frozenset()) -> int:
     """torchrun as a child process; its exit status, as one process's would be, is returned.
 
     torchrun runs in its own session: SIGTERM and SIGINT reach it once, from here (it passes SIGTERM to the
@@ -155,8 +157,10 @@ def run_torchrun(nproc: int, script: Path, env: dict[str, str], *, threads: int 
 
     It is relaunched (at most `attempts` times) when it failed and `relaunch(launched_at)` gives a reason:
     a sharded run that ran out of memory, which continues from its last checkpoint at half the micro-batch
-    (lib/trainer/loop.py mark_oom). `threads` as _with_threads'."""
-    command = torchrun_command(nproc, script, env)
+    (lib/trainer/loop.py mark_oom). `threads` as _with_threads'. `env` says where the job meets (NNODES=,
+    MASTER_ADDR=, ...); the variables named in `withheld` are kept from torchrun and its ranks."""
+    command = torchrun_command(nproc, script, env, script_args)
+    env = {name: value for name, value in env.items() if name not in withheld}
     _with_threads(nproc, env, threads)
     log_path = log_path or Path(tempfile.gettempdir()) / f"kfit-torchrun-{os.getpid()}.log"
     stopped: list[int] = []

@@ -215,7 +215,7 @@ def _make(workdir: Path, *args: str, timeout: float = 600) -> subprocess.Complet
     from .resources import CHECKOUT
 
     env = {k: v for k, v in environ().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES",
-                                                              "KFIT_OVERRIDES", "KFIT_SET", "KFIT_PLAN")}
+                                                              "KFIT_OVERRIDES", "KFIT_SET")}
     env["KFIT_STEPTIME_MEASURE"] = "0"  # as the plans above: real step timings at every size took minutes
     return subprocess.run(["make", "--no-print-directory", "-f", str(CHECKOUT / "Makefile"), *args], cwd=workdir,
                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)

@@ -80,7 +80,7 @@ def kfit_here(monkeypatch, capsys):
     test of the process itself (exit status, signals, a traceback kept out) runs scripts/kfit.py instead."""
     from lib.cli import flags, main
 
-    cleared = (*flags.FLAGS, flags.MAKE_LIST, flags.SET_VARIABLE, "KFIT_PLAN")
+    cleared = (*flags.FLAGS, flags.MAKE_LIST, flags.SET_VARIABLE)
 
     def run(cwd, *args, **env):
         import subprocess

@@ -156,7 +156,7 @@ def test_torchrun_of_one_process_started_by_hand_plans_in_its_rank(make_config, 
 
 
 def test_a_rank_trains_the_plan_and_config_its_launcher_hands_it(make_config, tmp_path, monkeypatch):
-    """A rank reads the launcher's plan and config (KFIT_PLAN, overrides applied) instead of resolving or
+    """A rank reads the launcher's plan and config (the launch file, overrides applied) instead of resolving or
     reading .config; a damaged file is one clear error, and a world size the launcher did not plan for (an
     elastic restart) is re-planned, said."""
     from lib import config as kc
@@ -171,7 +171,7 @@ def test_a_rank_trains_the_plan_and_config_its_launcher_hands_it(make_config, tm
     handed_config, handed_plan = handed_launch(str(path))
     assert handed_config == config and handed_config.max_steps == 3 and handed_plan == plan
     lines = []
-    run = Invocation(plan_path=str(path))
+    run = Invocation()
     assert _handed_plan(config, CPU, run, 2, lines.append, plan=plan) == (model, plan)
     assert lines == []
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -179,7 +179,7 @@ def test_a_rank_trains_the_plan_and_config_its_launcher_hands_it(make_config, tm
     assert replanned.world_size == 4 and "re-planning for 4 (an elastic restart)" in lines[0]
     for damaged in ("[]", json.dumps(plan.to_dict()), json.dumps({"plan": plan.to_dict(), "config": 1})):
         path.write_text(damaged)
-        with pytest.raises(KfitError, match="KFIT_PLAN=.*the launcher's plan cannot be read"):
+        with pytest.raises(KfitError, match="--launch .*the launcher's plan cannot be read"):
             handed_launch(str(path))
 
 

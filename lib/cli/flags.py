@@ -226,7 +226,7 @@ def name_flag(err: KfitError, given: dict[str, str]) -> KfitError:
 # override of the config (KFIT_SET, as `kfit <command> --set NAME=value` gives it).
 
 MAKE_LIST = "KFIT_OVERRIDES"  # set by the Makefile: $(MAKEOVERRIDES)
-SET_VARIABLE = "KFIT_SET"  # the overrides, as JSON [[name, value], ...]: what torchrun's ranks inherit (invocation.py)
+SET_VARIABLE = "KFIT_SET"  # the overrides, as JSON [[name, value], ...], for this command's Invocation (invocation.py)
 # Variables of make, the Makefile and the programs it runs other than kfit (install, test, benchmarks, GPU
 # validation): never an override, never warned about.
 MAKE_VARIABLES = frozenset({

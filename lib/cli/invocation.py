@@ -1,7 +1,8 @@
 """One typed reading of a command's variables: the flags (lib/cli/flags.py puts each into the environment, as make
 passes its variables) and the environment, parsed once, checked, and frozen. What lib/api.py, lib/distributed.py
-and lib/planning take comes from here as plain arguments; the environment is written again only to launch
-torchrun (the ranks' plan path, OMP_NUM_THREADS)."""
+and lib/planning take comes from here as plain arguments. A rank of a kfit launch parses nothing: its
+invocation, config and plan come in the launch file its launcher names on its command line (`train --launch
+FILE`), and kfit's variables are kept from its environment; only OMP_NUM_THREADS is set for torchrun."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
 
 # The one-command Kconfig overrides, as JSON [[symbol, value], ...] (lib/cli/flags.py writes it).
 SET_VARIABLE = "KFIT_SET"
-# The variable that hands the launcher's plan to its ranks: a path to the plan as JSON (Plan.to_dict()).
-PLAN_VARIABLE = "KFIT_PLAN"
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,6 @@ class Invocation:
     hw: str | None = None
     gpu: str | None = None
     free_gb: float | None = None
-    plan_path: str | None = None  # KFIT_PLAN: the launcher's plan, in a rank
     settings: Settings = field(default_factory=lambda: _settings_type()())
     # Kconfig symbols set for this command only (make's NAME=value, `--set`), as (symbol, value) in the order
     # given: KFIT_SET, which lib/cli/flags.py writes and torchrun's ranks inherit
@@ -52,7 +50,7 @@ class Invocation:
                      init_from=env_text("INIT_FROM", env), hw=env_text("HW", env), gpu=env_text("GPU", env),
                      extend_epochs=env_number("EXTEND_EPOCHS", int, None, env, minimum=1),
                      extend_steps=env_number("EXTEND_STEPS", int, None, env, minimum=1), run=env_text("RUN", env),
-                     free_gb=env_number("FREE_GB", float, None, env), plan_path=env_text(PLAN_VARIABLE, env),
+                     free_gb=env_number("FREE_GB", float, None, env),
                      overrides=_overrides(env_text(SET_VARIABLE, env)))
         # NNODES= and the planning settings after the plain values: their parsers live beside torch (lib.distributed,
         # lib.planning), so a refused GPUS=, RESUME=, FREE_GB=, ... costs no torch import (about 3 s)
@@ -64,6 +62,19 @@ class Invocation:
     def planned_nodes(self) -> int:
         """The machines a plan is made for: an elastic range plans for its largest."""
         return self.nodes[1]
+
+    def for_ranks(self) -> dict:
+        """What a rank of this launch takes from the command line, for the launch file (from_launch reads it back):
+        the run to continue or start from, and whether to time steps; everything else the launcher decided."""
+        return dict(resume=self.resume, resume_from=self.resume_from, init_from=self.init_from,
+                    measure=self.settings.measure)
+
+    @classmethod
+    def from_launch(cls, handed: dict, omp_threads: int | None) -> "Invocation":
+        """A rank's invocation: its launcher's (for_ranks), and the threads torchrun started it with."""
+        settings = _settings_type()(omp_threads=omp_threads, measure=bool(handed["measure"]))
+        return cls(resume=handed["resume"], resume_from=handed["resume_from"], init_from=handed["init_from"],
+                   settings=settings)
 
     def plan_args(self, world_size: int | None = None) -> dict:
         """The door's keywords (lib.planning.make_plan) for this command's processes (WORLD_SIZE=, GPUS=,

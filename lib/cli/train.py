@@ -9,6 +9,7 @@ after saving a checkpoint. After 3, 4, 130 and 143, 'make train' resumes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,7 +21,7 @@ from .. import config as kconfig
 from ..env import env_number, env_text
 from ..errors import KfitError
 from .flags import command
-from .invocation import PLAN_VARIABLE, Invocation
+from .invocation import SET_VARIABLE, Invocation
 from .slurm import with_slurm
 
 # torch and what needs it are imported by the commands that use them, not with this module: kfit's parser
@@ -61,10 +62,26 @@ def _oom_relaunch(config, since: float) -> str | None:
             f"micro-batch {marker['micro_batch']} (the same effective batch)")
 
 
+# The train command's flag that names the launch file a rank of a kfit launch reads (written by _launch)
+LAUNCH_FLAG = "--launch"
+
+
+def _withheld(env, config) -> frozenset[str]:
+    """kfit's variables, kept from torchrun's ranks: every variable a flag stands for, make's list of
+    command-line assignments, the one-command overrides, and any variable named as a Kconfig symbol (make puts
+    `make train EPOCHS=2` in the environment as EPOCHS). A rank takes what the launcher decided from the launch
+    file, so no setting reaches it twice or by another road."""
+    from .flags import FLAGS, MAKE_LIST
+
+    symbols = {name for name in env if name in config.symbols or f"CONFIG_{name}" in config.symbols}
+    return frozenset({*FLAGS, MAKE_LIST, SET_VARIABLE, *symbols})
+
+
 def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str) -> int:
-    """Run `plan` in torchrun's processes: the plan and the config it was made from (the command line's
-    overrides applied, once, here) go to every rank as one file (KFIT_PLAN), so no rank resolves the plan or
-    reads .config and the environment's overrides again: every rank trains exactly what this launch said."""
+    """Run `plan` in torchrun's processes: the plan, the config it was made from (the command line's overrides
+    applied, once, here) and what the ranks take from the command line (resume, init) go to every rank as one
+    launch file, named on the ranks' command line; kfit's variables are kept from their environment. So no rank
+    resolves the plan, reads .config or parses a variable: every rank trains exactly what this launch said."""
     from .. import distributed
     from ..parallel import is_sharded
 
@@ -74,20 +91,28 @@ def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str
     # the threads are decided here, before any rank starts: a rank would count its siblings as load
     # a sharded run that ran out of memory is relaunched at half the micro-batch: no rank can redo a step
     relaunch = is_sharded(plan.strategy) and config.oom_recovery
-    fd, path = tempfile.mkstemp(prefix="kfit-plan-", suffix=".json")
+    fd, path = tempfile.mkstemp(prefix="kfit-launch-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump({"plan": plan.to_dict(), "config": config.text, "source": config.source}, out)
+            json.dump({"plan": plan.to_dict(), "config": config.text, "source": config.source,
+                       "invocation": run.for_ranks()}, out)
+        env = with_slurm(os.environ)
         return distributed.run_torchrun(
-            nproc, _rank_script(), {**with_slurm(os.environ), PLAN_VARIABLE: path}, threads=plan.cpu_threads,
-            relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
+            nproc, _rank_script(), env, threads=plan.cpu_threads, script_args=("train", LAUNCH_FLAG, path),
+            withheld=_withheld(env, config), relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
             attempts=(config.oom_max_halvings or 0) if relaunch else 0)
     finally:
         os.unlink(path)
 
 
 def handed_launch(path: str):
-    """In a rank: (config, plan) as the launcher handed them (KFIT_PLAN, written by _launch)."""
+    """In a rank: (config, plan) as the launcher handed them (the launch file _launch wrote)."""
+    return read_launch(path)[:2]
+
+
+def read_launch(path: str):
+    """In a rank: (config, plan, invocation) from the launch file _launch wrote; its threads are torchrun's."""
+    from ..env import env_number
     from ..plan import Plan
 
     try:
@@ -97,10 +122,13 @@ def handed_launch(path: str):
         text, source = launch["config"], launch["source"]
         if not isinstance(text, str) or not isinstance(source, str):
             raise ValueError("no config text")
+        omp = env_number("OMP_NUM_THREADS", int, None)
+        run = Invocation.from_launch(launch.get("invocation") or Invocation().for_ranks(),
+                                     omp if omp and omp > 0 else None)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise KfitError(f"{PLAN_VARIABLE}={path}: the launcher's plan cannot be read ({err}); "
+        raise KfitError(f"{LAUNCH_FLAG} {path}: the launcher's plan cannot be read ({err}); "
                         "start the run with 'make train'") from None
-    return kconfig.config_from_text(text, source), plan
+    return kconfig.config_from_text(text, source), plan, run
 
 
 def _handed_plan(config, hardware, run: Invocation, world_size: int, log, nodes: int = 1, plan=None):
@@ -145,8 +173,11 @@ PEER_LOST_EXIT = 3
 
 
 def cmd_train(args) -> int:
-    # the command's variables, parsed once: each is checked before a config is written or a process launched
-    run = Invocation.from_environment()
+    # a rank of a kfit launch: what its launcher decided, from the launch file; else the command's variables,
+    # parsed once: each is checked before a config is written or a process launched
+    launch = getattr(args, "launch", None)
+    handed = read_launch(launch) if launch else None
+    run = handed[2] if handed else Invocation.from_environment()
     import torch
 
     from .. import distributed
@@ -159,7 +190,9 @@ def cmd_train(args) -> int:
 
     hardware = hardware_from_env(allow_simulated=False, run=run)
     # a rank of a kfit launch trains the config and plan its launcher handed it, overrides applied there
-    handed = handed_launch(run.plan_path) if distributed.under_torchrun() and run.plan_path else None
+    if handed and not distributed.under_torchrun():
+        raise KfitError(f"{LAUNCH_FLAG} is how a kfit launch hands its plan to torchrun's ranks: train with "
+                        "'make train' (GPUS=N launches N processes)")
     config = handed[0] if handed else extended_run(run) if run.extend_epochs or run.extend_steps else \
         ensure_config(run)
     # RESUME_FROM is checked before any process is launched (torchrun's rank 0 checks it again, and resumes)
@@ -284,7 +317,8 @@ def register(sub) -> None:
             "EXTEND_EPOCHS", "EXTEND_STEPS", "RUN", func=cmd_train,
             help={"GPUS": "training processes on this machine, launched with torchrun (default: one per GPU)",
                   "RUN": "with EXTEND_EPOCHS/EXTEND_STEPS: the finished run to extend (default: the last run)",
-                  "WORLD_SIZE": "set by torchrun for each rank; to plan N processes use 'kfit plan --world-size N'"})
+                  "WORLD_SIZE": "set by torchrun for each rank; to plan N processes use 'kfit plan --world-size N'"}
+            ).add_argument(LAUNCH_FLAG, dest="launch", metavar="FILE", help=argparse.SUPPRESS)  # a rank's launch file
     command(sub, "export", "write one model.safetensors from a run's checkpoint, sharded or not", "RUN", "OUT",
             func=cmd_export, help={"OUT": "the directory to write (default <run>/export)"})
     command(sub, "report", "one HTML page of a run: its curves against the plan's predictions, its events",
