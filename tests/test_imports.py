@@ -2,7 +2,7 @@
 layer imports a later one, and the document's layers are LAYERS); only lib/planning/ changes a plan; the
 environment reaches the resolver only through planning.Settings; only lib/hardware/ asks NVML, psutil or
 torch.cuda for device properties. Function-level imports count (they run too); `if TYPE_CHECKING:` blocks
-do not."""
+count for cycles (a type named for the checker is a dependency too), not for the layers."""
 
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST):
-    """Every Import/ImportFrom node, skipping the bodies of `if TYPE_CHECKING:`."""
+def _imports(tree: ast.AST, type_checking: bool = False):
+    """Every Import/ImportFrom node, skipping the bodies of `if TYPE_CHECKING:` unless `type_checking`."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             stack.extend(node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -43,13 +43,14 @@ def _imports(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> the lib modules it imports (a package's submodule when `from pkg import submodule`)."""
+def import_graph(modules: dict[str, Path], type_checking: bool = False) -> dict[str, set[str]]:
+    """module -> the lib modules it imports (a package's submodule when `from pkg import submodule`); with
+    `type_checking`, the imports made only for type checkers too."""
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path)), type_checking):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -103,7 +104,9 @@ def lib_graph() -> dict[str, set[str]]:
 
 
 def test_lib_has_no_import_cycle():
-    cycle = find_cycle(lib_graph())
+    """Not even through an import made only for type checking: a module that names another's type for the
+    checker depends on it as much as one that imports it to run."""
+    cycle = find_cycle(import_graph(lib_modules(), type_checking=True))
     assert cycle is None, "import cycle in lib/: " + " -> ".join(cycle)
 
 
@@ -129,6 +132,7 @@ def test_graph_sees_function_level_and_relative_imports_but_not_type_checking(tm
     assert graph["lib.sub"] == {"lib.sub.leaf"}
     assert graph["lib.sub.leaf"] == {"lib.a"}  # its own package's __init__ is no edge
     assert find_cycle(graph) == ["lib.a", "lib.b", "lib.sub", "lib.sub.leaf", "lib.a"]
+    assert import_graph(modules, type_checking=True)["lib.b"] == {"lib.a", "lib.sub"}
 
 
 # The data flow's layers, earliest first (docs/architecture.md). A module may import its own

@@ -6,10 +6,34 @@ with its checkpoint saved and its result returned.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
-    from .loop import Trainer
+    from ..config import Config
+    from ..monitor import Monitor
+    from .checkpoints import Checkpoints
+    from .timing import StepTimer
+    from .windows import Progress
+
+
+class Ending(Protocol):
+    """What the end of a run reads of the run and asks it to do (the Trainer has it)."""
+
+    config: "Config"
+    progress: "Progress"
+    checkpoints: "Checkpoints"
+    timer: "StepTimer"
+    monitor: "Monitor"
+    log: Callable[[str], None]
+
+    @property
+    def saves(self) -> bool: ...
+
+    def log_eval(self, step: int, epoch: int, final: bool = False, result: dict | None = None) -> dict: ...
+
+    def judge(self, entry: dict, final: bool = False) -> bool: ...
+
+    def epochs_begun(self) -> int: ...
 
 # Why training stopped, as the "Saved ..." line says it.
 STOP_REASONS = {"epochs": "{epochs} epoch(s) done", "max_steps": "CONFIG_MAX_STEPS reached",
@@ -28,7 +52,7 @@ def quietly(log: Callable[[str], None], what: str, action: Callable[[], None], s
             "the checkpoints are unaffected")
 
 
-def finish(trainer: Trainer, history: list[dict], stop_reason: str, seconds: float) -> dict:
+def finish(trainer: Ending, history: list[dict], stop_reason: str, seconds: float) -> dict:
     """The final evaluation (every rank) and checkpoint (on the ranks that save), then the step-time report and the "Saved"
     line; returns the final metrics. What fails after the checkpoint is a warning."""
     t, p, final, path = trainer, trainer.progress, {}, None

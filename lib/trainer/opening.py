@@ -6,7 +6,7 @@ kfit refuses (a link planted in the run directory, say) leaves nothing open and 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from .. import tracking
 from ..data.stream import StreamSplit, resume_note
@@ -15,10 +15,48 @@ from .ending import quietly
 from ..models.registry import label as model_label
 
 if TYPE_CHECKING:
-    from .loop import Trainer
+    import torch
+
+    from .. import distributed
+    from ..config import Config
+    from ..data import DatasetInfo
+    from ..hardware import HardwareProfile
+    from ..plan import Plan
+    from .conditions import Sensors
+    from .engine import Engine
+    from .rundir import RunDirectory
+    from .windows import Progress
 
 
-def model_line(trainer: "Trainer") -> str:
+class Opening(Protocol):
+    """What the start of a run reads of the run (the Trainer has it), and the monitor it sets."""
+
+    config: "Config"
+    plan: "Plan"
+    hardware: "HardwareProfile"
+    rank: "distributed.Rank"
+    device: "torch.device"
+    directory: "RunDirectory"
+    info: "DatasetInfo"
+    train_split: object
+    progress: "Progress"
+    resumed_from: Path | None
+    total_steps: int
+    engine: "Engine"
+    sensors: "Sensors"
+    monitor: Monitor | None
+    log: Callable[[str], None]
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def parameters(self) -> int: ...
+
+    def release_run_directory(self) -> None: ...
+
+
+def model_line(trainer: Opening) -> str:
     config, plan, p = trainer.config, trainer.plan, trainer.progress
     return (f"Model: {model_label(config)}, "
             f"{trainer.engine.trainable_parameters:,} trainable / {trainer.parameters:,} parameters"
@@ -28,7 +66,7 @@ def model_line(trainer: "Trainer") -> str:
             + (f" over {trainer.rank.world_size} processes" if trainer.rank.active else ""))
 
 
-def open_run(trainer: "Trainer") -> None:
+def open_run(trainer: Opening) -> None:
     """Write the run's files, say what trains, and open trainer.monitor (and its trackers on rank 0)."""
     config, plan, log = trainer.config, trainer.plan, trainer.log
     main = trainer.rank.is_main
