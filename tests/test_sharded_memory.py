@@ -178,3 +178,30 @@ def test_predicted_per_process_peak_matches_two_real_fsdp_processes(shared, gpt2
     measured = measure_sharded(gpt2_tiny, tmp_path, "fsdp", 2, 16, "fp32")
     error = (predicted - measured["measured"]) / measured["measured"]
     assert len(measured["ranks"]) == 2 and -0.02 <= error <= 0.05, (predicted, measured)
+
+
+@pytest.mark.slow  # three tracing children
+def test_traces_taken_at_once_are_the_traces_taken_one_by_one(tmp_path, gpt2_tiny):
+    """ShardedTracers.trace_all hands each request to a child of its own and reads the replies in order: the
+    same Traces as one child tracing them in turn (one process's step too), and a failing request is a
+    PlanError that leaves the tracers ready for the next."""
+    from lib.memory.sharded_process import ShardedTracer, ShardedTracers
+
+    step = dict(batch=2, gradient_checkpointing=False, train=True, **CPU)
+    sharded = dict(step, strategy="fsdp", world_size=2, local_world_size=2, cpu_offload=False)
+    requests = [(gpt2_tiny, sharded), (gpt2_tiny, dict(sharded, batch=4)), (gpt2_tiny, step)]
+    one, two = ShardedTracer(), ShardedTracers(2)
+    try:
+        alone = [one.trace(config, **kw) for config, kw in requests]
+        together = two.trace_all(requests)
+
+        def figures(trace):  # all but how long the trace took
+            return {k: v for k, v in trace.to_json().items() if k != "seconds"}
+        assert [figures(t) for t in together] == [figures(t) for t in alone]
+        assert alone[0].peak_bytes != alone[1].peak_bytes
+        with pytest.raises(PlanError):
+            two.trace_all([(gpt2_tiny, dict(sharded, strategy="no-such-strategy")), requests[1]])
+        assert figures(two.trace_all(requests[:2])[1]) == figures(alone[1])
+    finally:
+        one.close()
+        two.close()

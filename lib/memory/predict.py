@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -209,6 +210,18 @@ class Prediction:
 # The predictor and its cache
 
 
+# Sharded traces taken at once, each in a child process of its own (the two shallow depths a deep model is
+# scaled from): at most 2, and no more than the cores this process may use
+TRACE_PROCESSES = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _sharded_request(parallel: dict, **step) -> dict:
+    """trace_sharded_step's keywords for a step under `parallel` (cache.parallel_key's)."""
+    local = parallel["mesh"][-1] if parallel["strategy"] == "hsdp" else parallel["world_size"]
+    return dict(step, strategy=parallel["strategy"], world_size=parallel["world_size"], local_world_size=local,
+                cpu_offload=parallel["cpu_offload"])
+
+
 @contextlib.contextmanager
 def _tracing(config: Config, batch: int, parallel: dict | None, train: bool):
     """On a terminal, say on stderr which step is being traced (a cold trace of a large model takes seconds
@@ -241,7 +254,8 @@ class MemoryPredictor:
         self._cache_dir = Path(cache_dir) if cache_dir else None
         self.full_depth = full_depth  # trace every block of a deep transformer (depth.py scales two shallow ones)
         self._memo: dict[str, dict[str, dict]] = {}
-        self._sharded = None  # sharded_process.ShardedTracer: its child process starts at the first sharded trace
+        self._sharded = None  # sharded_process.ShardedTracers: their children start at the first sharded trace
+        self._prefetched: dict[tuple[str, int], Trace] = {}  # sharded traces taken at once, for _step to store
         self._fits: dict[str, "MeasuredFit | None"] = {}  # key -> the measured fit, where the trace failed
         self.traces = 0
         self.measured = 0  # steps fitted from real steps (measured.py)
@@ -287,6 +301,9 @@ class MemoryPredictor:
                 raise ValueError(f"batch must be >= 1, got {batch}")
             if str(batch) not in self._entries(key):
                 if layers is not None:  # two shallow steps (traced and cached as any), scaled to the depth
+                    # both traced at once, each in a child process of its own
+                    self._prefetch([at_depth(config, d) for d in depths], batch, device_type=device_type,
+                                   precision=precision, gradient_checkpointing=ckpt, train=train, parallel=parallel)
                     result = scaled(tuple(
                         self._step(at_depth(config, d), device_type=device_type, precision=precision,
                                    gradient_checkpointing=ckpt, train=train, parallel=parallel)[1](batch)
@@ -302,10 +319,13 @@ class MemoryPredictor:
                         fit = self._fit(key)
                         if fit is not None:
                             return fit.trace(batch)
-                        task = task_once(config, json.dumps(contents["model"], sort_keys=True))
+                        result = self._prefetched.pop((key, batch), None)  # traced beside another
                         try:
-                            result = trace_step(task, config, batch=batch, precision=precision,
-                                                device_type=device_type, gradient_checkpointing=ckpt, train=train)
+                            if result is None:
+                                task = task_once(config, json.dumps(contents["model"], sort_keys=True))
+                                result = trace_step(task, config, batch=batch, precision=precision,
+                                                    device_type=device_type, gradient_checkpointing=ckpt,
+                                                    train=train)
                         except KfitError:
                             raise
                         except Exception as err:  # noqa: BLE001 - no fake kernel for an op: measure real steps
@@ -313,16 +333,10 @@ class MemoryPredictor:
                                                  device_type=device_type, gradient_checkpointing=ckpt,
                                                  train=train).trace(batch)
                     else:  # in a child process: the fake process group must not replace this process's own
-                        if self._sharded is None:
-                            from .sharded_process import ShardedTracer
-
-                            self._sharded = ShardedTracer()
-                        local = parallel["mesh"][-1] if parallel["strategy"] == "hsdp" else parallel["world_size"]
-                        result = self._sharded.trace(
-                            config, batch=batch, precision=precision, device_type=device_type,
-                            gradient_checkpointing=ckpt, train=train, strategy=parallel["strategy"],
-                            world_size=parallel["world_size"], local_world_size=local,
-                            cpu_offload=parallel["cpu_offload"])
+                        result = self._prefetched.pop((key, batch), None) or self._tracers().trace(
+                            config, **_sharded_request(parallel, batch=batch, precision=precision,
+                                                       device_type=device_type, gradient_checkpointing=ckpt,
+                                                       train=train))
                 self.traces += 1
                 # re-read: another process may have added entries meanwhile
                 self._memo.pop(key, None)
@@ -331,6 +345,36 @@ class MemoryPredictor:
             return Trace.from_json(self._entries(key)[str(batch)])
 
         return key, trace
+
+    def _tracers(self):
+        if self._sharded is None:
+            from .sharded_process import ShardedTracers
+
+            self._sharded = ShardedTracers(TRACE_PROCESSES)
+        return self._sharded
+
+    def _prefetch(self, configs: list[Config], batch: int, *, parallel: dict | None, **step) -> None:
+        """The traces of `configs` at `batch` not cached yet, traced at once in child processes
+        (ShardedTracers.trace_all) and kept for _step's trace to take. One process's steps that the tracer
+        cannot run are left to _step, which measures real ones instead."""
+        missing = []
+        for config in configs:
+            key, _ = self._step(config, parallel=parallel, **step)
+            if str(batch) not in self._entries(key) and (key, batch) not in self._prefetched and (
+                    parallel is not None or self._fit(key) is None):
+                missing.append((key, config))
+        if len(missing) < 2 or TRACE_PROCESSES < 2:
+            return  # one trace gains nothing from another process
+        request = (lambda: _sharded_request(parallel, batch=batch, **step)) if parallel else (
+            lambda: dict(batch=batch, **step))
+        with _tracing(missing[0][1], batch, parallel, step["train"]):
+            try:
+                traces = self._tracers().trace_all([(config, request()) for _, config in missing])
+            except KfitError:
+                if parallel is not None:
+                    raise
+                return  # in this process, _step traces each (or measures real steps) and says why
+        self._prefetched.update({(key, batch): trace for (key, _), trace in zip(missing, traces)})
 
     def _fit(self, key: str) -> "MeasuredFit | None":
         """The measured fit cached under this step's key (measured.py), where the trace could not run."""
