@@ -56,7 +56,7 @@ DEFAULT_DEFCONFIG := lenet5
 # The environment is built on first use and rebuilt when the requirements change, or when a package it needs is
 # gone although the stamp is there (a glob per package: no Python starts on every make); install-deps.sh then
 # checks the imports, and kfit says 'make env' in one line where one is still missing.
-ENV_MODULES := kconfiglib.py torch safetensors optuna sqlalchemy numpy psutil jinja2 tqdm pynvml.py torchmetrics \
+ENV_MODULES := kconfiglib.py torch safetensors optuna sqlalchemy numpy psutil jinja2 tqdm pynvml.py torchmetrics torchao \
   pytest xdist hypothesis __editable__.kfit-*.pth
 ENV_MISSING := $(strip $(if $(wildcard $(ENV_STAMP)),$(foreach m,$(ENV_MODULES),\
   $(if $(wildcard $(VENV)/lib/python*/site-packages/$(m)),,$(m)))))

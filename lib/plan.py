@@ -66,6 +66,7 @@ class Plan:
     gradient_sync: str = "step"
     cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy (CUDA only)
     prefetch_factor: int = 0  # batches each loader worker prepares ahead (0: torch's default, 2; unused without workers)
+    float8: str | None = None  # torchao's float8 recipe for the linear layers (lib/float8.py); None: off
     # The memory planner's prediction (None under the tier policy and in MANUAL mode).
     max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
     predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included

@@ -45,7 +45,9 @@ from .errors import ConfigError, KfitError
 FAMILIES = (("llama-tiny", 4), ("gpt2-tiny", 3), ("lenet5", 2), ("resnet18", 2), ("custom-transformer", 1))
 TEXT = ("llama-tiny", "gpt2-tiny", "custom-transformer")
 # Choices weighted before the rest is drawn at random: (choice's prefix, {member: weight}) per kind of model
-COMMON = (("DEVICE", {"AUTO": 6, "CPU": 1, "CUDA": 1}), ("DATASET", {"EMBEDDED": 6, "DIR": 1}))
+COMMON = (("DEVICE", {"AUTO": 6, "CPU": 1, "CUDA": 1}), ("DATASET", {"EMBEDDED": 6, "DIR": 1}),
+          # float8 plans on the H100 targets and is refused on this CPU: mostly off, so most draws train here
+          ("FLOAT8", {"OFF": 6, "TENSORWISE": 1, "ROWWISE": 1}))
 WEIGHTED = {
     "text": (("PRECISION", {"BF16": 5, "AUTO": 2, "FP16": 1, "FP32": 2}),
              ("PARALLEL", {"FSDP": 4, "AUTO": 3, "DDP": 1, "FSDP_GRAD_OP": 1, "HSDP": 1})),

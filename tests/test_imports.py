@@ -138,7 +138,8 @@ def test_graph_sees_function_level_and_relative_imports_but_not_type_checking(tm
 # The data flow's layers, earliest first (docs/architecture.md). A module may import its own
 # layer and earlier ones only; every module of lib/ is placed (test_layers_place_every_module).
 LAYERS = [
-    {"lib.errors", "lib.env", "lib.fileio", "lib.resources", "lib.units", "lib.progress", "lib.parallel", "lib.redact"},
+    {"lib.errors", "lib.env", "lib.fileio", "lib.resources", "lib.units", "lib.progress", "lib.parallel", "lib.redact",
+     "lib.float8"},
     {"lib.config"},
     {"lib.hardware"},
     {"lib.plan", "lib.models", "lib.data", "lib.metrics"},

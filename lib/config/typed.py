@@ -82,6 +82,7 @@ class Config:
 
     device: str  # auto | cuda | cpu
     precision: str  # auto | bf16 | fp16 | fp32
+    float8: str  # off | tensorwise | rowwise (torchao's float8 training recipes)
     tf32: str  # auto | on | off
     cudnn_benchmark: str  # auto | on | off
     gradient_checkpointing: bool
@@ -409,6 +410,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
                                                       "REDUCE_OVERHEAD": "reduce-overhead",
                                                       "MAX_AUTOTUNE": "max-autotune"}),
         device=choice_of(kconf, "DEVICE_", {"AUTO": "auto", "CUDA": "cuda", "CPU": "cpu"}),
+        float8=choice_of(kconf, "FLOAT8_", {"OFF": "off", "TENSORWISE": "tensorwise", "ROWWISE": "rowwise"}),
         precision=choice_of(kconf, "PRECISION_", {"AUTO": "auto", "BF16": "bf16", "FP16": "fp16",
                                                 "FP32": "fp32"}),
         tf32=choice_of(kconf, "TF32_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),

@@ -73,6 +73,27 @@ def auto_detect_compile(config: Config, device_type: str, gpu: GPUInfo | None) -
     return True, "default", f"Enabled (GPU '{gpu.name}' has good torch.compile support)"
 
 
+# float8 tensor cores: NVIDIA's compute capability 8.9 (Ada: L4, L40S) and later (Hopper, Blackwell)
+FLOAT8_CAPABILITY = (8, 9)
+
+
+def decide_float8(config: Config, device_type: str, gpu: GPUInfo | None) -> tuple[str | None, str]:
+    """The float8 recipe the linear layers train with (None: off), and why; a float8 choice on a device
+    without float8 tensor cores is a PlanError naming the setting."""
+    if config.float8 == "off":
+        return None, "CONFIG_FLOAT8_OFF"
+    symbol = f"CONFIG_FLOAT8_{config.float8.upper()}"
+    capability = tuple(gpu.compute_capability) if gpu is not None and gpu.compute_capability else None
+    if device_type != "cuda" or gpu is None or gpu.vendor != "nvidia" or capability is None \
+            or capability < FLOAT8_CAPABILITY:
+        where = (f"{gpu.name} (compute capability {capability[0]}.{capability[1]})" if capability else
+                 gpu.name if gpu is not None and device_type != "cpu" else "this plan's device, the CPU,")
+        raise PlanError(f"{symbol} needs float8 tensor cores (an NVIDIA GPU of compute capability 8.9 or later: "
+                        f"L4, L40S, H100, H200, B200); {where} has none: set CONFIG_FLOAT8_OFF")
+    return config.float8, (f"{symbol}: {gpu.name} (compute capability {capability[0]}.{capability[1]}) has "
+                           "float8 tensor cores; the linear layers' matrix multiplies run in float8")
+
+
 def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool, str]:
     if config.tf32 == "auto":
         tf32 = bool(on_gpu and gpu.supports_tf32)

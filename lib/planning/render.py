@@ -74,6 +74,7 @@ def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: Mo
     rows = [
         ("device", f"{plan.device_type} ({plan.device_name})", plan.reasons["device"]),
         ("precision", plan.precision + (" + grad scaler" if plan.grad_scaler else ""), plan.reasons["precision"]),
+        *([("float8", f"{plan.float8} linear layers", plan.reasons.get("float8", ""))] if plan.float8 else []),
         ("compile", f"on ({plan.compile_mode})" if plan.compile else "off", plan.reasons["compile"]),
         ("micro-batch", split.compact(), plan.reasons["micro_batch"]),
         ("grad accumulation", str(split.count), plan.reasons["grad_accum"]),

@@ -30,7 +30,7 @@ from ..threads import decide_cpu_threads, decide_loader_workers, decide_prefetch
 from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
-                        decide_gradient_sync, decide_precision, decide_tf32)
+                        decide_float8, decide_gradient_sync, decide_precision, decide_tf32)
 from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
 from .throughput import choose_fastest, with_predictions
@@ -99,6 +99,7 @@ def _resolve(request: PlanRequest) -> Plan:
     gpu = hardware.primary_gpu if device_type in ("cuda", "mps") else None
     on_gpu = device_type == "cuda"
     precision, reasons["precision"] = decide_precision(config, device_type, gpu)
+    float8, reasons["float8"] = decide_float8(config, device_type, gpu)
     compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
     tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
     idle = hardware.cpu.idle_cores  # step timings taken while planning run at the threads training will
@@ -217,7 +218,7 @@ def _resolve(request: PlanRequest) -> Plan:
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,
         gradient_checkpointing=checkpointing, num_workers=workers, cpu_threads=cpu_threads,
         pin_memory=on_gpu, model=model.name, reasons=reasons, notes=tuple(notes), strategy=strategy, nodes=nodes,
-        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, prefetch_factor=prefetch,
+        cpu_offload=offload and is_sharded(strategy), gradient_sync=sync, prefetch_factor=prefetch, float8=float8,
         alternatives=alternatives, **memory)
     with using_threads(timing_threads):
         return with_predictions(config, hardware, plan, speed_model)

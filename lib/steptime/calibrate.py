@@ -141,10 +141,11 @@ def _share(busy_cores: float | None) -> float:
 
 
 def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, world_size: int,
-                     strategy: str = "none") -> str:
+                     strategy: str = "none", float8: bool = False) -> str:
+    extra = ("float8",) if float8 else ()  # left out when off: the keys calibrations had before float8
     if strategy in ("none", "ddp"):  # the key calibrations had before sharded strategies existed
-        return _hash(device.kind, device.key, counts, tf32, compile, world_size)
-    return _hash(device.kind, device.key, counts, tf32, compile, world_size, strategy)
+        return _hash(device.kind, device.key, counts, tf32, compile, world_size, *extra)
+    return _hash(device.kind, device.key, counts, tf32, compile, world_size, strategy, *extra)
 
 
 def _profile_link(hardware: HardwareProfile) -> float | None:
@@ -176,14 +177,16 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
                                       parameters=counts.parameters, precision=precision, device_name=device.name,
                                       device_kind=device.kind, network_gbps=config.net_gbps or None,
                                       link_gbps=_profile_link(hardware) if device_type == "cuda" else None)
+    float8 = config.float8 != "off" and device_type == "cuda" and device.fp8_flops is not None
     model = StepTimeModel(counts=counts, device=device, precision=precision, tf32=tf32, compile=compile,
-                          communication=communication)
+                          communication=communication, float8=float8)
     key = step_key(config, device_type=device_type, precision=precision, gradient_checkpointing=checkpointing)
     if device.here and not compile:  # eager timings say nothing about a compiled step
         model = _measured(model, config, key, precision=precision, checkpointing=checkpointing,
                           measure_up_to=measure_up_to, directory=directory)
     runs = calibration_entries(directory / CALIBRATION_FILE).get(
-        _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy), [])
+        _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy,
+                         float8=float8), [])
     return calibrated_by_runs(model, runs, per_micro_batch=per_micro_batch) if runs else model
 
 
@@ -296,7 +299,7 @@ def _calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_secon
     path = steptime_dir(cache_dir) / CALIBRATION_FILE
     entries = calibration_entries(path)  # damaged entries dropped (noted)
     name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.world_size,
-                            strategy=plan.strategy)
+                            strategy=plan.strategy, float8=model.float8)
     runs = entries.get(name, [])
     load = current_load() if plan.device_type == "cpu" else 0.0
     runs.append({"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "samples": samples_per_process(plan),

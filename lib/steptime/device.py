@@ -137,6 +137,7 @@ class Device:
     conv_op_s: float = 0.0  # a CPU's setup per convolution op (forward or backward), beyond op_overhead_s
     unaligned_efficiency: float = 1.0  # matmuls with an unaligned dimension: FLOP/s over the aligned ones'
     unaligned_compiled_efficiency: float | None = None  # ... under torch.compile
+    fp8_flops: float | None = None  # float8 matmuls (lib/float8.py); None: no float8 tensor cores
 
     def flops(self, precision: str, tf32: bool) -> float:
         if precision in ("bf16", "fp16"):
@@ -161,24 +162,27 @@ def gpu_device(name: str) -> Device | None:
         return None
     peak = entry.peak
     return _gpu(entry.name, entry.arch, fp32=peak.fp32_tflops, tf32=peak.tf32_tflops, half=peak.half_tflops,
-                bandwidth=peak.bandwidth_gbs, watts=entry.tdp_watts, what=f"{entry.key} datasheet peaks")
+                bandwidth=peak.bandwidth_gbs, watts=entry.tdp_watts, what=f"{entry.key} datasheet peaks",
+                fp8=peak.fp8_tflops)
 
 
 def profile_gpu_device(gpu) -> Device:
     """A HW= profile GPU's own speed figures (GPUInfo.speed), with its family's efficiencies."""
     speed = gpu.speed
     return _gpu(gpu.name, gpu.arch, fp32=speed.fp32_tflops, tf32=speed.tf32_tflops, half=speed.half_tflops,
-                bandwidth=speed.bandwidth_gbs, watts=speed.tdp_watts, what="the HW= profile's peaks")
+                bandwidth=speed.bandwidth_gbs, watts=speed.tdp_watts, what="the HW= profile's peaks",
+                fp8=speed.fp8_tflops)
 
 
 def _gpu(name: str, arch: str, *, fp32: float, tf32: float | None, half: float, bandwidth: float, watts: float,
-         what: str) -> Device:
+         what: str, fp8: float | None = None) -> Device:
     name_of_family = family(arch)
     e = FAMILIES[name_of_family]
     eff, bw = e.matmul, e.bandwidth
     return Device(kind="gpu", name=name, fp32_flops=fp32 * 1e12 * eff,
                   tf32_flops=tf32 * 1e12 * eff if tf32 else None,
                   half_flops=half * 1e12 * eff, bandwidth=bandwidth * 1e9 * bw,
+                  fp8_flops=fp8 * 1e12 * eff if fp8 else None,
                   op_overhead_s=e.op_overhead_s, step_overhead_s=e.step_overhead_s,
                   conv_efficiency=e.conv / eff, conv_compiled_efficiency=e.conv_compiled / eff,
                   attention_efficiency=e.attention / eff, unaligned_efficiency=e.unaligned / eff,

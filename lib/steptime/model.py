@@ -122,6 +122,10 @@ class StepTimeModel:
     measured_spread: dict[int, float] = field(default_factory=dict)  # micro-batch -> measure.spreads' figure
     load: float = 0.0  # other processes' share of the usable cores while timed, or now (the larger)
     communication: Communication | None = None  # several processes' collectives (comm.py)
+    # the linear layers' matmuls in float8 (lib/float8.py) at the device's float8 peak; attention, convolutions
+    # and unaligned matmuls keep the precision's. torchao's casts (an amax and a cast per operand) are not
+    # counted yet: a float8 run's calibration takes them in
+    float8: bool = False
     # micro-batch -> micro_seconds: a plan weighs tens of candidates of up to hundreds of micro-batches each
     # (not copied by dataclasses.replace, so a changed model starts empty)
     _micro_memo: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -142,7 +146,8 @@ class StepTimeModel:
         conv = dev.conv_compiled_efficiency if compiled and dev.conv_compiled_efficiency else dev.conv_efficiency
         unaligned = (dev.unaligned_compiled_efficiency if compiled and dev.unaligned_compiled_efficiency
                      else dev.unaligned_efficiency)
-        compute = (work.matmul_flops / peak + work.attention_flops / (peak * dev.attention_efficiency)
+        matmul_peak = dev.fp8_flops if self.float8 and dev.fp8_flops else peak
+        compute = (work.matmul_flops / matmul_peak + work.attention_flops / (peak * dev.attention_efficiency)
                    + work.conv_flops / (peak * conv) + work.unaligned_flops / (peak * unaligned))
         host = ops * dev.op_overhead_s
         if dev.kind == "cpu":  # one core does it all, one thing after another: nothing overlaps

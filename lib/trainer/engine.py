@@ -50,6 +50,10 @@ class Engine:
         self.trainable_parameters = trainable_parameters(self.model)  # CONFIG_FREEZE's are not
         self.checkpointing = checkpointing_for(config, self.model)  # how it recomputes, None where it cannot
         self.sharded = parallel.is_sharded(plan.strategy) and rank.active
+        if plan.float8:  # before sharding (its all-gather may be in float8) and before compile
+            from ..float8 import convert
+
+            convert(self.model, plan.float8, sharded=self.sharded)
         if self.sharded:  # before the optimizer: fully_shard replaces the parameters
             mesh = parallel.make_mesh(device.type, plan.strategy, rank.world_size, rank.local_world_size)
             parallel.shard_model(self.model, plan.strategy, mesh, precision=plan.precision,
