@@ -87,9 +87,13 @@ class Draw:
 
     @property
     def label(self) -> str:
-        """What the draw is, in a few words: family, precision, strategy, batch mode, checkpointing, compile."""
+        """What the draw is, in a few words: model, precision (float8), strategy, batch mode, checkpointing,
+        compile."""
+        from .models.registry import label
+
         c = self.config
-        bits = [self.family, _member(c, "PRECISION"), _member(c, "PARALLEL"), c.hyperparam_mode]
+        bits = [label(c), _member(c, "PRECISION") + (f"+fp8-{c.float8}" if c.float8 != "off" else ""),
+                _member(c, "PARALLEL"), c.hyperparam_mode]
         if c.gradient_checkpointing:
             bits.append("ckpt")
         if c.symbols.get("COMPILE_MODEL") == "y":
