@@ -66,14 +66,14 @@ def _oom_relaunch(config, since: float) -> str | None:
 LAUNCH_FLAG = "--launch"
 
 
-def _withheld(env, config) -> frozenset[str]:
+def _withheld(run: Invocation) -> frozenset[str]:
     """kfit's variables, kept from torchrun's ranks: every variable a flag stands for, make's list of
-    command-line assignments, the one-command overrides, and any variable named as a Kconfig symbol (make puts
+    command-line assignments, the one-command overrides and each overridden symbol's own variable (make puts
     `make train EPOCHS=2` in the environment as EPOCHS). A rank takes what the launcher decided from the launch
     file, so no setting reaches it twice or by another road."""
     from .flags import FLAGS, MAKE_LIST
 
-    symbols = {name for name in env if name in config.symbols or f"CONFIG_{name}" in config.symbols}
+    symbols = {form for name, _ in run.overrides for form in (name, f"CONFIG_{name}")}
     return frozenset({*FLAGS, MAKE_LIST, SET_VARIABLE, *symbols})
 
 
@@ -99,7 +99,7 @@ def _launch(config, hardware, model, plan, run: Invocation, nproc: int, why: str
         env = with_slurm(os.environ)
         return distributed.run_torchrun(
             nproc, _rank_script(), env, threads=plan.cpu_threads, script_args=("train", LAUNCH_FLAG, path),
-            withheld=_withheld(env, config), relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
+            withheld=_withheld(run), relaunch=(lambda since: _oom_relaunch(config, since)) if relaunch else None,
             attempts=(config.oom_max_halvings or 0) if relaunch else 0)
     finally:
         os.unlink(path)
