@@ -68,6 +68,22 @@ def cmd_listnewconfig(args) -> int:
     return 0
 
 
+def cmd_genoptions(args) -> int:
+    """Write lib/config/options.pyi from the Kconfig tree (as the kernel writes autoconf.h)."""
+    from .. import fileio
+    from ..config.kconfig import new_kconfig
+    from ..config.options import fields, stub
+
+    path = Path(__file__).resolve().parent.parent / "config" / "options.pyi"
+    text = stub(new_kconfig())
+    if path.is_file() and path.read_text() == text:
+        print(f"{path}: up to date")
+        return 0
+    fileio.write_text(path, text)
+    print(f"wrote {path}: {sum(1 for _ in fields(new_kconfig()))} options")
+    return 0
+
+
 def _menu(copy: Path) -> None:
     """kconfiglib's curses menu on `copy`: it loads and saves the file KCONFIG_CONFIG names."""
     import kconfiglib
@@ -234,6 +250,8 @@ def parser() -> argparse.ArgumentParser:
     p = flags.command(sub, "savedefconfig", "write the minimal config to ./defconfig", func=cmd_savedefconfig)
     p.add_argument("--output", default="defconfig", metavar="FILE", help="where to write it (default ./defconfig)")
     flags.command(sub, "listnewconfig", "list symbols the config does not set", func=cmd_listnewconfig)
+    flags.command(sub, "genoptions", "write lib/config/options.pyi, the typed stub of every Kconfig option, from "
+                  "the Kconfig tree", func=cmd_genoptions)
     flags.command(sub, "menuconfig", "edit the config in a terminal menu; kept only if valid", func=cmd_menuconfig)
     flags.command(sub, "oldconfig", "ask for the symbols the config does not set", func=cmd_oldconfig)
     for name, what in (("alldefconfig", "every symbol at its default"), ("allnoconfig", "as many n as allowed"),

@@ -15,6 +15,7 @@ import kconfiglib
 
 from ..errors import ConfigError
 from .kconfig import config_text
+from .options import Options, options_of
 from .profiles import MEMORY_PROFILES
 from .symbols import bool_of, choice_of, int_of, member_of, number_of, str_of
 
@@ -160,6 +161,9 @@ class Config:
     text: str = ""  # the full .config as kconfiglib writes it (stored with checkpoints)
     # every symbol's value, for the record (left out of the hash: a dict is not hashable)
     symbols: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # every option of the Kconfig tree, typed, with no field of its own here (lib/config/options.py): what an
+    # option added to the tree is read as; left out of comparisons, which the fields above decide
+    options: Options = field(default_factory=lambda: Options({}), compare=False, hash=False, repr=False)
 
     @property
     def image_size(self) -> int:
@@ -169,6 +173,7 @@ class Config:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["symbols"] = dict(self.symbols)
+        d["options"] = self.options.as_dict()
         del d["text"]
         return d
 
@@ -307,13 +312,8 @@ def _adaptation(kconf) -> dict:
 
 
 def _prefetch_factor(kconf) -> int:
-    """CONFIG_DATA_PREFETCH_FACTOR, which only loader worker processes use: refused with MANUAL 0 workers."""
-    factor = int_of(kconf, "DATA_PREFETCH_FACTOR") or 0
-    if factor and choice_of(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}) == "manual" \
-            and not int_of(kconf, "DATALOADER_WORKERS"):
-        raise ConfigError(f"CONFIG_DATA_PREFETCH_FACTOR={factor} needs data loader worker processes: set "
-                          "CONFIG_DATALOADER_WORKERS above 0, or CONFIG_DATA_PREFETCH_FACTOR=0")
-    return factor
+    """CONFIG_DATA_PREFETCH_FACTOR (its rule with the workers: lib/config/validators.py)."""
+    return int_of(kconf, "DATA_PREFETCH_FACTOR") or 0
 
 
 def _function_of(kconf: kconfiglib.Kconfig, name: str) -> str | None:
@@ -449,4 +449,5 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         source=source,
         text=config_text(kconf),
         symbols={s.name: s.str_value for s in kconf.unique_defined_syms},
+        options=options_of(kconf),
     )

@@ -3,3 +3,5 @@
 # never a shell.
 KFIT_TARGETS += config-set
 help-config-set := Write settings into the config, each checked as in a fragment (SET="EPOCHS=3 LEARNING_RATE=0.01")
+KFIT_TARGETS += genoptions
+help-genoptions := Write lib/config/options.pyi (every Kconfig option as a typed field of config.options) from the Kconfig tree
