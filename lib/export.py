@@ -30,7 +30,7 @@ import torch
 from . import checkpoint
 from .data.run_tokenizer import HASH_FILE, TOKENIZER_FILE, choose_tokenizer, hash_record, sha256_hex
 from .errors import KfitError
-from .fileio import UnsafeFileError, write_atomic
+from .fileio import UnsafeFileError, refuse_linked_components, write_atomic
 
 MODEL_FILE = "model.safetensors"
 
@@ -87,7 +87,10 @@ def export(run: Path, out: Path | None = None, log=lambda line: print(line, file
     try:
         if out.exists() and not out.is_dir():
             raise KfitError(f"OUT={out} is a file, not a directory: name a directory (created when missing)")
+        refuse_linked_components(out, path.parent)  # never into a link planted in (or as) the export directory
         out.mkdir(parents=True, exist_ok=True)
+    except UnsafeFileError:
+        raise  # names the link as it is
     except OSError as err:
         raise _refused(out, err) from None
     with _export_lock(out):

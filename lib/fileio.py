@@ -113,6 +113,20 @@ def refuse_linked_directory(path: Path | str) -> None:
         raise unsafe(path, _describe(st, path))
 
 
+def refuse_linked_components(path: Path | str, root: Path | str) -> None:
+    """UnsafeFileError when `path` itself, or any directory between `root` and it, is a symbolic link or not a
+    directory: a directory kfit writes its own files into (an export, a cache) is never redirected by a link
+    planted below a directory it owns. A `path` outside `root` has its last component checked only (the
+    directories above a path the user named are the user's)."""
+    path, root = Path(os.path.abspath(path)), Path(os.path.abspath(root))
+    refuse_linked_directory(path)
+    if not path.is_relative_to(root):
+        return
+    for part in reversed(path.relative_to(root).parents):
+        if part != Path("."):
+            refuse_linked_directory(root / part)
+
+
 def open_nofollow(path: Path | str, flags: int, mode: int = 0o666) -> int:
     """os.open with O_NOFOLLOW and O_NONBLOCK (a planted FIFO must not hang kfit), of a regular file only;
     anything else is an UnsafeFileError naming the file."""
@@ -151,12 +165,14 @@ def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follo
     is removed on any failure.
 
     `follow_symlinks=False` (the default: run directories, caches, reports, exports, data): a symlink,
-    directory or other non-file at `path` is refused with UnsafeFileError, and the file is written where `path`
-    names it. `follow_symlinks=True` (only the config file the user names): a symlink is written through (its
+    directory or other non-file at `path`, or a symlink as its directory, is refused with UnsafeFileError, and
+    the file is written where `path` names it. `follow_symlinks=True` (only the config file the user names): a symlink is written through (its
     target replaced, the link kept), to a regular file only (write_target). The new file takes the
     replaced file's permissions, or 0666 less the umask when new: mkstemp's 0600 would shut out the other
     users of a shared directory, and silently change a .config's mode."""
     real = write_target(path, follow_symlinks=follow_symlinks)
+    if not follow_symlinks:  # nor into a directory a link planted there names (a cache's, a run's, an export's)
+        refuse_linked_directory(real.parent)
     real.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = (real.stat() if follow_symlinks else os.lstat(real)).st_mode & 0o7777

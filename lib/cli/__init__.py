@@ -235,10 +235,21 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with kfit's one error line: `error: <what>: 'kfit <command> --help' lists ...` and
+    exit status 2, instead of a usage block and a second line (every subcommand's parser is one too)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        from ..redact import shown
+
+        print(f"error: {shown(message, 300)}: '{self.prog} --help' lists the commands and flags", file=sys.stderr)
+        sys.exit(2)
+
+
 def parser() -> argparse.ArgumentParser:
     import importlib
 
-    top = argparse.ArgumentParser(prog="kfit", description=__doc__.splitlines()[0], epilog=flags.EXIT_CODES)
+    top = Parser(prog="kfit", description=__doc__.splitlines()[0], epilog=flags.EXIT_CODES)
     top.add_argument("--version", action=VersionAction,
                      help="print kfit's, Python's and torch's versions and this machine's device, then exit")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")

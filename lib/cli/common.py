@@ -42,6 +42,22 @@ def os_refusal(err: OSError) -> str:
     return f"{shown(err.filename, 160)}: {err.strerror or 'refused'}; {OS_REFUSALS[err.errno]}"
 
 
+# The longest error line kfit prints: a message that quotes a user's value whole (a 100,000-character GPU=)
+# is cut in its middle, where the value is, keeping its start (what is wrong) and its end (the fix)
+ERROR_LINE_LIMIT = 1000
+
+
+def error_line(message: str, limit: int = ERROR_LINE_LIMIT) -> str:
+    """`message` as one line of at most about `limit` characters (control characters escaped)."""
+    from ..redact import shown
+
+    if len(message) <= limit:
+        return shown(message, limit)
+    head, tail = limit * 2 // 5, limit * 2 // 5
+    return (f"{shown(message[:head], head)} ... ({len(message) - head - tail:,} characters cut) ... "
+            f"{shown(message[-tail:], tail)}")
+
+
 def run_main(main: Callable[[], int | None]) -> int:
     """A command's main() under kfit's convention: a user error is one 'error:' line on stderr and exit status
     2, never a traceback; Ctrl-C is 'interrupted' and 130. Everything the command prints from this process,
@@ -53,7 +69,7 @@ def run_main(main: Callable[[], int | None]) -> int:
     try:
         return main() or 0
     except KfitError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {error_line(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:
         if err.filename is None or err.errno not in OS_REFUSALS:

@@ -166,9 +166,11 @@ def config_text(kconf: kconfiglib.Kconfig) -> str:
 def write_config(kconf: kconfiglib.Kconfig, out: Path, *, minimal: bool = False) -> None:
     """Write atomically (lib.fileio.write_atomic: through a symlinked .config, keeping its permissions; never
     over a device, FIFO or directory), keeping the previous file as <out>.old like the kernel (never through a
-    link at <out>.old)."""
-    write_target(out, follow_symlinks=True)  # a device or FIFO named as the config: refused before the .old
+    link at <out>.old). The minimal config (savedefconfig's ./defconfig) is kfit's own file beside the config:
+    never written through a link either."""
+    follow = not minimal
+    write_target(out, follow_symlinks=follow)  # a device or FIFO named as the config: refused before the .old
     if out.exists() and not minimal:  # the backup is kfit's own file: never written through a link
         copy_file(out, out.with_name(out.name + ".old"))
     write_atomic(out, kconf.write_min_config if minimal else lambda tmp: kconf.write_config(tmp, save_old=False),
-                 follow_symlinks=True)
+                 follow_symlinks=follow)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .corpus import Source, find_sources, pieces, texts
 from ..errors import DataError
-from ..fileio import read_bytes, write_atomic
+from ..fileio import UnsafeFileError, read_bytes, refuse_linked_components, write_atomic
 from ..progress import Bar
 
 EOT = "<|endoftext|>"
@@ -67,8 +67,15 @@ def _tokenizers():
 
 def load_tokenizer(path: str | Path):
     tk = _tokenizers()
+    try:  # read here: a FIFO or device named as the tokenizer is refused, never read until it blocks
+        text = read_bytes(path).decode("utf-8")
+    except UnsafeFileError as err:
+        raise DataError(f"TOKENIZER={path}: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"TOKENIZER={path} cannot be read ({getattr(err, 'strerror', None) or err}): name a "
+                        "Hugging Face tokenizer.json") from None
     try:
-        return tk.Tokenizer.from_file(str(path))
+        return tk.Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises plain Exception for a missing or malformed file
         raise DataError(f"TOKENIZER={path} is not a Hugging Face tokenizer.json ({str(e)[:200]})") from None
 
@@ -133,9 +140,9 @@ def _clear(shards: Path) -> None:
 
 def _read_json(path: Path):
     """A JSON file of make data's own (.shards/), or None where a crash or an edit left it unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+    try:  # never through a link, never blocking on a FIFO planted there
+        return json.loads(read_bytes(path, follow_symlinks=False))
+    except (OSError, ValueError, UnsafeFileError):
         return None
 
 
@@ -218,8 +225,9 @@ def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = No
     sources = find_sources(corpus)
     if not tokenizer:
         check_vocab(vocab)  # before anything is written
-    out.mkdir(parents=True, exist_ok=True)
     shards = out / ".shards"
+    refuse_linked_components(shards, out)  # the shards are removed at the end: never a link's target's files
+    out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "meta.json"
     if meta_path.is_file() and not shards.exists():
         meta = _read_meta(meta_path)
