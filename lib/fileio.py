@@ -76,7 +76,12 @@ class UnsafeFileError(KfitError, OSError):
     place. A KfitError (one `error:` line naming the file) and an OSError (a cache's writer skips it)."""
 
 
-def unsafe(path: Path | str, what: str) -> UnsafeFileError:
+def unsafe(path: Path | str, what: str, *, reading: bool = False) -> UnsafeFileError:
+    if reading:  # a FIFO would block the read, a device would never end it
+        err = UnsafeFileError(f"{path} is {what}: kfit reads only regular files (a FIFO would block it, a "
+                              "device never end); name one")
+        err.what = what
+        return err
     err = UnsafeFileError(f"{path} is {what}: kfit does not write through it (a link or other file planted "
                           f"in a run directory or cache could redirect its writes); remove it and run again")
     err.what = what  # "a symbolic link (to ...)", "a directory": for a note that names the file itself
@@ -231,11 +236,11 @@ def read_bytes(path: Path | str, *, follow_symlinks: bool = True) -> bytes:
     try:
         fd = os.open(path, flags)
     except IsADirectoryError:
-        raise unsafe(path, "a directory") from None
+        raise unsafe(path, "a directory", reading=True) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise unsafe(path, _describe(st, path))
+        raise unsafe(path, _describe(st, path), reading=True)
     os.set_blocking(fd, True)
     return _read_all(fd)
 

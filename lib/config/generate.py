@@ -20,6 +20,8 @@ from typing import Callable
 
 import kconfiglib
 
+from ..redact import shown
+from ..units import MAXIMA
 from ..errors import ConfigError, KfitError
 from .kconfig import load_strict, new_kconfig, write_config
 from .operations import load_existing, config_path, fragment_file
@@ -98,8 +100,9 @@ def randconfig_seed(text: str | None) -> int:
         seed = int(text, 0)
     except ValueError:
         seed = -1
-    if seed < 0:
-        raise ConfigError(f"KCONFIG_SEED={text!r} is not a seed: give a whole number >= 0, like 42 or 0x2a")
+    if not 0 <= seed <= MAXIMA["KCONFIG_SEED"]:
+        raise ConfigError(f"KCONFIG_SEED='{shown(text, 80)}' is not a seed: give a whole number from 0 to "
+                          f"{MAXIMA['KCONFIG_SEED']:,}, like 42 or 0x2a")
     return seed
 
 
