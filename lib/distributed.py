@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,11 +85,26 @@ def nodes_range(env: Mapping[str, str]) -> tuple[int, int]:
     return first, last
 
 
+# A host name or IPv4/IPv6 address, as MASTER_ADDR= may give one (letters, digits, '.', '-', ':', '[', ']')
+_HOST = re.compile(r"[A-Za-z0-9.:\[\]-]{1,253}")
+
+
+def _check_rendezvous(env: Mapping[str, str]) -> None:
+    """MASTER_ADDR= and MASTER_PORT= checked before torchrun starts (it would fail with its own traceback)."""
+    address = env.get("MASTER_ADDR")
+    if address and not _HOST.fullmatch(address):
+        raise KfitError(f"MASTER_ADDR='{shown(address, 80)}' is not a host name or address: give the NODE_RANK=0 "
+                        "machine's name or IP address")
+    env_number("MASTER_PORT", int, DEFAULT_MASTER_PORT, env, minimum=1, maximum=65535)
+
+
 def torchrun_command(nproc: int, script: Path, env: Mapping[str, str], script_args: tuple[str, ...] = ("train",)
                      ) -> list[str]:
     """The torchrun command line that runs `script <script_args>` in nproc processes on this machine."""
     low, high = nodes_range(env)
     nnodes = high
+    if nnodes > 1 or low != high:
+        _check_rendezvous(env)
     if low != high:
         if not env.get("MASTER_ADDR"):
             raise KfitError(f"NNODES={low}:{high} (elastic) needs MASTER_ADDR= (the rendezvous host, any machine "

@@ -107,3 +107,32 @@ def test_an_over_long_value_is_cut_in_its_error_line(variable, command, length, 
     result = kfit_here(tmp_path, *command, **{variable: value, "KCONFIG_CONFIG": str(tmp_path / ".config")})
     assert result.returncode == 2 and result.stderr.startswith("error:"), result.stderr[:300]
     assert result.stderr.count("\n") == 1 and len(result.stderr) < 1200, len(result.stderr)
+
+
+@pytest.mark.parametrize("variable, value, needle", [
+    ("MASTER_ADDR", "h\nerror: FORGED line", "is not a host name or address"),
+    ("MASTER_ADDR", "a b", "is not a host name or address"),
+    ("MASTER_PORT", "99999", "MASTER_PORT='99999' is too large"),
+    ("MASTER_PORT", "0", "MASTER_PORT='0' is too small")])
+def test_the_rendezvous_is_checked_before_torchrun_starts(variable, value, needle):
+    from lib import distributed
+    from lib.errors import KfitError
+
+    env = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", variable: value}
+    with pytest.raises(KfitError, match=needle):
+        distributed.torchrun_command(2, Path("x"), env)
+
+
+@pytest.mark.parametrize("depth", [10_000, 200_000])
+def test_a_hardware_profile_nested_too_deeply_is_one_error_line(depth, tmp_path, kfit_here):
+    (tmp_path / "hw.json").write_text("[" * depth + "]" * depth)
+    result = kfit_here(tmp_path, "plan", HW=str(tmp_path / "hw.json"), KCONFIG_CONFIG=str(tmp_path / ".config"))
+    assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["lenet5\nerror: FORGED line", "fp32\x1b[2J", "\ufefflenet5"])
+def test_a_name_with_control_characters_never_forges_a_line(name, tmp_path, kfit_here):
+    result = kfit_here(tmp_path, "defconfig", name, KCONFIG_CONFIG=str(tmp_path / ".config"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "\x1b" not in result.stderr
+    assert not (tmp_path / ".config").exists()

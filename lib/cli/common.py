@@ -76,6 +76,10 @@ def run_main(main: Callable[[], int | None]) -> int:
             raise  # not a path the OS refused: a bug to show with its traceback
         print(f"error: {os_refusal(err)}", file=sys.stderr)
         return 2
+    except RecursionError:  # only a pathological input (JSON nested thousands deep) recurses this far
+        print("error: an input file nests too deeply to be read (thousands of levels): check the files the "
+              "command reads (HW=, a run's plan.json or metrics.jsonl)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -159,7 +163,9 @@ def config_to_plan(run: Invocation | None = None) -> tuple["kconfig.Config", str
         config, note = kconfig.read_config(path), None
     else:
         name = kconfig.DEFAULT_DEFCONFIG
-        config, note = kconfig.defconfig_config(name), (f"no {path}: this plans the default defconfig '{name}' in "
+        from ..redact import shown
+
+        config, note = kconfig.defconfig_config(name), (f"no {shown(path, 160)}: this plans the default defconfig '{name}' in "
                                                         f"memory and writes nothing ('make {name}-defconfig' writes it)")
     config, shown = _overridden(config, parsed(run))
     return config, "; ".join(n for n in (shown, note) if n) or None

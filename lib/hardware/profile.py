@@ -303,6 +303,9 @@ def load_profile(path: str) -> HardwareProfile:
         raise HardwareError(f"hardware profile {path!r} cannot be read ({e.strerror}): check the HW= path and its permissions.") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise HardwareError(f"hardware profile {path!r} nests its JSON too deeply to be a profile: regenerate it "
+                            "with 'make check-hardware FORMAT=json > FILE'.") from None
     except json.JSONDecodeError as e:
         raise HardwareError(
             f"hardware profile {path!r} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}): "
