@@ -77,6 +77,7 @@ def _train(model, x, steps=6):
     return losses
 
 
+@pytest.mark.slow  # float8 emulated on a CPU: tens of seconds under load
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_a_converted_model_trains_as_the_plain_one_and_keeps_its_state_dict(recipe):
     """What the engine does with a float8 plan: the model's state dict keeps nn.Linear's names and shapes (so
