@@ -15,6 +15,7 @@ import contextlib
 import errno
 import io
 import os
+import stat
 import shutil
 import zipfile
 from pathlib import Path
@@ -168,6 +169,8 @@ def load_checkpoint(path: Path, verify: bool = False) -> dict:
     path = Path(path)
     if verify:
         verify_integrity(path)
+    if not path.is_dir() and path.exists() and not stat.S_ISREG(os.stat(path).st_mode):
+        raise fileio.unsafe(path, "not a regular file", reading=True)  # a FIFO would block torch.load for ever
     if path.is_dir():
         if not (path / _DCP_METADATA).is_file():
             raise FileNotFoundError(f"{path / _DCP_METADATA} is missing")

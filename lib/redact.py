@@ -25,7 +25,8 @@ SECRET_WORDS = (r"pass(?:word|wd)?|pwd|secret|token|api[_-]?key|apikey|access[_-
                 r"private[_-]?key|session[_-]?key")
 _SECRET_NAME = rf"[\w.-]*(?:{SECRET_WORDS})\b"
 USER_PASSWORD = re.compile(r"([A-Za-z][\w+.-]*://[^:/@\n]*):(?:(?!://)[^@\n])*@(?:[^\s@]*@)*")
-QUERY_SECRET = re.compile(rf"(?i)([?&;]{_SECRET_NAME}=)[^&#\s]*")
+# a query parameter named as a secret, or a bare key / sig / signature (a signed URL's, an sqlite URL's ?key=)
+QUERY_SECRET = re.compile(rf"(?i)([?&;](?:{_SECRET_NAME}|key|sig|signature)=)[^&#\s]*")
 # NAME=value and "name": "value" outside URLs (an environment dump, a JSON error body, a netrc-like line)
 PAIR_SECRET = re.compile(rf"(?i)((?<![\w.-]){_SECRET_NAME}[\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)[^\s\"'&,;]+")
 NETRC_SECRET = re.compile(r"(?i)(\bpassword\s+)\S+")

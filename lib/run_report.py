@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from . import fileio
 from .errors import KfitError
 from .report import TEMPLATES, nice_ticks
 from .units import MiB
@@ -46,14 +47,14 @@ class RunHistory:
 def read_history(run_dir: Path) -> RunHistory:
     history = RunHistory()
     path = run_dir / "metrics.jsonl"
-    try:
-        lines = path.read_text(errors="replace").splitlines()
+    try:  # never blocking on a FIFO planted as the file
+        lines = fileio.read_bytes(path, follow_symlinks=False).decode(errors="replace").splitlines()
     except OSError as err:
         raise KfitError(f"{path} cannot be read ({err.strerror or err}): name a run directory with RUN=") from None
     for line in lines:
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             history.unreadable += bool(line.strip())
             continue
         if not isinstance(row, dict):
@@ -167,9 +168,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         raise KfitError(f"{run_dir} holds no metrics.jsonl: name a training run's directory with RUN=")
     history = read_history(run_dir)
     try:
-        plan = json.loads((run_dir / "plan.json").read_text())
+        plan = json.loads(fileio.read_bytes(run_dir / "plan.json", follow_symlinks=False))
         plan = plan if isinstance(plan, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         plan = {}
     out = Path(out) if out else run_dir / REPORT_FILE
     check_writable(out)

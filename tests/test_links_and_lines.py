@@ -136,3 +136,39 @@ def test_a_name_with_control_characters_never_forges_a_line(name, tmp_path, kfit
     result = kfit_here(tmp_path, "defconfig", name, KCONFIG_CONFIG=str(tmp_path / ".config"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "\x1b" not in result.stderr
     assert not (tmp_path / ".config").exists()
+
+
+@pytest.mark.parametrize("planted", ["checkpoint.pt", "plan.json", "metrics.jsonl"])
+def test_a_fifo_planted_in_a_run_directory_never_blocks_a_reader(planted, tmp_path):
+    """export and report read a run's checkpoint, plan.json and metrics.jsonl: a FIFO there is refused (it
+    would have blocked torch.load or the report for ever)."""
+    from lib import checkpoint, run_report
+    from lib.errors import KfitError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / planted)
+    if planted == "checkpoint.pt":
+        with pytest.raises(KfitError, match="kfit reads only regular files"):
+            checkpoint.load_checkpoint(run / planted)
+    elif planted == "metrics.jsonl":
+        with pytest.raises(KfitError):
+            run_report.read_history(run)
+    else:
+        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+        run_report.write_report(run, tmp_path / "r.html")  # plan.json unreadable: the page without the plan
+
+
+@pytest.mark.parametrize("url", ["sqlite:///x.db?key=S3CRETKEY", "https://h/x?sig=S3CRETSIG&a=1",
+                                 "postgresql://u:p@ss:S3CRETPW@127.0.0.1:1/db"])
+def test_credentials_in_urls_never_print(url):
+    from lib.redact import redact
+
+    assert "S3CRET" not in redact(f"error: no study in HPO_STORAGE={url}: check it")
+
+
+def test_a_tilde_of_an_unknown_user_is_one_error_line(tmp_path, kfit_here):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello\n" * 20)
+    result = kfit_here(tmp_path, "data", "--corpus", str(corpus), "--vocab", "300", "--out", "~nosuchuser-kfit/x")
+    assert result.returncode == 2 and "~ of a user this machine does not know" in result.stderr

@@ -76,6 +76,12 @@ def run_main(main: Callable[[], int | None]) -> int:
             raise  # not a path the OS refused: a bug to show with its traceback
         print(f"error: {os_refusal(err)}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        if "home directory" not in str(err):
+            raise  # not pathlib's "~user" of no known user: a bug to show with its traceback
+        print("error: a path starts with ~ of a user this machine does not know: write the path out in full",
+              file=sys.stderr)
+        return 2
     except RecursionError:  # only a pathological input (JSON nested thousands deep) recurses this far
         print("error: an input file nests too deeply to be read (thousands of levels): check the files the "
               "command reads (HW=, a run's plan.json or metrics.jsonl)", file=sys.stderr)
