@@ -172,3 +172,17 @@ def test_a_tilde_of_an_unknown_user_is_one_error_line(tmp_path, kfit_here):
     corpus.write_text("hello\n" * 20)
     result = kfit_here(tmp_path, "data", "--corpus", str(corpus), "--vocab", "300", "--out", "~nosuchuser-kfit/x")
     assert result.returncode == 2 and "~ of a user this machine does not know" in result.stderr
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EDQUOT"])
+@pytest.mark.parametrize("filename", [None, "runs/x/.checkpoint.pt.tmp"])
+def test_a_full_disk_anywhere_is_one_error_line(code, filename, capsys):
+    import errno
+
+    from lib.cli.common import run_main
+
+    def full():
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), filename)
+    assert run_main(full) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no space left on the device") and err.count("\n") == 1

@@ -62,7 +62,7 @@ def run_main(main: Callable[[], int | None]) -> int:
     """A command's main() under kfit's convention: a user error is one 'error:' line on stderr and exit status
     2, never a traceback; Ctrl-C is 'interrupted' and 130. Everything the command prints from this process,
     kfit's lines and its libraries' (a tracker's, a database driver's), passes through lib/redact.py."""
-    from ..redact import RedactingStream
+    from ..redact import RedactingStream, shown
 
     out, err_stream = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err_stream)
@@ -72,6 +72,11 @@ def run_main(main: Callable[[], int | None]) -> int:
         print(f"error: {error_line(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk or quota, wherever the write was
+            where = f" writing {shown(err.filename, 160)}" if err.filename else ""
+            print(f"error: no space left on the device{where} ({err.strerror}): free space there, or choose "
+                  "another path (the files kfit writes are replaced whole or not at all)", file=sys.stderr)
+            return 2
         if err.filename is None or err.errno not in OS_REFUSALS:
             raise  # not a path the OS refused: a bug to show with its traceback
         print(f"error: {os_refusal(err)}", file=sys.stderr)
