@@ -127,7 +127,8 @@ def test_a_stamp_whose_packages_are_gone_reinstalls(tmp_path):
     site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     for name in ("kconfiglib.py", "safetensors", "optuna", "sqlalchemy", "numpy", "psutil", "jinja2", "tqdm",
-                 "pynvml.py", "torchmetrics", "pytest", "xdist", "hypothesis", "__editable__.kfit-0.1.0.pth"):
+                 "pynvml.py", "torchmetrics", "torchao", "pytest", "xdist", "hypothesis",
+                 "__editable__.kfit-0.1.0.pth"):
         (site / name).touch()
     (tmp_path / "venv" / ".installed").touch()
     result = make(tmp_path, "-n", "plan", f"VENV={tmp_path / 'venv'}")
