@@ -8,7 +8,10 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch
+import torch.utils.flop_counter
 import torch.nn.functional as F
 
 from lib import config as kc
@@ -687,3 +690,40 @@ def test_causal_attention_is_counted_at_a_flash_kernels_share(T):
     assert causal.attention_flops == pytest.approx(full.attention_flops * causal_share(T, T), rel=1e-9)
     assert causal_share(1024, 1024) == 0.5625 and causal_share(8192, 8192) == pytest.approx(0.5078, abs=1e-4)
     assert causal_share(T, T) == min(1.0, 0.5 + 64 / T)
+
+
+ATTENTION_KERNELS = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+GQA_FORMULAS = (torch.utils.flop_counter.sdpa_flop_count, torch.utils.flop_counter.sdpa_backward_flop_count)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 4), kv_heads=st.integers(1, 8), groups=st.sampled_from([1, 2, 4, 8]),
+       q_len=st.integers(1, 300), k_len=st.integers(1, 300), dim=st.sampled_from([16, 64, 128]),
+       kernel=st.sampled_from(ATTENTION_KERNELS), backward=st.booleans())
+def test_grouped_query_attention_counts_as_its_kernels_run_it_whatever_torchs_formula_accepts(
+        monkeypatch, batch, kv_heads, groups, q_len, k_len, dim, kernel, backward):
+    """Every scaled_dot_product kernel, forward and backward, with fewer key/value heads than query heads counts
+    what the same attention counts with the key/value heads repeated; torch 2.11's formulas assert equal heads
+    (an H200 with torch 2.11 predicted no step for any Llama 3 model), so the check runs under such a formula."""
+    import torch.utils.flop_counter as fc
+
+    from lib.steptime.count import _attention_flops
+
+    heads = kv_heads * groups
+    q, g = torch.empty(batch, heads, q_len, dim, device="meta"), torch.empty(batch, heads, q_len, dim, device="meta")
+    k, v = (torch.empty(batch, kv_heads, k_len, dim, device="meta") for _ in range(2))
+    full_k, full_v = (torch.empty(batch, heads, k_len, dim, device="meta") for _ in range(2))
+    strict_forward, strict_backward = GQA_FORMULAS  # torch's own, not an earlier example's stand-ins
+
+    def equal_heads(shapes):
+        assert len({s[1] for s in shapes}) == 1, "heads differ (torch 2.11's formula)"
+
+    monkeypatch.setattr(fc, "sdpa_flop_count", lambda q, k, v: equal_heads((q, k, v)) or strict_forward(q, k, v))
+    monkeypatch.setattr(fc, "sdpa_backward_flop_count",
+                        lambda g, q, k, v: equal_heads((g, q, k, v)) or strict_backward(g, q, k, v))
+    name = f"aten.{kernel}" + ("_backward" if backward else "")
+    args, repeated = ((g, q, k, v), (g, q, full_k, full_v)) if backward else ((q, k, v), (q, full_k, full_v))
+    assert _attention_flops(name, args) == _attention_flops(name, repeated) > 0
+    assert _attention_flops(name, args) == (strict_backward(g.shape, q.shape, k.shape, v.shape) if backward
+                                            else strict_forward(q.shape, k.shape, v.shape))  # torch 2.13's GQA formula

@@ -426,7 +426,7 @@ def test_the_budgets_keep_a_full_gpu_run_under_9_minutes():
     assert [c.name for c in suite.CHECKS] == ["detection", "telemetry", "memory", "compile", "mfu",
                                               "squeezed-budget", "oom-recovery", "step-time", "micro-batch", "loop",
                                               "torchrun", "fsdp"]
-    assert [c.name for c in suite.OPTIONAL] == ["loop-124m"]
+    assert [c.name for c in suite.OPTIONAL] == ["loop-124m", "scale"]
     names = [c.name for c in suite.CHECKS]
     assert names.index("compile") < names.index("mfu")  # mfu reuses the compiled GPT-2's throughput
 
@@ -755,3 +755,37 @@ def test_loop_124m_judges_kfit_mfu_against_the_reference():
     assert ok.status == "pass" and "kfit MFU 40.0%" in ok.reason and "nanoGPT's recipe 40.5%" in ok.reason
     slow = loop_check.judge_mfu({**figures, "kfit_mfu": 0.30, "reference_mfu": 0.40})
     assert slow.status == "fail" and "under 98% of the reference's" in slow.reason
+
+
+def test_scale_check_runs_each_case_until_its_budget_and_judges_memory_and_step(tmp_path):
+    """The Llama 1B cases run in order, each with a fresh calibration; one that raises is its own row; the
+    check fails on a memory or step error beyond its tolerance and names the case."""
+    from lib.validation import scale_check
+
+    seen = []
+
+    def run(ctx, case):
+        seen.append(case.name)
+        if case.float8:
+            raise RuntimeError("float8 needs torchao")
+        return {"predicted_peak_mib": 1000.0, "measured_reserved_mib": 1050.0, "memory_error": -0.0476,
+                "measured_ms": 100.0, "time_error": 0.05 if not case.compile else 0.3}
+
+    ctx = ctx_for(tmp_path, quick=False)
+    result = scale_check.check_scale(ctx, run=run)
+    assert seen == [c.name for c in scale_check.CASES]
+    assert result.status == "fail"
+    assert "compiled selective-op's step off by +30%" in result.reason
+    assert "float8 needs torchao" in result.reason and "memory off" not in result.reason
+    cases = scale_check.CASES
+    assert {c.float8 for c in cases} == {None, "TENSORWISE"} and {c.checkpointing for c in cases} == {
+        None, "SELECTIVE_OP", "FULL"}
+    assert cases[1].assignments()["COMPILE_MODEL"] and cases[2].assignments()["FLOAT8_TENSORWISE"]
+    assert not cases[-1].assignments()["GRADIENT_CHECKPOINTING"]
+    ok = scale_check.judge({"a": {"measured_reserved_mib": 1024.0, "memory_error": 0.02, "measured_ms": 90.0,
+                                  "time_error": -0.1}})
+    assert ok.status == "pass" and "a 1.0 GiB (+2.0%) 90 ms (-10.0%)" in ok.reason
+    assert scale_check.check_scale(ctx_for(tmp_path, device="cpu")).status == "skip"
+    seen.clear()
+    scale_check.check_scale(ctx_for(tmp_path), run=run)  # QUICK=1
+    assert seen == [scale_check.CASES[0].name]

@@ -170,17 +170,26 @@ def _is_causal(func, args, kwargs) -> bool:
     return False
 
 
-def _cpu_attention_flops(name: str, args) -> int | None:
-    """FLOPs of the CPU flash-attention kernels, which torch's flop registry does not list."""
+def _attention_flops(name: str, args) -> int | None:
+    """FLOPs of a scaled_dot_product kernel (CUDA's flash, efficient and cuDNN ones, the CPU's flash one that
+    torch's flop registry does not list), forward or backward, by torch's formulas. Grouped-query attention
+    (fewer key/value heads than query heads) counts as its kernels run it, each query head against its
+    group's keys: the key/value shapes are given the query's heads. torch 2.11's formulas assert equal heads
+    and stopped every Llama 3 step-time prediction on a GPU (validate-gpu, H200, 2026-11-27)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-    if "_scaled_dot_product_flash_attention_for_cpu" not in name:
+    if "_scaled_dot_product_" not in name:
         return None
-    if name.endswith("_backward") or "backward" in name:
-        grad_out, q, k, v = args[:4]
-        return sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
-    q, k, v = args[:3]
-    return sdpa_flop_count(q.shape, k.shape, v.shape)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    backward = "backward" in name
+    grad_out, (q, k, v) = (tensors[0] if backward else None), tensors[1:4] if backward else tensors[:3]
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return None
+    heads = q.shape[1]
+    key, value = (k.shape[0], heads, *k.shape[2:]), (v.shape[0], heads, *v.shape[2:])
+    if backward:
+        return sdpa_backward_flop_count(grad_out.shape, q.shape, key, value)
+    return sdpa_flop_count(q.shape, key, value)
 
 
 CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)
@@ -225,8 +234,9 @@ class _Counter:
                         seen.add(id(t))
                         moved += t.numel() * t.element_size()
                 packet = func.overloadpacket
-                flops = (flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry
-                         else _cpu_attention_flops(str(packet), args))
+                flops = _attention_flops(str(packet), args)
+                if flops is None and packet in flop_registry:
+                    flops = flop_registry[packet](*args, **kwargs, out_val=out)
                 totals = counter.totals
                 totals["ops"] += 1
                 if packet in CONVOLUTIONS:

@@ -24,6 +24,7 @@ from .memory_check import check_memory
 from .mfu_check import check_mfu
 from .report import (FAIL, Check, Context, document, environment, header, output_path, row, run_checks, summary_line,
                      update_index)
+from .scale_check import check_scale
 from .steptime_check import check_step_time
 from .sweep_check import check_sweep
 from .torchrun import check_torchrun
@@ -53,6 +54,9 @@ OPTIONAL = [
     # GPT-2 124M compiled at the planner's micro-batch, kfit's loop and nanoGPT's recipe: a plan, then two rounds
     # of two compiles and 2 x 30 steps
     Check("loop-124m", check_loop_124m, 150),
+    # Llama 3.2 1B at 8k context: five short trainer runs (selective, full and no checkpointing eager; selective
+    # compiled with and without float8): a cold plan each, two compiles
+    Check("scale", check_scale, 330),
 ]
 
 
