@@ -24,7 +24,7 @@ import re
 SECRET_WORDS = (r"pass(?:word|wd)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|auth|credentials?|"
                 r"private[_-]?key|session[_-]?key")
 _SECRET_NAME = rf"[\w.-]*(?:{SECRET_WORDS})\b"
-USER_PASSWORD = re.compile(r"([A-Za-z][\w+.-]*://[^:/@\n]*):(?:(?!://)[^@\n])*@(?:[^\s@]*@)*")
+USER_PASSWORD = re.compile(r"([A-Za-z][\w+.-]{0,39}://[^:/@\n]*):(?:(?!://)[^@\n])*@(?:[^\s@]*@)*")
 # a query parameter named as a secret, or a bare key / sig / signature (a signed URL's, an sqlite URL's ?key=)
 QUERY_SECRET = re.compile(rf"(?i)([?&;](?:{_SECRET_NAME}|key|sig|signature)=)[^&#\s]*")
 # NAME=value and "name": "value" outside URLs (an environment dump, a JSON error body, a netrc-like line)

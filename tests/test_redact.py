@@ -19,10 +19,13 @@ names = st.sampled_from(["password", "PASSWORD", "sslpassword", "passwd", "pwd",
 schemes = st.sampled_from(["postgresql", "postgresql+psycopg2", "mysql", "https", "http", "redis", "databricks"])
 
 
+glued = st.sampled_from(["", "x", "1", "_", "HPO_STORAGE=", "HPO_STORAGE_", "a" * 60, "9" * 60 + "_", "a-b.c+"])
+
+
 @settings(max_examples=300, deadline=None)
-@given(secrets, names, schemes, st.integers(0, 4))
-def test_no_generated_credential_survives(secret, name, scheme, form):
-    line = [f"could not connect to {scheme}://someone:{secret}@db.example:5432/x (timeout)",
+@given(secrets, names, schemes, st.integers(0, 4), glued)
+def test_no_generated_credential_survives(secret, name, scheme, form, before):
+    line = [f"could not connect to {before}{scheme}://someone:{secret}@db.example:5432/x (timeout)",
             f"GET https://h.example/api?{name}={secret}&page=2 failed",
             f"env: {name}={secret} HOME=/root",
             json.dumps({"error": "denied", name: secret}),
@@ -113,3 +116,27 @@ def test_a_value_given_with_a_config_lines_quotes_is_the_value_inside():
     assert kc.derive(base, {"OUTPUT_DIR": 'runs/"x"'}).output_dir == 'runs/"x"'  # inner quotes are the user's
     with pytest.raises(kc.ConfigError if hasattr(kc, "ConfigError") else Exception, match="line break or a NUL"):
         kc.derive(base, {"OUTPUT_DIR": "runs\nCONFIG_EPOCHS=1"})
+
+
+# what each pattern's scan starts on or runs through, alone and in pairs: a line of them is what made the
+# user:password pattern scan to the line's end from every letter (100 KB of one word took a minute)
+PIECES = ["a", "1", ".", "-", "+", "_", ":", "/", "://", "@", "?", "&", ";", "=", "password", "token=", "key=",
+          " ", "a://b:", "\"", "'", "%"]
+
+
+def test_redaction_takes_time_in_proportion_to_the_line(tmp_path):
+    """Lines of 200,000 characters of each piece, and of 20,000 of each pair of pieces, are redacted in one
+    pass each: a pattern whose time grows with the square of the line takes many minutes over them (200,000
+    letters alone took about two), so the child's limit of 240 s only catches that."""
+    import subprocess
+    import sys
+
+    script = (
+        "import itertools, sys\n"
+        "from lib.redact import redact\n"
+        f"pieces = {PIECES!r}\n"
+        "for unit, size in itertools.chain(((p, 200_000) for p in pieces),\n"
+        "                                   ((a + b, 20_000) for a, b in itertools.combinations(pieces, 2))):\n"
+        "    redact(unit * (size // len(unit)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
