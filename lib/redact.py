@@ -8,8 +8,9 @@ database driver's message printed from this process is redacted too, and so are 
 (lib/monitor.py). A database URL's password is also hidden where it appears without its URL
 (lib/hpo/storage.py's redact, which adds that to this one).
 
-`shown(value)`: a user's value quoted for a message: control characters, a BOM, a NUL and newlines escaped
-(so a value can never forge a line of kfit's output), cut to a readable length.
+`shown(value)`: a user's value quoted for a message: control and format characters escaped (`escaped`: newlines,
+a NUL, a terminal's escapes, a BOM, zero-width and right-to-left characters, so a value can never forge a line of
+kfit's output nor hide a character), cut to a readable length.
 
 Layer 1 (docs/architecture.md): it imports nothing from lib.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import io
 import re
+import unicodedata
 
 # A secret's name ends with one of these words (MLFLOW_TRACKING_TOKEN, WANDB_API_KEY, sslpassword): a name
 # that only holds one (tokens_per_s, "tokens/s") is not a secret's.
@@ -43,18 +45,39 @@ def redact(text: str) -> str:
     return NETRC_SECRET.sub(r"\1***", text)
 
 
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0", "\ufeff": "\\ufeff"}
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+# what is never shown as itself: control characters (C0, DEL, C1: a terminal's escapes, line breaks), format
+# characters (zero-width spaces and joiners, a BOM, right-to-left overrides: invisible, or reordering what
+# follows), lone surrogates (a file name's undecodable bytes) and the Unicode line and paragraph separators
+_HIDDEN = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+
+
+def _escaped_char(c: str) -> str:
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    if c.isprintable() or c == " " or unicodedata.category(c) not in _HIDDEN:
+        return c
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def escaped(value: object) -> str:
+    """`value` as text that is one line with every character visible: control and format characters, lone
+    surrogates and line separators as \\n, \\x1b, \\u200b, \\u202e... (the rest as it is, whole)."""
+    text = str(value)
+    if text.isprintable():  # the common case, at C speed
+        return text
+    return "".join(map(_escaped_char, text))
 
 
 def shown(value: object, limit: int = LIMIT) -> str:
-    """A user's value for a message: escaped (control characters, a BOM, NUL, newlines: never an extra line
-    or an invisible character), redacted, and cut to `limit` characters with how much more there was."""
+    """A user's value for a message: escaped (`escaped`: never an extra line, a terminal's escape or an invisible
+    character), redacted, and cut to `limit` characters with how much more there was."""
     text = str(value)
     cut = len(text) > limit
     if cut:
         text = text[:limit]
-    out = "".join(_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c) for c in text)
-    return redact(out) + (f"... ({len(str(value)) - limit:,} more characters)" if cut else "")
+    return redact(escaped(text)) + (f"... ({len(str(value)) - limit:,} more characters)" if cut else "")
 
 
 class RedactingStream(io.TextIOBase):

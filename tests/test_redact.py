@@ -5,6 +5,7 @@ a message is one escaped, bounded line; a file that is not a config is never ech
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -51,7 +52,31 @@ def test_ordinary_lines_pass_untouched(line):
 def test_a_shown_value_is_one_bounded_line(value):
     out = shown(value, limit=120)
     assert "\n" not in out and "\r" not in out and "\0" not in out and "\ufeff" not in out
-    assert len(out) <= 120 * 6 + 40  # each character escaped at most to \xNN or \ufeff, plus the note
+    assert not any(unicodedata.category(c) in HIDDEN for c in out), ascii(out)
+    assert len(out) <= 120 * 10 + 40  # each character escaped at most to \U000NNNNN, plus the note
+
+
+HIDDEN = ("Cc", "Cf", "Cs", "Zl", "Zp")
+# every character no message may show as itself: control (C0, DEL, C1), format (U+200B zero-width space, U+202E
+# right-to-left override, U+2066 isolates, a BOM, plane 14's tags), lone surrogates, line and paragraph separators
+hidden_chars = st.characters(categories=HIDDEN)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=20), hidden_chars, st.text(max_size=20))
+def test_every_control_and_format_character_is_shown_escaped(before, hidden, after):
+    """A zero-width space or a right-to-left override in a value is shown as \\u200b or \\u202e, visible,
+    wherever it sits: in `shown`, and in an error line (which escapes the whole message)."""
+    from lib.cli.common import error_line
+    from lib.redact import escaped
+
+    code = ord(hidden)
+    seen = ({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}.get(hidden)
+            or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"))
+    for out in (shown(before + hidden + after, limit=100), escaped(before + hidden + after),
+                error_line(f"GPU={before}{hidden}{after} is not a catalog key")):
+        assert seen in out and not any(unicodedata.category(c) in HIDDEN for c in out), ascii(out)
+    assert escaped("NVIDIA H100 80GB\u00a0HBM3 \u00e9\u4e2d") == "NVIDIA H100 80GB\u00a0HBM3 \u00e9\u4e2d"  # visible: as it is
 
 
 def test_a_stream_redacts_a_secret_split_across_writes():
