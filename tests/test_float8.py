@@ -24,11 +24,16 @@ def gpt2():
 
 @pytest.mark.parametrize("gpu", ["h100", "l4", "b200"])
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_float8_is_planned_where_there_are_float8_tensor_cores_and_predicted_faster(gpt2, gpu, recipe):
+def test_float8_is_planned_where_there_are_float8_tensor_cores_and_predicted_by_its_matmuls_and_casts(gpt2, gpu, recipe):
     hardware = resolve_hardware(gpu=gpu)
     on = make_plan(kc.derive(gpt2, {f"FLOAT8_{recipe.upper()}": True}), hardware, settings=NO_TIMING).plan
     off = make_plan(gpt2, hardware, settings=NO_TIMING).plan
     assert on.float8 == recipe and off.float8 is None and "float8 tensor cores" in on.reasons["float8"]
+    if gpu == "l4":
+        # 300 GB/s: casting GPT-2's 768-wide operands costs more than their float8 matmuls save (step-time
+        # model: FLOAT8_CAST_TRAFFIC), so float8 is planned as asked and predicted slower
+        assert on.predicted_samples_per_second < off.predicted_samples_per_second
+        return
     # the same micro-batch split predicted faster: the linear layers' matmuls at the float8 peak
     if (on.micro_batch, on.grad_accum) == (off.micro_batch, off.grad_accum):
         assert on.predicted_step_seconds < off.predicted_step_seconds

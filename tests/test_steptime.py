@@ -24,6 +24,7 @@ from lib.steptime import (
     gpu_device, window_sizes,
 )
 from lib.steptime.count import FIELDS
+from lib.steptime.model import FLOAT8_CAST_TRAFFIC
 
 CPU_FIGURES = {"threads": 2, "fp32_flops": 50e9, "bf16_flops": 100e9, "bandwidth": 20e9, "op_overhead_s": 5e-6,
                "conv_flops": 20e9, "conv_op_s": 1e-4}
@@ -583,6 +584,40 @@ def test_matmuls_with_a_dimension_off_16_bytes_are_counted_apart():
                                         compile=compiled).micro_seconds(1) for p in (slow, fast))
         assert t_slow / t_fast == pytest.approx(device.GPU_COMPUTE_EFFICIENCY / share, rel=0.05)
     assert hopper.unaligned < hopper.unaligned_compiled < device.GPU_COMPUTE_EFFICIENCY  # inductor pads some
+
+
+def test_float8_counts_what_it_casts_and_what_it_leaves_in_the_precisions_matmuls():
+    """The aligned matmuls' operand bytes are counted (float8 casts them), and the output layer, which
+    lib/float8.py leaves in bf16, is counted apart: its forward matmul, and in the backward its input and
+    weight gradients. The step-time model puts only the rest at the float8 peak and charges their casts."""
+    b, width = 8, 32
+    mlp = lambda: torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 64))  # noqa: E731
+    phases, _ = counted(mlp, (16,), b)
+    forward, backward = phases["forward"], phases["backward"]
+    head = 2 * b * width * 64
+    assert forward.float8_excluded_flops == head and backward.float8_excluded_flops == 2 * head
+    assert forward.float8_flops == 2 * b * 16 * width and backward.float8_flops == 2 * b * 16 * width
+    assert forward.float8_excluded_operand_bytes == 4 * (b * width + width * 64)  # fp32 operands
+    assert backward.float8_excluded_operand_bytes == 4 * (2 * b * 64 + 64 * width + width * b)
+    # every aligned matmul's two operands: the first layer's x and W, the head's h and W; in the backward the
+    # head's (grad, W) and (h, grad), the first layer's (x, grad) (x needs no gradient)
+    assert forward.matmul_operand_bytes == 4 * (b * 16 + 16 * width + b * width + width * 64)
+    assert backward.matmul_operand_bytes == 4 * (b * 64 + 64 * width + width * b + b * 64 + 16 * b + b * width)
+    h100 = gpu_device("h100")
+    cast = Phase(flops=1e12, matmul_operand_bytes=1e10)
+    kept = Phase(flops=1e12, matmul_operand_bytes=1e10, float8_excluded_flops=1e12,
+                 float8_excluded_operand_bytes=1e10)
+    counts = lambda p: Counts(phases={n: {"forward": p, "backward": Phase(), "optimizer": Phase()}  # noqa: E731
+                                      for n in (1, 2)}, parameters=1, train_samples=1, eval_samples=1)
+    model = lambda p, f8, c: StepTimeModel(counts=counts({"cast": cast, "kept": kept}[p]), device=h100,  # noqa: E731
+                                           precision="bf16", float8=f8, compile=c)
+    for compiled in (False, True):
+        plain, eight = model("cast", False, compiled), model("cast", True, compiled)
+        matmuls = 1e12 / h100.flops("bf16", False) - 1e12 / h100.fp8_flops
+        casts = 1e10 * FLOAT8_CAST_TRAFFIC[compiled] / h100.bandwidth
+        assert plain.micro_seconds(1) - eight.micro_seconds(1) == pytest.approx(matmuls - casts, rel=0.02)
+        assert model("kept", True, compiled).micro_seconds(1) == pytest.approx(
+            model("kept", False, compiled).micro_seconds(1), rel=1e-9)  # the output layer alone: as bf16
 
 
 def _gpu_model(**device_changes) -> StepTimeModel:

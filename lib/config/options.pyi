@@ -213,7 +213,8 @@ class Options:
     training), with scales per tensor or per row; the rest of the step keeps the precision above. Needs float8
     tensor cores: an NVIDIA GPU of compute capability 8.9 or later (L4, L40S, H100, H200, B200). Elsewhere a
     float8 choice is refused in one line. The plan predicts the step with the GPU's float8 peak for those matrix
-    multiplies."""
+    multiplies and charges the casts of their operands at the GPU's memory bandwidth: where the casts cost more
+    than float8 saves (a narrow model on an L4), it predicts the step slower."""
     tf32: Literal["auto", "on", "off"] | None
     """CONFIG_TF32_*: TensorFloat-32 runs float32 matmuls and convolutions on tensor cores with a 10-bit mantissa."""
     cudnn_benchmark: Literal["auto", "on", "off"] | None

@@ -19,6 +19,11 @@ does (lib/memory/trace.py), with one dispatch mode that counts, per phase:
                     more to set up than another op (device.py's conv_op_s)
     unaligned_flops the part of the matmuls' FLOPs in matmuls with a dimension that is not a whole number
                     of 16 bytes (GPT-2's 50,257-token head): a GPU's BLAS runs those with slower kernels
+    matmul_operand_bytes  the bytes of the two operands of the aligned matmuls: what float8 training casts
+                    (an amax and a cast of each operand, lib/float8.py), which the step-time model charges
+    float8_excluded_flops, float8_excluded_operand_bytes  the part of the aligned matmuls (and of their
+                    operands' bytes) in linear layers float8 leaves in the precision's matmuls: the output layer
+                    and shared weights (lib/float8.py eligible), Llama's 128,256-row head among them
 
 Counts are linear in the batch (a constant part from the weights, a part per
 sample), so a step is counted at two batch sizes only (`COUNT_BATCHES`) and
@@ -47,13 +52,13 @@ from ..memory import default_cache_dir, fingerprint
 from ..memory.depth import at_depth, depth_of, line, shallow_depths
 from .cache import is_count, read_json, write_json
 
-FORMAT = 8  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops;
+FORMAT = 9  # 2: conv_flops; prim.device no longer counted as an op moving its tensor; 3: attention_flops; 4: conv_ops;
 # 5: unaligned_flops; 6: the loss's part apart; 7: not apart (kfit compiles the loss with the model); 8: causal
-# attention at a flash-attention kernel's share (causal_share)
+# attention at a flash-attention kernel's share (causal_share); 9: matmul_operand_bytes, float8_excluded_*
 COUNT_BATCHES = (1, 2)
 PHASES = ("forward", "backward", "optimizer")
 FIELDS = ("flops", "compute_bytes", "memory_bytes", "ops", "conv_flops", "attention_flops", "conv_ops",
-          "unaligned_flops")
+          "unaligned_flops", "matmul_operand_bytes", "float8_excluded_flops", "float8_excluded_operand_bytes")
 
 
 @dataclass(frozen=True)
@@ -68,12 +73,20 @@ class Phase:
     attention_flops: float = 0.0
     conv_ops: float = 0.0
     unaligned_flops: float = 0.0
+    matmul_operand_bytes: float = 0.0
+    float8_excluded_flops: float = 0.0
+    float8_excluded_operand_bytes: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
         """The FLOPs of aligned plain matmuls: what is neither a convolution, nor fused attention, nor a
         matmul with an unaligned dimension."""
         return max(0.0, self.flops - self.conv_flops - self.attention_flops - self.unaligned_flops)
+
+    @property
+    def float8_flops(self) -> float:
+        """The aligned matmuls' FLOPs float8 training runs in float8: all but its excluded layers'."""
+        return max(0.0, self.matmul_flops - self.float8_excluded_flops)
 
     def __add__(self, other: "Phase") -> "Phase":
         return Phase(*(getattr(self, f) + getattr(other, f) for f in FIELDS))
@@ -197,10 +210,16 @@ MATMULS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.op
 ALIGNMENT_BYTES = 16
 
 
-def unaligned(args) -> bool:
-    """Whether a matmul's (M, K) x (K, N) has a dimension that is not a whole number of ALIGNMENT_BYTES: its
-    operands are its last two tensor arguments (mm, bmm; addmm and baddbmm add to a first)."""
+def operands(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """A matmul's (M, K) and (K, N) operands: its last two tensor arguments (mm, bmm; addmm and baddbmm add
+    to a first)."""
     a, b = [t for t in args if isinstance(t, torch.Tensor)][-2:]
+    return a, b
+
+
+def unaligned(args) -> bool:
+    """Whether a matmul's (M, K) x (K, N) has a dimension that is not a whole number of ALIGNMENT_BYTES."""
+    a, b = operands(args)
     step = max(1, ALIGNMENT_BYTES // a.element_size())
     return any(d % step for d in (a.shape[-2], a.shape[-1], b.shape[-1]))
 
@@ -210,10 +229,38 @@ class _Counter:
 
     def __init__(self) -> None:
         self.totals = {f: 0.0 for f in FIELDS}
+        self.backward = False  # past the forward: a forward now is a checkpointed block's recompute
+        self._deferred: dict[str, float] = {}  # what the backward phase will do, known in the forward
 
     def take(self) -> Phase:
         phase, self.totals = Phase(**self.totals), {f: 0.0 for f in FIELDS}
+        for name, value in self._deferred.items():
+            self.totals[name] += value
+        self._deferred = {}
         return phase
+
+    def float8_excluded(self, model: torch.nn.Module, precision: str) -> list:
+        """Forward hooks on the aligned linear layers float8 leaves out (lib/float8.py eligible): each adds its
+        matmuls' FLOPs and operand bytes, forward now and backward (input and weight gradients) to the
+        backward phase."""
+        from ..float8 import eligible
+
+        converted, step = eligible(model), max(1, ALIGNMENT_BYTES // (4 if precision == "fp32" else 2))
+        counter = self
+
+        def hook(module, inputs, output):
+            k, n = module.in_features, module.out_features
+            m, size = inputs[0].numel() // k, output.element_size()
+            counter.totals["float8_excluded_flops"] += 2 * m * k * n
+            counter.totals["float8_excluded_operand_bytes"] += (m * k + k * n) * size
+            if not counter.backward:
+                for name, value in (("float8_excluded_flops", 4 * m * k * n),
+                                    ("float8_excluded_operand_bytes", (2 * m * n + n * k + k * m) * size)):
+                    counter._deferred[name] = counter._deferred.get(name, 0.0) + value
+
+        return [module.register_forward_hook(hook) for name, module in model.named_modules()
+                if isinstance(module, torch.nn.Linear) and name not in converted
+                and module.in_features % step == 0 and module.out_features % step == 0]
 
     def mode(self):
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -255,6 +302,8 @@ class _Counter:
                         totals["attention_flops"] += flops
                     elif packet in MATMULS and unaligned(args):
                         totals["unaligned_flops"] += flops
+                    elif packet in MATMULS:
+                        totals["matmul_operand_bytes"] += sum(t.numel() * t.element_size() for t in operands(args))
                 else:
                     totals["memory_bytes"] += moved
                 return out
@@ -299,12 +348,16 @@ def count_step(task, config: Config, *, batch: int, precision: str, device_type:
         else:
             x = torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype)
             y = torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype)
+        hooks = counter.float8_excluded(model, precision)
         with counter.mode(), autocast.step():  # the casts reach a checkpointed recompute (TracedAutocast)
             with autocast:
                 loss = task.loss(model(x), y)
             phases["forward"] = counter.take()
+            counter.backward = True
             loss.backward()
             phases["backward"] = counter.take()
+        for hook in hooks:
+            hook.remove()
         optimizer.step()  # the first step creates the optimizer's state: count a steady-state one
         with counter.mode():
             if config.grad_clip > 0:
