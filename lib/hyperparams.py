@@ -25,6 +25,7 @@ from typing import Any
 from .config import Config
 from .errors import ConfigError, PlanError
 from .hardware import HardwareProfile
+from .models.registry import MODELS
 from .plan import BatchChoice, BatchPolicy, ModelDescription, Plan
 from .planning import Settings, make_plan
 from .planning.decisions import (COMPILE_DENY, auto_detect_compile as _decide_compile, calculate_gradient_accumulation,
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 # A model without a defconfig of its own name starts from this one (model_type="llama" -> llama-tiny).
-MODEL_DEFCONFIG = {"llama": "llama-tiny", "custom": "custom-transformer"}
 
 # What apply_hyperparams sets on a script's config object under AUTO: outputs there, never read as inputs.
 APPLIED = ("BATCH_SIZE", "GRADIENT_ACCUMULATION", "COMPILE_MODEL", "EFFECTIVE_BATCH", "PRECISION",
@@ -162,7 +162,8 @@ def as_config(config: Any, model_type: str | None = None) -> Config:
         raise ConfigError(f"apply_hyperparams: the config object selects {len(chosen)} models "
                           f"({', '.join('MODEL_' + c.upper() + '=y' for c in chosen)}): keep one, or pass model_type")
     name = model_type or (chosen[0] if chosen else None)
-    name = MODEL_DEFCONFIG.get(name, name)
+    spec = MODELS.get(name) if name is not None else None
+    name = spec.defconfig or name if spec is not None else name
     if name is None:
         raise ConfigError("apply_hyperparams: name the model (model_type='resnet18') or set MODEL_<NAME>=y on the "
                           "config object")

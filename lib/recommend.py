@@ -44,6 +44,7 @@ from typing import Callable
 
 from .config import MEMORY_PROFILES, Config
 from .errors import PlanError
+from .models.registry import MODELS
 from .plan import Plan
 from .units import format_bytes
 
@@ -53,7 +54,8 @@ SCORE_LOW = 2e10  # FLOP/s: a 2-core laptop CPU in fp32
 SCORE_HIGH = 8 * 989e12 * 0.6  # FLOP/s: 8 H100 SXM, bf16 dense peak x GPU_COMPUTE_EFFICIENCY
 DATA_READ_SHARE = 0.1  # reading the data once may take this share of the run before the warning
 MAX_EPOCHS = 100000  # CONFIG_EPOCHS' upper bound: the token budget's MAX_STEPS is what stops a run
-FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}  # CONFIG_MODEL_<name>: the families recommend chooses a size in
+# CONFIG_MODEL_<name> -> its title: the families recommend chooses a size in (those with presets)
+FAMILIES = {name: spec.title or name for name, spec in MODELS.items() if spec.preset is not None}
 REPEAT_EPOCHS = 4  # repeating data up to about 4 epochs costs little loss (Muennighoff et al. 2023)
 
 

@@ -40,6 +40,9 @@ class ModelSpec:
     # a text model rebuilt from a run's weights (make sample): (config, state dict) -> (module, vocab, context);
     # a KeyError names a tensor the weights lack
     from_weights: "Callable[[Config, dict], tuple[object, int, int]] | None" = None
+    title: str | None = None  # how messages name the family ("GPT-2"); None: its name
+    # the defconfig a script's apply_hyperparams(model_type=<name>) starts from; None: the defconfig of its name
+    defconfig: str | None = None
 
     @property
     def text(self) -> bool:
@@ -223,12 +226,15 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
               build_args=_image_args, shape_key=_image_key),
     ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2, build_args=_gpt2_args,
               block_size=lambda config: config.gpt2_block_size, smaller=_smaller("GPT2"),
-              preset=lambda config: config.gpt2_preset, shape_key=_gpt2_key, from_weights=_gpt2_from_weights),
+              preset=lambda config: config.gpt2_preset, shape_key=_gpt2_key, from_weights=_gpt2_from_weights,
+              title="GPT-2"),
     ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
-              preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights),
+              preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
+              title="Llama", defconfig="llama-tiny"),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
-    ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key),
+    ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key,
+              defconfig="custom-transformer"),
 )}
 
 BUILT_IN = tuple(name for name, spec in MODELS.items() if spec.builder is not None)
