@@ -369,3 +369,14 @@ def test_apply_hyperparams_under_torchrun_plans_a_ranks_share(monkeypatch):
     assert prefixed.CONFIG_BATCH_SIZE * prefixed.CONFIG_GRADIENT_ACCUMULATION == 32  # under the object's prefix
     llama = SimpleNamespace(MODEL_LLAMA="y")
     assert apply_hyperparams(llama, verbose=False, hardware=CPU, world_size=1).model == "llama"
+
+
+@pytest.mark.parametrize("family", sorted(__import__("lib.models.registry", fromlist=["MODELS"]).MODELS))
+def test_a_scripts_model_type_starts_from_a_defconfig_of_that_family(family):
+    """apply_hyperparams(model_type=<family>) on a script's own object: every family in the registry names a
+    defconfig (its own name's, or the one its ModelSpec.defconfig gives) that trains that family."""
+    from types import SimpleNamespace
+
+    from lib.hyperparams import as_config
+
+    assert as_config(SimpleNamespace(), model_type=family).model == family
