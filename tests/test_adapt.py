@@ -18,6 +18,7 @@ from lib.task import load_task
 from lib.planning import ladder
 from lib.trainer import Trainer
 from lib.trainer.conditions import Sensors
+from lib.trainer.evaluation import Evaluator
 from lib.trainer.resume import BATTERY_EXIT, DEVICE_LOST_EXIT, StoppedToResume, auto_interval_s
 from tests.helpers import CPU, assert_same_weights, kfit_script, manual, run
 
@@ -57,7 +58,7 @@ def test_the_ladder_takes_allowed_rungs_in_order(make_config):
 
 
 def test_at_micro_batch_1_the_ladder_switches_checkpointing_on_with_the_same_steps(make_config, monkeypatch):
-    monkeypatch.setattr(Trainer, "evaluate", lambda self: {"eval_loss": 0.0})  # GPT-2's eval split: seconds
+    monkeypatch.setattr(Evaluator, "__call__", lambda self, *args: {"eval_loss": 0.0})  # GPT-2's eval split: seconds
     text = manual(8, 1, "CONFIG_MAX_STEPS=2\nCONFIG_LOG_INTERVAL=1\nCONFIG_LEARNING_RATE=\"1e-3\"\n")
     config = make_config(text, base="gpt2-tiny")
     task = load_task(config)  # tokenised once for both runs
@@ -212,7 +213,7 @@ def test_a_sharded_run_relaunches_with_the_rung_its_marker_names(make_config):
     first = Trainer(config, plan_for(config), CPU, log=lambda line: None)
     first.progress.micro_batch = 1  # halving can go no further
     first.mark_oom(0, torch.OutOfMemoryError("CUDA out of memory"))
-    first.release_run_directory()
+    first.directory.release()
     marker = json.loads((first.run_dir / "oom.json").read_text())
     assert marker["rungs"] == ["autocast"] and marker["micro_batch"] == 1  # LeNet-5 has no checkpointing
     relaunched = Trainer(config, plan_for(config), CPU, log=lambda line: None, resume=first.run_dir)

@@ -157,7 +157,7 @@ def test_where_only_checkpointing_fits_the_planner_takes_it_for_a_hugging_face_m
 
 
 def test_the_ladder_switches_a_wrapped_model_on_with_the_same_steps(make_config, monkeypatch):
-    monkeypatch.setattr("lib.trainer.Trainer.evaluate", lambda self: {"eval_loss": 0.0})
+    monkeypatch.setattr("lib.trainer.evaluation.Evaluator.__call__", lambda self, *args: {"eval_loss": 0.0})
     text = manual(4, 1, "CONFIG_MAX_STEPS=2\nCONFIG_LEARNING_RATE=\"1e-3\"\n")
     clean, clean_result = run(custom(make_config, "blocks", text))
     monkeypatch.setenv("KFIT_INJECT_OOM_ABOVE", "0")

@@ -455,7 +455,7 @@ def sharded_run(runs, tmp_path_factory) -> Path:
     shutil.copytree(runs.interrupted, run)
     state = torch.load(run / "checkpoint-8.pt", weights_only=True)
     t = trainer(runs.config, resume=run)  # its model and optimizer as checkpoint-8 holds them
-    t.release_run_directory()
+    t.directory.release()
     extra = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
     with warnings.catch_warnings():  # torch.distributed.checkpoint: one process, no process group
         warnings.simplefilter("ignore")

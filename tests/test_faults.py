@@ -218,7 +218,7 @@ def test_out_of_room_the_oldest_checkpoints_go_first_whatever_keep_never_the_new
         checkpoint.save_checkpoint(checkpoint.periodic_path(t.run_dir, step), {"step": step})
     monkeypatch.setattr(fileio, "write_atomic",
                         out_of_room_unless(lambda d: len(checkpoint.periodic_checkpoints(d)) < 2))
-    t.save(checkpoint.periodic_path(t.run_dir, 16), keep=keep)  # 4 and 8 go first, oldest first; 12 stays
+    t.checkpoints.save(checkpoint.periodic_path(t.run_dir, 16), keep=keep)  # 4 and 8 go first, oldest first; 12 stays
     assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16, 12]
     assert notes == [f"note: little room in {t.run_dir}: removed checkpoint-{s}.pt to write checkpoint-16.pt"
                      for s in (4, 8)]
@@ -226,10 +226,10 @@ def test_out_of_room_the_oldest_checkpoints_go_first_whatever_keep_never_the_new
     with pytest.raises(KfitError, match=r"no room to write checkpoint-20.pt in .* \(.* needed, .* free; No space left "
                        r"on device\); the earlier checkpoints are intact \(newest: checkpoint-16.pt\): free space in "
                        r".*, or set CONFIG_OUTPUT_DIR to a disk with room; 'make train' then resumes"):
-        t.save(checkpoint.periodic_path(t.run_dir, 20), keep=keep)
+        t.checkpoints.save(checkpoint.periodic_path(t.run_dir, 20), keep=keep)
     assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [16]  # the newest good one stays
     assert not list(t.run_dir.glob("*.tmp"))
-    t.release_run_directory()
+    t.directory.release()
 
 
 def test_out_of_room_the_final_checkpoint_may_replace_the_newest_periodic_one(tmp_path, monkeypatch):
@@ -243,7 +243,7 @@ def test_out_of_room_the_final_checkpoint_may_replace_the_newest_periodic_one(tm
     t.checkpoints.save_final({"eval_loss": 1.0})
     assert checkpoint.finished_checkpoint(t.run_dir) == t.run_dir / checkpoint.FINAL
     assert checkpoint.periodic_checkpoints(t.run_dir) == []
-    t.release_run_directory()
+    t.directory.release()
 
 
 def test_out_of_room_a_periodic_checkpoint_never_deletes_the_only_one(tmp_path, monkeypatch):
@@ -255,9 +255,9 @@ def test_out_of_room_a_periodic_checkpoint_never_deletes_the_only_one(tmp_path, 
     monkeypatch.setattr(fileio, "write_atomic", out_of_room_unless(lambda d: False))
     with pytest.raises(KfitError, match=r"no room to write checkpoint-8.pt .* needed, .* free; .*newest: "
                        r"checkpoint-4.pt\): free at least .* space in "):
-        t.save(checkpoint.periodic_path(t.run_dir, 8), keep=1)
+        t.checkpoints.save(checkpoint.periodic_path(t.run_dir, 8), keep=1)
     assert [s for s, _ in checkpoint.periodic_checkpoints(t.run_dir)] == [4]
-    t.release_run_directory()
+    t.directory.release()
 
 
 # A training killed with SIGKILL halfway through writing checkpoint-8.pt's bytes.

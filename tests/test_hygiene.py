@@ -179,3 +179,29 @@ def test_the_model_list_finder_sees_every_form(tmp_path):
     assert sorted(found) == sorted([
         "config.model in ('gpt2', 'resnet18')", "plan.model not in ['llama']",
         "m.model == 'gpt2' or m.model == 'llama'", "{'LENET5': 'lenet5', 'GPT2': 'gpt2'}"])
+
+
+def test_the_trainer_has_no_pass_through_methods():
+    """Trainer holds its parts (directory, engine, recovery, checkpoints, evaluator) and runs the loop: a
+    method that only hands its own arguments to one part's method is that part's, and its callers call the
+    part (a method that joins two parts, as interrupt and mark_oom do, is the Trainer's)."""
+    import ast
+    import inspect
+
+    from lib.trainer import loop
+
+    tree = ast.parse(inspect.getsource(loop.Trainer))
+    passing = []
+    for node in tree.body[0].body:
+        if not isinstance(node, ast.FunctionDef) or node.decorator_list:  # properties: the parts' state, read
+            continue
+        body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) and isinstance(body[0].value, ast.Call):
+            func = body[0].value.func
+            own = {a.arg for a in node.args.args}
+            handed = [*body[0].value.args, *(k.value for k in body[0].value.keywords)]
+            if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute)
+                    and isinstance(func.value.value, ast.Name) and func.value.value.id == "self"
+                    and all(isinstance(a, ast.Name) and a.id in own for a in handed)):
+                passing.append(f"{node.name} -> self.{func.value.attr}.{func.attr}")
+    assert not passing, passing

@@ -110,7 +110,7 @@ def made(tmp_path_factory) -> Made:
     sharded = tmp / SHARDED
     checkpoint.save_sharded(sharded, sharded_tensors(engine.model, engine.optimizer), {**extra, "sharded": True},
                             is_main=True, barrier=lambda: None)
-    again.release_run_directory()
+    again.directory.release()
     return Made(run, sharded, config, plan, task)
 
 
@@ -184,7 +184,7 @@ def resume(config: kc.Config, made: Made) -> tuple[str, list[str], Trainer | Non
         result = trainer.fit()
     except KfitError as err:
         if trainer is not None:
-            trainer.release_run_directory()
+            trainer.directory.release()
         return f"error: {err}", said, trainer
     assert result.steps == 10 and (result.run_dir / checkpoint.FINAL).is_file()
     return "resumed", said, trainer

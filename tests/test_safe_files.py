@@ -228,7 +228,7 @@ def stopped_run(tmp_path_factory):
                       log=lambda line: None, on_eval=stop)
     with pytest.raises(Stop):
         trainer.fit()
-    trainer.release_run_directory()
+    trainer.directory.release()
     return trainer.run_dir
 
 

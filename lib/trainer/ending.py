@@ -26,14 +26,7 @@ class Ending(Protocol):
     monitor: "Monitor"
     log: Callable[[str], None]
 
-    @property
-    def saves(self) -> bool: ...
-
     def log_eval(self, step: int, epoch: int, final: bool = False, result: dict | None = None) -> dict: ...
-
-    def judge(self, entry: dict, final: bool = False) -> bool: ...
-
-    def epochs_begun(self) -> int: ...
 
 # Why training stopped, as the "Saved ..." line says it.
 STOP_REASONS = {"epochs": "{epochs} epoch(s) done", "max_steps": "CONFIG_MAX_STEPS reached",
@@ -60,10 +53,10 @@ def finish(trainer: Ending, history: list[dict], stop_reason: str, seconds: floa
     # evaluates its share
     last = history[-1] if stop_reason == "early_stop" else {}
     measured = {k: v for k, v in last.items() if k not in ("step", "epoch")} or None
-    entry = t.log_eval(p.step, t.epochs_begun(), final=True, result=measured)
-    if t.saves:
+    entry = t.log_eval(p.step, t.checkpoints.epochs_begun(), final=True, result=measured)
+    if t.checkpoints.saves:
         history.append(entry)
-        t.judge(entry, final=True)
+        t.checkpoints.judge(entry, final=True)
         final = {k: v for k, v in entry.items() if k not in ("step", "epoch", "final")}
         path = t.checkpoints.save_final(final)
     quietly(t.log, "the step-time report", t.timer.finish)

@@ -175,15 +175,6 @@ class Trainer:
     def sharded(self) -> bool:
         return self.engine.sharded
 
-    @property
-    def saves(self) -> bool:
-        """Whether this rank takes part in saving: rank 0, or every rank of a sharded run."""
-        return self.checkpoints.saves
-
-    @property
-    def parameters(self) -> int:
-        return self.engine.parameters
-
     def fit(self) -> TrainResult:
         config, plan, log, p = self.config, self.plan, self.log, self.progress
         main = self.rank.is_main
@@ -225,7 +216,7 @@ class Trainer:
             self.engine.feed = None
             self.signals.restore()
             quietly(self.log, "closing the monitor and trackers", self.monitor.close)
-            self.release_run_directory()
+            self.directory.release()  # another `make train` may take it (the process ending does it too)
         return TrainResult(run_dir=self.run_dir, steps=p.step,
                            epochs=epochs_trained(self.train_split, p.samples, p.epoch), samples=p.samples,
                            seconds=seconds, stop_reason=stop_reason, final_eval=final, history=history)
@@ -236,7 +227,7 @@ class Trainer:
         config = self.config
         # a pause is one process's own decision: it saves only where saving needs no other rank (not sharded)
         self.conditions = Conditions(config, self.sensors, read=self.monitor.read_telemetry,
-                                     save=lambda: self.save_periodic() if self.saves and not self.sharded else None,
+                                     save=lambda: self.save_periodic() if self.checkpoints.saves and not self.sharded else None,
                                      event=self.monitor.event, stopping=lambda: self.signals.received is not None,
                                      main=self.rank.is_main)
         interval = self.checkpoint_interval_s()
@@ -283,7 +274,7 @@ class Trainer:
                 history.append(self.log_interval(lr))
             if config.eval_interval and p.step % config.eval_interval == 0 and p.step < self.total_steps:
                 history.append(self.log_eval(p.step, p.epoch + 1))
-                if self.judge(history[-1]):
+                if self.checkpoints.judge(history[-1]):
                     return "early_stop"
             if config.max_steps and p.step >= config.max_steps:
                 return "max_steps"
@@ -292,16 +283,16 @@ class Trainer:
             if signalled:
                 self.interrupt()
             if self.battery_stop:
-                self.conditions.stop_for_battery(p.step, self.save_periodic() if self.saves else None)  # exit 4
+                self.conditions.stop_for_battery(p.step, self.save_periodic() if self.checkpoints.saves else None)  # exit 4
             paused = self.conditions.after_step(p.step)  # heat and battery: may pause, or ask to stop
             self.started, self.interval_start = self.started + paused, self.interval_start + paused
-            if self.checkpoint_now and self.saves and p.step < self.total_steps and self.checkpoints.saved_step != p.step:
+            if self.checkpoint_now and self.checkpoints.saves and p.step < self.total_steps and self.checkpoints.saved_step != p.step:
                 path = self.save_periodic()
                 self.monitor.event("checkpoint", f"Checkpoint at step {p.step}: {path.name}", path=str(path))
         stop = False
         if not config.eval_interval and p.epoch + 1 < config.epochs:
             history.append(self.log_eval(p.step, p.epoch + 1))
-            stop = self.judge(history[-1])
+            stop = self.checkpoints.judge(history[-1])
         self.monitor.epoch_end(p.epoch + 1)
         p.epoch, p.window = p.epoch + 1, 0
         return "early_stop" if stop else "epochs"
@@ -332,13 +323,10 @@ class Trainer:
         self.interval_start, p.interval_loss, p.interval_samples = now, 0.0, 0
         return entry
 
-    def evaluate(self) -> dict:
-        return self.evaluator(self.model, self.plan, self.recovery.eval_batch_halved)
-
     def log_eval(self, step: int, epoch: int, final: bool = False, result: dict | None = None) -> dict:
         """Evaluate and report: every rank evaluates its share of the split (evaluation.py), rank 0 reports.
         `result`: this step's metrics, measured already."""
-        result = self.evaluate() if result is None else result
+        result = self.evaluator(self.model, self.plan, self.recovery.eval_batch_halved) if result is None else result
         if not self.rank.is_main:
             return {"step": step, "epoch": epoch, **result}
         entry = {"step": step, "epoch": epoch, **result, **({"final": True} if final else {})}
@@ -346,14 +334,6 @@ class Trainer:
         if self.on_eval is not None:
             self.on_eval(step, epoch, result)
         return entry
-
-    def judge(self, entry: dict, final: bool = False) -> bool:
-        """After an evaluation: keep it as a best-k checkpoint where it ranks, and whether early stopping ends
-        the run (checkpoints.py)."""
-        return self.checkpoints.judge(entry, final)
-
-    def save(self, path: Path, final_eval: dict | None = None, keep: int = 0) -> Path:
-        return self.checkpoints.save(path, final_eval, keep)
 
     def save_periodic(self) -> Path:
         self.settle()  # the checkpoint's progress holds the interval's loss (a heat pause saves between boundaries)
@@ -445,9 +425,6 @@ class Trainer:
     def elapsed(self) -> float:
         return self.progress.elapsed_s + time.perf_counter() - self.started
 
-    def epochs_begun(self) -> int:
-        return self.checkpoints.epochs_begun()
-
     def start_afresh_elsewhere(self) -> None:
         """The run picked to resume had no intact checkpoint: the fresh run gets a directory of its own, so
         the picked one keeps its history (its metrics, its config, the checkpoints set aside as .damaged)."""
@@ -457,13 +434,6 @@ class Trainer:
         self.checkpoints.directory = self.directory
         self.log(f"note: {kept} keeps its history; the fresh run is {self.directory.path}")
 
-    def release_run_directory(self) -> None:
-        """Let another `make train` take the run directory (the process ending does it too)."""
-        self.directory.release()
-
-    def release(self) -> None:
-        """Drop the model, optimizer and DDP wrapper (before leaving a process group)."""
-        self.engine.release()
 
 
 def train(config: Config, plan: Plan, hardware: HardwareProfile, *, run_dir: Path | None = None,
@@ -479,4 +449,4 @@ def train(config: Config, plan: Plan, hardware: HardwareProfile, *, run_dir: Pat
         return trainer.fit()
     finally:
         if trainer.rank.active:
-            trainer.release()
+            trainer.engine.release()  # the model, optimizer and DDP wrapper, before leaving a process group

@@ -50,16 +50,11 @@ class Opening(Protocol):
     @property
     def run_dir(self) -> Path: ...
 
-    @property
-    def parameters(self) -> int: ...
-
-    def release_run_directory(self) -> None: ...
-
 
 def model_line(trainer: Opening) -> str:
     config, plan, p = trainer.config, trainer.plan, trainer.progress
     return (f"Model: {model_label(config)}, "
-            f"{trainer.engine.trainable_parameters:,} trainable / {trainer.parameters:,} parameters"
+            f"{trainer.engine.trainable_parameters:,} trainable / {trainer.engine.parameters:,} parameters"
             + (f" (CONFIG_FREEZE: {', '.join(config.freeze)})" if config.freeze else "")
             + f", on {plan.device_type} ({plan.precision}); "
             f"{trainer.total_steps} optimizer steps of {p.window_size} samples"
@@ -95,5 +90,5 @@ def open_run(trainer: Opening) -> None:
             quietly(log, "closing the monitor", trainer.monitor.close)
         if trainer.resumed_from is None:  # a new run that never started leaves no empty run behind
             quietly(log, "removing the unstarted run directory", trainer.directory.discard_unstarted)
-        trainer.release_run_directory()
+        trainer.directory.release()
         raise
