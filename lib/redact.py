@@ -33,6 +33,13 @@ QUERY_SECRET = re.compile(rf"(?i)([?&;](?:{_SECRET_NAME}|key|sig|signature)=)[^&
 PAIR_SECRET = re.compile(rf"(?i)((?<![\w.-]){_SECRET_NAME}[\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)[^\s\"'&,;]+")
 NETRC_SECRET = re.compile(r"(?i)(\bpassword\s+)\S+")
 LIMIT = 200  # characters of a user's value shown in a message
+_SECRET_WORD = re.compile(rf"(?i)[\w.-]*(?:{SECRET_WORDS})")
+
+
+def secret_name(name: str) -> bool:
+    """Whether `name` is a secret's (MLFLOW_TRACKING_TOKEN, CONFIG_NOSUCH_PASSWORD, sslpassword), whose value no
+    message shows."""
+    return _SECRET_WORD.fullmatch(name) is not None
 
 
 def redact(text: str) -> str:

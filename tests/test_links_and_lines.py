@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from lib import fileio
 from lib.fileio import UnsafeFileError
@@ -186,3 +187,102 @@ def test_a_full_disk_anywhere_is_one_error_line(code, filename, capsys):
     assert run_main(full) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no space left on the device") and err.count("\n") == 1
+
+
+# -- what a user's file says, shown: escaped, and a secret's value hidden ------------------------------------------
+
+HIDDEN = ("Cc", "Cf", "Cs", "Zl", "Zp")
+# text a file may hold on one line: any character but the line's end, with control and format characters (a
+# terminal's escapes, U+200B, U+202E) drawn often
+line_text = st.text(alphabet=st.one_of(st.characters(codec="utf-8", blacklist_characters="\n\r"),
+                                       st.sampled_from("\x1b\x07\x9b\u200b\u202e\u2066\ufeff\u2028\x85\x0b\x0c")),
+                    min_size=1, max_size=30)
+
+
+def visible(text: str) -> bool:
+    import unicodedata
+
+    return not any(unicodedata.category(c) in HIDDEN for c in text)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=line_text, cpu=line_text, note=line_text)
+def test_a_hardware_profiles_text_is_printed_escaped(name, cpu, note, tmp_path, kfit_here):
+    """Every string a HW= profile holds (a GPU's name is in half the plan's lines) is printed escaped: no line
+    of `kfit plan` is forged, none holds a terminal's escape or an invisible character (a plan each: 3 s)."""
+    import json
+
+    from lib.hardware.simulate import resolve_hardware
+
+    def plan(name, cpu, note):
+        profile = json.loads(resolve_hardware(gpu="h100").to_json())
+        profile["gpus"][0]["name"], profile["cpu"]["name"], profile["notes"] = name, cpu, [note]
+        (tmp_path / "hw.json").write_text(json.dumps(profile))
+        result = kfit_here(tmp_path, "plan", HW=str(tmp_path / "hw.json"), KCONFIG_CONFIG=str(tmp_path / ".config"))
+        assert result.returncode == 0, result.stderr
+        return (result.stdout + result.stderr).splitlines()
+
+    if not PLAIN_PLAN:
+        PLAIN_PLAN.extend(plan("A GPU", "A CPU", "a note"))
+    lines = plan("A GPU " + name, cpu, note)  # never a name of the catalog's, whose figures would change the plan
+    assert len(lines) == len(PLAIN_PLAN), "\n".join(map(ascii, lines))  # as many lines as plain names give
+    for line in lines:
+        assert visible(line), ascii(line)
+
+
+PLAIN_PLAN: list[str] = []
+
+
+def quoted(value: str) -> str:
+    """`value` as a .config string (kconfiglib's escapes)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@settings(max_examples=30, deadline=None)
+@given(first=line_text, second=line_text)
+def test_a_value_set_more_than_once_is_shown_escaped(first, second, tmp_path_factory):
+    """kconfiglib's "set more than once" quotes both values: each problem of a config is one escaped entry of
+    the error (str(err) is what the API raises and make prints), never a forged entry or a hidden character."""
+    from lib.config import kconfig
+    from lib.errors import ConfigError
+
+    assume(first != second)  # the same value twice is no contradiction
+    path = tmp_path_factory.mktemp("c") / "fragment"
+    path.write_text(f"CONFIG_OUTPUT_DIR={quoted(first)}\nCONFIG_OUTPUT_DIR={quoted(second)}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        kconfig.load_strict([kconfig.ROOT / "defconfigs" / "lenet5", path])
+    head, *entries = str(caught.value).split("\n  ")
+    assert head == "invalid configuration:" and len(entries) == 1, ascii(str(caught.value))
+    assert "set more than once" in entries[0] and visible(entries[0]), ascii(entries[0])
+
+
+secret_names = st.sampled_from(["NOSUCH_TOKEN", "HPO_PASSWORD", "WANDB_API_KEY", "DB_PASSWD", "MY_SECRET",
+                                "S3_ACCESS_KEY", "X_CREDENTIALS", "tracking_token"])
+secret_values = st.text(alphabet="abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789!$%^()[]{}<>|~",
+                        min_size=5, max_size=20).map(lambda s: "Zq9" + s)  # no word of a message
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=secret_names, secret=secret_values, form=st.integers(0, 4))
+def test_a_value_assigned_to_a_secrets_name_is_never_shown(name, secret, form, tmp_path_factory):
+    """An unknown symbol named as a secret (CONFIG_NOSUCH_TOKEN="..."), a line that is not a CONFIG_ line,
+    given as a config: the error names the line and the symbol, never the value, however the line is written."""
+    from lib.config import kconfig
+    from lib.errors import ConfigError
+
+    line = [f"CONFIG_{name}={quoted(secret)}", f"CONFIG_{name}={secret}", f"CONFIG_{name}='{secret}'",
+            f"{name}={secret}", f"CONFIG_{name} {secret}"][form]
+    path = tmp_path_factory.mktemp("c") / "fragment"
+    path.write_text(f"CONFIG_SEED=3\n{line}\n")
+    with pytest.raises(ConfigError) as caught:
+        kconfig.load_strict([kconfig.ROOT / "defconfigs" / "lenet5", path])
+    assert secret not in str(caught.value) and f"{path}:2" in str(caught.value), str(caught.value)
+
+
+def test_an_unknown_secret_symbol_is_one_error_line_without_its_value(tmp_path, kfit_here):
+    assert kfit_here(tmp_path, "defconfig", "lenet5", KCONFIG_CONFIG=str(tmp_path / ".config")).returncode == 0
+    with open(tmp_path / ".config", "a") as f:
+        f.write('CONFIG_NOSUCH_TOKEN="hunter2sEcret"\n')
+    result = kfit_here(tmp_path, "plan", KCONFIG_CONFIG=str(tmp_path / ".config"), GPU="h100")
+    assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1
+    assert "NOSUCH_TOKEN" in result.stderr and "hunter2sEcret" not in result.stdout + result.stderr

@@ -207,7 +207,7 @@ def _ask_until_valid(kconf, node, ask, source: str) -> None:
         except ConfigError as err:
             if not re.search(rf"\bCONFIG_{re.escape(sym.name)}\b", str(err)):
                 return  # another symbol's problem: the final check reports it
-            print(f"error: {err}", file=sys.stderr)  # then kconfiglib asks again
+            print(f"error: {shown(err, 1000)}", file=sys.stderr)  # then kconfiglib asks again
             sym.unset_value()
 
 

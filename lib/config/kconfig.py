@@ -16,7 +16,7 @@ import kconfiglib
 
 from ..errors import ConfigError
 from ..fileio import copy_file, write_atomic, write_target
-from ..redact import shown
+from ..redact import escaped, secret_name, shown
 from ..resources import data_root
 
 ROOT = data_root()  # the checkout, or the installed package's copy of the tree (lib/resources.py)
@@ -113,8 +113,8 @@ def load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconfi
         before = {s.name: s.user_value for s in kconf.unique_defined_syms}
         kconf.load_config(str(path), replace=(i == 0))
         # set_value() warnings (a malformed number) carry no file name: add it
-        errors += [shown(w.replace("warning: ", "", 1) if w.startswith(str(path)) else
-                         f"{path}: " + w.replace("warning: ", "", 1), 300) for w in kconf.warnings]
+        errors += [w.replace("warning: ", "", 1) if w.startswith(str(path)) else
+                   f"{path}: " + w.replace("warning: ", "", 1) for w in kconf.warnings]
         kconf.warnings.clear()
         for sym in kconf.unique_defined_syms:
             if sym.user_value is not None and (i == 0 or before[sym.name] != sym.user_value):
@@ -122,11 +122,24 @@ def load_strict(files: Sequence[Path], notes: list[str] | None = None) -> kconfi
         errors += [f"{src}: {assignment_line(sym, value)} did not take: {_why_not(sym, value)}"
                    for sym, value, src in _not_taken(requested.values()) if src == path]
     if errors:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(map(_entry, errors)))
     if notes is not None:
-        notes += [f"{src}: {assignment_line(sym, value)} no longer applies after the later fragments "
-                  f"({_why_not(sym, value)})" for sym, value, src in _not_taken(requested.values())]
+        notes += [_entry(f"{src}: {assignment_line(sym, value)} no longer applies after the later fragments "
+                         f"({_why_not(sym, value)})") for sym, value, src in _not_taken(requested.values())]
     return kconf
+
+
+_QUOTED = re.compile(r"['\"].*['\"]", re.S)  # from a message's first quote to its last: the values kconfiglib quotes
+
+
+def _entry(text: str) -> str:
+    """One entry of a config's problems or notes as it may be shown: the values a file assigned to a secret's
+    name (CONFIG_NOSUCH_TOKEN="...", kconfiglib quoting them in its "undefined symbol", "set more than once" or
+    "malformed line" warning) hidden as ***; escaped (a value's control and format characters as \\x1b,
+    \\u202e: never a forged entry or line); cut to 300 characters."""
+    if any(secret_name(word) for word in re.findall(r"\w+", text)):
+        text = _QUOTED.sub("'***'", text, count=1)
+    return shown(text, 300)
 
 
 def _contradictions(path: Path) -> list[str]:

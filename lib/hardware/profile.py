@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import HardwareError
+from ..redact import escaped
 from ..units import format_bytes, gib
 
 from .strict import bad_key, check_keys, describe_value, read_bool, read_int, read_list, read_number, read_str
@@ -312,4 +313,4 @@ def load_profile(path: str) -> HardwareProfile:
             "fix the file, or regenerate it with 'make check-hardware FORMAT=json > FILE'."
         ) from None
     profile = _profile_from_dict(data, origin=f"hardware profile {path!r}")
-    return dataclasses.replace(profile, source=f"file:{path}")
+    return dataclasses.replace(profile, source=f"file:{escaped(path)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import HardwareError
+from ..redact import escaped
 
 
 _FIX = "fix the value, or regenerate the file with 'make check-hardware FORMAT=json > FILE'"
@@ -53,12 +54,14 @@ def read_int(origin: str, key: str, v: Any, *, minimum: int = 0) -> int:
 
 
 def read_str(origin: str, key: str, v: Any, *, optional: bool = False) -> str | None:
+    """A string of the file, escaped as lib/redact.py's `escaped` (its control and format characters as \\n,
+    \\x1b, \\u202e...): whatever prints it later shows one line of visible characters."""
     if v is None and optional:
         return None
     if not isinstance(v, str):
         want = "a string or null" if optional else "a string"
         raise bad_key(origin, key, f"must be {want}, got {describe_value(v)}")
-    return v
+    return escaped(v)  # a GPU's name is printed in many lines: never a line break, a terminal's escape or a hidden character
 
 
 def read_bool(origin: str, key: str, v: Any, *, optional: bool = False) -> bool | None:
