@@ -789,3 +789,24 @@ def test_scale_check_runs_each_case_until_its_budget_and_judges_memory_and_step(
     seen.clear()
     scale_check.check_scale(ctx_for(tmp_path), run=run)  # QUICK=1
     assert seen == [scale_check.CASES[0].name]
+
+
+def test_scale_check_reads_the_steps_peak_when_the_evaluation_begins(tmp_path):
+    """The training steps' peak is read as the run's first evaluation begins (once), apart from the whole
+    run's; the evaluator is itself again afterwards."""
+    from types import SimpleNamespace
+
+    from lib.trainer.evaluation import Evaluator
+    from lib.validation import scale_check
+
+    readings = iter([(300, 200), (999, 999)])
+    ctx = SimpleNamespace(cuda=SimpleNamespace(peaks=lambda: next(readings)))
+    original = Evaluator.__call__
+    evaluator = Evaluator.__new__(Evaluator)
+    with scale_check.peaks_before_evaluation(ctx) as steps:
+        for _ in range(2):
+            try:
+                evaluator(None, None, None)
+            except Exception:  # noqa: BLE001 - an evaluator built without a task: only the wrapper's reading counts
+                pass
+    assert steps == {"reserved": 300, "allocated": 200} and Evaluator.__call__ is original

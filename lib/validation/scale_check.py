@@ -6,7 +6,8 @@ planned memory and step time of a model the size users grow into. Each case here
 kfit's trainer on the llama3.2-1b defconfig (its 128,256-token head; the embedded text, whose ids all lie
 below it, trains it: no download), context CONTEXT, micro-batch 1, bf16, the hyperparameters set by hand so
 every case plans the same batch. For each: the plan's predicted peak against torch.cuda.max_memory_reserved
-over the run, and its predicted step (uncalibrated: every case plans with a fresh calibration, the memory
+over the run, and over its training steps alone (read when its evaluation at the end begins), and its
+predicted step (uncalibrated: every case plans with a fresh calibration, the memory
 traces kept) against the trainer's measured `step_time` event.
 
 It passes when every measured case is within MEMORY_TOLERANCE of its memory and TIME_TOLERANCE of its step.
@@ -15,6 +16,7 @@ The cases run in CASES' order, the most wanted first, until the budget ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -58,8 +60,31 @@ def error(predicted: float | None, measured: float | None) -> float | None:
     return round((predicted - measured) / measured, 4)
 
 
+@contextlib.contextmanager
+def peaks_before_evaluation(ctx: Context):
+    """The peaks (reserved, allocated) when the run's first evaluation begins, in the dict it yields: what
+    the training steps reached, apart from the evaluation's own allocations after them (the H200's first
+    run of this check measured the whole run's and could not tell them apart)."""
+    from ..trainer.evaluation import Evaluator
+
+    seen: dict = {}
+    original = Evaluator.__call__
+
+    def first(self, *args, **kwargs):
+        if "reserved" not in seen:
+            seen["reserved"], seen["allocated"] = ctx.cuda.peaks()
+        return original(self, *args, **kwargs)
+
+    Evaluator.__call__ = first
+    try:
+        yield seen
+    finally:
+        Evaluator.__call__ = original
+
+
 def run_case(ctx: Context, case: Case) -> dict:
-    """One short run of the trainer: its plan's predictions beside the measured peak and step."""
+    """One short run of the trainer: its plan's predictions beside the measured peak (of its steps, and of
+    the whole run with its evaluation at the end) and step."""
     import torch
 
     from .budget import make_config
@@ -69,7 +94,8 @@ def run_case(ctx: Context, case: Case) -> dict:
     config = make_config(ctx, DEFCONFIG, "scale-" + case.name.replace(" ", "-"), case.assignments())
     ctx.cuda.reset_peaks()
     try:
-        config, plan, event = timed_run(config, resolve_hardware())
+        with peaks_before_evaluation(ctx) as steps:
+            config, plan, event = timed_run(config, resolve_hardware())
         reserved, allocated = ctx.cuda.peaks()
     finally:
         if case.compile:
@@ -81,6 +107,9 @@ def run_case(ctx: Context, case: Case) -> dict:
            "predicted_peak_mib": round(plan.predicted_peak_bytes / 2**20, 1),
            "measured_reserved_mib": round(reserved / 2**20, 1), "measured_allocated_mib": round(allocated / 2**20, 1),
            "memory_error": error(plan.predicted_peak_bytes, reserved),
+           "steps_reserved_mib": steps.get("reserved") and round(steps["reserved"] / 2**20, 1),
+           "steps_allocated_mib": steps.get("allocated") and round(steps["allocated"] / 2**20, 1),
+           "steps_memory_error": steps.get("reserved") and error(plan.predicted_peak_bytes, steps["reserved"]),
            "predicted_ms": plan.predicted_step_seconds and round(plan.predicted_step_seconds * 1e3, 2)}
     if event:
         seconds = event["measured_step_seconds"]
