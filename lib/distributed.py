@@ -32,7 +32,7 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from .env import env_number, environ
+from .env import env_number, environ, out_of_range
 from .units import MAXIMA
 from .torchrun_output import TorchrunOutput, explain
 from .errors import KfitError
@@ -79,6 +79,8 @@ def nodes_range(env: Mapping[str, str]) -> tuple[int, int]:
     try:
         first, last = int(low), int(high or low)
     except ValueError:
+        if all(out_of_range(part) for part in (low, high or low)):  # more digits than Python converts
+            raise KfitError(f"NNODES='{shown(text, 40)}' is out of range: {accepted}") from None
         raise KfitError(f"NNODES='{shown(text, 40)}' is not a number of machines: {accepted}") from None
     if not 1 <= first <= last <= most:
         raise KfitError(f"NNODES='{shown(text, 40)}' is out of range: {accepted}")
@@ -118,7 +120,8 @@ def torchrun_command(nproc: int, script: Path, env: Mapping[str, str], script_ar
                             "NODE_RANK= (0..NNODES-1) on every machine")
         node_rank = env_number("NODE_RANK", int, None, env)
         if node_rank is None or not 0 <= node_rank < nnodes:
-            raise KfitError(f"NODE_RANK={env.get('NODE_RANK')!r}: give this machine's rank, 0..{nnodes - 1}")
+            raise KfitError(f"NODE_RANK='{shown(env.get('NODE_RANK') or '', 40)}': give this machine's rank, "
+                            f"0..{nnodes - 1}")
         rendezvous = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr",
                       env["MASTER_ADDR"], "--master-port", str(env_number("MASTER_PORT", int, DEFAULT_MASTER_PORT, env))]
     else:

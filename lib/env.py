@@ -5,6 +5,7 @@ is accepted."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping, MutableMapping, Sequence
 
 from .errors import KfitError
@@ -30,6 +31,21 @@ def _get(name: str, env: Mapping[str, str] | None) -> str | None:
 
 
 
+_WHOLE = re.compile(r"[+-]?\d[\d_]*")
+_DECIMAL = re.compile(r"[+-]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][+-]?\d+)?")
+
+
+def out_of_range(text: str, kind: type[int] | type[float] = int) -> bool:
+    """Whether `text`, which `kind` refused or took as infinite, is a numeral all the same: one of more digits
+    than Python converts (4,300) or beyond a float, to be called out of range, not "not a number"."""
+    return (_WHOLE if kind is int else _DECIMAL).fullmatch(text.strip()) is not None
+
+
+def _digits(value: str) -> str:
+    digits = sum(c.isdigit() for c in value)
+    return f"{digits:,} digits" if "e" not in value.lower() else "beyond any number a float holds"
+
+
 def env_number(name: str, kind: type[int] | type[float] = int, default=None, env: Mapping[str, str] | None = None,
                minimum: int | float | None = None, maximum: int | float | None = None):
     """The variable as a number, or `default` when unset or empty; a clear error when it is not a number, or
@@ -47,7 +63,12 @@ def env_number(name: str, kind: type[int] | type[float] = int, default=None, env
     try:
         number = kind(value)
     except ValueError:
-        raise KfitError(f"{name}={quoted} is not a number: give {whole}{bounds}") from None
+        number = None  # not a number, or a whole number of more digits than Python converts (4,300)
+    if number is None or number in (float("inf"), float("-inf")):
+        if out_of_range(value, kind):  # a numeral too long or too large to hold
+            raise KfitError(f"{name}={quoted} is out of range ({_digits(value)}): give {whole}{bounds}")
+        if number is None:
+            raise KfitError(f"{name}={quoted} is not a number: give {whole}{bounds}")
     if number != number or number in (float("inf"), float("-inf")):
         raise KfitError(f"{name}={quoted} is not a finite number: give {whole}{bounds}")
     if minimum is not None and number < minimum:

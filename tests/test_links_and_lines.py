@@ -286,3 +286,52 @@ def test_an_unknown_secret_symbol_is_one_error_line_without_its_value(tmp_path, 
     result = kfit_here(tmp_path, "plan", KCONFIG_CONFIG=str(tmp_path / ".config"), GPU="h100")
     assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1
     assert "NOSUCH_TOKEN" in result.stderr and "hunter2sEcret" not in result.stdout + result.stderr
+
+
+# -- a number too long for Python to convert is out of range, not "not a number" --------------------------------
+
+huge_numerals = st.tuples(st.sampled_from(["", "+", "-"]), st.integers(4_301, 30_000), st.sampled_from("123456789")
+                          ).map(lambda t: t[0] + t[2] * t[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(value=huge_numerals, name=st.sampled_from(["NODE_RANK", "TRIALS", "GPUS", "MAX_TOKENS", "FREE_GB", "SEED"]),
+       kind=st.sampled_from([int, float]))
+def test_a_numeral_of_thousands_of_digits_is_out_of_range(value, name, kind):
+    """Every integer or float variable read through env_number (NODE_RANK, TRIALS, GPUS...): a 5,000-digit value
+    says it is out of range, quoted cut short, never "not a number"."""
+    from lib.env import env_number
+    from lib.errors import KfitError
+
+    with pytest.raises(KfitError) as caught:
+        env_number(name, kind, env={name: value}, minimum=0, maximum=10)
+    message = str(caught.value)
+    assert "out of range" in message and "not a number" not in message and len(message) < 300, message
+
+
+@pytest.mark.parametrize("variable, value", [("NODE_RANK", "7" * 5000), ("NNODES", "3" * 5000),
+                                             ("NNODES", f"1:{'9' * 5000}")])
+def test_a_node_count_or_rank_of_thousands_of_digits_is_out_of_range(variable, value):
+    from lib import distributed
+    from lib.errors import KfitError
+
+    env = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", variable: value}
+    with pytest.raises(KfitError, match="out of range") as caught:
+        distributed.torchrun_command(2, Path("x"), env)
+    assert "not a number" not in str(caught.value) and len(str(caught.value)) < 400
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, f"1-{'2' * 5000}", f"{'5' * 10}:00"])
+def test_a_slurm_time_limit_of_thousands_of_digits_is_out_of_range(value):
+    from lib.cli.sbatch import time_limit_seconds
+    from lib.errors import KfitError
+
+    with pytest.raises(KfitError, match="out of range") as caught:
+        time_limit_seconds(value)
+    assert len(str(caught.value)) < 400
+
+
+def test_trials_of_thousands_of_digits_is_one_error_line(tmp_path, kfit_here):
+    result = kfit_here(tmp_path, "hpo", TRIALS="9" * 5000, KCONFIG_CONFIG=str(tmp_path / ".config"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and len(result.stderr) < 400
+    assert "TRIALS='99999" in result.stderr and "is out of range" in result.stderr, result.stderr

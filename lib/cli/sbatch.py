@@ -23,6 +23,7 @@ from pathlib import Path
 from .. import config as kconfig
 from ..env import env_number, env_text
 from ..errors import KfitError
+from ..redact import shown
 from ..fileio import read_bytes, write_atomic
 from .common import ensure_config, hardware_from_env
 from .flags import command
@@ -37,7 +38,10 @@ def time_limit_seconds(text: str) -> int:
     """SLURM's --time as seconds: '30' (minutes), '30:00', '2:00:00', '1-12', '1-12:30', '1-12:30:00'."""
     match = _TIME.match(text.strip())
     if match is None:
-        raise KfitError(f"TIME={text!r} is not a SLURM time limit: write it as {TIME_FORMS}")
+        raise KfitError(f"TIME='{shown(text, 40)}' is not a SLURM time limit: write it as {TIME_FORMS}")
+    if any(len(part or "") > 9 for part in match.groups()):  # a year is 6 digits of minutes; 4,300 digits fail int()
+        raise KfitError(f"TIME='{shown(text, 40)}' is out of range: a part of it has more than 9 digits; give a "
+                        f"limit SLURM takes, as {TIME_FORMS}")
     days, a, b, c = match.groups()
     a, b, c = int(a), int(b or 0), int(c or 0)
     if days is not None:  # DAYS-HOURS[:MINUTES[:SECONDS]]
@@ -47,7 +51,7 @@ def time_limit_seconds(text: str) -> int:
     else:  # MINUTES[:SECONDS]
         seconds = a * 60 + b
     if seconds < 60:
-        raise KfitError(f"TIME={text!r} is under a minute: SLURM counts limits in minutes; give at least 1")
+        raise KfitError(f"TIME='{shown(text, 40)}' is under a minute: SLURM counts limits in minutes; give at least 1")
     return seconds
 
 
@@ -63,7 +67,7 @@ def warning_lead(step_seconds: float | None, limit: int | None) -> int:
 
 def _name(value: str | None, variable: str) -> str | None:
     if value is not None and not re.fullmatch(r"[\w.@+-]+", value):
-        raise KfitError(f"{variable}={value!r}: SLURM names are letters, digits and . _ - + @ only")
+        raise KfitError(f"{variable}='{shown(value, 40)}': SLURM names are letters, digits and . _ - + @ only")
     return value
 
 
