@@ -164,7 +164,8 @@ def open_append(path: Path | str, *, owned: bool = False) -> IO[str]:
     return os.fdopen(fd, "a")
 
 
-def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follow_symlinks: bool = False) -> None:
+def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follow_symlinks: bool = False,
+                 mode: int | None = None) -> None:
     """Replace `path` with `data`, or with what `data(temporary_path)` writes there, so that readers and
     crashes see the old file or the new one, never a mix; the temporary file (O_EXCL, beside the target)
     is removed on any failure.
@@ -174,13 +175,15 @@ def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follo
     the file is written where `path` names it. `follow_symlinks=True` (only the config file the user names): a symlink is written through (its
     target replaced, the link kept), to a regular file only (write_target). The new file takes the
     replaced file's permissions, or 0666 less the umask when new: mkstemp's 0600 would shut out the other
-    users of a shared directory, and silently change a .config's mode."""
+    users of a shared directory, and silently change a .config's mode. `mode` (0o700 for a script that holds a
+    database's password): the file's mode whatever it replaces, from its first byte on (the temporary file is
+    0600 until then), so no other user reads it even for a moment."""
     real = write_target(path, follow_symlinks=follow_symlinks)
     if not follow_symlinks:  # nor into a directory a link planted there names (a cache's, a run's, an export's)
         refuse_linked_directory(real.parent)
     real.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = (real.stat() if follow_symlinks else os.lstat(real)).st_mode & 0o7777
+        mode = (real.stat() if follow_symlinks else os.lstat(real)).st_mode & 0o7777 if mode is None else mode
     except FileNotFoundError:
         mode = 0o666 & ~umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)

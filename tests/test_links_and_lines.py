@@ -335,3 +335,40 @@ def test_trials_of_thousands_of_digits_is_one_error_line(tmp_path, kfit_here):
     result = kfit_here(tmp_path, "hpo", TRIALS="9" * 5000, KCONFIG_CONFIG=str(tmp_path / ".config"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and len(result.stderr) < 400
     assert "TRIALS='99999" in result.stderr and "is out of range" in result.stderr, result.stderr
+
+
+# -- a file that holds a secret is the owner's only ---------------------------------------------------------------
+
+@pytest.mark.parametrize("before", [None, 0o644, 0o755])
+def test_an_sbatch_script_holding_a_database_password_is_the_owners_only(before, tmp_path, kfit_here):
+    """ARRAY=N embeds HPO_STORAGE (a database URL with its password) in the script: it is written 0700 from its
+    first byte, whatever file it replaces, and the password is never printed."""
+    import stat
+
+    out = tmp_path / "job.sbatch"
+    if before is not None:
+        out.write_text("old\n")
+        out.chmod(before)
+    assert kfit_here(tmp_path, "defconfig", "lenet5", KCONFIG_CONFIG=str(tmp_path / ".config")).returncode == 0
+    result = kfit_here(tmp_path, "sbatch", ARRAY="2", CPUS="1", GPU="h100", OUT=str(out),
+                       HPO_STORAGE="postgresql://kfit:Pa55w0rdXYZ@db.example/optuna",
+                       KCONFIG_CONFIG=str(tmp_path / ".config"))
+    assert result.returncode == 0, result.stderr
+    assert "Pa55w0rdXYZ" in out.read_text() and "Pa55w0rdXYZ" not in result.stdout + result.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+
+
+@settings(max_examples=30, deadline=None)
+@given(before=st.one_of(st.none(), st.integers(0o400, 0o777)), mode=st.sampled_from([0o600, 0o700, 0o640]))
+def test_a_write_with_a_mode_has_that_mode_whatever_it_replaces(before, mode, tmp_path_factory):
+    import stat
+
+    from lib.fileio import write_atomic
+
+    path = tmp_path_factory.mktemp("w") / "f"
+    if before is not None:
+        path.write_text("old")
+        path.chmod(before)
+    seen = []
+    write_atomic(path, lambda tmp: seen.append(stat.S_IMODE(os.stat(tmp).st_mode)), mode=mode)
+    assert stat.S_IMODE(path.stat().st_mode) == mode and seen[0] & 0o077 == 0  # private while it is written

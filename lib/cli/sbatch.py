@@ -158,8 +158,8 @@ def cmd_sbatch(args) -> int:
         log=output_dir / (f"slurm-{job}-%A_%a.out" if array else f"slurm-{job}-%j.out"),
         kfit=" ".join(shlex.quote(part) for part in kfit_command()), subcommand="hpo" if array else "train",
         env=env, summary=summary, world_size=plan.world_size, effective_batch=plan.effective_batch)
-    write_atomic(out, text.encode())
-    out.chmod(0o755)
+    # the owner's only: the script may hold HPO_STORAGE's database password (the job runs as its owner)
+    write_atomic(out, text.encode(), mode=0o700)
     print(summary)
     what = (f"{array} HPO worker(s) (a job array) against {_redact(env['HPO_STORAGE'])}" if array else
             f"{nodes} node(s) x {per_node} process(es), effective batch {plan.effective_batch}")
