@@ -192,6 +192,25 @@ def test_largest_fitting_finds_the_boundary_in_few_calls():
     assert largest_fitting(convex, 10_000 - 1, 65536) == 99
 
 
+def test_largest_fitting_low_first_traces_the_same_points_or_fewer():
+    """low_first (a deep model's search, predict.StepCurve.deep): 1 before the limit, so a step where not even 1
+    fits is never traced at the limit (Llama 3.1 8B at 8k without checkpointing: three pairs of shallow traces
+    at 64 saved per cold plan); otherwise the same points and the same answer as limit first."""
+    from lib.memory.curve import PeakCurve
+
+    def search(peak, budget, limit, low_first):
+        calls = []
+        curve = PeakCurve(lambda b: (calls.append(b) or peak(b),))
+        return curve.largest_fitting(budget, limit, low_first=low_first), calls
+
+    linear = lambda b: 1000 + 37 * b  # noqa: E731
+    assert search(linear, 999, 64, True) == (0, [1])
+    assert search(linear, 999, 64, False) == (0, [64, 1])
+    for budget in (1000 + 37 * 5 + 3, 1000 + 37 * 63, 1000 + 37 * 64 + 1):
+        (got, low), (want, high) = search(linear, budget, 64, True), search(linear, budget, 64, False)
+        assert got == want and (set(low) == set(high) or (want == 64 and set(low) == {1, 64}))
+
+
 # --------------------------------------------------------------------------
 # Kernel workspaces against what the CPU kernels really allocate
 

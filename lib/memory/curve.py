@@ -71,15 +71,20 @@ class PeakCurve:
     def at(self, batch: int) -> int:
         return self.vector(batch)[0]
 
-    def largest_fitting(self, budget: int, limit: int) -> int:
+    def largest_fitting(self, budget: int, limit: int, *, low_first: bool = False) -> int:
         """The largest b in 1..limit with at(b) <= budget (0 when none).
 
         Starts from the closest points already known on either side of the
         budget, aims where the line through them crosses it, and stops as soon
         as three points on that line prove it: a cold search on an affine
         stretch traces limit, 1 and one or two aims; a warm one, nothing.
+        `low_first`: with nothing known, try 1 before limit, for a curve where 1 may well not fit (a deep
+        model's step at a long context): when it does not, limit is never traced; when it does, the search
+        goes on as it would have, with the same points, so the answer is the same either way.
         """
         if limit < 1:
+            return 0
+        if low_first and not self.points and limit > 1 and self.at(1) > budget:
             return 0
         known = {b: self.at(b) for b in self.points}
         hi = min((b for b, p in known.items() if b <= limit and p > budget), default=0)

@@ -449,7 +449,8 @@ class MemoryPredictor:
         key, step = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
                                train=train, parallel=parallel)
         offload = bool(parallel and parallel["cpu_offload"])
-        return StepCurve(step, [int(b) for b in list(self._entries(key))], device_type=device_type,
+        deep = not self.full_depth and depth_of(config, parallel is not None) is not None
+        return StepCurve(step, [int(b) for b in list(self._entries(key))], device_type=device_type, deep=deep,
                          compile_mode=compile_mode if train else None, plus=plus,
                          checkpointed=config.gradient_checkpointing and train, precision=precision,
                          strategy_terms=lambda trace: parallel_overheads(
@@ -469,8 +470,11 @@ class StepCurve(PeakCurve):
     def __init__(self, step: Callable[[int], Trace], batches: list[int], *, device_type: str,
                  compile_mode: str | None, plus: int = 0, checkpointed: bool = False, precision: str | None = None,
                  strategy_terms: Callable[[Trace], dict[str, int]] | None = None, strategy: str = "none",
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, deep: bool = False) -> None:
         self._traces: dict[int, Trace] = {}
+        # a deep transformer's step (depth.py scales it): at a long context even micro-batch 1 may not fit, so
+        # the planner's search tries 1 before the per-process share (largest_fitting's low_first)
+        self.deep = deep
         self._device_type, self._compile_mode, self._plus = device_type, compile_mode, plus
         self._overheads = {"checkpointed": checkpointed, "precision": precision}
         self._strategy_terms = strategy_terms or (lambda trace: {})

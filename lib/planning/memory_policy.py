@@ -87,7 +87,7 @@ class PlannerPolicy:
         limit = min(share, MAX_MICRO_BATCH)
         train = self.predictor.curve(config, device_type=device_type, precision=precision,
                                      compile_mode=compile_mode, **sharding)
-        cap = train.largest_fitting(budget, limit)
+        cap = train.largest_fitting(budget, limit, low_first=train.deep)
         if cap == 0:
             raise self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision,
                                          sharding)
