@@ -372,3 +372,22 @@ def test_a_write_with_a_mode_has_that_mode_whatever_it_replaces(before, mode, tm
     seen = []
     write_atomic(path, lambda tmp: seen.append(stat.S_IMODE(os.stat(tmp).st_mode)), mode=mode)
     assert stat.S_IMODE(path.stat().st_mode) == mode and seen[0] & 0o077 == 0  # private while it is written
+
+
+@settings(max_examples=5, deadline=None)  # a kfit process each
+@given(before=st.text(alphabet="abc xyz", max_size=10), byte=st.integers(0x80, 0xff))
+def test_a_prompt_that_is_not_utf8_is_one_error_line(before, byte):
+    """PROMPT= holding a byte that is not UTF-8 (os.environ keeps it as a lone surrogate): one error line naming
+    the byte, checked before any run is looked for (make sample had ended in a traceback encoding it)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import KFIT
+
+    prompt = os.fsencode(before) + bytes([byte]) + b" end"
+    env = {k: v for k, v in os.environ.items() if k not in ("KFIT_OVERRIDES", "RUN")}
+    env = {os.fsencode(k): os.fsencode(v) for k, v in env.items()} | {b"PROMPT": prompt}
+    result = subprocess.run([*KFIT[:1], KFIT[1], "sample"], capture_output=True, env=env, timeout=120)
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2 and err.startswith("error: PROMPT=") and err.count("\n") == 1, err
+    assert f"byte 0x{byte:02x}" in err and "Traceback" not in err

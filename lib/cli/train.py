@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .common import ensure_config, hardware_from_env
 from .. import config as kconfig
-from ..env import env_number, env_text
+from ..env import env_number, env_text, env_utf8
 from ..errors import KfitError
 from .flags import command
 from .invocation import SET_VARIABLE, Invocation
@@ -289,14 +289,15 @@ def cmd_sample(args) -> int:
                     temperature=env_number("TEMPERATURE", float, 0.8, minimum=0.0, maximum=100.0),
                     top_k=env_number("TOP_K", int, 200, minimum=0) or None,
                     seed=env_number("SEED", int, 0, minimum=0))
+    prompt = env_utf8("PROMPT")  # checked before any work too
     run = _run("sample", "a run directory, a checkpoint or an exported model.safetensors",
                lambda model: model in families, kinds=" or ".join(families))
     from ..sample import sample
 
-    text, about = sample(run, os.environ.get("PROMPT", ""), **settings)
+    text, about = sample(run, prompt, **settings)
     step = f" at step {about['step']}" if about["step"] is not None else ""
     print(f"# {about.get('model', 'gpt2')} {about['preset']}{step}, {about['tokenizer']}, on {about['device']}", file=sys.stderr)
-    print(os.environ.get("PROMPT", "") + text)
+    print(prompt + text)
     return 0
 
 
