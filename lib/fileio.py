@@ -97,6 +97,33 @@ def _describe(st: os.stat_result, path: Path | str) -> str:
     return "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
 
 
+MISSING = "missing"
+
+
+def what_is(path: Path | str) -> str | None:
+    """None where `path` is a regular file or a directory (through its links); else why it is neither, as a
+    message says it: MISSING where nothing is there, or "a symbolic link that loops (to ...)", "a symbolic
+    link to ..., which does not exist", "a FIFO", "a socket", "a device". Path.exists() and is_file() answer
+    False for all of these alike, and the messages built on them called a looping link or a FIFO missing."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return MISSING
+        if err.errno == errno.ELOOP:
+            return f"a symbolic link that loops (to {target})"
+        return f"a symbolic link to {target}, which does not exist"
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    if stat.S_ISFIFO(st.st_mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(st.st_mode):
+        return "a socket"
+    return "a device"
+
+
 def refuse_link(path: Path | str) -> None:
     """UnsafeFileError when `path` exists and is not a regular file (a symlink, a directory, a FIFO...)."""
     try:

@@ -164,6 +164,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     from .report import check_writable
 
     run_dir = Path(run_dir)
+    if (kind := fileio.what_is(run_dir / "metrics.jsonl")) not in (None, fileio.MISSING):
+        reads = "" if kind.startswith("a symbolic link") else ": kfit reads only regular files"
+        raise KfitError(f"{run_dir / 'metrics.jsonl'} is {kind}{reads}; name a training run's directory with RUN=")
     if not (run_dir / "metrics.jsonl").is_file():
         raise KfitError(f"{run_dir} holds no metrics.jsonl: name a training run's directory with RUN=")
     history = read_history(run_dir)

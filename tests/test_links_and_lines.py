@@ -391,3 +391,77 @@ def test_a_prompt_that_is_not_utf8_is_one_error_line(before, byte):
     err = result.stderr.decode("utf-8", "replace")
     assert result.returncode == 2 and err.startswith("error: PROMPT=") and err.count("\n") == 1, err
     assert f"byte 0x{byte:02x}" in err and "Traceback" not in err
+
+
+def _plant(path: Path, kind: str) -> str:
+    """Put `kind` at `path`; the words the error line must use for it."""
+    if kind == "loop":
+        os.symlink(path.name, path)
+        return "a symbolic link that loops"
+    if kind == "dangling":
+        os.symlink("nowhere-" + path.name, path)
+        return "which does not exist"
+    os.mkfifo(path)
+    return "a FIFO"
+
+
+# (what the user names, how: the reader's variable, and the path's role in its directory)
+READERS = {"CORPUS": ("data", "corpus.txt"), "RUN": ("report", "run/metrics.jsonl"),
+           "DATA_DIR": (None, "data"), "KCONFIG_CONFIG": ("plan", "my.config")}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+@pytest.mark.parametrize("kind", ["loop", "dangling", "fifo"])
+def test_a_link_that_loops_or_dangles_or_a_fifo_is_named_as_what_it_is(reader, kind, tmp_path, kfit_here):
+    """Every reader of a path the user names tells a looping link, a dangling one and a FIFO from a missing
+    file (Path.exists() and is_file() answer False for all of them): one error line with its kind, never
+    "does not exist" of something that is there, and nothing read or written through it."""
+    from lib.data.files import data_directory
+    from lib.errors import DataError
+
+    command, relative = READERS[reader]
+    if (reader, kind) in {("KCONFIG_CONFIG", "dangling"), ("KCONFIG_CONFIG", "fifo")}:
+        pytest.skip("a config's dangling link is written through as make's targets do; a FIFO config is "
+                    "test_savedefconfig's")
+    path = tmp_path / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    words = _plant(path, kind)
+    if command is None:  # CONFIG_DATA_DIR: read where the task loads, before a run starts
+        with pytest.raises(DataError) as err:
+            data_directory(str(path), "train.bin and val.bin")
+        errors = [f"error: {err.value}"]
+    else:
+        done = kfit_here(tmp_path, command, **({"RUN": str(path.parent)} if reader == "RUN" else {reader: str(path)}))
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode != 0 and len(errors) == 1, done.stderr[-2000:]
+    assert words in errors[0] and "does not exist:" not in errors[0] and "no such" not in errors[0], errors[0]
+    assert os.path.islink(path) or fileio.what_is(path) == "a FIFO"  # still there, untouched
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chain=st.integers(1, 5), end=st.sampled_from(["file", "directory", "nothing", "loop", "fifo"]))
+def test_what_is_follows_links_to_what_they_name(chain, end, tmp_path_factory):
+    """what_is through a chain of links: None for a file or directory at its end, MISSING only where nothing is
+    there at all, the loop or the dangling end named otherwise."""
+    root = tmp_path_factory.mktemp("chain")
+    last = root / "end"
+    if end == "file":
+        last.write_text("x")
+    elif end == "directory":
+        last.mkdir()
+    elif end == "fifo":
+        os.mkfifo(last)
+    elif end == "loop":
+        os.symlink("end", last)
+    names = [root / f"link{i}" for i in range(chain)]
+    for i, name in enumerate(names):
+        os.symlink((names[i + 1] if i + 1 < chain else last).name, name)
+    got = fileio.what_is(names[0])
+    expected = {"file": None, "directory": None, "fifo": "a FIFO"}.get(end)
+    if end == "nothing":
+        assert got.startswith("a symbolic link to ") and got.endswith("which does not exist")
+        assert fileio.what_is(last) == fileio.MISSING
+    elif end == "loop":
+        assert got.startswith("a symbolic link that loops")
+    else:
+        assert got == expected

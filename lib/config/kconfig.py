@@ -15,7 +15,7 @@ from typing import Sequence
 import kconfiglib
 
 from ..errors import ConfigError
-from ..fileio import copy_file, write_atomic, write_target
+from ..fileio import MISSING, copy_file, what_is, write_atomic, write_target
 from ..redact import escaped, secret_name, shown
 from ..resources import data_root
 
@@ -41,7 +41,8 @@ def require_config_file(path: Path) -> None:
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not a config file: name a file")
     if not path.exists():
-        raise ConfigError(f"{path}: no such file")
+        kind = what_is(path)
+        raise ConfigError(f"{path}: no such file" if kind == MISSING else f"{path} is {kind}: name a config file")
     if not path.is_file():
         raise ConfigError(f"{path} is not a regular file: name a config file")
     data = path.read_bytes()

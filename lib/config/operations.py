@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 import kconfiglib
 
 from ..errors import ConfigError
-from ..fileio import copy_file, refuse_link
+from ..fileio import copy_file, refuse_link, what_is
 from ..redact import shown
 from .kconfig import ROOT, assignment_line, load_strict, new_kconfig, require_config_file, write_config
 from .typed import Config, typed_config
@@ -28,6 +28,9 @@ DEFAULT_DEFCONFIG = "lenet5"
 def config_path() -> Path:
     """The .config in use: $KCONFIG_CONFIG as in the kernel, else ./.config."""
     path = Path(env_text("KCONFIG_CONFIG") or ".config")
+    if (kind := what_is(path)) is not None and kind.startswith("a symbolic link that loops"):
+        # exists() says False of it: a command would plan the default defconfig, or write through it
+        raise ConfigError(f"KCONFIG_CONFIG={path} is {kind}: point it at a config file, or remove it")
     if path.is_dir():  # refused before any command reads it, or moves the directory aside to write it
         raise ConfigError(f"KCONFIG_CONFIG={path} is a directory, not a config file: name a file in it, "
                           f"e.g. KCONFIG_CONFIG={path / '.config'}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import DataError
+from ..fileio import MISSING, what_is
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 PIECE_BYTES = 4 << 20  # text per piece: one shard of tokens, the unit a resume repeats at most
@@ -91,6 +92,9 @@ def find_sources(corpus: str | None) -> list[Source]:
         if _kind(path) is None:
             raise DataError(f"CORPUS={corpus} is not {what}")
         paths = [path]
+    elif (kind := what_is(path)) not in (None, MISSING):  # a FIFO, a looping link: not "does not exist"
+        reads = "" if kind.startswith("a symbolic link") else ": kfit reads only regular files"
+        raise DataError(f"CORPUS={corpus} is {kind}{reads}; name {what}")
     else:
         raise DataError(f"CORPUS={corpus} does not exist: name {what}")
     if not paths:

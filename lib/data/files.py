@@ -5,6 +5,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import DataError
+from ..fileio import MISSING, what_is
 
 
 def data_directory(data_dir: str | None, holding: str) -> Path:
@@ -13,8 +14,11 @@ def data_directory(data_dir: str | None, holding: str) -> Path:
     if not data_dir:
         raise DataError(f"no data directory given: {fix}")
     path = Path(data_dir).expanduser()
-    if not path.exists():
+    kind = what_is(path)
+    if kind == MISSING:
         raise DataError(f"data directory {path} does not exist: {fix}")
+    if kind is not None:  # a looping or dangling link, a FIFO: what it is, not "does not exist"
+        raise DataError(f"data directory {path} is {kind}; {fix}")
     if not path.is_dir():
         raise DataError(f"data directory {path} is not a directory: {fix}")
     if not any(path.iterdir()):
