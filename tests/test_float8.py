@@ -22,7 +22,7 @@ def gpt2():
     return kc.defconfig_config("gpt2")
 
 
-@pytest.mark.parametrize("gpu", ["h100", "l4", "b200"])
+@pytest.mark.parametrize("gpu", ["h100", "l4", pytest.param("b200", marks=pytest.mark.slow)])  # b200: 16 s, as h100
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_is_planned_where_there_are_float8_tensor_cores_and_predicted_by_its_matmuls_and_casts(gpt2, gpu, recipe):
     hardware = resolve_hardware(gpu=gpu)

@@ -374,7 +374,8 @@ def test_a_write_with_a_mode_has_that_mode_whatever_it_replaces(before, mode, tm
     assert stat.S_IMODE(path.stat().st_mode) == mode and seen[0] & 0o077 == 0  # private while it is written
 
 
-@settings(max_examples=5, deadline=None)  # a kfit process each
+@pytest.mark.slow  # a kfit process each: 14 s of the quick tier
+@settings(max_examples=5, deadline=None)
 @given(before=st.text(alphabet="abc xyz", max_size=10), byte=st.integers(0x80, 0xff))
 def test_a_prompt_that_is_not_utf8_is_one_error_line(before, byte):
     """PROMPT= holding a byte that is not UTF-8 (os.environ keeps it as a lone surrogate): one error line naming
