@@ -107,6 +107,9 @@ def run_case(ctx: Context, case: Case) -> dict:
            "predicted_peak_mib": round(plan.predicted_peak_bytes / 2**20, 1),
            "measured_reserved_mib": round(reserved / 2**20, 1), "measured_allocated_mib": round(allocated / 2**20, 1),
            "memory_error": error(plan.predicted_peak_bytes, reserved),
+           # the whole run's peak may be its evaluation's: the plan predicts that apart
+           "predicted_eval_peak_mib": plan.eval_predicted_peak_bytes and round(plan.eval_predicted_peak_bytes / 2**20, 1),
+           "run_memory_error": error(max(plan.predicted_peak_bytes, plan.eval_predicted_peak_bytes or 0), reserved),
            "steps_reserved_mib": steps.get("reserved") and round(steps["reserved"] / 2**20, 1),
            "steps_allocated_mib": steps.get("allocated") and round(steps["allocated"] / 2**20, 1),
            "steps_memory_error": steps.get("reserved") and error(plan.predicted_peak_bytes, steps["reserved"]),
