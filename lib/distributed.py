@@ -51,10 +51,27 @@ class Rank:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
+    tensor: int = 1  # processes per tensor-parallel group (CONFIG_TP): consecutive ranks, the same samples
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """Which data-parallel group this process belongs to: which slice of every window it trains on."""
+        return self.rank // self.tensor
+
+    @property
+    def data_world(self) -> int:
+        """The data-parallel groups: how many slices a window is cut into."""
+        return self.world_size // self.tensor
+
+    @property
+    def counts(self) -> bool:
+        """Whether this rank's loss sums count in the sums over ranks: one rank per tensor-parallel group, whose
+        processes all computed the same loss on the same samples."""
+        return self.rank % self.tensor == 0
 
     @property
     def active(self) -> bool:

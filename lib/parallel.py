@@ -7,6 +7,11 @@
     hsdp           a 2-D mesh (machines x processes per machine): sharded within a machine,
                    replicated across machines
 
+Tensor parallelism (CONFIG_TP) adds a last mesh dimension, "tp", of that many consecutive ranks: DTensor's
+parallelize_module splits each block's matrix multiplies over it (`tensor_parallelize`, with the plan the
+model itself states: `tensor_parallel_plan()`), and the strategy above applies over the rest of the mesh, the
+data-parallel groups, as torchtitan composes them.
+
 `shard_model` is used by both the trainer and the memory tracer
 (lib/memory/sharded.py), so what is predicted is what runs: fully_shard on
 every unit `shard_units` finds (transformer blocks, residual stages), then on
@@ -52,8 +57,11 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
             if isinstance(child, nn.Sequential) and any(True for _ in child.parameters())]
 
 
-def mesh_shape(strategy: str, world_size: int, local_world_size: int) -> tuple[int, ...]:
-    """The device mesh: 1-D over every process, or (replicas, shard) for HSDP."""
+def mesh_shape(strategy: str, world_size: int, local_world_size: int, tensor: int = 1) -> tuple[int, ...]:
+    """The device mesh: 1-D over every process, or (replicas, shard) for HSDP; with `tensor` > 1 processes
+    per tensor-parallel group, the data-parallel shape over world_size / tensor, then the group."""
+    if tensor > 1:
+        return (*mesh_shape(strategy, world_size // tensor, max(1, local_world_size // tensor)), tensor)
     if strategy == "hsdp" and 1 < local_world_size < world_size and world_size % local_world_size == 0:
         return (world_size // local_world_size, local_world_size)
     if strategy == "hsdp":
@@ -61,12 +69,63 @@ def mesh_shape(strategy: str, world_size: int, local_world_size: int) -> tuple[i
     return (world_size,)
 
 
-def make_mesh(device_type: str, strategy: str, world_size: int, local_world_size: int) -> "DeviceMesh":
+def make_mesh(device_type: str, strategy: str, world_size: int, local_world_size: int,
+              tensor: int = 1) -> "DeviceMesh":
+    """The whole mesh: dimensions "shard" (or "replicate", "shard" for HSDP), then "tp" with `tensor` > 1."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = mesh_shape(strategy, world_size, local_world_size)
-    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    shape = mesh_shape(strategy, world_size, local_world_size, tensor)
+    data = len(shape) - (tensor > 1)
+    names = ("replicate", "shard")[2 - data:] + (("tp",) if tensor > 1 else ())
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def data_mesh(mesh: "DeviceMesh") -> "DeviceMesh":
+    """The part of `mesh` the data-parallel strategy shards and replicates over (all of it without "tp")."""
+    names = mesh.mesh_dim_names or ()
+    if "tp" not in names:
+        return mesh
+    rest = tuple(n for n in names if n != "tp")
+    return mesh[rest if len(rest) > 1 else rest[0]]
+
+
+def tensor_parallelize(model: nn.Module, mesh: "DeviceMesh") -> nn.Module:
+    """Split the model's matrix multiplies over the mesh's "tp" dimension (in place), with the plans the
+    model states: `model.tensor_parallel_plan()` -> (each block's plan, the root's plan), parallelize_module's
+    dictionaries of submodule name -> ParallelStyle. Before fully_shard, which then shards the DTensors over
+    the data-parallel dimensions; before the optimizer and compile."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plans = getattr(model, "tensor_parallel_plan", None)
+    if plans is None:
+        raise ValueError(f"{type(model).__name__} states no tensor_parallel_plan(): it cannot be split with TP")
+    block_plan, root_plan = plans()
+    tp = mesh["tp"]
+    tied = _tied_parameters(model)
+    for unit in shard_units(model):
+        parallelize_module(unit, tp, block_plan)
+    parallelize_module(model, tp, root_plan)
+    for places in tied:  # each style replaced the shared parameter with its own DTensor: one again
+        first_module, first_name = places[0]
+        shared = getattr(first_module, first_name)
+        for module, name in places[1:]:
+            mine = getattr(module, name)
+            if getattr(mine, "placements", None) != getattr(shared, "placements", None):
+                raise ValueError(f"the tied parameters {first_name} and {name} are split differently by the "
+                                 f"tensor-parallel plan ({getattr(shared, 'placements', None)} against "
+                                 f"{getattr(mine, 'placements', None)}): they cannot stay one parameter")
+            setattr(module, name, shared)
+    return model
+
+
+def _tied_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Every parameter held under more than one name (an output layer tied to the embedding): the (module,
+    attribute) places of each."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            places.setdefault(id(parameter), []).append((module, name))
+    return [where for where in places.values() if len(where) > 1]
 
 
 def mixed_precision(precision: str):
@@ -86,7 +145,7 @@ def shard_model(model: nn.Module, strategy: str, mesh: "DeviceMesh", *, precisio
     the optimizer is made: fully_shard replaces the parameters with sharded DTensors."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    kwargs = {"mesh": mesh, "reshard_after_forward": strategy != "fsdp_grad_op"}
+    kwargs = {"mesh": data_mesh(mesh), "reshard_after_forward": strategy != "fsdp_grad_op"}
     policy = mixed_precision(precision)
     if policy is not None:
         kwargs["mp_policy"] = policy

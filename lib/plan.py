@@ -67,6 +67,9 @@ class Plan:
     cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy (CUDA only)
     prefetch_factor: int = 0  # batches each loader worker prepares ahead (0: torch's default, 2; unused without workers)
     float8: str | None = None  # torchao's float8 recipe for the linear layers (lib/float8.py); None: off
+    # processes per tensor-parallel group (CONFIG_TP): they split each block and see the same samples, so the
+    # batch is shared by world_size / tensor_parallel data-parallel groups (`data_parallel`)
+    tensor_parallel: int = 1
     # The memory planner's prediction (None under the tier policy and in MANUAL mode).
     max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
     predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included
@@ -88,7 +91,13 @@ class Plan:
     def split(self) -> BatchSplit:
         """How a step's effective batch runs as micro-batches over the processes (lib.units.batch_split): its
         text() and compact() are what every line showing the micro-batch and accumulation prints."""
-        return batch_split(self.effective_batch, self.micro_batch, self.world_size)
+        return batch_split(self.effective_batch, self.micro_batch, self.data_parallel)
+
+    @property
+    def data_parallel(self) -> int:
+        """The data-parallel groups the effective batch is shared by: every process, but one per tensor-parallel
+        group."""
+        return self.world_size // self.tensor_parallel
 
     @property
     def last_micro_batch(self) -> int:

@@ -74,7 +74,7 @@ def recommendations(config: kconfig.Config, hardware: HardwareProfile, plan: Pla
     if plan.device_type == "cuda" and plan.precision == "fp32" and gpu.supports_bf16:
         advice.append(f"{gpu.name} supports bfloat16: CONFIG_PRECISION_AUTO (or _BF16) halves activation memory")
     if plan.policy == "planner":
-        share_per_process = -(-plan.effective_batch // plan.world_size)
+        share_per_process = -(-plan.effective_batch // plan.data_parallel)
         capped = (plan.max_micro_batch or share_per_process) < share_per_process
         if capped and not plan.gradient_checkpointing and can_checkpoint(config):
             advice.append(f"memory caps the micro-batch at {plan.max_micro_batch}: CONFIG_GRADIENT_CHECKPOINTING=y "

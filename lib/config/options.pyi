@@ -376,6 +376,14 @@ class Options:
     """CONFIG_FSDP_CPU_OFFLOAD: FSDP2's CPUOffloadPolicy: sharded parameters and gradients live in host memory and
     the optimizer steps there; a GPU holds only the parameters being gathered, activations and scratch. Much
     slower (every step crosses PCIe); for models that do not fit even sharded. Ignored on a CPU."""
+    tp: int | None
+    """CONFIG_TP: How many processes split each transformer block's matrix multiplies between them (DTensor's
+    parallelize_module: the attention's and the MLP's projections column- then row-wise, the norms sequence-
+    parallel). The processes of one tensor-parallel group see the same samples; the data-parallel strategy above
+    applies across the groups, so processes / TP replicas (or FSDP shards) share the batch and the effective
+    batch stays as set. Keep a group within one machine: it communicates in every block. Needs a family with a
+    tensor-parallel plan (Llama), a degree that divides the processes and the attention's key/value heads, and
+    FSDP (not DDP) where there are several groups. On the command line: make train GPUS=4 TP=2."""
     net_gbps: int | None
     """CONFIG_NET_GBPS: The bandwidth each GPU has to other machines, in GB/s in one direction, for the time of
     collectives when a run spans machines: a 400 Gb/s InfiniBand or RoCE port per GPU is 50, a 200 Gb/s one 25.

@@ -52,6 +52,17 @@ def rotary(T: int, head_dim: int, theta: float, device: torch.device) -> tuple[t
     return angles.cos(), angles.sin()
 
 
+def tensor_parallel_problem(config: LlamaConfig, degree: int, block_size: int) -> str | None:
+    """Why `degree` processes cannot split this Llama with Llama.tensor_parallel_plan(), or None: each takes
+    whole query and key/value heads, an equal slice of the hidden units, and of the sequence between blocks."""
+    for what, count in (("key/value heads", config.n_kv_head), ("attention heads", config.n_head),
+                        ("MLP hidden units", config.hidden_dim), ("tokens of context (CONFIG_LLAMA_BLOCK_SIZE)",
+                                                                   block_size)):
+        if count % degree:
+            return f"its {count} {what} do not divide into {degree} equal parts"
+    return None
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (B, H, T, D) by position: the halves (x1, x2) of each head as Llama's rotate_half pairs them."""
     x1, x2 = x.float().chunk(2, dim=-1)
@@ -69,12 +80,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class SwiGLU(nn.Module):
@@ -124,6 +135,36 @@ class Llama(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def tensor_parallel_plan() -> tuple[dict, dict]:
+        """(each block's plan, the root's) for DTensor's parallelize_module (lib/parallel.py), as Megatron-LM
+        and torchtitan split a Llama: q/k/v and gate/up column-wise (each process computes whole heads and a
+        slice of the hidden units), o and down row-wise (their partial sums reduce-scattered back to a
+        sequence shard), the norms sequence-parallel (each process normalises its slice of the tokens), the
+        embedding row-wise over the vocabulary and the output layer column-wise, gathered to whole logits for
+        the loss. The residual stream between blocks stays sharded along the sequence."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                       SequenceParallel)
+
+        block = {
+            "attn_norm": SequenceParallel(),
+            "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                       desired_input_layouts=(Replicate(), None, None)),
+            "attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel(),
+            "attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp_norm": SequenceParallel(),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        root = {
+            "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        }
+        return block, root
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

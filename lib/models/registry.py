@@ -43,6 +43,9 @@ class ModelSpec:
     title: str | None = None  # how messages name the family ("GPT-2"); None: its name
     # the defconfig a script's apply_hyperparams(model_type=<name>) starts from; None: the defconfig of its name
     defconfig: str | None = None
+    # whether CONFIG_TP=N can split the model: (config, N) -> why not, or None; None: the family states no
+    # tensor-parallel plan (its module's tensor_parallel_plan(), which lib/parallel.py applies)
+    tensor_parallel: "Callable[[Config, int], str | None] | None" = None
 
     @property
     def text(self) -> bool:
@@ -132,6 +135,12 @@ def llama_shape(config: "Config"):
     dim, n_layer, n_head, n_kv_head, hidden_dim = config.llama_dims
     return LlamaConfig(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, hidden_dim=hidden_dim,
                        rope_theta=config.llama_rope_theta or 500000.0)
+
+
+def _llama_tensor_parallel(config: "Config", degree: int) -> str | None:
+    from .llama import tensor_parallel_problem
+
+    return tensor_parallel_problem(llama_shape(config), degree, config.llama_block_size)
 
 
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
@@ -231,7 +240,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
               preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
-              title="Llama", defconfig="llama-tiny"),
+              title="Llama", defconfig="llama-tiny", tensor_parallel=_llama_tensor_parallel),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key,
               defconfig="custom-transformer"),

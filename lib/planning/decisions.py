@@ -94,6 +94,42 @@ def decide_float8(config: Config, device_type: str, gpu: GPUInfo | None) -> tupl
                            "float8 tensor cores; the linear layers' matrix multiplies run in float8")
 
 
+def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float8: str | None,
+                           cpu_offload: bool) -> tuple[int, str]:
+    """Processes per tensor-parallel group (CONFIG_TP) and why; a degree this run cannot use is a PlanError
+    naming the setting and what would do."""
+    from ..models.registry import spec_for
+
+    degree = config.tensor_parallel or 1
+    if degree == 1:
+        return 1, "CONFIG_TP=1: each process holds whole blocks"
+    symbol = f"CONFIG_TP={degree}"
+    per_machine = world_size // nodes
+    if per_machine % degree:
+        raise PlanError(f"{symbol} needs groups of {degree} processes within one machine, but this run has "
+                        f"{per_machine} per machine: set GPUS= (or CONFIG_NPROC) to a multiple of {degree}, or a "
+                        "smaller CONFIG_TP")
+    check = spec_for(config.model).tensor_parallel
+    if check is None:
+        raise PlanError(f"{symbol}: {spec_for(config.model).title or config.model} states no tensor-parallel "
+                        "plan (Llama does): set CONFIG_TP=1")
+    problem = check(config, degree)
+    if problem:
+        raise PlanError(f"{symbol} cannot split this model: {problem}; set a CONFIG_TP that divides them")
+    if world_size > degree and config.parallel_strategy == "ddp":
+        raise PlanError(f"{symbol} with CONFIG_PARALLEL_DDP: DDP cannot replicate tensor-parallel blocks; set "
+                        "CONFIG_PARALLEL_FSDP (or AUTO) to share the batch across the groups")
+    if float8:
+        raise PlanError(f"{symbol} with CONFIG_FLOAT8_{float8.upper()}: float8 linear layers are not yet split "
+                        "with tensor parallelism; set CONFIG_FLOAT8_OFF or CONFIG_TP=1")
+    if cpu_offload:
+        raise PlanError(f"{symbol} with CONFIG_FSDP_CPU_OFFLOAD: offloading tensor-parallel shards is not "
+                        "supported; set CONFIG_FSDP_CPU_OFFLOAD=n or CONFIG_TP=1")
+    groups = world_size // degree
+    return degree, (f"{symbol}: {world_size} processes as {groups} data-parallel group(s) of {degree}, each "
+                    "splitting every block's matrix multiplies and seeing the same samples")
+
+
 def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool, str]:
     if config.tf32 == "auto":
         tf32 = bool(on_gpu and gpu.supports_tf32)

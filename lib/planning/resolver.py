@@ -24,13 +24,14 @@ import dataclasses
 from ..config import Config
 from ..errors import NoFitError, PlanError
 from ..hardware import HardwareProfile
-from ..parallel import is_sharded
+from ..parallel import LABELS, is_sharded
 from ..plan import BatchChoice, BatchPolicy, ModelDescription, Plan
 from ..threads import decide_cpu_threads, decide_loader_workers, decide_prefetch, using_threads
 from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
-                        decide_float8, decide_gradient_sync, decide_precision, decide_tf32)
+                        decide_float8, decide_gradient_sync, decide_precision, decide_tensor_parallel,
+                        decide_tf32)
 from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
 from .throughput import choose_fastest, with_predictions
@@ -102,9 +103,16 @@ def _resolve(request: PlanRequest) -> Plan:
     float8, reasons["float8"] = decide_float8(config, device_type, gpu)
     compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
     tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
+    offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
+    tensor, reasons["tensor_parallel"] = decide_tensor_parallel(config, world_size, nodes, float8=float8,
+                                                                cpu_offload=offload)
+    processes = world_size
+    # From here on the world is the data-parallel groups: they share the batch, and the strategy spans them
+    # (a tensor-parallel group's processes see the same samples). The plan counts every process again.
+    world_size //= tensor
     idle = hardware.cpu.idle_cores  # step timings taken while planning run at the threads training will
     # the processes that share one machine's cores: a 16-machine run's 8 per machine, not its 128
-    local = world_size // nodes
+    local = processes // nodes
     cpu_threads, reasons["cpu_threads"] = decide_cpu_threads(config, device_type, hardware, local,
                                                              idle_cores=idle,
                                                              omp_threads=request.settings.omp_threads)
@@ -114,7 +122,7 @@ def _resolve(request: PlanRequest) -> Plan:
         notes.append(prefetch_note)
     timing_threads = cpu_threads if device_type == "cpu" else None
 
-    per_machine = world_size // nodes
+    per_machine = processes // nodes
     if device_type == "cuda" and per_machine > hardware.identical_gpu_count and hardware.identical_gpu_count:
         notes.append(f"{per_machine} processes per machine but only {hardware.identical_gpu_count} identical GPU(s): "
                      "processes will share GPUs or use different models")
@@ -124,12 +132,11 @@ def _resolve(request: PlanRequest) -> Plan:
     checkpointing = config.gradient_checkpointing
     speed_model = None
     alternatives: tuple = ()  # the runner-up splits (AUTO with step-time prediction)
-    offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
     if config.hyperparam_mode == "manual":
-        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes)
+        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes, tensor)
         strategy = options[0]
         if len(options) > 1:
-            reasons["strategy"] = "AUTO without the memory planner (MANUAL batch): DDP"
+            reasons["strategy"] = f"AUTO without the memory planner (MANUAL batch): {LABELS[strategy]}"
         micro, accum = config.batch_size, config.gradient_accumulation
         target = None
         policy_name = "manual"
@@ -156,7 +163,7 @@ def _resolve(request: PlanRequest) -> Plan:
 
         def speed(strategy: str, choice: BatchChoice):
             """The memory planner: the fastest micro-batch that fits under `strategy`, with its samples/s."""
-            if choice.predict is None or target % world_size:
+            if choice.predict is None or target % world_size or tensor > 1:  # TP's step time: not predicted yet
                 return None
             try:
                 with using_threads(timing_threads):
@@ -172,7 +179,7 @@ def _resolve(request: PlanRequest) -> Plan:
 
         with using_threads(timing_threads):  # a CPU step is traced at the threads it will train with
             strategy, choice, fast, reasons["strategy"] = pick_strategy(
-                config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed)
+                config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed, tensor=tensor)
         cap, reasons["micro_batch"] = choice.max_micro, choice.reason
         if fast is not None:
             best, option, speed_model, why, alternatives = fast
@@ -206,13 +213,16 @@ def _resolve(request: PlanRequest) -> Plan:
     cudnn_benchmark, reasons["cudnn_benchmark"] = decide_cudnn_benchmark(config, on_gpu)
     if compile_on and device_type == "cpu":
         notes.append("torch.compile on a CPU was measured slower than eager for small models here")
+    if tensor > 1 and "predicted_peak_bytes" in memory:
+        notes.append(f"memory is predicted for processes holding whole blocks: the split over CONFIG_TP={tensor} "
+                     "is not traced yet, so the peak shown is higher than a process reaches")
     if hardware.on_battery:
         notes.append("running on battery: training will be slower and drain it; plug in for long runs")
 
     plan = Plan(
         mode=config.hyperparam_mode, policy=policy_name, device_type=device_type, accelerator=(
             hardware.accelerator if device_type != "cpu" else "cpu"),
-        device_name=gpu.name if gpu else hardware.cpu.name, world_size=world_size,
+        device_name=gpu.name if gpu else hardware.cpu.name, world_size=processes, tensor_parallel=tensor,
         micro_batch=micro, grad_accum=accum, effective_batch=effective, target_effective_batch=target,
         eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,

@@ -30,11 +30,14 @@ AUTO_ORDER = ("ddp", "fsdp_grad_op", "fsdp", "hsdp")
 Speed = Callable[[str, BatchChoice], "tuple[float, object] | None"]
 
 
-def candidates(config: Config, world_size: int, nodes: int) -> tuple[tuple[str, ...], str]:
-    """The strategies to consider, in order, and why."""
+def candidates(config: Config, world_size: int, nodes: int, tensor: int = 1) -> tuple[tuple[str, ...], str]:
+    """The strategies to consider over `world_size` data-parallel groups, in order, and why. Tensor-parallel
+    groups (`tensor` > 1) hold DTensors, which only FSDP shards across them (decisions.decide_tensor_parallel
+    refuses DDP)."""
     configured = config.parallel_strategy or "auto"
     if world_size == 1:
-        why = "one process: nothing to share"
+        why = (f"one tensor-parallel group of {tensor} processes: no other to share the batch with" if tensor > 1
+               else "one process: nothing to share")
         if configured in SHARDED:
             why += (f" ({SYMBOLS[configured]} applies with several; this run's checkpoints resume under it, "
                     "and it resumes theirs)")
@@ -44,14 +47,16 @@ def candidates(config: Config, world_size: int, nodes: int) -> tuple[tuple[str, 
         if configured == "hsdp" and nodes == 1:
             why += ": on one machine HSDP shards over every process, as FSDP full shard does"
         return (configured,), why
-    return tuple(s for s in AUTO_ORDER if s != "hsdp" or nodes > 1), "AUTO"
+    options = tuple(s for s in AUTO_ORDER if (s != "hsdp" or nodes > 1) and (s != "ddp" or tensor == 1))
+    return options, "AUTO" + (": FSDP across the tensor-parallel groups (DDP cannot replicate them)" if tensor > 1
+                              else "")
 
 
 def pick(config: Config, policy: BatchPolicy, choose: ChooseArgs, *, world_size: int, nodes: int, target: int,
-         speed: Speed) -> tuple[str, BatchChoice, object, str]:
+         speed: Speed, tensor: int = 1) -> tuple[str, BatchChoice, object, str]:
     """(strategy, its batch choice, its choose_fastest result or None, why). Raises PlanError when no
     candidate fits."""
-    options, why = candidates(config, world_size, nodes)
+    options, why = candidates(config, world_size, nodes, tensor)
     share = math.ceil(target / world_size)
     if len(options) == 1:
         strategy = options[0]

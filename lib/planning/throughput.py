@@ -129,8 +129,9 @@ def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, spee
     except Exception as err:  # noqa: BLE001 - a step-time failure must not stop planning
         return dataclasses.replace(plan, notes=(*plan.notes, f"step time not predicted ({type(err).__name__}: {err})"))
     if speed_model is None:
-        why = (f"unknown: no speed figures for {plan.device_name} (lib/hardware/catalog.py lists the GPUs "
-               "kfit knows)")
+        why = ("unknown: tensor-parallel steps (CONFIG_TP > 1) are not timed by the step-time model yet"
+               if plan.tensor_parallel > 1 else f"unknown: no speed figures for {plan.device_name} "
+               "(lib/hardware/catalog.py lists the GPUs kfit knows)")
         return dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why})
     fields, why = plan_predictions(config, plan, speed_model)
     planned = dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields,

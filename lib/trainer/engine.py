@@ -49,15 +49,23 @@ class Engine:
         self.parameters = count_parameters(self.model)
         self.trainable_parameters = trainable_parameters(self.model)  # CONFIG_FREEZE's are not
         self.checkpointing = checkpointing_for(config, self.model)  # how it recomputes, None where it cannot
-        self.sharded = parallel.is_sharded(plan.strategy) and rank.active
+        self.fsdp = parallel.is_sharded(plan.strategy) and rank.data_world > 1  # fully_shard applied
+        # parameters are DTensors spread over the ranks (FSDP, or CONFIG_TP's groups): every rank saves its part
+        # (DCP), and every rank runs as many forwards and backwards, whose collectives the others wait for
+        self.sharded = self.fsdp or rank.tensor > 1
         if plan.float8:  # before sharding (its all-gather may be in float8) and before compile
             from ..float8 import convert
 
-            convert(self.model, plan.float8, sharded=self.sharded)
-        if self.sharded:  # before the optimizer: fully_shard replaces the parameters
-            mesh = parallel.make_mesh(device.type, plan.strategy, rank.world_size, rank.local_world_size)
-            parallel.shard_model(self.model, plan.strategy, mesh, precision=plan.precision,
-                                 cpu_offload=plan.cpu_offload)
+            convert(self.model, plan.float8, sharded=self.fsdp)
+        # before the optimizer: parallelize_module and fully_shard replace the parameters with DTensors
+        if self.sharded:
+            mesh = parallel.make_mesh(device.type, plan.strategy, rank.world_size, rank.local_world_size,
+                                      rank.tensor)
+            if rank.tensor > 1:
+                parallel.tensor_parallelize(self.model, mesh)
+            if self.fsdp:
+                parallel.shard_model(self.model, plan.strategy, mesh, precision=plan.precision,
+                                     cpu_offload=plan.cpu_offload)
         self.optimizer = make_optimizer(config, self.model)
         self.scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.grad_scaler)
         self.inject = Injector()
@@ -70,7 +78,7 @@ class Engine:
     def wrap(self, plan: Plan) -> None:
         """DDP (several processes, not sharded) and torch.compile around the model: after restoring it."""
         module = self.model
-        if self.rank.active and not self.sharded:
+        if self.rank.data_world > 1 and not self.fsdp:
             from torch.nn.parallel import DistributedDataParallel
 
             # No buffer broadcast: it is a collective in every forward, and ranks may run different
@@ -99,7 +107,8 @@ class Engine:
     # -- one optimizer step ----------------------------------------------------
 
     def window_batches(self, window: list[int], micro_batch: int) -> list[tuple[list[int], float]]:
-        return rank_batches(window, self.rank.rank, self.rank.world_size, micro_batch, equal_counts=self.sharded)
+        return rank_batches(window, self.rank.data_rank, self.rank.data_world, micro_batch,
+                            equal_counts=self.sharded)
 
     def start_feed(self, windows: list[list[int]], first: int, plan: Plan, micro_batch: int) -> None:
         """Load this rank's micro-batches from window `first` on, at `micro_batch`: a stream's as its windows are
@@ -113,14 +122,14 @@ class Engine:
     def accumulate(self, window: list[int], step: int, plan: Plan, micro_batch: int) -> torch.Tensor:
         """Forward and backward over this rank's micro-batches; returns its sample-weighted loss sum."""
         batches = self.window_batches(window, micro_batch)
-        # DDP syncing on the last micro-batch and FSDP average over ranks: undo that mean.
-        grad_factor = self.rank.world_size if self.ddp_sync_last or self.sharded else 1
+        # DDP syncing on the last micro-batch and FSDP average over the data-parallel groups: undo that mean.
+        grad_factor = self.rank.data_world if self.ddp_sync_last or self.fsdp else 1
         total = None  # no zeros to add to: one micro-batch's loss sum is one tensor op
         for i, (indices, weight) in enumerate(batches):
             x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
             self.inject.check(len(indices), step + 1 if i == 0 else None)
             last = i == len(batches) - 1
-            if self.sharded:  # reduce-scatter in the last backward only, where memory allows (plan.gradient_sync)
+            if self.fsdp:  # reduce-scatter in the last backward only, where memory allows (plan.gradient_sync)
                 self.model.set_requires_gradient_sync(last or plan.gradient_sync == "micro_batch")
             sync = self.ddp is None or (self.ddp_sync_last and last)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
@@ -131,7 +140,9 @@ class Engine:
             if weight:
                 part = loss.detach() * len(indices)
                 total = part.float() if total is None else total + part
-        return torch.zeros((), device=self.device) if total is None else total
+        if total is None or not self.rank.counts:  # a tensor-parallel group's loss counts once in the sum
+            return torch.zeros((), device=self.device)
+        return total
 
     def update(self, step: int, total_steps: int) -> None:
         """The optimizer step after all ranks agreed the gradients are whole: summed where DDP did not, clipped

@@ -55,10 +55,10 @@ class Evaluator:
         model.eval()
         n = len(self.split)
         batches = [list(range(i, min(i + eval_batch, n))) for i in range(0, n, eval_batch)]
-        mine = batches[self.rank.rank::self.rank.world_size]
+        mine = batches[self.rank.data_rank::self.rank.data_world]
         spare = 0  # forwards whose outputs are dropped: as many on every rank as the busiest one's
         if self.lockstep and self.rank.active:
-            spare = -(-len(batches) // self.rank.world_size) - len(mine)
+            spare = -(-len(batches) // self.rank.data_world) - len(mine)
         running = self.metrics.fresh(self.device)
         loss_sum = 0.0
         for i, (x, y) in enumerate(loader(self.split, mine + batches[:1] * spare, plan)):
@@ -74,7 +74,8 @@ class Evaluator:
                     else outputs
                 for metric in running.values():
                     metric.update(seen, y)
-        loss_sum, = distributed.all_sum([loss_sum], self.device)
+        # a tensor-parallel group's processes computed the same loss on the same samples: counted once
+        loss_sum, = distributed.all_sum([loss_sum if self.rank.counts else 0.0], self.device)
         return self.metrics.finish(running, loss_sum / n)
 
 

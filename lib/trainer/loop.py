@@ -25,6 +25,7 @@ from its last checkpoint (mark_oom).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import time
@@ -89,7 +90,8 @@ class Trainer:
         resume.resume_point); init_from: weights a new run starts from (INIT_FROM, initial.py)."""
         tracking.check(config.tracking)  # a missing tracker package stops the run before its directory exists
         not_both(resume, init_from)
-        self.rank = distributed.current() if torch.distributed.is_initialized() else distributed.SINGLE
+        rank = distributed.current() if torch.distributed.is_initialized() else distributed.SINGLE
+        self.rank = dataclasses.replace(rank, tensor=plan.tensor_parallel) if rank.active else rank
         self.config, self.hardware = config, hardware
         self.log = log if self.rank.is_main else (lambda line: None)
         if self.rank.is_main:
@@ -105,7 +107,7 @@ class Trainer:
         self.directory, resume, chosen = RunDirectory.claim(config, self.rank, run_dir, resume, self.log)
         self.train_split, self.eval_split, self.info = self.task.train, self.task.eval, self.task.info
         self.monitor: Monitor | None = None
-        self.recovery = Recovery(config, plan, hardware, self.rank.world_size,
+        self.recovery = Recovery(config, plan, hardware, self.rank.data_world,
                                  can_checkpoint=lambda: self.engine.can_checkpoint, apply=self.follow,
                                  event=self.event, log=self.log)
         # a relaunch after out-of-memory under FSDP: its rungs shape the model and its shards (a marker that is
@@ -196,10 +198,10 @@ class Trainer:
                 self.monitor.event(kind, message, **data)
             if self.resumed_from is not None:
                 # a checkpoint of fewer processes holds a larger micro-batch than this run's share of a window
-                micro = min(p.micro_batch, math.ceil(p.window_size / self.rank.world_size))
+                micro = min(p.micro_batch, math.ceil(p.window_size / self.rank.data_world))
                 self.monitor.event("resume", f"Resuming {self.run_dir} from step {p.step} ({self.resumed_from.name}, "
                                    f"epoch {p.epoch + 1}, micro-batch {micro}"
-                                   + (" per process)" if self.rank.world_size > 1 else ")"),
+                                   + (" per process)" if self.rank.data_world > 1 else ")"),
                                    path=str(self.resumed_from))
             try:
                 while p.epoch < config.epochs and stop_reason == "epochs" and p.step < self.total_steps:
@@ -240,7 +242,7 @@ class Trainer:
         """The rest of the current epoch, window by window. Returns "epochs" when the epoch ended, else why
         training stops ("max_steps", "time_limit", "early_stop"); raises TrainingInterrupted on SIGTERM or SIGINT."""
         config, p = self.config, self.progress
-        windows = epoch_windows(self.train_split, p, config.seed, self.rank.rank, self.rank.world_size)
+        windows = epoch_windows(self.train_split, p, config.seed, self.rank.data_rank, self.rank.data_world)
         self.engine.feed = None
         while p.window < len(windows):
             started = time.perf_counter()
