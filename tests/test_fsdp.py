@@ -60,7 +60,7 @@ def write_config(directory: Path, extra: str = "", steps: int = STEPS) -> Path:
 
 def env_for(config: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("GPUS", "WORLD_SIZE", "RANK", "LOCAL_RANK", "RESUME",
-                                                             "KFIT_INJECT_OOM", "NNODES")}
+                                                             "KFIT_INJECT_OOM", "NNODES", "TP")}
     return {**env, "KCONFIG_CONFIG": str(config), "OMP_NUM_THREADS": "1", **extra}
 
 
@@ -69,12 +69,15 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {line["step"]: line["loss"] for line in lines if "loss" in line}
 
 
-def train(directory: Path, config: Path, gpus: int, stop_after: int | None = None) -> subprocess.CompletedProcess:
-    """`kfit train` with GPUS=gpus in `directory`; with stop_after, SIGTERM once that many steps are logged."""
+def train(directory: Path, config: Path, gpus: int, stop_after: int | None = None,
+          args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`kfit train` (and `args`) with GPUS=gpus in `directory`; with stop_after, SIGTERM once that many steps
+    are logged."""
     env = env_for(config, GPUS=str(gpus))
     if stop_after is None:
-        return subprocess.run(KFIT + ["train"], cwd=directory, env=env, capture_output=True, text=True, timeout=300)
-    proc = subprocess.Popen(KFIT + ["train"], cwd=directory, env=env, stdout=subprocess.PIPE,
+        return subprocess.run(KFIT + ["train", *args], cwd=directory, env=env, capture_output=True, text=True,
+                              timeout=300)
+    proc = subprocess.Popen(KFIT + ["train", *args], cwd=directory, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:

@@ -1,0 +1,174 @@
+"""Tensor parallelism (CONFIG_TP): the mesh, the plan's refusals, how a window is cut by data-parallel group,
+and real gloo runs on this CPU: TP 2 with 2 processes and TP 2 x FSDP 2 with 4 train as one process does,
+and a TP run resumes on another layout through DCP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from lib import checkpoint, parallel
+from lib import config as kc
+from lib.distributed import Rank
+from lib.errors import PlanError
+from lib.export import export, load_exported
+from lib.hardware import resolve_hardware
+from lib.planning import make_plan
+from lib.trainer.windows import rank_batches
+from tests.helpers import CPU
+from tests.test_fsdp import losses, train
+
+STEPS = 6
+
+# llama-tiny (4 heads, 2 key/value heads, 384 hidden units, 128 tokens, tied embeddings): 16 samples a step
+COMMON = ("CONFIG_DEVICE_CPU=y\nCONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_LOG_INTERVAL=1\nCONFIG_EVAL_INTERVAL=1000\n"
+          "CONFIG_OUTPUT_DIR=\"runs\"\nCONFIG_GRAD_CLIP=\"1.0\"\nCONFIG_COMPILE_MANUAL=y\n# CONFIG_COMPILE_MODEL is not set\n"
+          "CONFIG_CHECKPOINT_INTERVAL_STEPS=y\nCONFIG_CHECKPOINT_EVERY_STEPS=2\nCONFIG_CHECKPOINT_KEEP=2\n")
+
+
+def llama_config(directory: Path, extra: str = "", steps: int = STEPS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "fragment").write_text(COMMON + f"CONFIG_MAX_STEPS={steps}\n" + extra)
+    kc.make_defconfig("llama-tiny", [str(directory / "fragment")], out=directory / ".config")
+    return directory / ".config"
+
+
+# --------------------------------------------------------------------------
+# The mesh and the cut of a window
+
+
+def test_the_mesh_puts_tensor_parallel_groups_last_and_fsdp_over_the_rest():
+    assert parallel.mesh_shape("none", 2, 2, tensor=2) == (1, 2)
+    assert parallel.mesh_shape("fsdp", 4, 4, tensor=2) == (2, 2)
+    assert parallel.mesh_shape("hsdp", 16, 8, tensor=2) == (2, 4, 2)  # machines x groups per machine x TP
+    assert parallel.mesh_shape("fsdp", 8, 8) == (8,)  # no TP: as before
+
+
+@settings(max_examples=200, deadline=None)
+@given(groups=st.integers(1, 6), tensor=st.integers(1, 4), window=st.integers(1, 60), micro=st.integers(1, 9))
+def test_a_window_is_cut_by_data_parallel_group_and_each_group_sees_one_slice(groups, tensor, window, micro):
+    """Every process of a tensor-parallel group trains on the same samples; the groups' slices cover the window
+    once; and exactly one process per group counts its loss."""
+    world = groups * tensor
+    samples = list(range(100, 100 + window))
+    seen: dict[int, list[int]] = {}
+    counted = 0
+    for r in range(world):
+        rank = Rank(rank=r, world_size=world, local_world_size=world, tensor=tensor)
+        # a group with no samples runs weightless batches (so the collectives match): they count for nothing
+        mine = [i for indices, weight in rank_batches(samples, rank.data_rank, rank.data_world, micro,
+                                                      equal_counts=True) if weight for i in indices]
+        assert seen.setdefault(rank.data_rank, mine) == mine  # the same as the group's other processes
+        counted += rank.counts
+    assert sorted(i for slice_ in seen.values() for i in slice_) == samples
+    assert counted == groups
+
+
+# --------------------------------------------------------------------------
+# The plan
+
+
+def test_the_plan_shares_the_batch_by_data_parallel_groups(tmp_path):
+    config = kc.read_config(llama_config(tmp_path, "CONFIG_TP=2\n"))
+    plan = make_plan(config, CPU, world_size=4).plan
+    assert (plan.world_size, plan.tensor_parallel, plan.data_parallel) == (4, 2, 2)
+    assert plan.micro_batch * plan.grad_accum * plan.data_parallel == plan.effective_batch == 16
+    assert plan.strategy in parallel.SHARDED  # AUTO: FSDP across the groups, never DDP
+    assert "data-parallel group" in plan.reasons["tensor_parallel"]
+    alone = make_plan(config, CPU, world_size=2).plan
+    assert (alone.strategy, alone.data_parallel, alone.micro_batch * alone.grad_accum) == ("none", 1, 16)
+
+
+@pytest.mark.parametrize("extra, world, words", [
+    ("CONFIG_TP=3\n", 3, "key/value heads"),  # llama-tiny has 2
+    ("CONFIG_TP=2\n", 3, "within one machine"),
+    ("CONFIG_TP=2\nCONFIG_PARALLEL_DDP=y\n", 4, "CONFIG_PARALLEL_FSDP"),
+])
+def test_a_degree_this_run_cannot_use_is_one_line_naming_the_setting(tmp_path, extra, world, words):
+    config = kc.read_config(llama_config(tmp_path, extra))
+    with pytest.raises(PlanError) as err:
+        make_plan(config, CPU, world_size=world)
+    message = str(err.value)
+    assert "CONFIG_TP=" in message and words in message and "\n" not in message
+
+
+def test_gpt2_and_float8_are_refused_with_tp(tmp_path):
+    (tmp_path / "frag").write_text("CONFIG_DEVICE_CPU=y\nCONFIG_TP=2\n")
+    kc.make_defconfig("gpt2-tiny", [str(tmp_path / "frag")], out=tmp_path / "g")
+    with pytest.raises(PlanError, match="GPT-2 states no tensor-parallel plan"):
+        make_plan(kc.read_config(tmp_path / "g"), CPU, world_size=2)
+    h100 = resolve_hardware(gpu="h100", gpus=2)
+    (tmp_path / "f8").write_text("CONFIG_TP=2\nCONFIG_FLOAT8_TENSORWISE=y\nCONFIG_DEVICE_AUTO=y\n")
+    kc.make_defconfig("llama-tiny", [str(tmp_path / "f8")], out=tmp_path / "l")
+    with pytest.raises(PlanError, match="float8 linear layers are not yet split"):
+        make_plan(kc.read_config(tmp_path / "l"), h100, world_size=2)
+
+
+# --------------------------------------------------------------------------
+# Real runs: torchrun, gloo, on this CPU
+
+
+def losses_of(directory: Path) -> tuple[Path, dict[int, float]]:
+    [run_dir] = (directory / "runs").iterdir()
+    return run_dir, losses(run_dir)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """(losses by step, final weights) of one process taking the same 16 samples per step."""
+    directory = tmp_path_factory.mktemp("one")
+    done = train(directory, llama_config(directory), 1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, by_step = losses_of(directory)
+    return by_step, load_exported(export(run_dir, directory / "e"))
+
+
+def assert_like_one_process(run_dir: Path, one_process, out: Path) -> None:
+    reference, weights = one_process
+    got = losses(run_dir)
+    assert set(got) == set(reference)
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, abs=1e-4), step
+    exported = load_exported(export(run_dir, out))
+    for name, value in weights.items():
+        torch.testing.assert_close(exported[name], value, atol=2e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+def test_tp2_on_two_processes_trains_as_one_process_does(tmp_path, one_process):
+    done = train(tmp_path, llama_config(tmp_path), 2, args=("--set", "TP=2"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, _ = losses_of(tmp_path)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["tensor_parallel"], plan["strategy"]) == (2, "none")
+    assert (run_dir / checkpoint.FINAL_SHARDED / "__1_0.distcp").is_file()  # each rank saved its part (DCP)
+    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+
+
+@pytest.mark.slow
+def test_tp2_by_fsdp2_on_four_processes_trains_as_one_process_does(tmp_path, one_process):
+    done = train(tmp_path, llama_config(tmp_path), 4, args=("--set", "TP=2", "--set", "PARALLEL_FSDP=y"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, _ = losses_of(tmp_path)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["world_size"], plan["tensor_parallel"], plan["strategy"]) == (4, 2, "fsdp")
+    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+
+
+@pytest.mark.slow
+def test_a_tp_run_resumes_under_fsdp_then_on_one_process(tmp_path, one_process):
+    """TP 2 stopped by SIGTERM, resumed as FSDP over 2 processes and stopped again, finished on one process
+    (DCP reshards the checkpoint at each change of layout): the losses and weights of one process throughout."""
+    config = llama_config(tmp_path)
+    stopped = train(tmp_path, config, 2, stop_after=2, args=("--set", "TP=2"))
+    assert stopped.returncode == 143, stopped.stdout
+    again = train(tmp_path, config, 2, stop_after=4, args=("--set", "PARALLEL_FSDP=y"))
+    assert again.returncode in (0, 143) and "Resuming" in again.stdout, again.stdout
+    finished = train(tmp_path, config, 1)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    run_dir, _ = losses_of(tmp_path)
+    assert_like_one_process(run_dir, one_process, tmp_path / "e")
