@@ -146,6 +146,7 @@ class BatchPolicy(Protocol):
     def choose(self, *, config: Config, hardware: HardwareProfile, model: ModelDescription, device_type: str,
                compile: bool, compile_mode: str | None, precision: str, world_size: int,
                target: int, strategy: str = "none", local_world_size: int | None = None,
-               cpu_offload: bool = False) -> BatchChoice:
+               cpu_offload: bool = False, tensor: int = 1) -> BatchChoice:
         """The largest micro-batch the device should run and the evaluation batch, with reasons; the
-        memory is one process's under `strategy` (lib/parallel.py) over `world_size` processes."""
+        memory is one process's under `strategy` (lib/parallel.py) over `world_size` processes (data-parallel
+        groups of `tensor` processes each, under tensor parallelism)."""

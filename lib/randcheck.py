@@ -50,6 +50,11 @@ COMMON = (("DEVICE", {"AUTO": 6, "CPU": 1, "CUDA": 1}), ("DATASET", {"EMBEDDED":
 # a stream of its own (the rest of a seed's draw is what it was before float8 existed: randomize skips a choice
 # already made)
 FLOAT8 = {"OFF": 6, "TENSORWISE": 1, "ROWWISE": 1}
+# CONFIG_TP from a stream of its own (set before the rest is drawn, which it then leaves as it was): for the
+# Llama, which states a tensor-parallel plan, 2 often (4 is refused by the tiny preset's 2 key/value heads, and
+# any degree where a machine's processes do not divide into groups); for the others, whose refusal is one
+# line, rarely
+TENSOR_PARALLEL = {"llama-tiny": {1: 5, 2: 4, 4: 1}, None: {1: 12, 2: 1}}
 WEIGHTED = {
     "text": (("PRECISION", {"BF16": 5, "AUTO": 2, "FP16": 1, "FP32": 2}),
              ("PARALLEL", {"FSDP": 4, "AUTO": 3, "DDP": 1, "FSDP_GRAD_OP": 1, "HSDP": 1})),
@@ -158,6 +163,9 @@ def draw(seed: int, out: Path) -> Draw:
             if sym.visibility:
                 sym.set_value(2 if rng.random() < p else 0)
         kconf.syms[f"FLOAT8_{float8}"].set_value(2)
+        degrees = TENSOR_PARALLEL.get(family, TENSOR_PARALLEL[None])
+        tensor = random.Random(f"tp:{seed}:{family}").choices(list(degrees), list(degrees.values()))[0]
+        kconf.syms["TP"].set_value(str(tensor))  # set before randomize, which then draws the rest as before
         for name in SMALL_CHOICES:
             kconf.syms[name].set_value(2)
         for name in OFF:
@@ -267,7 +275,9 @@ def train_draw(d: Draw, processes: int, workdir: Path) -> Outcome:
             if line not in recorded.splitlines():
                 problems.append(f"the run's config lacks {line}")
         plan = json.loads((dirs[0] / "plan.json").read_text())
-        want = (d.config.batch_size * d.config.gradient_accumulation * processes
+        # MANUAL: each data-parallel group (the processes of a tensor-parallel group together) takes the batch
+        groups = processes // plan.get("tensor_parallel", 1)
+        want = (d.config.batch_size * d.config.gradient_accumulation * groups
                 if d.config.hyperparam_mode == "manual" else d.config.target_effective_batch)
         if plan.get("effective_batch") != want or plan.get("world_size") != processes:
             problems.append(f"effective batch {plan.get('effective_batch')} at world size {plan.get('world_size')}, "

@@ -29,8 +29,8 @@ without gradient checkpointing (VARIANTS: a defconfig with changes).
 
 Sharded cases (SHARDED_CASES, e.g. "gpt2-tiny-fsdp-x2"; CPU only): the
 per-process peak of a data-parallel step. torchrun starts N processes with gloo
-on this CPU; each builds the model, applies lib.parallel.shard_model (what the
-trainer runs), runs the same step pair and measures it as above with its own
+on this CPU; each builds the model, applies lib.parallel.tensor_parallelize
+(CONFIG_TP's cases) and shard_model (what the trainer runs), runs the same step pair and measures it as above with its own
 instruments; the table shows the largest rank's figures against the prediction
 for that strategy at world size N (rank 0's trace). The allocator column can
 count one collective's scratch twice there: gloo frees it on its own thread,
@@ -102,7 +102,11 @@ FACTORIES = {"outside": "outside_model:build", "hf-gpt2": "scripts.bench_memory:
 SHARDED_CASES = {"gpt2-tiny-fsdp-x2": ("gpt2-tiny", {}, "fsdp", 2, (8, 16, 32), ("fp32",)),
                  "gpt2-tiny-fsdp_grad_op-x2": ("gpt2-tiny", {}, "fsdp_grad_op", 2, (8, 32), ("fp32",)),
                  "gpt2-124m-fsdp-x2": ("gpt2", {"GPT2_PRESET_124M": True, "GPT2_BLOCK_SIZE": 64}, "fsdp", 2, (1, 4),
-                                       ("fp32",))}
+                                       ("fp32",)),
+                 # tensor parallelism (CONFIG_TP): one group of 2, then 2 groups of 2 under FSDP
+                 "llama-tiny-tp2-x2": ("llama-tiny", {"TP": 2}, "none", 2, (8, 32), ("fp32",)),
+                 "llama-20m-tp2-x2": ("llama-tiny", {"LLAMA_PRESET_20M": True, "TP": 2}, "none", 2, (4,), ("fp32",)),
+                 "llama-tiny-tp2-fsdp-x4": ("llama-tiny", {"TP": 2}, "fsdp", 4, (8,), ("fp32",))}
 MiB = 2**20
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -207,9 +211,12 @@ def measure(case: dict, mesh=None) -> dict:
         seed_everything(0)
         model = task.build(config.gradient_checkpointing).train().to(device)
         if mesh is not None:
-            from lib.parallel import shard_model
+            from lib.parallel import is_sharded, shard_model, tensor_parallelize
 
-            model = shard_model(model, case["strategy"], mesh, precision=precision)
+            if config.tensor_parallel > 1:
+                model = tensor_parallelize(model, mesh)
+            if is_sharded(case["strategy"]):
+                model = shard_model(model, case["strategy"], mesh, precision=precision)
         optimizer = step_optimizer(config, model, device)
         x, y = (t.to(device) for t in task.example_batch(batch))
         holder.update(model=model, optimizer=optimizer, x=x, y=y)  # freed by release()
@@ -277,7 +284,9 @@ def _measure_rank(path: str) -> None:
     case = json.loads(Path(path).read_text())
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    mesh = make_mesh("cpu", case["strategy"], dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    tensor = kconfig.read_config(case["config"]).tensor_parallel
+    mesh = make_mesh("cpu", case["strategy"], dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                     tensor)
     try:
         result = {"ok": measure(case, mesh)}
     except BaseException:  # noqa: BLE001 - reported by the parent
@@ -404,10 +413,13 @@ def main() -> int:
                 for batch in (sharded[4] if sharded else CASES[name]):
                     if sharded:
                         strategy, nproc = sharded[2:4]
+                        tensor = config.tensor_parallel
                         predicted = predictor.predict(config, batch=batch, device_type=device, precision=precision,
-                                                      strategy=strategy, world_size=nproc)
+                                                      strategy=strategy, world_size=nproc // tensor, tensor=tensor)
                         m = measure_sharded(config, workdir, strategy, nproc, batch, precision)
-                        label = name.rsplit("-", 2)[0] + f" {strategy} x{nproc}"
+                        label = name.split("-tp")[0].rsplit("-", 2 if tensor == 1 else 0)[0] + (
+                            f" {strategy} x{nproc}" if tensor == 1 else
+                            f" tp{tensor}{'' if strategy == 'none' else ' ' + strategy} x{nproc}")
                     else:
                         predicted = predictor.predict(config, batch=batch, device_type=device, precision=precision)
                         m = processes.measure(config, workdir, device, batch, precision)

@@ -25,14 +25,14 @@ from tests.test_fsdp import losses, train
 STEPS = 6
 
 # llama-tiny (4 heads, 2 key/value heads, 384 hidden units, 128 tokens, tied embeddings): 16 samples a step
-COMMON = ("CONFIG_DEVICE_CPU=y\nCONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_LOG_INTERVAL=1\nCONFIG_EVAL_INTERVAL=1000\n"
+COMMON = ("CONFIG_TARGET_EFFECTIVE_BATCH=16\nCONFIG_LOG_INTERVAL=1\nCONFIG_EVAL_INTERVAL=1000\n"
           "CONFIG_OUTPUT_DIR=\"runs\"\nCONFIG_GRAD_CLIP=\"1.0\"\nCONFIG_COMPILE_MANUAL=y\n# CONFIG_COMPILE_MODEL is not set\n"
           "CONFIG_CHECKPOINT_INTERVAL_STEPS=y\nCONFIG_CHECKPOINT_EVERY_STEPS=2\nCONFIG_CHECKPOINT_KEEP=2\n")
 
 
-def llama_config(directory: Path, extra: str = "", steps: int = STEPS) -> Path:
+def llama_config(directory: Path, extra: str = "", steps: int = STEPS, device: str = "CPU") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "fragment").write_text(COMMON + f"CONFIG_MAX_STEPS={steps}\n" + extra)
+    (directory / "fragment").write_text(COMMON + f"CONFIG_DEVICE_{device}=y\nCONFIG_MAX_STEPS={steps}\n" + extra)
     kc.make_defconfig("llama-tiny", [str(directory / "fragment")], out=directory / ".config")
     return directory / ".config"
 
@@ -81,6 +81,8 @@ def test_the_plan_shares_the_batch_by_data_parallel_groups(tmp_path):
     assert "data-parallel group" in plan.reasons["tensor_parallel"]
     alone = make_plan(config, CPU, world_size=2).plan
     assert (alone.strategy, alone.data_parallel, alone.micro_batch * alone.grad_accum) == ("none", 1, 16)
+    one = make_plan(config, CPU, world_size=1).plan  # the same config on one process: nothing to split
+    assert one.tensor_parallel == 1 and "nothing to split" in one.reasons["tensor_parallel"]
 
 
 @pytest.mark.parametrize("extra, world, words", [
@@ -102,10 +104,9 @@ def test_gpt2_and_float8_are_refused_with_tp(tmp_path):
     with pytest.raises(PlanError, match="GPT-2 states no tensor-parallel plan"):
         make_plan(kc.read_config(tmp_path / "g"), CPU, world_size=2)
     h100 = resolve_hardware(gpu="h100", gpus=2)
-    (tmp_path / "f8").write_text("CONFIG_TP=2\nCONFIG_FLOAT8_TENSORWISE=y\nCONFIG_DEVICE_AUTO=y\n")
-    kc.make_defconfig("llama-tiny", [str(tmp_path / "f8")], out=tmp_path / "l")
+    float8 = llama_config(tmp_path / "f8", "CONFIG_TP=2\nCONFIG_FLOAT8_TENSORWISE=y\n", device="AUTO")
     with pytest.raises(PlanError, match="float8 linear layers are not yet split"):
-        make_plan(kc.read_config(tmp_path / "l"), h100, world_size=2)
+        make_plan(kc.read_config(float8), h100, world_size=2)
 
 
 # --------------------------------------------------------------------------
@@ -172,3 +173,82 @@ def test_a_tp_run_resumes_under_fsdp_then_on_one_process(tmp_path, one_process):
     assert finished.returncode == 0, finished.stdout + finished.stderr
     run_dir, _ = losses_of(tmp_path)
     assert_like_one_process(run_dir, one_process, tmp_path / "e")
+
+
+# --------------------------------------------------------------------------
+# What the planner predicts for a tensor-parallel process
+
+
+def test_a_tensor_parallel_process_is_traced_holding_its_share_of_the_model(tmp_path):
+    """The sharded tracer applies the same tensor_parallelize as the trainer: at TP 2 a process holds half of
+    every split weight (the norms, a few hundred numbers, whole), and its activations shrink too."""
+    from lib.memory import MemoryPredictor
+
+    config = kc.read_config(llama_config(tmp_path))
+    predictor = MemoryPredictor(cache_dir=tmp_path / "cache")
+    whole = predictor.trace(config, batch=8, device_type="cpu", precision="fp32")
+    split = predictor.trace(config, batch=8, device_type="cpu", precision="fp32", tensor=2)
+    assert split.breakdown["parameters"] == pytest.approx(whole.breakdown["parameters"] / 2, rel=0.01)
+    assert split.breakdown["activations"] < 0.7 * whole.breakdown["activations"]
+    assert split.peak_bytes < whole.peak_bytes
+
+
+@pytest.mark.slow
+def test_tp_by_fsdp_is_traced_with_a_quarter_of_the_model_per_process(tmp_path):
+    from lib.memory import MemoryPredictor
+
+    config = kc.read_config(llama_config(tmp_path))
+    predictor = MemoryPredictor(cache_dir=tmp_path / "cache")
+    whole = predictor.trace(config, batch=8, device_type="cpu", precision="fp32")
+    both = predictor.trace(config, batch=8, device_type="cpu", precision="fp32", strategy="fsdp", world_size=2,
+                           tensor=2)
+    fsdp = predictor.trace(config, batch=8, device_type="cpu", precision="fp32", strategy="fsdp", world_size=2)
+    assert both.breakdown["parameters"] == pytest.approx(whole.breakdown["parameters"] / 4, rel=0.02)
+    assert both.peak_bytes < fsdp.peak_bytes
+
+
+def test_tensor_parallel_collectives_are_added_whole_to_each_micro_batch():
+    from lib.steptime.comm import BUS_EFFICIENCY, Communication
+
+    comm = Communication("none", world_size=1, shard_size=1, parameter_bytes=0, gradient_bytes=0,
+                         link_bytes_per_s=100e9, tensor=4, tensor_bytes_per_sample=1e9)
+    one = 0.75 * 1e9 / (100e9 * BUS_EFFICIENCY)  # (N - 1) / N of a sample's bytes through each link
+    assert comm.tensor_seconds(1) == pytest.approx(one)
+    # compute never hides them: the next layer waits for its activations
+    assert comm.exposed_seconds([10.0, 10.0], [8, 8]) == pytest.approx(16 * one)
+    assert comm.gather_seconds() == comm.reduce_seconds() == 0.0  # one group: no data-parallel collectives
+
+
+@pytest.fixture(scope="module")
+def tiny_on_h100(tmp_path_factory):
+    """llama-tiny's step-time model on an H100 (the roofline: nothing measured here)."""
+    from lib.steptime import step_time_model
+
+    directory = tmp_path_factory.mktemp("steptime")
+    config = kc.read_config(llama_config(directory))
+    return step_time_model(config, resolve_hardware(gpu="h100"), device_type="cuda", precision="bf16",
+                           cache_dir=directory / "cache")
+
+
+@settings(max_examples=40, deadline=None)
+@given(tensor=st.sampled_from([2, 4, 8]), micro=st.integers(1, 64), accum=st.integers(1, 4))
+def test_a_tensor_parallel_process_computes_the_whole_model_at_a_share_of_the_micro_batch(tiny_on_h100, tensor,
+                                                                                         micro, accum):
+    import dataclasses
+
+    whole = tiny_on_h100
+    split = dataclasses.replace(whole, tensor=tensor)
+    parts = split.parts(micro, accum)
+    assert parts["micro_batches"] == pytest.approx(accum * whole.corrected_micro_seconds(micro / tensor), rel=1e-9)
+    assert parts["optimizer"] == pytest.approx(whole.parts(micro, accum)["optimizer"] / tensor, rel=1e-9)
+
+
+def test_a_tensor_parallel_plan_on_gpus_predicts_its_step_with_the_collectives(tmp_path):
+    config = kc.read_config(llama_config(tmp_path, "CONFIG_TP=2\n", device="AUTO"))
+    h100 = resolve_hardware(gpu="h100", gpus=4)
+    split = make_plan(config, h100, world_size=4).plan
+    assert split.predicted_step_seconds and "tensor parallelism over 2 processes" in split.reasons["communication"]
+    whole = make_plan(kc.read_config(llama_config(tmp_path / "w", device="AUTO")), h100, world_size=4).plan
+    # the same 16 samples a step: two groups of two each compute half the work of four whole processes'
+    assert split.data_parallel == 2 and whole.data_parallel == 4
+    assert split.predicted_peak_bytes < whole.predicted_peak_bytes * 1.1

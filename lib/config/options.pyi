@@ -383,7 +383,9 @@ class Options:
     applies across the groups, so processes / TP replicas (or FSDP shards) share the batch and the effective
     batch stays as set. Keep a group within one machine: it communicates in every block. Needs a family with a
     tensor-parallel plan (Llama), a degree that divides the processes and the attention's key/value heads, and
-    FSDP (not DDP) where there are several groups. On the command line: make train GPUS=4 TP=2."""
+    FSDP (not DDP) where there are several groups. With one process there is nothing to split: it trains whole
+    blocks, and its checkpoints resume under TP (and TP's under it). On the command line: make train GPUS=4
+    TP=2."""
     net_gbps: int | None
     """CONFIG_NET_GBPS: The bandwidth each GPU has to other machines, in GB/s in one direction, for the time of
     collectives when a run spans machines: a 400 Gb/s InfiniBand or RoCE port per GPU is 50, a 200 Gb/s one 25.

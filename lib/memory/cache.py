@@ -112,20 +112,27 @@ def model_fingerprint(config: Config) -> dict:
 
 
 def parallel_key(strategy: str, world_size: int, local_world_size: int | None, cpu_offload: bool,
-                 device_type: str) -> dict | None:
+                 device_type: str, tensor: int = 1) -> dict | None:
     """What of the data-parallel setup changes a trace: None for one process and DDP (a replica, traced as
-    one process), else the strategy, world size, mesh and CPU offload (CUDA only: off elsewhere)."""
+    one process), else the strategy, world size, mesh and CPU offload (CUDA only: off elsewhere); world sizes
+    count data-parallel groups, each of `tensor` processes (CONFIG_TP; "tensor" in the key only above 1, so
+    the keys of other traces stay as they were)."""
     from ..parallel import STRATEGIES, is_sharded, mesh_shape
 
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
     if world_size < 1 or (local_world_size is not None and local_world_size < 1):
         raise ValueError(f"world size {world_size} / local world size {local_world_size} must be >= 1")
-    if not is_sharded(strategy):
+    if tensor < 1:
+        raise ValueError(f"tensor-parallel degree {tensor} must be >= 1")
+    if strategy == "ddp" and tensor > 1:
+        raise ValueError("DDP cannot replicate tensor-parallel groups")
+    if not is_sharded(strategy) and tensor == 1:
         return None
     local = world_size if local_world_size is None else min(local_world_size, world_size)
-    return {"strategy": strategy, "world_size": world_size, "mesh": list(mesh_shape(strategy, world_size, local)),
-            "cpu_offload": bool(cpu_offload and device_type == "cuda")}
+    key = {"strategy": strategy, "world_size": world_size, "mesh": list(mesh_shape(strategy, world_size, local)),
+           "cpu_offload": bool(cpu_offload and device_type == "cuda")}
+    return {**key, "tensor": tensor} if tensor > 1 else key
 
 
 def fingerprint(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,

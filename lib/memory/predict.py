@@ -219,7 +219,7 @@ def _sharded_request(parallel: dict, **step) -> dict:
     """trace_sharded_step's keywords for a step under `parallel` (cache.parallel_key's)."""
     local = parallel["mesh"][-1] if parallel["strategy"] == "hsdp" else parallel["world_size"]
     return dict(step, strategy=parallel["strategy"], world_size=parallel["world_size"], local_world_size=local,
-                cpu_offload=parallel["cpu_offload"])
+                cpu_offload=parallel["cpu_offload"], tensor=parallel.get("tensor", 1))
 
 
 @contextlib.contextmanager
@@ -232,6 +232,8 @@ def _tracing(config: Config, batch: int, parallel: dict | None, train: bool):
         return
     label = model_label(config)
     how = f", {parallel['strategy']} x{parallel['world_size']}" if parallel else ""
+    if parallel and parallel.get("tensor", 1) > 1:
+        how += f", TP {parallel['tensor']}"
     sys.stderr.write(f"\rtracing {label} ({'training step' if train else 'evaluation'}{how}) at "
                      f"micro-batch {batch} ...\x1b[K")
     sys.stderr.flush()
@@ -400,27 +402,29 @@ class MemoryPredictor:
             return None
         parallel = parallel_key(step.pop("strategy", "none"), step.pop("world_size", 1),
                                 step.pop("local_world_size", None), step.pop("cpu_offload", False),
-                                step["device_type"])
+                                step["device_type"], step.pop("tensor", 1))
         key, _ = self._step(config, gradient_checkpointing=None, parallel=parallel, **step)
         fit = self._fit(key)
         return fit.describe() if fit else None
 
     # strategy, world_size, local_world_size (None: = world_size, one machine), cpu_offload: the data-parallel
-    # setup whose per-process peak is wanted (module docstring); the defaults are one process.
+    # setup whose per-process peak is wanted (module docstring); tensor: processes per tensor-parallel group
+    # (world sizes then count the groups); the defaults are one process.
 
     def trace(self, config: Config, *, batch: int, device_type: str, precision: str,
               gradient_checkpointing: bool | None = None, train: bool = True, strategy: str = "none",
-              world_size: int = 1, local_world_size: int | None = None, cpu_offload: bool = False) -> Trace:
+              world_size: int = 1, local_world_size: int | None = None, cpu_offload: bool = False,
+              tensor: int = 1) -> Trace:
         """The cached trace for this step, tracing (and caching) it on a miss."""
-        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
         return self._step(config, device_type=device_type, precision=precision,
                           gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel)[1](batch)
 
     def cached_batches(self, config: Config, *, device_type: str, precision: str, train: bool = True,
                        strategy: str = "none", world_size: int = 1, local_world_size: int | None = None,
-                       cpu_offload: bool = False) -> list[int]:
+                       cpu_offload: bool = False, tensor: int = 1) -> list[int]:
         """The batch sizes already traced for this step (what the planner's search tried)."""
-        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
         key, _ = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
                             train=train, parallel=parallel)
         return sorted(int(b) for b in self._entries(key))
@@ -428,8 +432,9 @@ class MemoryPredictor:
     def predict(self, config: Config, *, batch: int, device_type: str, precision: str,
                 gradient_checkpointing: bool | None = None, train: bool = True,
                 compile_mode: str | None = None, strategy: str = "none", world_size: int = 1,
-                local_world_size: int | None = None, cpu_offload: bool = False) -> Prediction:
-        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
+                local_world_size: int | None = None, cpu_offload: bool = False,
+              tensor: int = 1) -> Prediction:
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
         trace = self._step(config, device_type=device_type, precision=precision,
                            gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel)[1](batch)
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
@@ -442,10 +447,11 @@ class MemoryPredictor:
 
     def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
               compile_mode: str | None = None, plus: int = 0, strategy: str = "none", world_size: int = 1,
-              local_world_size: int | None = None, cpu_offload: bool = False) -> "StepCurve":
+              local_world_size: int | None = None, cpu_offload: bool = False,
+              tensor: int = 1) -> "StepCurve":
         """The predicted peak (device and strategy terms and `plus` bytes included) against the batch size,
         starting from every batch size already in the cache: the planner searches on it."""
-        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type)
+        parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
         key, step = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
                                train=train, parallel=parallel)
         offload = bool(parallel and parallel["cpu_offload"])

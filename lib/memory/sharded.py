@@ -88,7 +88,9 @@ FSDP_CATEGORIES = {"Sharded Param": "parameters", "Unsharded Param": "unsharded_
                    "Sharded Grad": "gradients", "Unsharded Grad": "unsharded_gradients",
                    "Activation": "activations", "Temp": "temporaries", "All Gather": "communication",
                    "Reduce Scatter": "communication", "OptState": "optimizer_state", "Inputs": "batch",
-                   "Workspace": "workspace"}
+                   "Workspace": "workspace",
+                   # MemTracker's, for a tensor-parallel step with no FSDP (one data-parallel group)
+                   "Parameter": "parameters", "Gradient": "gradients", "Optstate": "optimizer_state"}
 BREAKDOWN = tuple(dict.fromkeys(FSDP_CATEGORIES.values()))
 OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")  # in host memory under CPUOffloadPolicy
 OFFLOADED_CATEGORIES = tuple(FSDP_CATEGORIES[k] for k in OFFLOADED)  # predict.py's "cpu_offload" term
@@ -124,6 +126,13 @@ def collective_scratch(func, args, device_type: str) -> int:
         return args[0].numel() * args[0].element_size()
     if func is c10d._reduce_scatter_base_.default:
         return args[1].numel() * args[1].element_size()
+    # DTensor's (tensor parallelism's) functional collectives reach the same gloo calls: an all-gather's
+    # output (input x group size), a reduce-scatter's input
+    functional = getattr(torch.ops, "_c10d_functional", None)
+    if functional is not None and func is functional.all_gather_into_tensor.default:
+        return args[0].numel() * args[0].element_size() * args[1]
+    if functional is not None and func is functional.reduce_scatter_tensor.default:
+        return args[0].numel() * args[0].element_size()
     return 0
 
 
@@ -132,9 +141,17 @@ def _tracker(model, optimizer, device_type: str, offload: bool):
     workspaces counted as in trace._peak_tracker and DTensor's sharding propagation left out (docstring)."""
     from torch._guards import active_fake_mode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
 
-    class ShardedPeakTracker(FSDPMemTracker):
+    fsdp = isinstance(model, FSDPModule)  # else tensor-parallel DTensors only: torch's plain MemTracker
+
+    class ShardedPeakTracker(FSDPMemTracker if fsdp else MemTracker):
         propagating = 0
+
+        if not fsdp:
+            def track_inputs(self, inputs) -> None:  # FSDPMemTracker's "Inputs": here the batch counts as "Other"
+                pass
 
         def _resident(self, snap) -> int:
             if not offload:
@@ -172,7 +189,11 @@ def _tracker(model, optimizer, device_type: str, offload: bool):
                     self._keep(dev, snap, extra)
             return out
 
-    return ShardedPeakTracker(model, optimizer)
+    if fsdp:
+        return ShardedPeakTracker(model, optimizer)
+    tracker = ShardedPeakTracker()
+    tracker.track_external(model, *([optimizer] if optimizer is not None else []))
+    return tracker
 
 
 @contextlib.contextmanager
@@ -200,19 +221,43 @@ def _propagation_untracked(tracker):
         ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
+@contextlib.contextmanager
+def _meshes_made_outside_fake_mode():
+    """fully_shard of a tensor-parallel model joins the data-parallel and tensor-parallel meshes into one
+    (DeviceMesh._concatenate); the new mesh indexes its ranks with real integer tensors, which the trace's
+    fake mode refuses. Made outside it, as they are in a real run: no memory of the step's."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = DeviceMesh.__init__
+
+    def init(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            original(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = init
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = original
+
+
 def trace_sharded_step(task, config: Config, *, batch: int, precision: str, device_type: str,
                        gradient_checkpointing: bool, strategy: str, world_size: int, local_world_size: int,
-                       cpu_offload: bool = False, train: bool = True) -> Trace:
+                       cpu_offload: bool = False, train: bool = True, tensor: int = 1) -> Trace:
     """Rank 0's peak for one sharded step (or, with train=False, one evaluation forward) at `batch`.
+    world_size and local_world_size count the data-parallel groups; `tensor` > 1: each a tensor-parallel
+    group of that many processes (lib.parallel.tensor_parallelize), the strategy applied across the groups
+    (none: one group).
 
     Needs the default process group to be free or fake: run it through ShardedTracer from a process
     that may hold a real one."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..parallel import is_sharded, make_mesh, shard_model
+    from ..parallel import is_sharded, make_mesh, shard_model, tensor_parallelize
     from .autocast import TracedAutocast
 
-    if not is_sharded(strategy):
+    if not is_sharded(strategy) and tensor == 1:
         raise ValueError(f"{strategy!r} is not a sharded strategy")
     start = time.perf_counter()
     x1, y1 = task.example_batch(1)
@@ -221,10 +266,15 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
     features = model_features(model)
     parameters = sum(p.numel() for p in model.parameters())  # the whole model's
     autocast = TracedAutocast(precision, device_type)
-    _fake_group(world_size)
-    mesh = make_mesh("cpu", strategy, world_size, local_world_size)  # outside FakeTensorMode: it runs collectives
-    with FakeTensorMode(), fake_kernels():
-        model = shard_model(fake_copy(model), strategy, mesh, precision=precision)
+    _fake_group(world_size * tensor)
+    # outside FakeTensorMode: it runs collectives
+    mesh = make_mesh("cpu", strategy, world_size * tensor, local_world_size * tensor, tensor)
+    with FakeTensorMode(), fake_kernels(), _meshes_made_outside_fake_mode():
+        model = fake_copy(model)
+        if tensor > 1:
+            model = tensor_parallelize(model, mesh)
+        if is_sharded(strategy) and world_size > 1:
+            model = shard_model(model, strategy, mesh, precision=precision)
         optimizer = step_optimizer(config, model, device_type) if train else None
         tracker = _tracker(model, optimizer, device_type, cpu_offload)
 

@@ -63,6 +63,18 @@ def tensor_parallel_problem(config: LlamaConfig, degree: int, block_size: int) -
     return None
 
 
+def tensor_parallel_traffic(config: LlamaConfig, block_size: int, vocab_size: int, checkpointed: bool) -> int:
+    """The activation elements per sample that Llama.tensor_parallel_plan()'s collectives carry in one
+    micro-batch: in each block's forward an all-gather of the sequence before the attention and before the
+    MLP and a reduce-scatter after each (4 x context x dim), the same in backward, and again in a recomputed
+    forward; the embedding's reduce-scatter and the final norm's all-gather (and their backward); the output
+    layer's logits gathered whole for the loss (context x vocabulary, forward only). Each collective's full
+    size: a ring moves (N - 1) / N of it through every process's link."""
+    stream = block_size * config.dim
+    per_block = (4 + 4 + (4 if checkpointed else 0)) * stream
+    return config.n_layer * per_block + 4 * stream + block_size * vocab_size
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (B, H, T, D) by position: the halves (x1, x2) of each head as Llama's rotate_half pairs them."""
     x1, x2 = x.float().chunk(2, dim=-1)

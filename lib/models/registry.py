@@ -20,6 +20,17 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TensorParallel:
+    """What the planner needs of a family that states a tensor-parallel plan (its module's
+    tensor_parallel_plan(), which lib/parallel.py applies)."""
+
+    problem: "Callable[[Config, int], str | None]"  # (config, N) -> why CONFIG_TP=N cannot split it, or None
+    # (config, checkpointed) -> the activation elements per sample that one micro-batch's tensor-parallel
+    # collectives carry, forward and backward (and forward again where checkpointed blocks recompute)
+    traffic: "Callable[[Config, bool], int]"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     data: str  # images | text | custom (the factory brings its own)
@@ -43,9 +54,7 @@ class ModelSpec:
     title: str | None = None  # how messages name the family ("GPT-2"); None: its name
     # the defconfig a script's apply_hyperparams(model_type=<name>) starts from; None: the defconfig of its name
     defconfig: str | None = None
-    # whether CONFIG_TP=N can split the model: (config, N) -> why not, or None; None: the family states no
-    # tensor-parallel plan (its module's tensor_parallel_plan(), which lib/parallel.py applies)
-    tensor_parallel: "Callable[[Config, int], str | None] | None" = None
+    tensor_parallel: TensorParallel | None = None  # None: the family states no tensor-parallel plan
 
     @property
     def text(self) -> bool:
@@ -137,10 +146,19 @@ def llama_shape(config: "Config"):
                        rope_theta=config.llama_rope_theta or 500000.0)
 
 
-def _llama_tensor_parallel(config: "Config", degree: int) -> str | None:
+def _llama_tensor_problem(config: "Config", degree: int) -> str | None:
     from .llama import tensor_parallel_problem
 
     return tensor_parallel_problem(llama_shape(config), degree, config.llama_block_size)
+
+
+def _llama_tensor_traffic(config: "Config", checkpointed: bool) -> int:
+    from .llama import tensor_parallel_traffic
+
+    # CONFIG_VOCAB_SIZE where set (the presets set theirs), else the embedded text's 256 bytes: a corpus's own
+    # vocabulary is known only once its data is read, and only the logits' share of the traffic depends on it
+    vocab = vocab_rows(config.vocab_size or 256, config.pad_vocab)
+    return tensor_parallel_traffic(llama_shape(config), config.llama_block_size, vocab, checkpointed)
 
 
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
@@ -240,7 +258,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
               preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
-              title="Llama", defconfig="llama-tiny", tensor_parallel=_llama_tensor_parallel),
+              title="Llama", defconfig="llama-tiny", tensor_parallel=TensorParallel(_llama_tensor_problem, _llama_tensor_traffic)),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key,
               defconfig="custom-transformer"),

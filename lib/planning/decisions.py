@@ -94,8 +94,7 @@ def decide_float8(config: Config, device_type: str, gpu: GPUInfo | None) -> tupl
                            "float8 tensor cores; the linear layers' matrix multiplies run in float8")
 
 
-def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float8: str | None,
-                           cpu_offload: bool) -> tuple[int, str]:
+def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float8: str | None) -> tuple[int, str]:
     """Processes per tensor-parallel group (CONFIG_TP) and why; a degree this run cannot use is a PlanError
     naming the setting and what would do."""
     from ..models.registry import spec_for
@@ -104,6 +103,8 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
     if degree == 1:
         return 1, "CONFIG_TP=1: each process holds whole blocks"
     symbol = f"CONFIG_TP={degree}"
+    if world_size == 1:  # as a strategy with one process: the same run, and its checkpoints resume under TP
+        return 1, f"one process: nothing to split ({symbol} applies with {degree} or more processes per machine)"
     per_machine = world_size // nodes
     if per_machine % degree:
         raise PlanError(f"{symbol} needs groups of {degree} processes within one machine, but this run has "
@@ -113,7 +114,7 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
     if check is None:
         raise PlanError(f"{symbol}: {spec_for(config.model).title or config.model} states no tensor-parallel "
                         "plan (Llama does): set CONFIG_TP=1")
-    problem = check(config, degree)
+    problem = check.problem(config, degree)
     if problem:
         raise PlanError(f"{symbol} cannot split this model: {problem}; set a CONFIG_TP that divides them")
     if world_size > degree and config.parallel_strategy == "ddp":
@@ -122,9 +123,6 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
     if float8:
         raise PlanError(f"{symbol} with CONFIG_FLOAT8_{float8.upper()}: float8 linear layers are not yet split "
                         "with tensor parallelism; set CONFIG_FLOAT8_OFF or CONFIG_TP=1")
-    if cpu_offload:
-        raise PlanError(f"{symbol} with CONFIG_FSDP_CPU_OFFLOAD: offloading tensor-parallel shards is not "
-                        "supported; set CONFIG_FSDP_CPU_OFFLOAD=n or CONFIG_TP=1")
     groups = world_size // degree
     return degree, (f"{symbol}: {world_size} processes as {groups} data-parallel group(s) of {degree}, each "
                     "splitting every block's matrix multiplies and seeing the same samples")

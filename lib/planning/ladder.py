@@ -152,7 +152,7 @@ def predicted_peaks(config: Config, before: Plan, after: Plan) -> tuple[int, int
                 gradient_checkpointing=plan.gradient_checkpointing,
                 compile_mode=plan.compile_mode if plan.compile else None, strategy=plan.strategy,
                 world_size=plan.data_parallel, local_world_size=plan.data_parallel // plan.nodes,
-                cpu_offload=plan.cpu_offload).peak_bytes
+                cpu_offload=plan.cpu_offload, tensor=plan.tensor_parallel).peak_bytes
 
         return peak(before), peak(after)
     except Exception:  # noqa: BLE001 - the prediction only informs the message

@@ -75,11 +75,10 @@ class PlannerPolicy:
 
     def choose(self, *, config: Config, hardware: HardwareProfile, model, device_type: str, compile: bool,
                compile_mode: str | None, precision: str, world_size: int, target: int, strategy: str = "none",
-               local_world_size: int | None = None, cpu_offload: bool = False) -> BatchChoice:
+               local_world_size: int | None = None, cpu_offload: bool = False, tensor: int = 1) -> BatchChoice:
         budget, budget_why = memory_budget(config, hardware, device_type)
         # one process's memory: a replica (none, ddp), or its shards (lib/parallel.py), traced at this world size
-        sharding = dict(strategy=strategy, world_size=world_size, local_world_size=local_world_size,
-                        cpu_offload=cpu_offload) if strategy != "none" else {}
+        sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
         # A process never needs more than its share of the target, so the search stops there: when the share
         # fits (usual on a CPU) its one trace is cached for good and a budget that moves never traces again.
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
@@ -125,13 +124,13 @@ class PlannerPolicy:
 
     def at_batch(self, *, config: Config, hardware: HardwareProfile, device_type: str, compile_mode: str | None,
                  precision: str, micro: int, eval_batch: int, strategy: str = "none", world_size: int = 1,
-                 local_world_size: int | None = None, cpu_offload: bool = False) -> tuple[dict, str | None]:
+                 local_world_size: int | None = None, cpu_offload: bool = False,
+                 tensor: int = 1) -> tuple[dict, str | None]:
         """The plan's memory figures at a micro-batch chosen without this policy (MANUAL's CONFIG_BATCH_SIZE,
         the tier policy's table), and a warning where it is predicted not to fit: a batch the user fixed is
         theirs to keep, so it is said, never refused."""
         budget, budget_why = memory_budget(config, hardware, device_type)
-        sharding = dict(strategy=strategy, world_size=world_size, local_world_size=local_world_size,
-                        cpu_offload=cpu_offload) if strategy != "none" else {}
+        sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
         train = self.predictor.curve(config, device_type=device_type, precision=precision,
                                      compile_mode=compile_mode, **sharding)
         at = train.prediction(micro)
@@ -170,8 +169,11 @@ class PlannerPolicy:
         sharded_state = sum(one.breakdown.get(k, 0) for k in ("parameters", "gradients", "optimizer_state"))
         if (sharding and sharding["strategy"] == "fsdp" and spec_for(config.model).text
                 and 2 * sharded_state <= one.peak_bytes):  # most of the peak is what more ranks do not shrink
-            helps.append("tensor or pipeline parallelism, which kfit does not have yet: FSDP shards the weights, "
-                         "not a sequence's activations, so more GPUs leave this peak where it is")
+            helps.append(("tensor parallelism (CONFIG_TP=2 or more: each process holds a share of every block's "
+                          "activations)" if spec_for(config.model).tensor_parallel is not None else
+                          "a model that tensor parallelism can split (Llama: CONFIG_TP)")
+                         + ": FSDP shards the weights, not a sequence's activations, so more GPUs alone leave this "
+                         "peak where it is")
         if config.optimizer in ("adam", "adamw"):
             helps.append(f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor "
                          "per parameter instead of two)")
@@ -185,9 +187,21 @@ class PlannerPolicy:
             helps.append("a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)")
         helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
         if sharding:
-            label += f" ({sharding['strategy']} over {sharding['world_size']} processes)"
+            label += (f" ({sharding['strategy']} over {sharding['world_size']} "
+                      + (f"groups of {sharding['tensor']} tensor-parallel processes)" if "tensor" in sharding
+                         else "processes)"))
         return NoFitError(f"{label} does not fit even at micro-batch 1: the predicted peak is "
                           f"{_fmt(one.peak_bytes)} ({parts}) but the budget is {_fmt(budget)} ({budget_why})", helps)
+
+
+def _sharding(strategy: str, world_size: int, local_world_size: int | None, cpu_offload: bool,
+              tensor: int) -> dict:
+    """The predictor's keywords for one process of the layout ({}: a replica, traced as one process)."""
+    if strategy == "none" and tensor == 1:
+        return {}
+    layout = dict(strategy=strategy, world_size=world_size, local_world_size=local_world_size,
+                  cpu_offload=cpu_offload)
+    return {**layout, "tensor": tensor} if tensor > 1 else layout
 
 
 PLANNER = PlannerPolicy()  # shared, so its in-process trace memo serves every resolve() of a process

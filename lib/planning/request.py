@@ -70,6 +70,7 @@ class ChooseArgs:
     local_world_size: int
     cpu_offload: bool = False
     strategy: str = "none"
+    tensor: int = 1  # processes per tensor-parallel group (world sizes count the groups)
 
     def with_strategy(self, strategy: str) -> "ChooseArgs":
         return replace(self, strategy=strategy)

@@ -104,8 +104,7 @@ def _resolve(request: PlanRequest) -> Plan:
     compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
     tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
     offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
-    tensor, reasons["tensor_parallel"] = decide_tensor_parallel(config, world_size, nodes, float8=float8,
-                                                                cpu_offload=offload)
+    tensor, reasons["tensor_parallel"] = decide_tensor_parallel(config, world_size, nodes, float8=float8)
     processes = world_size
     # From here on the world is the data-parallel groups: they share the batch, and the strategy spans them
     # (a tensor-parallel group's processes see the same samples). The plan counts every process again.
@@ -152,18 +151,19 @@ def _resolve(request: PlanRequest) -> Plan:
             memory = _manual_memory(config, hardware, notes, policy or policy_for(config), device_type=device_type,
                                     compile_mode=compile_mode,
                                     precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
-                                    world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload)
+                                    world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload,
+                                    tensor=tensor)
     else:
         target = config.target_effective_batch
         policy = policy or policy_for(config)
         policy_name = policy.name
         choose = ChooseArgs(hardware=hardware, model=model, device_type=device_type, compile=compile_on,
                             compile_mode=compile_mode, precision=precision, world_size=world_size, target=target,
-                            local_world_size=world_size // nodes, cpu_offload=offload)
+                            local_world_size=world_size // nodes, cpu_offload=offload, tensor=tensor)
 
         def speed(strategy: str, choice: BatchChoice):
             """The memory planner: the fastest micro-batch that fits under `strategy`, with its samples/s."""
-            if choice.predict is None or target % world_size or tensor > 1:  # TP's step time: not predicted yet
+            if choice.predict is None or target % world_size:
                 return None
             try:
                 with using_threads(timing_threads):
@@ -213,9 +213,6 @@ def _resolve(request: PlanRequest) -> Plan:
     cudnn_benchmark, reasons["cudnn_benchmark"] = decide_cudnn_benchmark(config, on_gpu)
     if compile_on and device_type == "cpu":
         notes.append("torch.compile on a CPU was measured slower than eager for small models here")
-    if tensor > 1 and "predicted_peak_bytes" in memory:
-        notes.append(f"memory is predicted for processes holding whole blocks: the split over CONFIG_TP={tensor} "
-                     "is not traced yet, so the peak shown is higher than a process reaches")
     if hardware.on_battery:
         notes.append("running on battery: training will be slower and drain it; plug in for long runs")
 

@@ -86,7 +86,7 @@ def choose_fastest(config: Config, policy: BatchPolicy, choice: BatchChoice, arg
                                compile=args.compile, gradient_checkpointing=checkpointing, world_size=world_size,
                                measure_up_to=min(choice.max_micro, share) if measure else None,
                                strategy=args.strategy, local_world_size=args.local_world_size,
-                               per_micro_batch=measure)  # timing off: no run moves the choice (reproducible plans)
+                               per_micro_batch=measure, tensor=args.tensor)  # timing off: no run moves the choice (reproducible plans)
 
     def add(option: _Option, model) -> None:
         models[option.checkpointing] = (model, option)
@@ -129,9 +129,8 @@ def with_predictions(config: Config, hardware: HardwareProfile, plan: Plan, spee
     except Exception as err:  # noqa: BLE001 - a step-time failure must not stop planning
         return dataclasses.replace(plan, notes=(*plan.notes, f"step time not predicted ({type(err).__name__}: {err})"))
     if speed_model is None:
-        why = ("unknown: tensor-parallel steps (CONFIG_TP > 1) are not timed by the step-time model yet"
-               if plan.tensor_parallel > 1 else f"unknown: no speed figures for {plan.device_name} "
-               "(lib/hardware/catalog.py lists the GPUs kfit knows)")
+        why = (f"unknown: no speed figures for {plan.device_name} (lib/hardware/catalog.py lists the GPUs "
+               "kfit knows)")
         return dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why})
     fields, why = plan_predictions(config, plan, speed_model)
     planned = dataclasses.replace(plan, reasons={**plan.reasons, "step_time": why}, **fields,

@@ -13,6 +13,13 @@ all-gather or reduce-scatter, twice that per all-reduce. Per optimizer step:
     hsdp           fsdp within a machine, then an all-reduce of each shard's gradients
                    across the machines over the network
 
+Tensor parallelism (CONFIG_TP, `tensor` processes per group, always within one machine):
+each micro-batch's forward and backward gather and reduce-scatter the activations
+between the split layers (the family's TensorParallel.traffic, elements per
+sample); the next layer needs them, so none of it overlaps compute. The data-parallel
+collectives above then run over the groups (world_size counts groups), each
+process gathering its tensor-parallel share of the parameters.
+
 FSDP prefetches the next unit's parameters while the current one computes, so
 a micro-batch takes max(compute, its collectives): only what the compute
 cannot hide is added. Achieved bus bandwidth is BUS_EFFICIENCY of the link's
@@ -38,6 +45,12 @@ class Communication:
     link_bytes_per_s: float  # within a machine, one direction
     network_bytes_per_s: float | None = None  # between machines; None on one machine
     reduce_every_micro_batch: bool = False  # FSDP with plan.gradient_sync "micro_batch"
+    tensor: int = 1  # processes per tensor-parallel group
+    tensor_bytes_per_sample: float = 0.0  # what its collectives carry per sample in a micro-batch
+
+    def tensor_seconds(self, samples: float) -> float:
+        """The tensor-parallel collectives of a micro-batch of `samples`, within the machine."""
+        return self._seconds(self.tensor_bytes_per_sample * samples, self.tensor, self.link_bytes_per_s)
 
     def _seconds(self, volume: float, over: int, bandwidth: float) -> float:
         return (over - 1) / over * volume / (bandwidth * BUS_EFFICIENCY) if over > 1 else 0.0
@@ -51,13 +64,15 @@ class Communication:
 
     def gather_seconds(self) -> float:
         """All-gathers of one micro-batch (forward, and backward after resharding)."""
-        if self.strategy == "ddp":
+        if self.strategy in ("ddp", "none"):
             return 0.0
         times = 1 if self.strategy == "fsdp_grad_op" else 2
         return times * self._seconds(self.parameter_bytes, self.shard_size, self._bandwidth)
 
     def reduce_seconds(self) -> float:
         """The gradients' reduction, once per optimizer step."""
+        if self.strategy == "none":
+            return 0.0
         if self.strategy == "ddp":
             return 2 * self._seconds(self.gradient_bytes, self.world_size, self._bandwidth)
         seconds = self._seconds(self.gradient_bytes, self.shard_size, self._bandwidth)
@@ -67,11 +82,13 @@ class Communication:
             seconds += 2 * self._seconds(self.gradient_bytes / self.shard_size, replicas, across)
         return seconds
 
-    def exposed_seconds(self, micro_seconds: list[float]) -> float:
-        """What a step's collectives add to its micro-batches' compute (`micro_seconds`, in order)."""
+    def exposed_seconds(self, micro_seconds: list[float], sizes: list[int] | None = None) -> float:
+        """What a step's collectives add to its micro-batches' compute (`micro_seconds`, in order, of `sizes`
+        samples each: the tensor-parallel collectives, all exposed)."""
+        tensor = sum(self.tensor_seconds(s) for s in sizes or ()) if self.tensor > 1 else 0.0
         if self.strategy == "ddp":
-            return self.reduce_seconds()
-        gather, exposed = self.gather_seconds(), 0.0
+            return self.reduce_seconds() + tensor
+        gather, exposed = self.gather_seconds(), tensor
         for i, compute in enumerate(micro_seconds):
             reduces = self.reduce_every_micro_batch or i == len(micro_seconds) - 1
             collectives = gather + (self.reduce_seconds() if reduces else 0.0)
@@ -88,19 +105,28 @@ class Communication:
         else:
             links = (f"at {BUS_EFFICIENCY:.0%} of {self._bandwidth / 1e9:.0f} GB/s: a ring over every process crosses "
                      f"the network between machines ({network:.0f} GB/s; {link:.0f} GB/s within one)")
-        return (f"{self.strategy} over {self.world_size} processes: {self.gather_seconds() * 1e3:.1f} ms of "
-                f"all-gathers per micro-batch, {self.reduce_seconds() * 1e3:.1f} ms of gradient reduction per "
-                f"step, {links}")
+        tensor = (f"tensor parallelism over {self.tensor} processes: {self.tensor_seconds(1) * 1e3:.2f} ms of "
+                  f"activation collectives per sample at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
+                  if self.tensor > 1 else "")
+        if self.strategy == "none":
+            return tensor
+        return (f"{self.strategy} over {self.world_size} {'groups' if self.tensor > 1 else 'processes'}: "
+                f"{self.gather_seconds() * 1e3:.1f} ms of all-gathers per micro-batch, "
+                f"{self.reduce_seconds() * 1e3:.1f} ms of gradient reduction per step, {links}"
+                + (f"; {tensor}" if tensor else ""))
 
 
 def communication_for(strategy: str, *, world_size: int, local_world_size: int, parameters: int,
                       precision: str, device_name: str, device_kind: str,
-                      network_gbps: float | None = None, link_gbps: float | None = None) -> Communication | None:
+                      network_gbps: float | None = None, link_gbps: float | None = None, tensor: int = 1,
+                      tensor_elements_per_sample: int = 0) -> Communication | None:
     """The strategy's collectives on this device's links; None for one process, or where the links are
     unknown (a CPU, a GPU the catalog does not know). `network_gbps`: the network between machines per GPU
     (CONFIG_NET_GBPS), else the catalog's; never more than the GPU's own link. `link_gbps`: the GPU's link
-    within a machine where a HW= profile states it (GPUSpeed.link_gbs), else the catalog's."""
-    if world_size <= 1 or strategy == "none" or device_kind != "gpu":
+    within a machine where a HW= profile states it (GPUSpeed.link_gbs), else the catalog's. `tensor` > 1:
+    world sizes count tensor-parallel groups of that many processes, whose collectives carry
+    `tensor_elements_per_sample` activation elements per sample in a micro-batch."""
+    if (world_size <= 1 or strategy == "none") and tensor == 1 or device_kind != "gpu":
         return None
     from ..hardware import catalog
 
@@ -114,6 +140,8 @@ def communication_for(strategy: str, *, world_size: int, local_world_size: int, 
             catalog.link_bytes_per_s(device_name, across_machines=True)
     shard = local_world_size if strategy == "hsdp" and nodes > 1 else world_size
     gathered = 2 if precision in ("bf16", "fp16") else 4  # lib.parallel.mixed_precision
-    return Communication(strategy=strategy, world_size=world_size, shard_size=shard,
-                         parameter_bytes=parameters * gathered, gradient_bytes=parameters * 4,
-                         link_bytes_per_s=link, network_bytes_per_s=network)
+    share = parameters // tensor  # a process gathers and reduces its tensor-parallel share only
+    return Communication(strategy=strategy if world_size > 1 else "none", world_size=world_size, shard_size=shard,
+                         parameter_bytes=share * gathered, gradient_bytes=share * 4,
+                         link_bytes_per_s=link, network_bytes_per_s=network, tensor=tensor,
+                         tensor_bytes_per_sample=float(tensor_elements_per_sample * gathered))

@@ -135,6 +135,10 @@ class StepTimeModel:
     # and unaligned matmuls keep the precision's; torchao's casts of their operands charged as memory traffic
     # (FLOAT8_CAST_TRAFFIC)
     float8: bool = False
+    # processes per tensor-parallel group (CONFIG_TP): each computes its share of every split layer, taken as
+    # the whole model's work at micro-batch / tensor (the split matmuls keep their rows, lose columns: the
+    # same FLOPs and bytes per process as a 1/tensor batch of the whole), its kernels as many as the whole's
+    tensor: int = 1
     # micro-batch -> micro_seconds: a plan weighs tens of candidates of up to hundreds of micro-batches each
     # (not copied by dataclasses.replace, so a changed model starts empty)
     _micro_memo: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -213,8 +217,13 @@ class StepTimeModel:
         return not self.measured or batch <= max(self.measured)
 
     def forward_seconds(self, batch: float) -> float:
-        """One evaluation forward (no backward), scaled as the micro-batch is."""
-        return self._corrected(self.counts.at(batch, "forward"), self.efficiency(batch), self.factor(batch))
+        """One evaluation forward (no backward), scaled as the micro-batch is; a tensor-parallel process's
+        share, with a third of a training micro-batch's collectives (forward only)."""
+        share = batch / self.tensor
+        seconds = self._corrected(self.counts.at(share, "forward"), self.efficiency(share), self.factor(share))
+        if self.tensor > 1 and self.communication is not None:
+            seconds += self.communication.tensor_seconds(batch) / 3
+        return seconds
 
     def corrected_micro_seconds(self, batch: float, factor: float | None = None) -> float:
         """One micro-batch's forward and backward, calibration included (`factor`: the step's, where the
@@ -236,11 +245,12 @@ class StepTimeModel:
         """Seconds of one optimizer step by part, calibration included; they sum to `seconds`."""
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
         f = self.factor(micro_batch)
-        micro = [self.corrected_micro_seconds(s, f) for s in sizes]
-        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(sizes[-1] if sizes else micro_batch) * f,
+        micro = [self.corrected_micro_seconds(s / self.tensor, f) for s in sizes]
+        last = (sizes[-1] if sizes else micro_batch) / self.tensor
+        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(last) * f / self.tensor,
                  "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
-            parts["communication"] = self.communication.exposed_seconds(micro)
+            parts["communication"] = self.communication.exposed_seconds(micro, sizes)
         return parts
 
     def seconds(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> float:
