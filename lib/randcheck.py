@@ -51,10 +51,10 @@ COMMON = (("DEVICE", {"AUTO": 6, "CPU": 1, "CUDA": 1}), ("DATASET", {"EMBEDDED":
 # already made)
 FLOAT8 = {"OFF": 6, "TENSORWISE": 1, "ROWWISE": 1}
 # CONFIG_TP from a stream of its own (set before the rest is drawn, which it then leaves as it was): for the
-# Llama, which states a tensor-parallel plan, 2 often (4 is refused by the tiny preset's 2 key/value heads, and
-# any degree where a machine's processes do not divide into groups); for the others, whose refusal is one
-# line, rarely
-TENSOR_PARALLEL = {"llama-tiny": {1: 5, 2: 4, 4: 1}, None: {1: 12, 2: 1}}
+# Llama, which states a tensor-parallel plan, 2 and AUTO (0) often (4 is refused by the tiny preset's 2
+# key/value heads, and any degree where a machine's processes do not divide into groups); for the others,
+# whose refusal is one line, rarely
+TENSOR_PARALLEL = {"llama-tiny": {1: 4, 2: 3, 0: 2, 4: 1}, None: {1: 12, 2: 1, 0: 1}}
 WEIGHTED = {
     "text": (("PRECISION", {"BF16": 5, "AUTO": 2, "FP16": 1, "FP32": 2}),
              ("PARALLEL", {"FSDP": 4, "AUTO": 3, "DDP": 1, "FSDP_GRAD_OP": 1, "HSDP": 1})),

@@ -4,6 +4,7 @@ and a TP run resumes on another layout through DCP."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from lib.errors import PlanError
 from lib.export import export, load_exported
 from lib.hardware import resolve_hardware
 from lib.planning import make_plan
+from lib.planning.decisions import tensor_parallel_candidates
 from lib.trainer.windows import rank_batches
 from tests.helpers import CPU
 from tests.test_fsdp import losses, train
@@ -96,6 +98,24 @@ def test_a_degree_this_run_cannot_use_is_one_line_naming_the_setting(tmp_path, e
         make_plan(config, CPU, world_size=world)
     message = str(err.value)
     assert "CONFIG_TP=" in message and words in message and "\n" not in message
+
+
+def test_auto_plans_every_degree_that_splits_the_model_and_keeps_the_fastest(tmp_path):
+    config = kc.read_config(llama_config(tmp_path, "CONFIG_TP=0\n", device="AUTO"))
+    assert tensor_parallel_candidates(config, 8, 1) == [1, 2]  # llama-tiny's 2 key/value heads: no 4 or 8
+    assert tensor_parallel_candidates(config, 16, 2) == [1, 2]
+    assert tensor_parallel_candidates(config, 3, 1) == [1]
+    h100 = resolve_hardware(gpu="h100", gpus=4)
+    plan = make_plan(config, h100, world_size=4).plan
+    why = plan.reasons["tensor_parallel"]
+    assert why.startswith("AUTO (CONFIG_TP=0): ") and "TP 1: " in why and "TP 2: " in why
+    each = {d: make_plan(dataclasses.replace(config, tensor_parallel=d), h100, world_size=4).plan for d in (1, 2)}
+    fastest = max(each.values(), key=lambda p: p.predicted_samples_per_second)
+    assert plan.tensor_parallel == fastest.tensor_parallel
+    assert plan.predicted_samples_per_second == fastest.predicted_samples_per_second
+    # where step time is unknown (a CPU's 2 processes share its cores: measured, but AUTO still decides)
+    cpu = make_plan(kc.read_config(llama_config(tmp_path / "cpu", "CONFIG_TP=0\n")), CPU, world_size=2).plan
+    assert cpu.tensor_parallel in (1, 2) and cpu.reasons["tensor_parallel"].startswith("AUTO")
 
 
 def test_gpt2_and_float8_are_refused_with_tp(tmp_path):
@@ -234,8 +254,6 @@ def tiny_on_h100(tmp_path_factory):
 @given(tensor=st.sampled_from([2, 4, 8]), micro=st.integers(1, 64), accum=st.integers(1, 4))
 def test_a_tensor_parallel_process_computes_the_whole_model_at_a_share_of_the_micro_batch(tiny_on_h100, tensor,
                                                                                          micro, accum):
-    import dataclasses
-
     whole = tiny_on_h100
     split = dataclasses.replace(whole, tensor=tensor)
     parts = split.parts(micro, accum)

@@ -385,7 +385,9 @@ class Options:
     tensor-parallel plan (Llama), a degree that divides the processes and the attention's key/value heads, and
     FSDP (not DDP) where there are several groups. With one process there is nothing to split: it trains whole
     blocks, and its checkpoints resume under TP (and TP's under it). On the command line: make train GPUS=4
-    TP=2."""
+    TP=2. 0 (AUTO) plans every degree that can split the model within a machine (1, 2, 4, ... up to its
+    processes) and keeps the one with the highest predicted samples/s that fits memory, the smallest that fits
+    where step time is unknown; 'make plan' shows the runner-ups and why each other degree lost."""
     net_gbps: int | None
     """CONFIG_NET_GBPS: The bandwidth each GPU has to other machines, in GB/s in one direction, for the time of
     collectives when a run spans machines: a 400 Gb/s InfiniBand or RoCE port per GPU is 50, a 200 Gb/s one 25.

@@ -128,7 +128,7 @@ class Config:
     nproc: int | None  # MANUAL: processes per machine
     parallel_strategy: str  # auto | ddp | fsdp | fsdp_grad_op | hsdp (lib/parallel.py)
     fsdp_cpu_offload: bool
-    tensor_parallel: int  # CONFIG_TP: processes per tensor-parallel group (1: none)
+    tensor_parallel: int  # CONFIG_TP: processes per tensor-parallel group (1: none; 0: AUTO, the planner's)
     net_gbps: int  # between machines, GB/s per GPU in one direction; 0: the catalog's NETWORK_GBS
 
     # learning-rate finder
@@ -443,7 +443,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         parallel_strategy=choice_of(kconf, "PARALLEL_", {"AUTO": "auto", "DDP": "ddp", "FSDP": "fsdp",
                                                       "FSDP_GRAD_OP": "fsdp_grad_op", "HSDP": "hsdp"}),
         fsdp_cpu_offload=bool_of(kconf, "FSDP_CPU_OFFLOAD"),
-        tensor_parallel=int_of(kconf, "TP") or 1,
+        tensor_parallel=1 if int_of(kconf, "TP") is None else int_of(kconf, "TP"),
         net_gbps=int_of(kconf, "NET_GBPS") or 0,
         **_tuning(kconf),
         **_adaptation(kconf),

@@ -94,12 +94,29 @@ def decide_float8(config: Config, device_type: str, gpu: GPUInfo | None) -> tupl
                            "float8 tensor cores; the linear layers' matrix multiplies run in float8")
 
 
+def tensor_parallel_candidates(config: Config, world_size: int, nodes: int) -> list[int]:
+    """The degrees CONFIG_TP=0 (AUTO) plans: 1, and every power of two up to a machine's processes that
+    divides them and splits the model (its family's TensorParallel.problem)."""
+    from ..models.registry import spec_for
+
+    support = spec_for(config.model).tensor_parallel
+    per_machine = world_size // max(1, nodes)
+    degrees, degree = [1], 2
+    while support is not None and degree <= per_machine:
+        if per_machine % degree == 0 and support.problem(config, degree) is None:
+            degrees.append(degree)
+        degree *= 2
+    return degrees
+
+
 def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float8: str | None) -> tuple[int, str]:
     """Processes per tensor-parallel group (CONFIG_TP) and why; a degree this run cannot use is a PlanError
     naming the setting and what would do."""
     from ..models.registry import spec_for
 
-    degree = config.tensor_parallel or 1
+    degree = config.tensor_parallel
+    if degree == 0:
+        raise ValueError("CONFIG_TP=0 (AUTO) is resolved by trying each degree (resolver._auto_tensor_parallel)")
     if degree == 1:
         return 1, "CONFIG_TP=1: each process holds whole blocks"
     symbol = f"CONFIG_TP={degree}"

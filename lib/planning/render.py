@@ -82,8 +82,8 @@ def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: Mo
         *([("processes", f"{plan.world_size // plan.nodes} x {plan.nodes} machines",
              f"{plan.world_size // plan.nodes} per machine on each of {plan.nodes} machines = {plan.world_size}")]
           if plan.nodes > 1 else []),
-        *([("tensor parallel", f"{plan.tensor_parallel} processes per group", plan.reasons["tensor_parallel"])]
-          if plan.tensor_parallel > 1 else []),
+        *([("tensor parallel", f"{plan.tensor_parallel} per group", plan.reasons["tensor_parallel"])]
+          if plan.tensor_parallel > 1 or plan.reasons.get("tensor_parallel", "").startswith("AUTO") else []),
         ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
          plan.reasons.get("strategy", "")),
         *([("communication", "per step", plan.reasons["communication"])] if "communication" in plan.reasons else []),

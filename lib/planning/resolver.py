@@ -31,7 +31,7 @@ from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
                         decide_float8, decide_gradient_sync, decide_precision, decide_tensor_parallel,
-                        decide_tf32)
+                        decide_tf32, tensor_parallel_candidates)
 from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
 from .throughput import choose_fastest, with_predictions
@@ -41,11 +41,46 @@ from .tiers import policy_for
 def resolve_request(request: PlanRequest) -> Plan:
     """The plan for the request, sharing the model as lib.planning.strategy decides. Where the memory planner
     predicts that not even micro-batch 1 fits, the out-of-memory ladder's rungs that the config allows are
-    taken before training (`_on_the_ladder`), as training would take them after running out of memory."""
+    taken before training (`_on_the_ladder`), as training would take them after running out of memory.
+    CONFIG_TP=0 (AUTO) is every candidate degree's plan, the fastest kept (`_auto_tensor_parallel`)."""
+    if request.config.tensor_parallel == 0:
+        return _auto_tensor_parallel(request)
     try:
         return _resolve(request)
     except NoFitError as err:
         return _on_the_ladder(request, err)
+
+
+def _auto_tensor_parallel(request: PlanRequest) -> Plan:
+    """CONFIG_TP=0: the plan of each degree decisions.tensor_parallel_candidates gives, each as CONFIG_TP=N
+    would plan it (its strategy, micro-batch and checkpointing its own best, the ladder included); the one
+    with the most predicted samples/s wins, the smallest degree that fits where step time is unknown (it
+    communicates least). The reason lists the others, and why a degree had no plan."""
+    config = request.config
+    plans, refused = [], []
+    for degree in tensor_parallel_candidates(config, request.world_size, request.nodes):
+        try:
+            plans.append(resolve_request(dataclasses.replace(
+                request, config=dataclasses.replace(config, tensor_parallel=degree))))
+        except PlanError as err:
+            refused.append((degree, err))
+    if not plans:
+        degree, err = refused[-1]  # the most split degree's refusal: what is left when splitting has done its part
+        raise type(err)(f"CONFIG_TP=0 (AUTO) found no tensor-parallel degree that plans "
+                        f"(tried {', '.join(str(d) for d, _ in refused)}); at TP {degree}: {err}",
+                        *((err.helps, err.hint) if isinstance(err, NoFitError) else ()))
+    timed = [p for p in plans if p.predicted_samples_per_second]
+    best = max(timed, key=lambda p: p.predicted_samples_per_second) if timed else plans[0]
+
+    def summary(plan: Plan) -> str:
+        speed = (f"{plan.predicted_samples_per_second:,.1f} samples/s" if plan.predicted_samples_per_second
+                 else "step time unknown")
+        return f"TP {plan.tensor_parallel}: {speed} ({plan.strategy}, micro-batch {plan.micro_batch})"
+
+    how = "the fastest predicted that fits" if timed else "the smallest degree that fits (step time unknown)"
+    others = [summary(p) for p in plans if p is not best] + [f"TP {d}: {err}" for d, err in refused]
+    why = f"AUTO (CONFIG_TP=0): {summary(best)}, {how}" + (f"; {'; '.join(others)}" if others else "")
+    return dataclasses.replace(best, reasons={**best.reasons, "tensor_parallel": why})
 
 
 def _on_the_ladder(request: PlanRequest, no_fit: NoFitError) -> Plan:
