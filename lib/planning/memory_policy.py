@@ -186,10 +186,13 @@ class PlannerPolicy:
         if (config.memory_profile or DEFAULT_SHARE) < LARGEST_SHARE:
             helps.append("a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)")
         helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
-        if sharding:
-            label += (f" ({sharding['strategy']} over {sharding['world_size']} "
-                      + (f"groups of {sharding['tensor']} tensor-parallel processes)" if "tensor" in sharding
-                         else "processes)"))
+        if sharding and "tensor" not in sharding:
+            label += f" ({sharding['strategy']} over {sharding['world_size']} processes)"
+        elif sharding:
+            groups = sharding["world_size"]
+            label += (f" (tensor-parallel over {sharding['tensor']} processes"
+                      + (f", {sharding['strategy']} over {groups} such groups)" if sharding["strategy"] != "none"
+                         else ")"))
         return NoFitError(f"{label} does not fit even at micro-batch 1: the predicted peak is "
                           f"{_fmt(one.peak_bytes)} ({parts}) but the budget is {_fmt(budget)} ({budget_why})", helps)
 
