@@ -101,6 +101,7 @@ def tensor_parallelize(model: nn.Module, mesh: "DeviceMesh") -> nn.Module:
         raise ValueError(f"{type(model).__name__} states no tensor_parallel_plan(): it cannot be split with TP")
     block_plan, root_plan = plans()
     tp = mesh["tp"]
+    _quiet_about_harmless_layouts()
     tied = _tied_parameters(model)
     for unit in shard_units(model):
         parallelize_module(unit, tp, block_plan)
@@ -116,6 +117,17 @@ def tensor_parallelize(model: nn.Module, mesh: "DeviceMesh") -> nn.Module:
                                  f"{getattr(mine, 'placements', None)}): they cannot stay one parameter")
             setattr(module, name, shared)
     return model
+
+
+def _quiet_about_harmless_layouts() -> None:
+    """Two notices every rank of a tensor-parallel run printed once, about nothing that costs it: the logits
+    gathered whole for the loss come back as a view, which FSDP's root warns an in-place op could break (the
+    loss never changes them), and the gradient norm's scalar crosses a 2-D mesh in two all-reduces."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(\w+\) returned a view tensor")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
 def _tied_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
