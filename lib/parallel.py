@@ -106,6 +106,7 @@ def tensor_parallelize(model: nn.Module, mesh: "DeviceMesh") -> nn.Module:
     for unit in shard_units(model):
         parallelize_module(unit, tp, block_plan)
     parallelize_module(model, tp, root_plan)
+    model.loss_parallel = bool(getattr(model, "tensor_parallel_loss", False))  # its logits stay split
     for places in tied:  # each style replaced the shared parameter with its own DTensor: one again
         first_module, first_name = places[0]
         shared = getattr(first_module, first_name)
@@ -119,10 +120,28 @@ def tensor_parallelize(model: nn.Module, mesh: "DeviceMesh") -> nn.Module:
     return model
 
 
+def loss_context(model: nn.Module):
+    """Where the loss (and its backward) of `model`'s outputs must run: torch's loss_parallel where
+    tensor_parallelize left the logits split over the vocabulary, else nowhere special."""
+    import contextlib
+
+    if not getattr(model, "loss_parallel", False):
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def local_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor: under loss_parallel it is a replicated DTensor, the same on every process."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _quiet_about_harmless_layouts() -> None:
-    """Two notices every rank of a tensor-parallel run printed once, about nothing that costs it: the logits
-    gathered whole for the loss come back as a view, which FSDP's root warns an in-place op could break (the
-    loss never changes them), and the gradient norm's scalar crosses a 2-D mesh in two all-reduces."""
+    """Two notices every rank of a tensor-parallel run printed once, about nothing that costs it: the output
+    layer's logits come back from its redistribution as a view, which FSDP's root warns an in-place op could
+    break (the loss never changes them), and the gradient norm's scalar crosses a 2-D mesh in two
+    all-reduces."""
     import logging
     import warnings
 

@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 
 from . import distributed
+from .parallel import is_sharded
 from .config import Config
 from .fileio import cache_note, read_json_cache, write_json_atomic
 from .hardware import HardwareProfile, device_memory, reset_peak_memory
@@ -242,6 +243,12 @@ def confirm(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *
     """The probe's result for `plan` ("max_micro", "eval_batch": the largest that fit; "how": measured or
     cached), or None where the config does not probe on this device."""
     if config.probe == "never" or (config.probe == "auto" and plan.device_type != "cuda"):
+        return None
+    if is_sharded(plan.strategy) and plan.world_size > 1 or plan.tensor_parallel > 1:
+        # its trials hold a whole replica, which a process of a sharded or tensor-parallel run never does: it
+        # would refuse sizes that fit (or run out of memory where the run would not); the trace decides
+        log("Probe: skipped: the plan shards or splits the model over processes, and the probe's trials hold "
+            "a whole replica; the memory planner's trace of one process's share stands")
         return None
     device = distributed.device_for(rank, plan.device_type)
     path, key = cache_path(), fingerprint(config, plan, hardware, task)

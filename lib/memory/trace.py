@@ -160,7 +160,9 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
                    segment_end: Callable[[], None] | None = None) -> None:
     """The traced (and, in bench_memory, measured) sequence: two steps, the second accumulating. `forward_loss`
     (x, y -> loss: lib/step.py's, compiled) runs in place of `loss_fn(model(x), y)` where given; `segment_end`
-    is called after each forward, backward and optimizer step (SegmentPeaks.end)."""
+    is called after each forward, backward and optimizer step (SegmentPeaks.end). The loss and its backward
+    run where lib.parallel.loss_context says, as in the trainer."""
+    from ..parallel import loss_context
     from .autocast import step_casts
 
     end = segment_end or (lambda: None)
@@ -168,11 +170,12 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
         for _ in range(2):
             if before_each:
                 before_each()
-            with autocast:
-                loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
-            end()
-            loss.backward()
-            del loss
+            with loss_context(model):
+                with autocast:
+                    loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
+                end()
+                loss.backward()
+                del loss
             end()
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=foreach)
@@ -185,8 +188,11 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
 def evaluation_pass(model, task, x, y) -> None:
     """The traced evaluation: the forward, the loss and, for images, the evaluator's accuracy
     (lib/trainer/evaluation.py). The output is whatever the loss reads: a tensor, a ModelOutput, a tuple."""
+    from ..parallel import loss_context
+
     out = model(x)
-    task.loss(out, y)
+    with loss_context(model):
+        task.loss(out, y)
     if task.info.kind == "image":
         out.argmax(dim=-1)
 

@@ -63,16 +63,16 @@ def tensor_parallel_problem(config: LlamaConfig, degree: int, block_size: int) -
     return None
 
 
-def tensor_parallel_traffic(config: LlamaConfig, block_size: int, vocab_size: int, checkpointed: bool) -> int:
+def tensor_parallel_traffic(config: LlamaConfig, block_size: int, checkpointed: bool) -> int:
     """The activation elements per sample that Llama.tensor_parallel_plan()'s collectives carry in one
     micro-batch: in each block's forward an all-gather of the sequence before the attention and before the
     MLP and a reduce-scatter after each (4 x context x dim), the same in backward, and again in a recomputed
-    forward; the embedding's reduce-scatter and the final norm's all-gather (and their backward); the output
-    layer's logits gathered whole for the loss (context x vocabulary, forward only). Each collective's full
-    size: a ring moves (N - 1) / N of it through every process's link."""
+    forward; the embedding's reduce-scatter and the final norm's all-gather (and their backward). The logits
+    stay split (the loss reduces a few numbers per token). Each collective's full size: a ring moves
+    (N - 1) / N of it through every process's link."""
     stream = block_size * config.dim
     per_block = (4 + 4 + (4 if checkpointed else 0)) * stream
-    return config.n_layer * per_block + 4 * stream + block_size * vocab_size
+    return config.n_layer * per_block + 4 * stream
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -154,8 +154,8 @@ class Llama(nn.Module):
         and torchtitan split a Llama: q/k/v and gate/up column-wise (each process computes whole heads and a
         slice of the hidden units), o and down row-wise (their partial sums reduce-scattered back to a
         sequence shard), the norms sequence-parallel (each process normalises its slice of the tokens), the
-        embedding row-wise over the vocabulary and the output layer column-wise, gathered to whole logits for
-        the loss. The residual stream between blocks stays sharded along the sequence."""
+        embedding row-wise over the vocabulary and the output layer column-wise, its logits left split over the
+        vocabulary for the loss. The residual stream between blocks stays sharded along the sequence."""
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                        SequenceParallel)
@@ -174,9 +174,15 @@ class Llama(nn.Module):
         root = {
             "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
             "norm": SequenceParallel(),
-            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+            # the logits stay split over the vocabulary: the loss runs under loss_parallel (tensor_parallel_loss)
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
         }
         return block, root
+
+    # the split logits' cross-entropy is computed where they lie (torch's loss_parallel): no process ever holds
+    # a micro-batch's whole logits and their gradient in fp32, which at 128k tokens of vocabulary is most of a
+    # large model's temporaries
+    tensor_parallel_loss = True
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

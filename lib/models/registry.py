@@ -155,10 +155,7 @@ def _llama_tensor_problem(config: "Config", degree: int) -> str | None:
 def _llama_tensor_traffic(config: "Config", checkpointed: bool) -> int:
     from .llama import tensor_parallel_traffic
 
-    # CONFIG_VOCAB_SIZE where set (the presets set theirs), else the embedded text's 256 bytes: a corpus's own
-    # vocabulary is known only once its data is read, and only the logits' share of the traffic depends on it
-    vocab = vocab_rows(config.vocab_size or 256, config.pad_vocab)
-    return tensor_parallel_traffic(llama_shape(config), config.llama_block_size, vocab, checkpointed)
+    return tensor_parallel_traffic(llama_shape(config), config.llama_block_size, checkpointed)
 
 
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:

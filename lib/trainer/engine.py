@@ -132,13 +132,13 @@ class Engine:
             if self.fsdp:  # reduce-scatter in the last backward only, where memory allows (plan.gradient_sync)
                 self.model.set_requires_gradient_sync(last or plan.gradient_sync == "micro_batch")
             sync = self.ddp is None or (self.ddp_sync_last and last)
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+            with contextlib.nullcontext() if sync else self.ddp.no_sync(), parallel.loss_context(self.model):
                 with autocast_for(plan):
                     loss = self.forward_loss(x, y)
                 scale = weight * grad_factor  # 1 for one micro-batch on one process: no multiply, nor its backward
                 self.scaler.scale(loss if scale == 1 else loss * scale).backward()
             if weight:
-                part = loss.detach() * len(indices)
+                part = parallel.local_value(loss.detach()) * len(indices)
                 total = part.float() if total is None else total + part
         if total is None or not self.rank.counts:  # a tensor-parallel group's loss counts once in the sum
             return torch.zeros((), device=self.device)

@@ -18,6 +18,7 @@ from .. import distributed
 from ..config import Config
 from ..distributed import Rank
 from ..oom import Injector, halve, is_oom, release
+from ..parallel import local_value, loss_context
 from ..plan import Plan
 from ..step import autocast_for
 from ..task import Task
@@ -68,7 +69,8 @@ class Evaluator:
                 outputs = model(x)
             if i >= len(mine):
                 continue
-            loss_sum += self.loss_fn(outputs, y).item() * len(y)
+            with loss_context(model):
+                loss_sum += local_value(self.loss_fn(outputs, y)).item() * len(y)
             if running:  # the metrics see float32 outputs, not autocast's half-precision ones
                 seen = outputs.float() if isinstance(outputs, torch.Tensor) and outputs.is_floating_point() \
                     else outputs
