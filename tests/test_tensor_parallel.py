@@ -199,6 +199,7 @@ def test_a_tp_run_resumes_under_fsdp_then_on_one_process(tmp_path, one_process):
 # What the planner predicts for a tensor-parallel process
 
 
+@pytest.mark.slow  # two traces, one in a child process; AUTO's test below traces TP plans in the quick tier
 def test_a_tensor_parallel_process_is_traced_holding_its_share_of_the_model(tmp_path):
     """The sharded tracer applies the same tensor_parallelize as the trainer: at TP 2 a process holds half of
     every split weight (the norms, a few hundred numbers, whole), and its activations shrink too."""
