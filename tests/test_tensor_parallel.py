@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from lib import checkpoint, parallel
 from lib import config as kc
 from lib.distributed import Rank
-from lib.errors import PlanError
+from lib.errors import KfitError, PlanError
 from lib.export import export, load_exported
 from lib.hardware import resolve_hardware
 from lib.planning import make_plan
@@ -116,6 +116,17 @@ def test_auto_plans_every_degree_that_splits_the_model_and_keeps_the_fastest(tmp
     # where step time is unknown (a CPU's 2 processes share its cores: measured, but AUTO still decides)
     cpu = make_plan(kc.read_config(llama_config(tmp_path / "cpu", "CONFIG_TP=0\n")), CPU, world_size=2).plan
     assert cpu.tensor_parallel in (1, 2) and cpu.reasons["tensor_parallel"].startswith("AUTO")
+
+
+def test_auto_passes_on_a_refusal_that_no_degree_changes_as_it_is(tmp_path):
+    """A refusal every degree meets alike (here a CUDA device on a machine without one) is the error the
+    config gets with CONFIG_TP=1, word for word: the command line and the API say the same."""
+    config = kc.read_config(llama_config(tmp_path, "CONFIG_TP=0\n", device="CUDA"))
+    with pytest.raises(KfitError) as auto:
+        make_plan(config, CPU, world_size=2)
+    with pytest.raises(KfitError) as one:
+        make_plan(dataclasses.replace(config, tensor_parallel=1), CPU, world_size=2)
+    assert str(auto.value) == str(one.value) and "CONFIG_TP" not in str(auto.value)
 
 
 def test_gpt2_and_float8_are_refused_with_tp(tmp_path):

@@ -65,6 +65,8 @@ def _auto_tensor_parallel(request: PlanRequest) -> Plan:
         except PlanError as err:
             refused.append((degree, err))
     if not plans:
+        if len({str(err) for _, err in refused}) == 1:  # nothing to do with the degree (a device, the data): as is
+            raise refused[0][1]
         degree, err = refused[-1]  # the most split degree's refusal: what is left when splitting has done its part
         raise type(err)(f"CONFIG_TP=0 (AUTO) found no tensor-parallel degree that plans "
                         f"(tried {', '.join(str(d) for d, _ in refused)}); at TP {degree}: {err}",
