@@ -91,7 +91,8 @@ class Plan:
     def split(self) -> BatchSplit:
         """How a step's effective batch runs as micro-batches over the processes (lib.units.batch_split): its
         text() and compact() are what every line showing the micro-batch and accumulation prints."""
-        return batch_split(self.effective_batch, self.micro_batch, self.data_parallel)
+        return batch_split(self.effective_batch, self.micro_batch, self.data_parallel,
+                           "process" if self.tensor_parallel == 1 else "tensor-parallel group")
 
     @property
     def data_parallel(self) -> int:

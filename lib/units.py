@@ -77,6 +77,7 @@ class BatchSplit:
     micro: int
     processes: int
     sizes: tuple[int, ...]
+    unit: str = "process"  # what shares the batch: a process, or under tensor parallelism a group of them
 
     @property
     def count(self) -> int:
@@ -101,7 +102,7 @@ class BatchSplit:
             if self.processes == 1:
                 parts.append(one)
             else:
-                noun = "process" if ranks == 1 else "processes"
+                noun = self.unit if ranks == 1 else self.unit + ("es" if self.unit.endswith("s") else "s")
                 parts.append(f"{f'({one})' if len(groups) > 1 else one} x {ranks} {noun}")
         return f"{' + '.join(parts)} = {self.effective}"
 
@@ -115,10 +116,11 @@ class BatchSplit:
         return str(first) if first == sizes[-1] else f"{first} (last {sizes[-1]})"
 
 
-def batch_split(effective: int, micro: int, processes: int = 1) -> BatchSplit:
-    """How `effective` samples per optimizer step run as micro-batches of `micro` on `processes` processes."""
+def batch_split(effective: int, micro: int, processes: int = 1, unit: str = "process") -> BatchSplit:
+    """How `effective` samples per optimizer step run as micro-batches of `micro` on `processes` processes (or
+    whatever `unit` names: the tensor-parallel groups that share a batch)."""
     if effective < 1 or micro < 1 or processes < 1:
         raise ValueError(f"a batch split needs counts of at least 1, not effective={effective!r}, "
                          f"micro={micro!r}, processes={processes!r}")
     share = -(-effective // processes)
-    return BatchSplit(effective, micro, processes, tuple(micro_batch_sizes(share, micro)))
+    return BatchSplit(effective, micro, processes, tuple(micro_batch_sizes(share, micro)), unit)
