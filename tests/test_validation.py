@@ -778,9 +778,10 @@ def test_scale_check_runs_each_case_until_its_budget_and_judges_memory_and_step(
     assert "compiled selective-op's step off by +30%" in result.reason
     assert "float8 needs torchao" in result.reason and "memory off" not in result.reason
     cases = scale_check.CASES
-    assert {c.float8 for c in cases} == {None, "TENSORWISE"} and {c.checkpointing for c in cases} == {
+    assert {c.float8 for c in cases} == {None, "TENSORWISE", "ROWWISE"} and {c.checkpointing for c in cases} == {
         None, "SELECTIVE_OP", "FULL"}
-    assert cases[1].assignments()["COMPILE_MODEL"] and cases[2].assignments()["FLOAT8_TENSORWISE"]
+    assert cases[0].assignments()["COMPILE_MODEL"] and cases[1].assignments()["FLOAT8_TENSORWISE"]
+    assert cases[2].assignments()["FLOAT8_ROWWISE"]
     assert not cases[-1].assignments()["GRADIENT_CHECKPOINTING"]
     ok = scale_check.judge({"a": {"measured_reserved_mib": 1024.0, "memory_error": 0.02, "measured_ms": 90.0,
                                   "time_error": -0.1}})
