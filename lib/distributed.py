@@ -52,26 +52,33 @@ class Rank:
     world_size: int = 1
     local_world_size: int = 1
     tensor: int = 1  # processes per tensor-parallel group (CONFIG_TP): consecutive ranks, the same samples
+    pipeline: int = 1  # pipeline stages (CONFIG_PP): the outermost cut, world_size / pipeline processes each
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     @property
+    def stage_rank(self) -> int:
+        """Which pipeline stage (of CONFIG_PP's) this process runs: 0 without pipeline parallelism."""
+        return self.rank // (self.world_size // self.pipeline)
+
+    @property
     def data_rank(self) -> int:
         """Which data-parallel group this process belongs to: which slice of every window it trains on."""
-        return self.rank // self.tensor
+        return self.rank % (self.world_size // self.pipeline) // self.tensor
 
     @property
     def data_world(self) -> int:
         """The data-parallel groups: how many slices a window is cut into."""
-        return self.world_size // self.tensor
+        return self.world_size // (self.tensor * self.pipeline)
 
     @property
     def counts(self) -> bool:
         """Whether this rank's loss sums count in the sums over ranks: one rank per tensor-parallel group, whose
-        processes all computed the same loss on the same samples."""
-        return self.rank % self.tensor == 0
+        processes all computed the same loss on the same samples, on the last pipeline stage (the only one
+        that computes it)."""
+        return self.rank % self.tensor == 0 and self.stage_rank == self.pipeline - 1
 
     @property
     def active(self) -> bool:

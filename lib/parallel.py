@@ -46,10 +46,11 @@ def is_sharded(strategy: str | None) -> bool:
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The modules fully_shard wraps one by one, in forward order: the items of every nn.ModuleList
-    (GPT-2's blocks, the usual transformer layout, Hugging Face's included); without any, the root's
+    (GPT-2's blocks, the usual transformer layout, Hugging Face's included) or nn.ModuleDict of numbered
+    blocks (a pipeline stage's, lib/pipeline.py); without any, the root's
     nn.Sequential children that hold parameters (a ResNet's stages). Each unit's parameters are
     gathered together, so a unit is the granularity of the all-gather buffer."""
-    units = [item for module in model.modules() if isinstance(module, nn.ModuleList) for item in module
+    units = [item for module in model.modules() if _holds_blocks(module) for item in module.children()
              if any(True for _ in item.parameters())]
     if units:
         return units
@@ -57,9 +58,21 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
             if isinstance(child, nn.Sequential) and any(True for _ in child.parameters())]
 
 
-def mesh_shape(strategy: str, world_size: int, local_world_size: int, tensor: int = 1) -> tuple[int, ...]:
+def _holds_blocks(module: nn.Module) -> bool:
+    """An nn.ModuleList, or an nn.ModuleDict keyed by block numbers (what keep_stages leaves of one)."""
+    return isinstance(module, nn.ModuleList) or (
+        isinstance(module, nn.ModuleDict) and len(module) > 0 and all(k.isdigit() for k in module.keys()))
+
+
+def mesh_shape(strategy: str, world_size: int, local_world_size: int, tensor: int = 1,
+               pipeline: int = 1) -> tuple[int, ...]:
     """The device mesh: 1-D over every process, or (replicas, shard) for HSDP; with `tensor` > 1 processes
-    per tensor-parallel group, the data-parallel shape over world_size / tensor, then the group."""
+    per tensor-parallel group, the data-parallel shape over world_size / tensor, then the group; with
+    `pipeline` > 1 stages, the stage first (its processes the farthest apart: across machines), then the
+    shape of one stage's world_size / pipeline processes."""
+    if pipeline > 1:
+        rest = world_size // pipeline
+        return (pipeline, *mesh_shape(strategy, rest, min(local_world_size, rest), tensor))
     if tensor > 1:
         return (*mesh_shape(strategy, world_size // tensor, max(1, local_world_size // tensor)), tensor)
     if strategy == "hsdp" and 1 < local_world_size < world_size and world_size % local_world_size == 0:
@@ -70,22 +83,24 @@ def mesh_shape(strategy: str, world_size: int, local_world_size: int, tensor: in
 
 
 def make_mesh(device_type: str, strategy: str, world_size: int, local_world_size: int,
-              tensor: int = 1) -> "DeviceMesh":
-    """The whole mesh: dimensions "shard" (or "replicate", "shard" for HSDP), then "tp" with `tensor` > 1."""
+              tensor: int = 1, pipeline: int = 1) -> "DeviceMesh":
+    """The whole mesh: "pp" with `pipeline` > 1, dimensions "shard" (or "replicate", "shard" for HSDP), then
+    "tp" with `tensor` > 1."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = mesh_shape(strategy, world_size, local_world_size, tensor)
-    data = len(shape) - (tensor > 1)
-    names = ("replicate", "shard")[2 - data:] + (("tp",) if tensor > 1 else ())
+    shape = mesh_shape(strategy, world_size, local_world_size, tensor, pipeline)
+    data = len(shape) - (tensor > 1) - (pipeline > 1)
+    names = (("pp",) if pipeline > 1 else ()) + ("replicate", "shard")[2 - data:] + (("tp",) if tensor > 1 else ())
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def data_mesh(mesh: "DeviceMesh") -> "DeviceMesh":
-    """The part of `mesh` the data-parallel strategy shards and replicates over (all of it without "tp")."""
+    """The part of `mesh` the data-parallel strategy shards and replicates over (all of it without "pp" and
+    "tp")."""
     names = mesh.mesh_dim_names or ()
-    if "tp" not in names:
+    rest = tuple(n for n in names if n not in ("pp", "tp"))
+    if rest == names:
         return mesh
-    rest = tuple(n for n in names if n != "tp")
     return mesh[rest if len(rest) > 1 else rest[0]]
 
 

@@ -70,6 +70,10 @@ class Plan:
     # processes per tensor-parallel group (CONFIG_TP): they split each block and see the same samples, so the
     # batch is shared by world_size / tensor_parallel data-parallel groups (`data_parallel`)
     tensor_parallel: int = 1
+    # pipeline stages (CONFIG_PP, lib/pipeline.py): world_size / pipeline_parallel processes each, the same samples
+    # flowing through them; the schedule (1F1B | Interleaved1F1B | GPipe) orders their micro-batches
+    pipeline_parallel: int = 1
+    pipeline_schedule: str = "1F1B"
     # The memory planner's prediction (None under the tier policy and in MANUAL mode).
     max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
     predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included
@@ -91,14 +95,15 @@ class Plan:
     def split(self) -> BatchSplit:
         """How a step's effective batch runs as micro-batches over the processes (lib.units.batch_split): its
         text() and compact() are what every line showing the micro-batch and accumulation prints."""
-        return batch_split(self.effective_batch, self.micro_batch, self.data_parallel,
-                           "process" if self.tensor_parallel == 1 else "tensor-parallel group")
+        unit = ("pipeline" if self.pipeline_parallel > 1 else "tensor-parallel group" if self.tensor_parallel > 1
+                else "process")
+        return batch_split(self.effective_batch, self.micro_batch, self.data_parallel, unit)
 
     @property
     def data_parallel(self) -> int:
         """The data-parallel groups the effective batch is shared by: every process, but one per tensor-parallel
-        group."""
-        return self.world_size // self.tensor_parallel
+        group and pipeline."""
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
 
     @property
     def last_micro_batch(self) -> int:
@@ -147,7 +152,9 @@ class BatchPolicy(Protocol):
     def choose(self, *, config: Config, hardware: HardwareProfile, model: ModelDescription, device_type: str,
                compile: bool, compile_mode: str | None, precision: str, world_size: int,
                target: int, strategy: str = "none", local_world_size: int | None = None,
-               cpu_offload: bool = False, tensor: int = 1) -> BatchChoice:
+               cpu_offload: bool = False, tensor: int = 1, pipeline: tuple[int, str] | None = None,
+               nodes: int = 1) -> BatchChoice:
         """The largest micro-batch the device should run and the evaluation batch, with reasons; the
         memory is one process's under `strategy` (lib/parallel.py) over `world_size` processes (data-parallel
-        groups of `tensor` processes each, under tensor parallelism)."""
+        groups of `tensor` processes each, under tensor parallelism; `pipeline`: (stages, schedule), a
+        process holding its stages' blocks)."""

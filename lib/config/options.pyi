@@ -388,6 +388,22 @@ class Options:
     TP=2. 0 (AUTO) plans every degree that can split the model within a machine (1, 2, 4, ... up to its
     processes) and keeps the one with the highest predicted samples/s that fits memory, the smallest that fits
     where step time is unknown; 'make plan' shows the runner-ups and why each other degree lost."""
+    pp: int | None
+    """CONFIG_PP: How many processes the model's layers are cut between, in order (torch.distributed.pipelining):
+    the first stage holds the token embedding, the last the final norm and the output layer, each its share of
+    the blocks. A step's micro-batches (the gradient accumulation) flow through the stages as the schedule below
+    orders them, so the effective batch stays exact. The stages of one pipeline see the same samples; the data-
+    parallel strategy above (and TP) applies within each stage, as torchtitan composes them: processes = PP x TP
+    x data-parallel groups. Put stages on different machines: a stage sends one micro-batch's activations to the
+    next, the least traffic of any split. Needs a family with stages (Llama) whose output layer is not tied to
+    its embedding, at least one block per stage, bf16 or fp32 (not fp16's gradient scaler), and FSDP (not DDP)
+    where there are several groups. A checkpoint resumes under any other degree (its tensors keep the whole
+    model's names). On the command line: make train GPUS=2 PP=2."""
+    pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] | None
+    """CONFIG_PP_SCHEDULE_*: The order in which the stages run the micro-batches' forwards and backwards
+    (torch.distributed.pipelining's schedules, named as torchtitan names them). The idle time at the start and
+    end of a step, the bubble, is (PP - 1) / (micro-batches + PP - 1) of it for GPipe and 1F1B, and that divided
+    by the stages per process for the interleaved schedule; 'make plan' shows it."""
     net_gbps: int | None
     """CONFIG_NET_GBPS: The bandwidth each GPU has to other machines, in GB/s in one direction, for the time of
     collectives when a run spans machines: a 400 Gb/s InfiniBand or RoCE port per GPU is 50, a 200 Gb/s one 25.

@@ -84,15 +84,17 @@ def write_traces(path: Path, contents: dict) -> None:
     sweep_temporaries(path.parent)
 
 
-@functools.lru_cache(maxsize=2)
-def _code_hash(sharded: bool = False) -> str:
+@functools.lru_cache(maxsize=4)
+def _code_hash(sharded: bool = False, pipeline: bool = False) -> str:
     """kfit's own code that shapes a trace: this package, the optimizer and loss, the built-in models;
-    for a sharded trace also the strategies' shard_model (lib/parallel.py), else not sharded*.py."""
+    for a sharded trace also the strategies' shard_model (lib/parallel.py), else not sharded*.py; for a
+    pipeline process's, the cut (lib/pipeline.py)."""
     package = Path(__file__).resolve().parent
     lib = package.parent
     own = sorted(p for p in package.glob("*.py") if sharded or not p.name.startswith("sharded"))
     files = [*own, lib / "step.py",
-             lib / "task.py", *sorted((lib / "models").glob("*.py")), *([lib / "parallel.py"] if sharded else [])]
+             lib / "task.py", *sorted((lib / "models").glob("*.py")), *([lib / "parallel.py"] if sharded else []),
+             *([lib / "pipeline.py"] if pipeline else [])]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.read_bytes())
@@ -136,13 +138,17 @@ def parallel_key(strategy: str, world_size: int, local_world_size: int | None, c
 
 
 def fingerprint(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
-                train: bool, parallel: dict | None = None, scaled_from: tuple[int, ...] = ()) -> tuple[str, dict]:
+                train: bool, parallel: dict | None = None, scaled_from: tuple[int, ...] = (),
+                part: tuple[bool, bool] | None = None) -> tuple[str, dict]:
     """(hash, contents) of everything but the batch size that changes a trace; `parallel`: parallel_key's;
-    `scaled_from`: the depths a deep model's traces are scaled from (depth.py), () for traces of every block."""
-    key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(parallel is not None),
+    `scaled_from`: the depths a deep model's traces are scaled from (depth.py), () for traces of every block;
+    `part`: (first, last) of a pipeline process's (lib/pipeline.py traced_part), None for the whole model."""
+    key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(parallel is not None, part is not None),
            "model": model_fingerprint(config), "device_type": device_type, "precision": precision, "train": train}
     if parallel is not None:
         key["parallel"] = parallel
+    if part is not None:
+        key["pipeline_part"] = list(part)
     if scaled_from:
         key["scaled_from"] = list(scaled_from)
     if device_type == "cpu":  # the convolution kernels torch picks (and their scratch) depend on this CPU

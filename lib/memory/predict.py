@@ -187,6 +187,27 @@ def parallel_overheads(trace: Trace, config: Config, *, strategy: str = "none", 
     return terms
 
 
+def pipeline_overheads(trace: Trace, in_flight: Callable[[int], float] | None) -> dict[str, int]:
+    """A pipeline process's activations beyond the one micro-batch traced: its schedule holds `in_flight(batch)`
+    micro-batches' at once before their backwards (lib/pipeline.py in_flight)."""
+    if in_flight is None:
+        return {}
+    more = in_flight(trace.batch) - 1
+    return {"pipeline_in_flight": int(more * trace.breakdown.get("activations", 0))} if more > 0 else {}
+
+
+def _part(config: Config, part: tuple | None) -> tuple[Config, tuple[bool, bool] | None]:
+    """(the config at a pipeline process's depth, its (first, last)) for part = (first, last, blocks)."""
+    if part is None:
+        return config, None
+    first, last, blocks = part
+    from ..models.registry import llama_shape
+
+    if llama_shape(config).n_layer != blocks:
+        config = at_depth(config, blocks)
+    return config, (bool(first), bool(last))
+
+
 @dataclass(frozen=True)
 class Prediction:
     batch: int
@@ -288,15 +309,17 @@ class MemoryPredictor:
         write_traces(directory / f"{key}.json", {"key": contents, "traces": traces, "affine": affine})
 
     def _step(self, config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool | None,
-              train: bool, parallel: dict | None = None) -> tuple[str, Callable[[int], Trace]]:
+              train: bool, parallel: dict | None = None,
+              part: tuple[bool, bool] | None = None) -> tuple[str, Callable[[int], Trace]]:
         """(cache key, batch -> the cached trace of this step, tracing and caching it on a miss).
-        `parallel`: cache.parallel_key's (None: one process's step, which a DDP rank runs too)."""
+        `parallel`: cache.parallel_key's (None: one process's step, which a DDP rank runs too); `part`: a
+        pipeline process's (first, last), `config` at its depth (None: the whole model)."""
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
         layers = None if self.full_depth else depth_of(config, parallel is not None)
         depths = shallow_depths(config, parallel is not None)
         key, contents = fingerprint(config, device_type=device_type, precision=precision,
                                     gradient_checkpointing=ckpt, train=train, parallel=parallel,
-                                    scaled_from=depths if layers else ())
+                                    scaled_from=depths if layers else (), part=part)
 
         def trace(batch: int) -> Trace:
             if batch < 1:
@@ -305,10 +328,11 @@ class MemoryPredictor:
                 if layers is not None:  # two shallow steps (traced and cached as any), scaled to the depth
                     # both traced at once, each in a child process of its own
                     self._prefetch([at_depth(config, d) for d in depths], batch, device_type=device_type,
-                                   precision=precision, gradient_checkpointing=ckpt, train=train, parallel=parallel)
+                                   precision=precision, gradient_checkpointing=ckpt, train=train, parallel=parallel,
+                                   part=part)
                     result = scaled(tuple(
                         self._step(at_depth(config, d), device_type=device_type, precision=precision,
-                                   gradient_checkpointing=ckpt, train=train, parallel=parallel)[1](batch)
+                                   gradient_checkpointing=ckpt, train=train, parallel=parallel, part=part)[1](batch)
                         for d in depths), layers, depths)
                     self._memo.pop(key, None)
                     self._entries(key)[str(batch)] = result.to_json()
@@ -327,7 +351,7 @@ class MemoryPredictor:
                                 task = task_once(config, json.dumps(contents["model"], sort_keys=True))
                                 result = trace_step(task, config, batch=batch, precision=precision,
                                                     device_type=device_type, gradient_checkpointing=ckpt,
-                                                    train=train)
+                                                    train=train, part=part)
                         except KfitError:
                             raise
                         except Exception as err:  # noqa: BLE001 - no fake kernel for an op: measure real steps
@@ -338,7 +362,7 @@ class MemoryPredictor:
                         result = self._prefetched.pop((key, batch), None) or self._tracers().trace(
                             config, **_sharded_request(parallel, batch=batch, precision=precision,
                                                        device_type=device_type, gradient_checkpointing=ckpt,
-                                                       train=train))
+                                                       train=train, part=part))
                 self.traces += 1
                 # re-read: another process may have added entries meanwhile
                 self._memo.pop(key, None)
@@ -355,20 +379,21 @@ class MemoryPredictor:
             self._sharded = ShardedTracers(TRACE_PROCESSES)
         return self._sharded
 
-    def _prefetch(self, configs: list[Config], batch: int, *, parallel: dict | None, **step) -> None:
+    def _prefetch(self, configs: list[Config], batch: int, *, parallel: dict | None,
+                  part: tuple[bool, bool] | None = None, **step) -> None:
         """The traces of `configs` at `batch` not cached yet, traced at once in child processes
         (ShardedTracers.trace_all) and kept for _step's trace to take. One process's steps that the tracer
         cannot run are left to _step, which measures real ones instead."""
         missing = []
         for config in configs:
-            key, _ = self._step(config, parallel=parallel, **step)
+            key, _ = self._step(config, parallel=parallel, part=part, **step)
             if str(batch) not in self._entries(key) and (key, batch) not in self._prefetched and (
                     parallel is not None or self._fit(key) is None):
                 missing.append((key, config))
         if len(missing) < 2 or TRACE_PROCESSES < 2:
             return  # one trace gains nothing from another process
-        request = (lambda: _sharded_request(parallel, batch=batch, **step)) if parallel else (
-            lambda: dict(batch=batch, **step))
+        request = (lambda: _sharded_request(parallel, batch=batch, part=part, **step)) if parallel else (
+            lambda: dict(batch=batch, part=part, **step))
         with _tracing(missing[0][1], batch, parallel, step["train"]):
             try:
                 traces = self._tracers().trace_all([(config, request()) for _, config in missing])
@@ -403,65 +428,78 @@ class MemoryPredictor:
         parallel = parallel_key(step.pop("strategy", "none"), step.pop("world_size", 1),
                                 step.pop("local_world_size", None), step.pop("cpu_offload", False),
                                 step["device_type"], step.pop("tensor", 1))
-        key, _ = self._step(config, gradient_checkpointing=None, parallel=parallel, **step)
+        config, part = _part(config, step.pop("part", None))
+        step.pop("in_flight", None)
+        key, _ = self._step(config, gradient_checkpointing=None, parallel=parallel, part=part, **step)
         fit = self._fit(key)
         return fit.describe() if fit else None
 
     # strategy, world_size, local_world_size (None: = world_size, one machine), cpu_offload: the data-parallel
     # setup whose per-process peak is wanted (module docstring); tensor: processes per tensor-parallel group
-    # (world sizes then count the groups); the defaults are one process.
+    # (world sizes then count the groups); part: a pipeline process's (first, last, blocks) (lib/pipeline.py),
+    # in_flight: batch -> the micro-batches whose activations it holds at once; the defaults are one process.
 
     def trace(self, config: Config, *, batch: int, device_type: str, precision: str,
               gradient_checkpointing: bool | None = None, train: bool = True, strategy: str = "none",
               world_size: int = 1, local_world_size: int | None = None, cpu_offload: bool = False,
-              tensor: int = 1) -> Trace:
+              tensor: int = 1, part: tuple | None = None) -> Trace:
         """The cached trace for this step, tracing (and caching) it on a miss."""
         parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
+        config, part = _part(config, part)
         return self._step(config, device_type=device_type, precision=precision,
-                          gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel)[1](batch)
+                          gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel,
+                          part=part)[1](batch)
 
     def cached_batches(self, config: Config, *, device_type: str, precision: str, train: bool = True,
                        strategy: str = "none", world_size: int = 1, local_world_size: int | None = None,
-                       cpu_offload: bool = False, tensor: int = 1) -> list[int]:
+                       cpu_offload: bool = False, tensor: int = 1, part: tuple | None = None) -> list[int]:
         """The batch sizes already traced for this step (what the planner's search tried)."""
         parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
+        config, part = _part(config, part)
         key, _ = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
-                            train=train, parallel=parallel)
+                            train=train, parallel=parallel, part=part)
         return sorted(int(b) for b in self._entries(key))
 
     def predict(self, config: Config, *, batch: int, device_type: str, precision: str,
                 gradient_checkpointing: bool | None = None, train: bool = True,
                 compile_mode: str | None = None, strategy: str = "none", world_size: int = 1,
                 local_world_size: int | None = None, cpu_offload: bool = False,
-              tensor: int = 1) -> Prediction:
+                tensor: int = 1, part: tuple | None = None,
+                in_flight: Callable[[int], float] | None = None) -> Prediction:
         parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
+        config, part = _part(config, part)
         trace = self._step(config, device_type=device_type, precision=precision,
-                           gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel)[1](batch)
+                           gradient_checkpointing=gradient_checkpointing, train=train, parallel=parallel,
+                           part=part)[1](batch)
         ckpt = config.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
         overheads = {**device_overheads(trace, device_type, compile_mode if train else None,
                                         checkpointed=ckpt and train, precision=precision),
                      **parallel_overheads(trace, config, strategy=strategy, world_size=world_size,
                                           cpu_offload=bool(parallel and parallel["cpu_offload"]), train=train,
-                                          device_type=device_type)}
+                                          device_type=device_type),
+                     **pipeline_overheads(trace, in_flight if train else None)}
         return Prediction(batch, device_type, trace, overheads, strategy=strategy, world_size=world_size)
 
     def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
               compile_mode: str | None = None, plus: int = 0, strategy: str = "none", world_size: int = 1,
               local_world_size: int | None = None, cpu_offload: bool = False,
-              tensor: int = 1) -> "StepCurve":
+              tensor: int = 1, part: tuple | None = None,
+              in_flight: Callable[[int], float] | None = None) -> "StepCurve":
         """The predicted peak (device and strategy terms and `plus` bytes included) against the batch size,
         starting from every batch size already in the cache: the planner searches on it."""
         parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
+        config, part = _part(config, part)
         key, step = self._step(config, device_type=device_type, precision=precision, gradient_checkpointing=None,
-                               train=train, parallel=parallel)
+                               train=train, parallel=parallel, part=part)
         offload = bool(parallel and parallel["cpu_offload"])
         deep = not self.full_depth and depth_of(config, parallel is not None) is not None
         return StepCurve(step, [int(b) for b in list(self._entries(key))], device_type=device_type, deep=deep,
                          compile_mode=compile_mode if train else None, plus=plus,
                          checkpointed=config.gradient_checkpointing and train, precision=precision,
-                         strategy_terms=lambda trace: parallel_overheads(
+                         strategy_terms=lambda trace: {**parallel_overheads(
                              trace, config, strategy=strategy, world_size=world_size, cpu_offload=offload,
                              train=train, device_type=device_type),
+                             **pipeline_overheads(trace, in_flight if train else None)},
                          strategy=strategy, world_size=world_size)
 
 

@@ -244,7 +244,8 @@ def _meshes_made_outside_fake_mode():
 
 def trace_sharded_step(task, config: Config, *, batch: int, precision: str, device_type: str,
                        gradient_checkpointing: bool, strategy: str, world_size: int, local_world_size: int,
-                       cpu_offload: bool = False, train: bool = True, tensor: int = 1) -> Trace:
+                       cpu_offload: bool = False, train: bool = True, tensor: int = 1,
+                       part: tuple[bool, bool] | None = None) -> Trace:
     """Rank 0's peak for one sharded step (or, with train=False, one evaluation forward) at `batch`.
     world_size and local_world_size count the data-parallel groups; `tensor` > 1: each a tensor-parallel
     group of that many processes (lib.parallel.tensor_parallelize), the strategy applied across the groups
@@ -264,7 +265,12 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
     with torch.device("meta"):  # as trace_step: the built-in models initialise nothing here
         model = task.build(gradient_checkpointing and train)
     features = model_features(model)
-    parameters = sum(p.numel() for p in model.parameters())  # the whole model's
+    loss_fn = task.loss
+    if part is not None:  # one pipeline process's blocks (trace.trace_step's `part`)
+        from ..pipeline import traced_part
+
+        model, x1, loss_fn = traced_part(model, *part, x1, loss_fn)
+    parameters = sum(p.numel() for p in model.parameters())  # the whole model's (the process's part's)
     autocast = TracedAutocast(precision, device_type)
     _fake_group(world_size * tensor)
     # outside FakeTensorMode: it runs collectives
@@ -289,13 +295,13 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
             if train:
                 with tracker:
                     x, y = batch_tensors()
-                    training_steps(model, optimizer, task.loss, x, y, autocast=autocast,
+                    training_steps(model, optimizer, loss_fn, x, y, autocast=autocast,
                                    grad_clip=config.grad_clip, foreach=device_type == "cuda",
                                    before_each=tracker.reset_mod_stats, segment_end=segments.end)
             else:
                 model.eval()
                 with tracker, torch.no_grad(), autocast:
-                    evaluation_pass(model, task, *batch_tensors())
+                    evaluation_pass(model, task, *batch_tensors(), loss_fn=loss_fn)
                     segments.end()
         segments.close()
 

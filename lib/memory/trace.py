@@ -185,14 +185,15 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
         end()
 
 
-def evaluation_pass(model, task, x, y) -> None:
-    """The traced evaluation: the forward, the loss and, for images, the evaluator's accuracy
-    (lib/trainer/evaluation.py). The output is whatever the loss reads: a tensor, a ModelOutput, a tuple."""
+def evaluation_pass(model, task, x, y, loss_fn: Callable | None = None) -> None:
+    """The traced evaluation: the forward, the loss (`loss_fn`, the task's by default) and, for images, the
+    evaluator's accuracy (lib/trainer/evaluation.py). The output is whatever the loss reads: a tensor, a
+    ModelOutput, a tuple."""
     from ..parallel import loss_context
 
     out = model(x)
     with loss_context(model):
-        task.loss(out, y)
+        (loss_fn or task.loss)(out, y)
     if task.info.kind == "image":
         out.argmax(dim=-1)
 
@@ -257,8 +258,9 @@ def _peak_tracker(device_type: str):
 
 
 def trace_step(task, config: Config, *, batch: int, precision: str, device_type: str,
-               gradient_checkpointing: bool, train: bool = True) -> Trace:
-    """Trace one training step (or, with train=False, one evaluation forward) at `batch`."""
+               gradient_checkpointing: bool, train: bool = True, part: tuple[bool, bool] | None = None) -> Trace:
+    """Trace one training step (or, with train=False, one evaluation forward) at `batch`; `part`: (first,
+    last) of one pipeline process's blocks (lib/pipeline.py traced_part), all of the model's blocks."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .autocast import TracedAutocast
@@ -268,6 +270,11 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
     with torch.device("meta"):  # the built-in models initialise nothing here
         model = task.build(gradient_checkpointing and train)
     features = model_features(model)
+    loss_fn = task.loss
+    if part is not None:
+        from ..pipeline import traced_part
+
+        model, x1, loss_fn = traced_part(model, *part, x1, loss_fn)
     parameters = sum(p.numel() for p in model.parameters())
     # The trace runs on the CPU (see the module docstring): CPU autocast, with CUDA's float32 casts for a GPU
     autocast = TracedAutocast(precision, device_type)
@@ -285,14 +292,14 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
             tracker.track_external(model, optimizer)
             with tracker:
                 x, y = batch_tensors()
-                training_steps(model, optimizer, task.loss, x, y, autocast=autocast, grad_clip=config.grad_clip,
+                training_steps(model, optimizer, loss_fn, x, y, autocast=autocast, grad_clip=config.grad_clip,
                                foreach=device_type == "cuda", before_each=tracker.reset_mod_stats,
                                segment_end=segments.end)
         else:
             model.eval()
             tracker.track_external(model)
             with tracker, torch.no_grad(), autocast:
-                evaluation_pass(model, task, *batch_tensors())
+                evaluation_pass(model, task, *batch_tensors(), loss_fn=loss_fn)
                 segments.end()
         segments.close()
     batch_bytes = batch * (x1[0].numel() * x1.element_size() + y1[0].numel() * y1.element_size())

@@ -189,18 +189,39 @@ class Llama(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    # what lib/pipeline.py cuts into stages: the first stage's embedding, the blocks, the last stage's head
+    pipeline_parts = ("embed", "layers", ("norm", "lm_head"))
+
+    def pipeline_activation(self, idx: torch.Tensor) -> torch.Tensor:
+        """Zeros shaped as the activations one stage sends the next for token ids `idx` (the residual stream)."""
+        return torch.zeros(*idx.shape, self.config.dim)
+
+    def forward(self, idx: torch.Tensor, stage: int | None = None) -> torch.Tensor:
+        """The logits of token ids `idx`; under pipeline parallelism (lib/pipeline.py keep_stages) one of this
+        process's stages: from the token ids on the first stage, else from the previous stage's activations,
+        to the logits on the last stage, else to the activations the next one takes."""
+        stages = getattr(self, "pipeline_stages", None)
+        if stage is not None:
+            first, blocks, last = stages[stage]
+        elif stages:  # a cut model run whole (the memory tracer's step of one process): all its stages in turn
+            first, blocks, last = any(s[0] for s in stages.values()), None, any(s[2] for s in stages.values())
+        else:
+            first, blocks, last = True, None, True
         T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = rotary(T, self.config.head_dim, self.config.rope_theta, idx.device)
-        x = self.embed(idx)
-        for i, block in enumerate(self.layers):
+        x = self.embed(idx) if first else idx
+        layers = self.layers.items() if isinstance(self.layers, nn.ModuleDict) else enumerate(self.layers)
+        for i, block in layers:
+            i = int(i)
+            if blocks is not None and i not in blocks:
+                continue
             if self.grad_checkpointing and self.training:
                 x = run_block(block, i, self.recompute, x, cos, sin)
             else:
                 x = block(x, cos, sin)
-        return self.lm_head(self.norm(x))
+        return self.lm_head(self.norm(x)) if last else x
 
 
 # The family's sizes; block_size, vocab_size and tie_embeddings come from build_model. The small presets'

@@ -55,6 +55,9 @@ class ModelSpec:
     # the defconfig a script's apply_hyperparams(model_type=<name>) starts from; None: the defconfig of its name
     defconfig: str | None = None
     tensor_parallel: TensorParallel | None = None  # None: the family states no tensor-parallel plan
+    # config -> (blocks, tied output layer, activation elements a stage sends the next per sample): what
+    # lib/pipeline.py cuts into stages (the module's pipeline_parts and forward(stage=)); None: it cannot be cut
+    pipeline: "Callable[[Config], tuple[int, bool, int]] | None" = None
 
     @property
     def text(self) -> bool:
@@ -158,6 +161,11 @@ def _llama_tensor_traffic(config: "Config", checkpointed: bool) -> int:
     return tensor_parallel_traffic(llama_shape(config), config.llama_block_size, checkpointed)
 
 
+def _llama_pipeline(config: "Config") -> tuple[int, bool, int]:
+    shape = llama_shape(config)
+    return shape.n_layer, config.llama_tie_embeddings is not False, config.llama_block_size * shape.dim
+
+
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
     return dict(llama_preset=llama_shape(config), block_size=info.block_size,
                 vocab_size=vocab_rows(vocabulary(config, info), config.pad_vocab),
@@ -255,7 +263,8 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
               preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
-              title="Llama", defconfig="llama-tiny", tensor_parallel=TensorParallel(_llama_tensor_problem, _llama_tensor_traffic)),
+              title="Llama", defconfig="llama-tiny", tensor_parallel=TensorParallel(_llama_tensor_problem, _llama_tensor_traffic),
+              pipeline=_llama_pipeline),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key,
               defconfig="custom-transformer"),

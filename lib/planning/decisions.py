@@ -145,6 +145,43 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
                     "splitting every block's matrix multiplies and seeing the same samples")
 
 
+def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: str) -> tuple[int, str, str]:
+    """Pipeline stages (CONFIG_PP), their schedule and why; a degree this run cannot use is a PlanError naming
+    the setting and what would do."""
+    from ..models.registry import spec_for
+    from ..pipeline import pipeline_problem
+
+    degree, schedule = config.pipeline_parallel, config.pipeline_schedule
+    if degree == 1:
+        return 1, schedule, "CONFIG_PP=1: every process holds every block"
+    symbol = f"CONFIG_PP={degree}"
+    if world_size == 1:  # as with TP: the same run in one process, and its checkpoints resume under PP
+        return 1, schedule, f"one process: nothing to cut ({symbol} applies with {degree} or more processes)"
+    if world_size % (degree * tensor):
+        unit = f"{degree} x CONFIG_TP={tensor}" if tensor > 1 else f"{degree}"
+        raise PlanError(f"{symbol} needs a multiple of {unit} processes, but this run has {world_size}: set GPUS= "
+                        f"(or CONFIG_NPROC, NNODES=) to a multiple of {degree * tensor}, or another CONFIG_PP")
+    spec = spec_for(config.model)
+    if spec.pipeline is None:
+        raise PlanError(f"{symbol}: {spec.title or config.model} cannot be cut into pipeline stages (Llama can): "
+                        "set CONFIG_PP=1")
+    blocks, tied, _ = spec.pipeline(config)
+    problem = pipeline_problem(blocks, degree, schedule, tied)
+    if problem:
+        fix = ("set CONFIG_LLAMA_TIE_EMBEDDINGS=n" if tied else "set a smaller CONFIG_PP or another schedule")
+        raise PlanError(f"{symbol} cannot cut this model: {problem}; {fix}, or CONFIG_PP=1")
+    if precision == "fp16":
+        raise PlanError(f"{symbol} with fp16: the gradient scaler's overflow check would see one stage's gradients "
+                        "only; set CONFIG_PRECISION_BF16 (or FP32), or CONFIG_PP=1")
+    groups = world_size // (degree * tensor)
+    if groups > 1 and config.parallel_strategy == "ddp":
+        raise PlanError(f"{symbol} with CONFIG_PARALLEL_DDP: DDP cannot replicate a pipeline stage; set "
+                        "CONFIG_PARALLEL_FSDP (or AUTO) to share the batch across the pipelines")
+    return degree, schedule, (f"{symbol}: {world_size} processes as {groups} pipeline(s) of {degree} stages "
+                              f"({schedule}), each stage {world_size // degree} process(es) holding "
+                              f"{blocks // degree}-{-(-blocks // degree)} of {blocks} blocks")
+
+
 def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool, str]:
     if config.tf32 == "auto":
         tf32 = bool(on_gpu and gpu.supports_tf32)

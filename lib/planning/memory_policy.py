@@ -75,7 +75,8 @@ class PlannerPolicy:
 
     def choose(self, *, config: Config, hardware: HardwareProfile, model, device_type: str, compile: bool,
                compile_mode: str | None, precision: str, world_size: int, target: int, strategy: str = "none",
-               local_world_size: int | None = None, cpu_offload: bool = False, tensor: int = 1) -> BatchChoice:
+               local_world_size: int | None = None, cpu_offload: bool = False, tensor: int = 1,
+               pipeline: tuple[int, str] | None = None, nodes: int = 1) -> BatchChoice:
         budget, budget_why = memory_budget(config, hardware, device_type)
         # one process's memory: a replica (none, ddp), or its shards (lib/parallel.py), traced at this world size
         sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
@@ -84,8 +85,11 @@ class PlannerPolicy:
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
         share = math.ceil(target / world_size)
         limit = min(share, MAX_MICRO_BATCH)
-        train = self.predictor.curve(config, device_type=device_type, precision=precision,
-                                     compile_mode=compile_mode, **sharding)
+        views = _pipeline_views(config, pipeline, share)
+        if pipeline:  # a micro-batch per stage at least, or the schedule cuts smaller ones itself
+            limit = min(limit, max(1, share // pipeline[0]))
+        train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
+                                             compile_mode=compile_mode, **sharding, **view) for view in views])
         cap = train.largest_fitting(budget, limit, low_first=train.deep)
         if cap == 0:
             raise self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision,
@@ -93,6 +97,9 @@ class PlannerPolicy:
         reason = f"predicted peak {_fmt(train.at(cap))} at {cap} fits the budget {_fmt(budget)} ({budget_why})"
         if cap == share:
             reason += f"; {cap} is the whole per-process share of the target (the search stops there)"
+        elif pipeline and cap == limit:
+            reason += (f"; {cap} makes one micro-batch per pipeline stage of the share of {share} at least "
+                       f"(CONFIG_PP={pipeline[0]})")
         elif cap == limit:
             reason += f"; {cap} is the largest micro-batch kfit plans (CONFIG_BATCH_SIZE's upper bound)"
         else:
@@ -107,8 +114,8 @@ class PlannerPolicy:
         offloaded = cpu_offload and strategy not in ("none", "ddp")  # FSDP's CPU offload: the state is in host memory
         state = 0 if offloaded else at.breakdown["gradients"] + at.breakdown["optimizer_state"]
         samples = at.eval_samples
-        evaluate = self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
-                                        plus=state, **sharding)
+        evaluate = _worst([self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
+                                                plus=state, **sharding, **view) for view in views])
         # >= cap: no backward, no saved activations; at most the split (or cap when the split is smaller)
         eval_batch = cap if samples <= cap else max(cap, evaluate.largest_fitting(budget, samples))
         eval_peak = evaluate.at(eval_batch)
@@ -125,19 +132,21 @@ class PlannerPolicy:
     def at_batch(self, *, config: Config, hardware: HardwareProfile, device_type: str, compile_mode: str | None,
                  precision: str, micro: int, eval_batch: int, strategy: str = "none", world_size: int = 1,
                  local_world_size: int | None = None, cpu_offload: bool = False,
-                 tensor: int = 1) -> tuple[dict, str | None]:
+                 tensor: int = 1, pipeline: tuple[int, str] | None = None,
+                 grad_accum: int = 1) -> tuple[dict, str | None]:
         """The plan's memory figures at a micro-batch chosen without this policy (MANUAL's CONFIG_BATCH_SIZE,
         the tier policy's table), and a warning where it is predicted not to fit: a batch the user fixed is
         theirs to keep, so it is said, never refused."""
         budget, budget_why = memory_budget(config, hardware, device_type)
         sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
-        train = self.predictor.curve(config, device_type=device_type, precision=precision,
-                                     compile_mode=compile_mode, **sharding)
+        views = _pipeline_views(config, pipeline, micro * grad_accum)
+        train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
+                                             compile_mode=compile_mode, **sharding, **view) for view in views])
         at = train.prediction(micro)
         offloaded = cpu_offload and strategy not in ("none", "ddp")
         state = 0 if offloaded else at.trace.breakdown["gradients"] + at.trace.breakdown["optimizer_state"]
-        evaluate = self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
-                                        plus=state, **sharding)
+        evaluate = _worst([self.predictor.curve(config, device_type=device_type, precision=precision, train=False,
+                                                plus=state, **sharding, **view) for view in views])
         eval_peak = evaluate.at(eval_batch)
         memory = dict(predicted_peak_bytes=at.peak_bytes, budget_bytes=budget, memory_breakdown=at.breakdown,
                       eval_predicted_peak_bytes=eval_peak)
@@ -195,6 +204,51 @@ class PlannerPolicy:
                          else ")"))
         return NoFitError(f"{label} does not fit even at micro-batch 1: the predicted peak is "
                           f"{_fmt(one.peak_bytes)} ({parts}) but the budget is {_fmt(budget)} ({budget_why})", helps)
+
+
+def _pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int) -> list[dict]:
+    """The predictor's keywords for each process that bounds a pipeline's memory (lib/pipeline.py
+    process_parts: its blocks and ends, and how many micro-batches it holds at once for a micro-batch size,
+    the share cut as Pipeline.step cuts it); [{}] without one: the whole model, one micro-batch."""
+    if not pipeline or pipeline[0] == 1:
+        return [{}]
+    from ..pipeline import process_parts
+
+    degree, schedule = pipeline
+    blocks = spec_for(config.model).pipeline(config)[0]
+    return [{"part": (first, last, held), "in_flight": functools.partial(_in_flight, schedule, degree, share, rank)}
+            for rank, first, last, held in process_parts(blocks, degree, schedule)]
+
+
+def _in_flight(schedule: str, degree: int, share: int, rank: int, batch: int) -> float:
+    from ..pipeline import in_flight, micro_batches
+
+    return in_flight(schedule, degree, micro_batches(share, batch, degree, schedule)[0], rank)
+
+
+class _Worst:
+    """The larger of several processes' curves at every batch (a pipeline's first and last stage): what all
+    of them fit. One curve is itself."""
+
+    def __init__(self, curves: list) -> None:
+        self.curves = curves
+        self.deep = any(c.deep for c in curves)
+
+    def prediction(self, batch: int):
+        return max((c.prediction(batch) for c in self.curves), key=lambda p: p.peak_bytes)
+
+    def trace(self, batch: int):
+        return max(((c.at(batch), c.trace(batch)) for c in self.curves), key=lambda pair: pair[0])[1]
+
+    def at(self, batch: int) -> int:
+        return max(c.at(batch) for c in self.curves)
+
+    def largest_fitting(self, budget: int, limit: int, **options) -> int:
+        return min(c.largest_fitting(budget, limit, **options) for c in self.curves)
+
+
+def _worst(curves: list):
+    return curves[0] if len(curves) == 1 else _Worst(curves)
 
 
 def _sharding(strategy: str, world_size: int, local_world_size: int | None, cpu_offload: bool,

@@ -71,6 +71,8 @@ class ChooseArgs:
     cpu_offload: bool = False
     strategy: str = "none"
     tensor: int = 1  # processes per tensor-parallel group (world sizes count the groups)
+    pipeline: tuple[int, str] | None = None  # (CONFIG_PP, its schedule): each process holds its stages' blocks
+    nodes: int = 1  # machines the processes span (a pipeline's stages sit on different ones)
 
     def with_strategy(self, strategy: str) -> "ChooseArgs":
         return replace(self, strategy=strategy)

@@ -30,7 +30,7 @@ from ..threads import decide_cpu_threads, decide_loader_workers, decide_prefetch
 from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
-                        decide_float8, decide_gradient_sync, decide_precision, decide_tensor_parallel,
+                        decide_float8, decide_gradient_sync, decide_pipeline, decide_precision, decide_tensor_parallel,
                         decide_tf32, tensor_parallel_candidates)
 from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
@@ -142,10 +142,14 @@ def _resolve(request: PlanRequest) -> Plan:
     tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
     offload = bool(config.fsdp_cpu_offload and device_type == "cuda")
     tensor, reasons["tensor_parallel"] = decide_tensor_parallel(config, world_size, nodes, float8=float8)
+    pipeline, schedule, reasons["pipeline_parallel"] = decide_pipeline(config, world_size, tensor,
+                                                                       precision=precision)
     processes = world_size
     # From here on the world is the data-parallel groups: they share the batch, and the strategy spans them
-    # (a tensor-parallel group's processes see the same samples). The plan counts every process again.
-    world_size //= tensor
+    # (a tensor-parallel group's and a pipeline's processes see the same samples). The plan counts every
+    # process again.
+    world_size //= tensor * pipeline
+    staged = (pipeline, schedule) if pipeline > 1 else None  # what the memory planner traces per process
     idle = hardware.cpu.idle_cores  # step timings taken while planning run at the threads training will
     # the processes that share one machine's cores: a 16-machine run's 8 per machine, not its 128
     local = processes // nodes
@@ -189,14 +193,15 @@ def _resolve(request: PlanRequest) -> Plan:
                                     compile_mode=compile_mode,
                                     precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
                                     world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload,
-                                    tensor=tensor)
+                                    tensor=tensor, pipeline=staged, grad_accum=accum)
     else:
         target = config.target_effective_batch
         policy = policy or policy_for(config)
         policy_name = policy.name
         choose = ChooseArgs(hardware=hardware, model=model, device_type=device_type, compile=compile_on,
                             compile_mode=compile_mode, precision=precision, world_size=world_size, target=target,
-                            local_world_size=world_size // nodes, cpu_offload=offload, tensor=tensor)
+                            local_world_size=world_size // nodes, cpu_offload=offload, tensor=tensor,
+                            pipeline=staged, nodes=nodes)
 
         def speed(strategy: str, choice: BatchChoice):
             """The memory planner: the fastest micro-batch that fits under `strategy`, with its samples/s."""
@@ -257,6 +262,7 @@ def _resolve(request: PlanRequest) -> Plan:
         mode=config.hyperparam_mode, policy=policy_name, device_type=device_type, accelerator=(
             hardware.accelerator if device_type != "cpu" else "cpu"),
         device_name=gpu.name if gpu else hardware.cpu.name, world_size=processes, tensor_parallel=tensor,
+        pipeline_parallel=pipeline, pipeline_schedule=schedule,
         micro_batch=micro, grad_accum=accum, effective_batch=effective, target_effective_batch=target,
         eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,

@@ -86,7 +86,8 @@ def choose_fastest(config: Config, policy: BatchPolicy, choice: BatchChoice, arg
                                compile=args.compile, gradient_checkpointing=checkpointing, world_size=world_size,
                                measure_up_to=min(choice.max_micro, share) if measure else None,
                                strategy=args.strategy, local_world_size=args.local_world_size,
-                               per_micro_batch=measure, tensor=args.tensor)  # timing off: no run moves the choice (reproducible plans)
+                               per_micro_batch=measure, tensor=args.tensor, pipeline=args.pipeline,
+                               nodes=args.nodes)  # timing off: no run moves the choice (reproducible plans)
 
     def add(option: _Option, model) -> None:
         models[option.checkpointing] = (model, option)

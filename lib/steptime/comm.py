@@ -47,6 +47,15 @@ class Communication:
     reduce_every_micro_batch: bool = False  # FSDP with plan.gradient_sync "micro_batch"
     tensor: int = 1  # processes per tensor-parallel group
     tensor_bytes_per_sample: float = 0.0  # what its collectives carry per sample in a micro-batch
+    pipeline: int = 1  # pipeline stages (CONFIG_PP)
+    pipeline_bytes_per_sample: float = 0.0  # what a stage sends the next per sample (and the gradient back)
+    pipeline_bytes_per_s: float = 0.0  # the link between stages: the network where they are on other machines
+
+    def pipeline_seconds(self, samples: float) -> float:
+        """One send of a micro-batch of `samples`' activations (or their gradient) to the next stage."""
+        if self.pipeline == 1 or not self.pipeline_bytes_per_s:
+            return 0.0
+        return self.pipeline_bytes_per_sample * samples / (self.pipeline_bytes_per_s * BUS_EFFICIENCY)
 
     def tensor_seconds(self, samples: float) -> float:
         """The tensor-parallel collectives of a micro-batch of `samples`, within the machine."""
@@ -108,6 +117,12 @@ class Communication:
         tensor = (f"tensor parallelism over {self.tensor} processes: {self.tensor_seconds(1) * 1e3:.2f} ms of "
                   f"activation collectives per sample at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
                   if self.tensor > 1 else "")
+        if self.pipeline > 1:
+            where = "the network" if self.network_bytes_per_s and self.pipeline_bytes_per_s == \
+                self.network_bytes_per_s else "the link within a machine"
+            sends = (f"{self.pipeline} pipeline stages: {self.pipeline_seconds(1) * 1e3:.3f} ms a sample per send "
+                     f"to the next stage over {where}")
+            tensor = f"{tensor}; {sends}" if tensor else sends
         if self.strategy == "none":
             return tensor
         return (f"{self.strategy} over {self.world_size} {'groups' if self.tensor > 1 else 'processes'}: "
@@ -119,14 +134,18 @@ class Communication:
 def communication_for(strategy: str, *, world_size: int, local_world_size: int, parameters: int,
                       precision: str, device_name: str, device_kind: str,
                       network_gbps: float | None = None, link_gbps: float | None = None, tensor: int = 1,
-                      tensor_elements_per_sample: int = 0) -> Communication | None:
+                      tensor_elements_per_sample: int = 0, pipeline: int = 1, pipeline_elements_per_sample: int = 0,
+                      pipeline_across_machines: bool = False) -> Communication | None:
     """The strategy's collectives on this device's links; None for one process, or where the links are
     unknown (a CPU, a GPU the catalog does not know). `network_gbps`: the network between machines per GPU
     (CONFIG_NET_GBPS), else the catalog's; never more than the GPU's own link. `link_gbps`: the GPU's link
     within a machine where a HW= profile states it (GPUSpeed.link_gbs), else the catalog's. `tensor` > 1:
     world sizes count tensor-parallel groups of that many processes, whose collectives carry
-    `tensor_elements_per_sample` activation elements per sample in a micro-batch."""
-    if (world_size <= 1 or strategy == "none") and tensor == 1 or device_kind != "gpu":
+    `tensor_elements_per_sample` activation elements per sample in a micro-batch. `pipeline` > 1: stages
+    that send `pipeline_elements_per_sample` to the next per sample, between machines where
+    `pipeline_across_machines` (the stages are the mesh's outermost dimension); `parameters` then are one
+    stage's."""
+    if (world_size <= 1 or strategy == "none") and tensor == 1 and pipeline == 1 or device_kind != "gpu":
         return None
     from ..hardware import catalog
 
@@ -135,7 +154,7 @@ def communication_for(strategy: str, *, world_size: int, local_world_size: int, 
         return None
     nodes = max(1, world_size // max(1, local_world_size))
     network = None
-    if nodes > 1:
+    if nodes > 1 or pipeline_across_machines:
         network = min(link, network_gbps * 1e9) if network_gbps else \
             catalog.link_bytes_per_s(device_name, across_machines=True)
     shard = local_world_size if strategy == "hsdp" and nodes > 1 else world_size
@@ -143,5 +162,7 @@ def communication_for(strategy: str, *, world_size: int, local_world_size: int, 
     share = parameters // tensor  # a process gathers and reduces its tensor-parallel share only
     return Communication(strategy=strategy if world_size > 1 else "none", world_size=world_size, shard_size=shard,
                          parameter_bytes=share * gathered, gradient_bytes=share * 4,
-                         link_bytes_per_s=link, network_bytes_per_s=network, tensor=tensor,
-                         tensor_bytes_per_sample=float(tensor_elements_per_sample * gathered))
+                         link_bytes_per_s=link, network_bytes_per_s=network if nodes > 1 else None, tensor=tensor,
+                         tensor_bytes_per_sample=float(tensor_elements_per_sample * gathered), pipeline=pipeline,
+                         pipeline_bytes_per_sample=float(pipeline_elements_per_sample * gathered),
+                         pipeline_bytes_per_s=(network if pipeline_across_machines and network else link))

@@ -139,6 +139,10 @@ class StepTimeModel:
     # the whole model's work at micro-batch / tensor (the split matmuls keep their rows, lose columns: the
     # same FLOPs and bytes per process as a 1/tensor batch of the whole), its kernels as many as the whole's
     tensor: int = 1
+    # pipeline stages (CONFIG_PP) and their schedule: a process computes its stages' share (1 / pipeline) of
+    # each micro-batch, and the schedule's fill and drain (the bubble) leave it idle (lib/pipeline.py)
+    pipeline: int = 1
+    pipeline_schedule: str = "1F1B"
     # micro-batch -> micro_seconds: a plan weighs tens of candidates of up to hundreds of micro-batches each
     # (not copied by dataclasses.replace, so a changed model starts empty)
     _micro_memo: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -243,6 +247,8 @@ class StepTimeModel:
 
     def parts(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> dict[str, float]:
         """Seconds of one optimizer step by part, calibration included; they sum to `seconds`."""
+        if self.pipeline > 1:
+            return self._pipeline_parts(micro_batch, grad_accum, samples)
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
         f = self.factor(micro_batch)
         micro = [self.corrected_micro_seconds(s / self.tensor, f) for s in sizes]
@@ -251,6 +257,28 @@ class StepTimeModel:
                  "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
             parts["communication"] = self.communication.exposed_seconds(micro, sizes)
+        return parts
+
+    def _pipeline_parts(self, micro_batch: int, grad_accum: int, samples: int | None) -> dict[str, float]:
+        """A pipeline process's step: the equal micro-batches the schedule cuts its share into
+        (lib/pipeline.py micro_batches), each through its stages (1 / pipeline of the whole model's time: the
+        blocks are cut evenly), then the bubble: the schedule's fill and drain, (pipeline - 1) stage-times of
+        a micro-batch, over the stages per process of the interleaved schedule; the sends of the first
+        micro-batch's activations down the stages and of the last one's gradient back, which nothing
+        overlaps; its stages' share of the optimizer step."""
+        from ..pipeline import micro_batches, stages_per_process
+
+        n, size = micro_batches(samples or micro_batch * grad_accum, micro_batch, self.pipeline,
+                                self.pipeline_schedule)
+        f = self.factor(micro_batch)
+        stage = self.corrected_micro_seconds(size / self.tensor, f) / self.pipeline
+        parts = {"micro_batches": n * stage,
+                 "pipeline_bubble": (self.pipeline - 1) / stages_per_process(self.pipeline_schedule) * stage,
+                 "optimizer": self.optimizer_seconds(size / self.tensor) * f / (self.tensor * self.pipeline),
+                 "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
+        if self.communication is not None:
+            parts["communication"] = (self.communication.exposed_seconds([stage] * n, [size] * n)
+                                      + 2 * (self.pipeline - 1) * self.communication.pipeline_seconds(size))
         return parts
 
     def seconds(self, micro_batch: int, grad_accum: int, samples: int | None = None) -> float:

@@ -29,7 +29,7 @@ from ..models.freeze import trainable_parameters
 from ..models.registry import checkpointing_for
 from ..oom import Injector, release
 from ..plan import Plan
-from ..step import autocast_for, forward_loss, make_optimizer
+from ..step import autocast_for, decay_groups, forward_loss, make_optimizer
 from ..task import Task
 from .schedule import lr_at
 from ..data.stream import StreamWindows
@@ -43,16 +43,27 @@ class Engine:
                  initial_weights: dict | None = None) -> None:
         self.config, self.task, self.rank, self.device = config, task, rank, device
         self.loss_fn = task.loss
-        self.model = task.build(plan.gradient_checkpointing).to(device)
+        model = task.build(plan.gradient_checkpointing)
         if initial_weights is not None:  # before sharding: names and shapes of the whole model (checked already)
-            self.model.load_state_dict(initial_weights)
-        self.parameters = count_parameters(self.model)
-        self.trainable_parameters = trainable_parameters(self.model)  # CONFIG_FREEZE's are not
+            model.load_state_dict(initial_weights)
+        self.parameters = count_parameters(model)  # the whole model's, whatever part of it this process holds
+        self.trainable_parameters = trainable_parameters(model)  # CONFIG_FREEZE's are not
+        if rank.pipeline > 1:  # this process's stages only (CONFIG_PP), cut before moving: never the whole on a GPU
+            from ..pipeline import keep_stages, process_stages, stages_per_process
+
+            per = stages_per_process(plan.pipeline_schedule)
+            names = {id(p): n for n, p in model.named_parameters()}
+            order = [names[id(p)] for group in decay_groups(config, model) for p in group["params"]]
+            keep_stages(model, process_stages(rank.stage_rank, rank.pipeline, per), rank.pipeline * per)
+            model.pipeline_optimizer_order = order  # how a one-process checkpoint numbers the whole model's
+        self.model = model.to(device)
         self.checkpointing = checkpointing_for(config, self.model)  # how it recomputes, None where it cannot
         self.fsdp = parallel.is_sharded(plan.strategy) and rank.data_world > 1  # fully_shard applied
-        # parameters are DTensors spread over the ranks (FSDP, or CONFIG_TP's groups): every rank saves its part
-        # (DCP), and every rank runs as many forwards and backwards, whose collectives the others wait for
-        self.sharded = self.fsdp or rank.tensor > 1
+        # parameters are DTensors spread over the ranks (FSDP, or CONFIG_TP's groups), or split between pipeline
+        # stages: every rank saves its part (DCP), and every rank runs as many forwards and backwards, whose
+        # collectives the others wait for
+        self.sharded = self.fsdp or rank.tensor > 1 or rank.pipeline > 1
+        self.pipeline = None  # lib/pipeline.py's schedules over this process's stages (CONFIG_PP)
         if plan.float8:  # before sharding (its all-gather may be in float8) and before compile
             from ..float8 import convert
 
@@ -60,7 +71,13 @@ class Engine:
         # before the optimizer: parallelize_module and fully_shard replace the parameters with DTensors
         if self.sharded:
             mesh = parallel.make_mesh(device.type, plan.strategy, rank.world_size, rank.local_world_size,
-                                      rank.tensor)
+                                      rank.tensor, rank.pipeline)
+            if rank.pipeline > 1:
+                from ..pipeline import Pipeline
+
+                self.pipeline = Pipeline(self.model, mesh["pp"].get_group(), rank.stage_rank, rank.pipeline,
+                                         plan.pipeline_schedule, device)
+                self.model.pipeline = self.pipeline  # how the evaluation runs it (evaluation.py)
             if rank.tensor > 1:
                 parallel.tensor_parallelize(self.model, mesh)
             if self.fsdp:
@@ -78,6 +95,11 @@ class Engine:
     def wrap(self, plan: Plan) -> None:
         """DDP (several processes, not sharded) and torch.compile around the model: after restoring it."""
         module = self.model
+        if self.pipeline is not None:  # the schedule calls the stages: each block compiled in place, as torchtitan does
+            if plan.compile:
+                for block in parallel.shard_units(self.model):
+                    block.compile(mode=plan.compile_mode)
+            return
         if self.rank.data_world > 1 and not self.fsdp:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -124,6 +146,8 @@ class Engine:
         batches = self.window_batches(window, micro_batch)
         # DDP syncing on the last micro-batch and FSDP average over the data-parallel groups: undo that mean.
         grad_factor = self.rank.data_world if self.ddp_sync_last or self.fsdp else 1
+        if self.pipeline is not None:
+            return self._pipeline_step(window, batches, step, plan, micro_batch, grad_factor)
         total = None  # no zeros to add to: one micro-batch's loss sum is one tensor op
         for i, (indices, weight) in enumerate(batches):
             x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
@@ -144,6 +168,29 @@ class Engine:
             return torch.zeros((), device=self.device)
         return total
 
+    def _pipeline_step(self, window: list[int], batches: list, step: int, plan: Plan, micro_batch: int,
+                       grad_factor: int) -> torch.Tensor:
+        """The micro-batches of this rank's share as the pipeline's (lib/pipeline.py): one schedule step over
+        all of them, every stage of the pipeline with the same samples."""
+        from ..pipeline import IGNORE
+
+        xs, ys = [], []
+        for indices, weight in batches:
+            x, y = next(self.feed)
+            xs.append(x)
+            ys.append(y if weight else torch.full_like(y, IGNORE))  # a zero-weight pass: no sample of its own
+        x, y = (torch.cat(t).to(self.device, non_blocking=True) for t in (xs, ys))
+        self.inject.check(min(micro_batch, x.size(0)), step + 1)
+        if self.fsdp:  # the stages' backwards run inside the schedule: each reduce-scatters its gradients
+            self.model.set_requires_gradient_sync(True)
+        with autocast_for(plan), parallel.loss_context(self.model):
+            total = self.pipeline.step(x, y, share_max=-(-len(window) // self.rank.data_world),
+                                       micro_batch=micro_batch, window=len(window), grad_factor=grad_factor,
+                                       loss_fn=self.loss_fn)
+        if total is None or not self.rank.counts:
+            return torch.zeros((), device=self.device)
+        return parallel.local_value(total)
+
     def update(self, step: int, total_steps: int) -> None:
         """The optimizer step after all ranks agreed the gradients are whole: summed where DDP did not, clipped
         (CONFIG_GRAD_CLIP), at the schedule's learning rate."""
@@ -152,7 +199,12 @@ class Engine:
             distributed.all_reduce_gradients([p for p in self.model.parameters() if p.requires_grad])
         if self.config.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            if self.pipeline is not None:  # the norm of every stage's gradients
+                from ..pipeline import clip_grad_norm
+
+                clip_grad_norm(list(self.model.parameters()), self.config.grad_clip, self.pipeline.group)
+            else:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         lr = lr_at(self.config, step, total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr

@@ -62,12 +62,13 @@ class Evaluator:
             spare = -(-len(batches) // self.rank.data_world) - len(mine)
         running = self.metrics.fresh(self.device)
         loss_sum = 0.0
+        pipeline = getattr(model, "pipeline", None)  # CONFIG_PP: the stages run the batch in turn
         for i, (x, y) in enumerate(loader(self.split, mine + batches[:1] * spare, plan)):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.inject.check(len(y))
             with autocast_for(plan):
-                outputs = model(x)
-            if i >= len(mine):
+                outputs = model(x) if pipeline is None else pipeline.forward(x)
+            if i >= len(mine) or outputs is None:  # a spare forward, or a pipeline stage before the last
                 continue
             with loss_context(model):
                 loss_sum += local_value(self.loss_fn(outputs, y)).item() * len(y)

@@ -105,12 +105,19 @@ def checkpoint_state(*, model: torch.nn.Module | None, optimizer: torch.optim.Op
             "versions": versions()}
 
 
-def sharded_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The model's and optimizer's state keyed by parameter name, as torch.distributed.checkpoint saves
-    and loads it (sharded DTensors under FSDP, whole tensors otherwise)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+# A sharded checkpoint's optimizer entries are keyed by parameter name alone ("state.<name>.exp_avg",
+# "param_groups.<name>.lr"), so any layout's processes find theirs: a pipeline stage holds some parameters, and
+# its groups list others than another stage's. Checkpoints saved before say nothing (numbered groups).
+OPTIMIZER_KEYS = "flat"
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+
+def sharded_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict:
+    """The model's and optimizer's state keyed by parameter name, as torch.distributed.checkpoint saves
+    and loads it (sharded DTensors under FSDP, whole tensors otherwise); `flat`: OPTIMIZER_KEYS's form."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optimizer_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=flat))
     return {"model": model_state, "optimizer": optimizer_state}
 
 
@@ -178,10 +185,12 @@ def model_problem(state: dict, model: torch.nn.Module) -> str | None:
         value = saved[not_tensors[0]]
         return f"its model tensor {not_tensors[0]} is a {type(value).__name__}, not a tensor"
     ours = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    elsewhere = getattr(model, "pipeline_elsewhere", frozenset())  # the other pipeline stages' tensors
     differences = [f"{name}: {list(saved[name].shape)} there, {list(shape)} here"
                    for name, shape in ours.items() if name in saved and tuple(saved[name].shape) != shape]
     differences += [f"{name}: in this model, not there" for name in ours if name not in saved]
-    differences += [f"{name}: there, not in this model" for name in saved if name not in ours]
+    differences += [f"{name}: there, not in this model" for name in saved if name not in ours
+                    and name not in elsewhere]
     if not differences:
         return None
     more = f"; {len(differences) - 1} more" if len(differences) > 1 else ""
@@ -193,9 +202,14 @@ def _named_optimizer_state(raw: dict, model: torch.nn.Module, optimizer: torch.o
     name instead, the form set_state_dict takes: the live optimizer's groups list the same parameters
     in the same order (lib.step.make_optimizer), so number i is the name of its i-th parameter."""
     names = {id(p): n for n, p in model.named_parameters()}
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    state = {order[int(i)]: v for i, v in raw["state"].items()}
-    groups = [{**g, "params": [order[int(i)] for i in g["params"]]} for g in raw["param_groups"]]
+    # a pipeline stage's optimizer holds its parameters only: the file numbers the whole model's, in the order
+    # the whole model's optimizer listed them (lib/pipeline.py keep_stages kept it)
+    order = getattr(model, "pipeline_optimizer_order", None) or [
+        names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    ours = set(names.values())
+    state = {order[int(i)]: v for i, v in raw["state"].items() if order[int(i)] in ours}
+    groups = [{**g, "params": [order[int(i)] for i in g["params"] if order[int(i)] in ours]}
+              for g in raw["param_groups"]]
     return {"state": state, "param_groups": groups}
 
 
@@ -211,11 +225,14 @@ def load_state(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optim
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     if state.get("sharded"):
-        tensors = sharded_tensors(model, optimizer)
+        flat = state.get("optimizer_keys") == OPTIMIZER_KEYS
+        tensors = sharded_tensors(model, optimizer, flat)
         checkpoint.load_sharded_tensors(path, tensors)
-        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optimizer"],
+                       options=StateDictOptions(flatten_optimizer_state_dict=flat))
     elif sharded:
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
+        ours = model.state_dict()  # a pipeline stage's part of the whole model the file holds
+        set_state_dict(model, optimizer, model_state_dict={k: v for k, v in state["model"].items() if k in ours},
                        optim_state_dict=_named_optimizer_state(state["optimizer"], model, optimizer),
                        options=StateDictOptions(full_state_dict=True))
     else:

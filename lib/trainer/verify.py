@@ -293,8 +293,9 @@ def sharded_problem(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     wrong = _sharded_model_problem(model_saved, model)
     if wrong is not None:
         return wrong
+    flat = any(where[0] == "optimizer" and len(where) == 2 for where in saved)  # resume.OPTIMIZER_KEYS's form
     groups = {where[2] for where in saved if where[:2] == ("optimizer", "param_groups") and len(where) > 2}
-    if len(groups) != len(optimizer.param_groups):
+    if not flat and len(groups) != len(optimizer.param_groups):
         return f"its optimizer has {len(groups)} parameter group(s), this run's {len(optimizer.param_groups)}"
     aliases: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -303,6 +304,9 @@ def sharded_problem(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     for where, value in saved.items():
         if where[:2] == ("optimizer", "state") and len(where) == 4:
             state.setdefault(where[2], {})[where[3]] = value
+        elif where[0] == "optimizer" and len(where) == 2 and str(where[1]).startswith("state."):
+            name, _, key = str(where[1]).removeprefix("state.").rpartition(".")  # "state.<name>.<key>"
+            state.setdefault(name, {})[key] = value
     for param, group in _flat_params(optimizer):
         names = aliases.get(id(param), [])
         entry = next((state[n] for n in names if n in state), None)
@@ -320,7 +324,9 @@ def _sharded_model_problem(saved: dict, model: torch.nn.Module) -> str | None:
     first: dict[int, str] = {}
     for name, t in ours.items():  # tied tensors (a shared embedding) may be saved under one of their names
         first.setdefault(id(t), name)
-    differences = [f"{name}: there, not in this model" for name in saved if name not in ours]
+    elsewhere = getattr(model, "pipeline_elsewhere", frozenset())  # the other pipeline stages' tensors
+    differences = [f"{name}: there, not in this model" for name in saved if name not in ours
+                   and name not in elsewhere]
     for name, t in ours.items():
         theirs = saved.get(name, saved.get(first[id(t)]))
         if theirs is None:

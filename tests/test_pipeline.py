@@ -1,0 +1,242 @@
+"""Pipeline parallelism (CONFIG_PP): how a model is cut into stages and a window into the pipeline's
+micro-batches, the plan's refusals, and real gloo runs on this CPU: PP 2 with 1F1B and with the interleaved
+schedule on 2 processes, and PP 2 x FSDP 2 on 4, train as one process does, and a PP run resumes on other
+layouts through DCP (and a one-process run under PP)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from lib import parallel, pipeline
+from lib import config as kc
+from lib.distributed import Rank
+from lib.errors import PlanError
+from lib.export import export, load_exported
+from lib.models.llama import Llama, LlamaConfig
+from lib.planning import make_plan
+from tests.helpers import CPU
+from tests.test_fsdp import losses, train
+from tests.test_tensor_parallel import llama_config, losses_of
+
+UNTIED = "# CONFIG_LLAMA_TIE_EMBEDDINGS is not set\n"
+
+
+# --------------------------------------------------------------------------
+# The cut
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks=st.integers(1, 130), stages=st.integers(1, 130))
+def test_the_blocks_are_cut_into_consecutive_stages_of_nearly_equal_length(blocks, stages):
+    if stages > blocks:
+        return
+    cuts = pipeline.stage_blocks(blocks, stages)
+    assert [i for cut in cuts for i in cut] == list(range(blocks))  # each block once, in order
+    lengths = [len(cut) for cut in cuts]
+    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+    assert lengths == sorted(lengths)  # the longer ones last: the first stage also holds the embedding
+
+
+@settings(max_examples=300, deadline=None)
+@given(share=st.integers(1, 300), micro=st.integers(1, 64), degree=st.integers(2, 8),
+       schedule=st.sampled_from(sorted(pipeline.SCHEDULES)))
+def test_a_share_is_cut_into_equal_micro_batches_torch_schedules_accept(share, micro, degree, schedule):
+    n, size = pipeline.micro_batches(share, micro, degree, schedule)
+    assert n >= degree and size <= micro and n * size >= share
+    assert n * size - share < n  # padding: less than one sample per micro-batch
+    if schedule == "Interleaved1F1B":  # torch's rule: a multiple of its rounds of `degree`
+        assert n % max(1, n // degree) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(blocks=st.integers(1, 6), degree=st.integers(1, 6), schedule=st.sampled_from(sorted(pipeline.SCHEDULES)),
+       seed=st.integers(0, 3))
+def test_the_stages_of_every_process_chained_compute_the_whole_model(blocks, degree, schedule, seed):
+    """Each process's cut copy keeps the whole model's tensor names; the processes' parts cover the model once;
+    and running stage after stage gives the whole model's logits."""
+    per = pipeline.stages_per_process(schedule)
+    if pipeline.pipeline_problem(blocks, degree, schedule, tied=False):
+        return
+    config = LlamaConfig(dim=32, n_layer=blocks, n_head=4, n_kv_head=2, hidden_dim=48, block_size=16,
+                         vocab_size=40, tie_embeddings=False)
+    torch.manual_seed(seed)
+    whole = Llama(config).eval()
+    names = set(whole.state_dict())
+    parts = {}
+    for r in range(degree):
+        part = Llama(config)
+        part.load_state_dict(whole.state_dict())
+        pipeline.keep_stages(part, pipeline.process_stages(r, degree, per), degree * per)
+        parts[r] = part.eval()
+    held = [n for part in parts.values() for n in part.state_dict()]
+    assert sorted(held) == sorted(names)  # every tensor on exactly one process, under its own name
+    assert all(parts[r].pipeline_elsewhere == names - set(parts[r].state_dict()) for r in parts)
+    idx = torch.randint(0, 40, (2, 16))
+    x = idx
+    for stage in range(degree * per):
+        x = parts[stage % degree](x, stage=stage)
+    torch.testing.assert_close(x, whole(idx))
+
+
+def test_fsdp_wraps_a_stage_s_numbered_blocks_one_by_one_and_gpt2_s_as_before():
+    config = LlamaConfig(dim=32, n_layer=4, n_head=4, n_kv_head=2, hidden_dim=48, block_size=16, vocab_size=40,
+                         tie_embeddings=False)
+    part = pipeline.keep_stages(Llama(config), [1], 2)
+    assert [type(u).__name__ for u in parallel.shard_units(part)] == ["Block", "Block"]
+    from lib.models.gpt2 import GPT2, GPT2Config
+
+    gpt = GPT2(GPT2Config(n_layer=3, n_head=2, n_embd=16, block_size=8, vocab_size=20))
+    assert len(parallel.shard_units(gpt)) == 3  # its ModuleDict of named parts is not a stage's blocks
+
+
+def test_the_mesh_puts_the_pipeline_first():
+    assert parallel.mesh_shape("none", 2, 2, pipeline=2) == (2, 1)
+    assert parallel.mesh_shape("fsdp", 8, 8, tensor=2, pipeline=2) == (2, 2, 2)
+    # 4 machines of 8: a stage on 2 of them, replicated across those, sharded over 4 TP groups within each
+    assert parallel.mesh_shape("hsdp", 32, 8, tensor=2, pipeline=2) == (2, 2, 4, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stages=st.integers(1, 4), tensor=st.integers(1, 4), groups=st.integers(1, 4))
+def test_every_process_has_one_place_and_one_counts_each_data_parallel_group(stages, tensor, groups):
+    world = stages * tensor * groups
+    ranks = [Rank(rank=r, world_size=world, tensor=tensor, pipeline=stages) for r in range(world)]
+    places = {(r.stage_rank, r.data_rank, r.rank % tensor) for r in ranks}
+    assert len(places) == world  # (stage, data group, TP rank) names each process once
+    assert all(r.data_world == groups for r in ranks)
+    counting = [r.data_rank for r in ranks if r.counts]
+    assert sorted(counting) == list(range(groups))  # one per data-parallel group, on its last stage
+    assert all(r.stage_rank == stages - 1 for r in ranks if r.counts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.integers(1, 5), min_size=1, max_size=6), pad=st.integers(0, 3), window=st.integers(30, 40))
+def test_padding_rows_leave_the_weighted_loss_as_it_was(rows, pad, window):
+    """A micro-batch with padded rows (targets IGNORE) weighs only its real rows, as one process weighs them."""
+    torch.manual_seed(len(rows))
+    out = torch.randn(sum(rows), 3, 7)
+    y = torch.randint(0, 7, (sum(rows), 3))
+    from lib.task import cross_entropy
+
+    plain = pipeline._weighted(cross_entropy, window, 1.0, padded=False)(out, y)
+    padded_out = torch.cat([out, torch.randn(pad, 3, 7)])
+    padded_y = pipeline.pad(y, pad, pipeline.IGNORE) if pad else y
+    torch.testing.assert_close(pipeline._weighted(cross_entropy, window, 1.0, padded=True)(padded_out, padded_y),
+                               plain)
+
+
+# --------------------------------------------------------------------------
+# The plan
+
+
+def test_the_plan_cuts_a_llama_into_stages_and_refuses_in_one_line_what_it_cannot(tmp_path):
+    config = kc.read_config(llama_config(tmp_path, UNTIED))
+    cpu = CPU
+    plan = make_plan(dataclasses.replace(config, pipeline_parallel=2), cpu, world_size=2).plan
+    assert (plan.pipeline_parallel, plan.pipeline_schedule, plan.data_parallel) == (2, "1F1B", 1)
+    # one micro-batch per stage at least (the planner's cap): 16 samples in 2 or more
+    assert plan.micro_batch <= 8 and plan.micro_batch * plan.grad_accum == 16
+    four = make_plan(dataclasses.replace(config, pipeline_parallel=2, parallel_strategy="fsdp"), cpu,
+                     world_size=4).plan
+    assert four.data_parallel == 2 and four.split.text().endswith("x 2 pipelines = 16")
+    one = make_plan(dataclasses.replace(config, pipeline_parallel=2), cpu, world_size=1).plan
+    assert one.pipeline_parallel == 1 and "nothing to cut" in one.reasons["pipeline_parallel"]
+
+    def refused(match: str, world: int = 2, **changes) -> None:
+        with pytest.raises(PlanError, match=match) as err:
+            make_plan(dataclasses.replace(config, **changes), cpu, world_size=world)
+        assert "\n" not in str(err.value) and "CONFIG_PP" in str(err.value)
+
+    refused("tied", pipeline_parallel=2, llama_tie_embeddings=True)
+    refused("cannot make 8 stages", world=8, pipeline_parallel=8)  # llama-tiny has 4 blocks
+    refused(r"cannot make 8 stages of one block at least \(4 processes x 2", world=4, pipeline_parallel=4,
+            pipeline_schedule="Interleaved1F1B")
+    refused("multiple of 2 processes", world=3, pipeline_parallel=2)
+    refused("fp16", pipeline_parallel=2, precision="fp16")
+    refused("DDP cannot replicate a pipeline stage", world=4, pipeline_parallel=2, parallel_strategy="ddp")
+    kc.make_defconfig("gpt2-tiny", [], out=tmp_path / "gpt2.config")
+    gpt2 = kc.read_config(tmp_path / "gpt2.config")
+    with pytest.raises(PlanError, match="GPT-2 cannot be cut into pipeline stages"):
+        make_plan(dataclasses.replace(gpt2, pipeline_parallel=2), cpu, world_size=2)
+
+
+# --------------------------------------------------------------------------
+# Real runs: torchrun, gloo, on this CPU
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """(losses by step, final weights) of one process taking the same 16 samples per step, untied."""
+    directory = tmp_path_factory.mktemp("one")
+    done = train(directory, llama_config(directory, UNTIED), 1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, by_step = losses_of(directory)
+    return by_step, load_exported(export(run_dir, directory / "e"))
+
+
+def assert_like_one_process(run_dir: Path, one_process, out: Path) -> None:
+    reference, weights = one_process
+    got = losses(run_dir)
+    assert set(got) == set(reference)
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, abs=1e-4), step
+    exported = load_exported(export(run_dir, out))
+    assert set(exported) == set(weights)
+    for name, value in weights.items():
+        torch.testing.assert_close(exported[name], value, atol=2e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1F1B", "INTERLEAVED_1F1B", "GPIPE"])
+def test_pp2_on_two_processes_trains_as_one_process_does(tmp_path, one_process, schedule):
+    done = train(tmp_path, llama_config(tmp_path, UNTIED), 2,
+                 args=("--set", "PP=2", "--set", f"PP_SCHEDULE_{schedule}=y"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, _ = losses_of(tmp_path)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["pipeline_parallel"], plan["strategy"]) == (2, "none")
+    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+
+
+@pytest.mark.slow
+def test_pp2_by_fsdp2_on_four_processes_trains_as_one_process_does(tmp_path, one_process):
+    done = train(tmp_path, llama_config(tmp_path, UNTIED), 4, args=("--set", "PP=2", "--set", "PARALLEL_FSDP=y"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, _ = losses_of(tmp_path)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["world_size"], plan["pipeline_parallel"], plan["strategy"]) == (4, 2, "fsdp")
+    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+
+
+@pytest.mark.slow
+def test_a_pp_run_resumes_under_fsdp_then_on_one_process(tmp_path, one_process):
+    """PP 2 stopped by SIGTERM, resumed as FSDP over 2 processes and stopped again, finished on one process:
+    the losses and weights of one process throughout."""
+    config = llama_config(tmp_path, UNTIED)
+    stopped = train(tmp_path, config, 2, stop_after=2, args=("--set", "PP=2"))
+    assert stopped.returncode == 143, stopped.stdout
+    again = train(tmp_path, config, 2, stop_after=4, args=("--set", "PARALLEL_FSDP=y"))
+    assert again.returncode in (0, 143) and "Resuming" in again.stdout, again.stdout
+    finished = train(tmp_path, config, 1)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    run_dir, _ = losses_of(tmp_path)
+    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+
+
+@pytest.mark.slow
+def test_a_one_process_run_resumes_under_the_interleaved_pipeline(tmp_path, one_process):
+    """A one-process checkpoint (one file, the whole model) resumed by PP 2 interleaved: each stage takes its
+    tensors and their optimizer state from it."""
+    config = llama_config(tmp_path, UNTIED)
+    stopped = train(tmp_path, config, 1, stop_after=3)
+    assert stopped.returncode == 143, stopped.stdout
+    finished = train(tmp_path, config, 2, args=("--set", "PP=2", "--set", "PP_SCHEDULE_INTERLEAVED_1F1B=y"))
+    assert finished.returncode == 0 and "Resuming" in finished.stdout, finished.stdout + finished.stderr
+    run_dir, _ = losses_of(tmp_path)
+    assert_like_one_process(run_dir, one_process, tmp_path / "e")
