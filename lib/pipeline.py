@@ -108,6 +108,12 @@ def process_parts(blocks: int, degree: int, schedule: str) -> list[tuple[int, bo
     return parts
 
 
+def bubble_share(schedule: str, degree: int, n: int) -> float:
+    """The share of a step a stage waits in the schedule's fill and drain, with `n` micro-batches."""
+    idle = (degree - 1) / stages_per_process(schedule)
+    return idle / (n + idle)
+
+
 def traced_part(model: nn.Module, first: bool, last: bool, example: torch.Tensor,
                 loss_fn: Callable) -> tuple[nn.Module, torch.Tensor, Callable]:
     """`model` (in place) as one process of a pipeline holds it, for the memory tracer: its blocks all kept

@@ -22,7 +22,8 @@ from .plan import Plan
 NOT_TRAINING_MATH = ("RESUME", "MONITOR", "CHECKPOINT_", "PROBE_", "OOM_", "NPROC", "CPU_FALLBACK",
                      "LOG_INTERVAL", "EVAL_INTERVAL", "DATALOADER_WORKERS", "TIME_LIMIT", "OUTPUT_DIR",
                      "RUN_NAME", "MEMORY_PROFILE", "HYPER_PARAM_POLICY", "LR_FINDER_", "HPO_",
-                     "PARALLEL_", "FSDP_", "TP",  # sharding and splitting change where tensors live, not the math
+                     "PARALLEL_", "FSDP_", "TP", "PP",  # sharding, splitting and pipeline stages change where
+                     # tensors live and when they are computed, not the math
                      "THERMAL_", "BATTERY_",  # when to pause or stop, not what a step computes
                      "EARLY_STOP_",  # when to stop (CHECKPOINT_BEST_* are CHECKPOINT_ already)
                      "TRACK")  # where metrics are also sent

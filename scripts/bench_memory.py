@@ -106,7 +106,17 @@ SHARDED_CASES = {"gpt2-tiny-fsdp-x2": ("gpt2-tiny", {}, "fsdp", 2, (8, 16, 32), 
                  # tensor parallelism (CONFIG_TP): one group of 2, then 2 groups of 2 under FSDP
                  "llama-tiny-tp2-x2": ("llama-tiny", {"TP": 2}, "none", 2, (8, 32), ("fp32",)),
                  "llama-20m-tp2-x2": ("llama-tiny", {"LLAMA_PRESET_20M": True, "TP": 2}, "none", 2, (4,), ("fp32",)),
-                 "llama-tiny-tp2-fsdp-x4": ("llama-tiny", {"TP": 2}, "fsdp", 4, (8,), ("fp32",))}
+                 "llama-tiny-tp2-fsdp-x4": ("llama-tiny", {"TP": 2}, "fsdp", 4, (8,), ("fp32",)),
+                 # pipeline parallelism (CONFIG_PP): PIPELINE_MICRO_BATCHES micro-batches of the batch a step
+                 "llama-tiny-pp2-x2": ("llama-tiny", {"PP": 2, "LLAMA_TIE_EMBEDDINGS": False}, "none", 2, (8, 32),
+                                       ("fp32",)),
+                 "llama-20m-pp2-interleaved-x2": ("llama-tiny", {"LLAMA_PRESET_20M": True, "PP": 2,
+                                                                 "PP_SCHEDULE_INTERLEAVED_1F1B": True,
+                                                                 "LLAMA_TIE_EMBEDDINGS": False}, "none", 2, (4,),
+                                                  ("fp32",)),
+                 "llama-20m-pp2-gpipe-x2": ("llama-tiny", {"LLAMA_PRESET_20M": True, "PP": 2, "PP_SCHEDULE_GPIPE": True,
+                                                           "LLAMA_TIE_EMBEDDINGS": False}, "none", 2, (4,), ("fp32",))}
+PIPELINE_MICRO_BATCHES = 4  # a pipeline case's step: this many micro-batches of its batch (1F1B holds 2 at once)
 MiB = 2**20
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -209,7 +219,10 @@ def measure(case: dict, mesh=None) -> dict:
     def pair(steps: bool = True) -> None:
         """Build the model, optimizer and batch on the device and run the traced step pair."""
         seed_everything(0)
-        model = task.build(config.gradient_checkpointing).train().to(device)
+        model = task.build(config.gradient_checkpointing).train()
+        if config.pipeline_parallel > 1:
+            return pipeline_pair(model, steps)
+        model = model.to(device)
         if mesh is not None:
             from lib.parallel import is_sharded, shard_model, tensor_parallelize
 
@@ -226,6 +239,36 @@ def measure(case: dict, mesh=None) -> dict:
                        autocast=autocast_for(SimpleNamespace(precision=precision, device_type=device)))
         if device == "cuda":
             torch.cuda.synchronize()
+
+    def pipeline_pair(model, steps: bool) -> None:
+        """A pipeline process's step pair as the trainer runs it: its stages of the model, the schedule over
+        PIPELINE_MICRO_BATCHES micro-batches of `batch`, clipped across stages, the optimizer."""
+        import torch.distributed as dist
+
+        from lib.parallel import is_sharded, shard_model, tensor_parallelize
+        from lib.pipeline import Pipeline, clip_grad_norm, keep_stages, process_stages, stages_per_process
+
+        degree, schedule = config.pipeline_parallel, config.pipeline_schedule
+        stage_rank = dist.get_rank() // (dist.get_world_size() // degree)
+        per = stages_per_process(schedule)
+        keep_stages(model, process_stages(stage_rank, degree, per), degree * per)
+        if config.tensor_parallel > 1:
+            model = tensor_parallelize(model, mesh)
+        if is_sharded(case["strategy"]):
+            model = shard_model(model, case["strategy"], mesh, precision=precision)
+        pipeline = Pipeline(model, mesh["pp"].get_group(), stage_rank, degree, schedule, torch.device(device))
+        optimizer = step_optimizer(config, model, device)
+        share = batch * PIPELINE_MICRO_BATCHES
+        x, y = task.example_batch(share)
+        holder.update(model=model, optimizer=optimizer, x=x, y=y, pipeline=pipeline)
+        if not steps:
+            return
+        for _ in range(2):  # lib.memory.training_steps' pair: the second accumulates on the first's gradients
+            pipeline.step(x, y, share_max=share, micro_batch=batch, window=share, grad_factor=1, loss_fn=task.loss)
+            if config.grad_clip > 0:
+                clip_grad_norm(list(model.parameters()), config.grad_clip, pipeline.group)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     def release() -> None:
         holder.clear()
@@ -284,9 +327,9 @@ def _measure_rank(path: str) -> None:
     case = json.loads(Path(path).read_text())
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    tensor = kconfig.read_config(case["config"]).tensor_parallel
+    config = kconfig.read_config(case["config"])
     mesh = make_mesh("cpu", case["strategy"], dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                     tensor)
+                     config.tensor_parallel, config.pipeline_parallel)
     try:
         result = {"ok": measure(case, mesh)}
     except BaseException:  # noqa: BLE001 - reported by the parent
@@ -294,6 +337,14 @@ def _measure_rank(path: str) -> None:
     Path(path).with_name(f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _pipeline_views(config, batch: int) -> list[dict]:
+    """The predictor's keywords for a case's processes: each of a pipeline's bounding ones (the planner's)."""
+    from lib.planning.memory_policy import pipeline_views as views
+
+    stages = config.pipeline_parallel
+    return views(config, (stages, config.pipeline_schedule) if stages > 1 else None, batch * PIPELINE_MICRO_BATCHES)
 
 
 def measure_sharded(config, workdir: Path, strategy: str, processes: int, batch: int, precision: str) -> dict:
@@ -413,11 +464,15 @@ def main() -> int:
                 for batch in (sharded[4] if sharded else CASES[name]):
                     if sharded:
                         strategy, nproc = sharded[2:4]
-                        tensor = config.tensor_parallel
-                        predicted = predictor.predict(config, batch=batch, device_type=device, precision=precision,
-                                                      strategy=strategy, world_size=nproc // tensor, tensor=tensor)
+                        tensor, stages = config.tensor_parallel, config.pipeline_parallel
+                        predicted = max((predictor.predict(config, batch=batch, device_type=device,
+                                                           precision=precision, strategy=strategy,
+                                                           world_size=nproc // (tensor * stages), tensor=tensor,
+                                                           **view)
+                                         for view in _pipeline_views(config, batch)),
+                                        key=lambda p: p.peak_bytes)  # the largest process's, as measured
                         m = measure_sharded(config, workdir, strategy, nproc, batch, precision)
-                        label = name.split("-tp")[0].rsplit("-", 2 if tensor == 1 else 0)[0] + (
+                        label = name if stages > 1 else name.split("-tp")[0].rsplit("-", 2 if tensor == 1 else 0)[0] + (
                             f" {strategy} x{nproc}" if tensor == 1 else
                             f" tp{tensor}{'' if strategy == 'none' else ' ' + strategy} x{nproc}")
                     else:

@@ -149,7 +149,7 @@ def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: 
     """Pipeline stages (CONFIG_PP), their schedule and why; a degree this run cannot use is a PlanError naming
     the setting and what would do."""
     from ..models.registry import spec_for
-    from ..pipeline import pipeline_problem
+    from ..pipeline import pipeline_problem, stages_per_process
 
     degree, schedule = config.pipeline_parallel, config.pipeline_schedule
     if degree == 1:
@@ -177,9 +177,10 @@ def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: 
     if groups > 1 and config.parallel_strategy == "ddp":
         raise PlanError(f"{symbol} with CONFIG_PARALLEL_DDP: DDP cannot replicate a pipeline stage; set "
                         "CONFIG_PARALLEL_FSDP (or AUTO) to share the batch across the pipelines")
-    return degree, schedule, (f"{symbol}: {world_size} processes as {groups} pipeline(s) of {degree} stages "
-                              f"({schedule}), each stage {world_size // degree} process(es) holding "
-                              f"{blocks // degree}-{-(-blocks // degree)} of {blocks} blocks")
+    stages = degree * stages_per_process(schedule)
+    return degree, schedule, (f"{symbol}: {world_size} processes as {groups} pipeline(s) of {degree} x "
+                              f"{world_size // degree} process(es); {blocks} blocks cut into {stages} stages"
+                              + (" (two per process)" if stages > degree else ""))
 
 
 def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool, str]:

@@ -85,7 +85,7 @@ class PlannerPolicy:
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
         share = math.ceil(target / world_size)
         limit = min(share, MAX_MICRO_BATCH)
-        views = _pipeline_views(config, pipeline, share)
+        views = pipeline_views(config, pipeline, share)
         if pipeline:  # a micro-batch per stage at least, or the schedule cuts smaller ones itself
             limit = min(limit, max(1, share // pipeline[0]))
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
@@ -139,7 +139,7 @@ class PlannerPolicy:
         theirs to keep, so it is said, never refused."""
         budget, budget_why = memory_budget(config, hardware, device_type)
         sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
-        views = _pipeline_views(config, pipeline, micro * grad_accum)
+        views = pipeline_views(config, pipeline, micro * grad_accum)
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
                                              compile_mode=compile_mode, **sharding, **view) for view in views])
         at = train.prediction(micro)
@@ -206,7 +206,7 @@ class PlannerPolicy:
                           f"{_fmt(one.peak_bytes)} ({parts}) but the budget is {_fmt(budget)} ({budget_why})", helps)
 
 
-def _pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int) -> list[dict]:
+def pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int) -> list[dict]:
     """The predictor's keywords for each process that bounds a pipeline's memory (lib/pipeline.py
     process_parts: its blocks and ends, and how many micro-batches it holds at once for a micro-batch size,
     the share cut as Pipeline.step cuts it); [{}] without one: the whole model, one micro-batch."""

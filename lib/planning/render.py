@@ -84,6 +84,7 @@ def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: Mo
           if plan.nodes > 1 else []),
         *([("tensor parallel", f"{plan.tensor_parallel} per group", plan.reasons["tensor_parallel"])]
           if plan.tensor_parallel > 1 or plan.reasons.get("tensor_parallel", "").startswith("AUTO") else []),
+        *([_pipeline_row(plan)] if plan.pipeline_parallel > 1 else []),
         ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
          plan.reasons.get("strategy", "")),
         *([("communication", "per step", plan.reasons["communication"])] if "communication" in plan.reasons else []),
@@ -125,3 +126,15 @@ def time_rows(plan: Plan) -> list[tuple[str, str, str]]:
             ("energy", energy, "the device's power limit x the run time (an upper bound)"),
             *([("MFU", f"{plan.predicted_mfu:.1%}", plan.reasons.get("mfu", ""))]
               if plan.predicted_mfu is not None else [])]
+
+
+def _pipeline_row(plan: Plan) -> tuple[str, str, str]:
+    """The pipeline's stages and schedule, and the share of a step its bubble idles (lib/pipeline.py)."""
+    from ..pipeline import bubble_share, micro_batches
+
+    share = -(-plan.effective_batch // plan.data_parallel)
+    n, size = micro_batches(share, plan.micro_batch, plan.pipeline_parallel, plan.pipeline_schedule)
+    bubble = bubble_share(plan.pipeline_schedule, plan.pipeline_parallel, n)
+    return ("pipeline parallel", f"{plan.pipeline_parallel} stages, {plan.pipeline_schedule}",
+            f"{plan.reasons['pipeline_parallel']}; {n} micro-batches of {size} a step, the bubble "
+            f"{bubble:.0%} of it")

@@ -229,7 +229,8 @@ def _resolve(request: PlanRequest) -> Plan:
             share = target // world_size
             reasons["micro_batch"] = f"{choice.reason}; {why}"
             split = batch_split(share, micro)
-            reasons["grad_accum"] = f"{share} per process / micro-batch {micro}" + (
+            holder = "pipeline" if pipeline > 1 else "tensor-parallel group" if tensor > 1 else "process"
+            reasons["grad_accum"] = f"{share} per {holder} / micro-batch {micro}" + (
                 f": {split.text()} (the short one weighs its samples)" if split.last_micro_batch != micro else "")
             effective = target
         else:
