@@ -17,6 +17,7 @@ from lib import parallel, pipeline
 from lib import config as kc
 from lib.distributed import Rank
 from lib.errors import PlanError
+from lib.hardware import resolve_hardware
 from lib.export import export, load_exported
 from lib.models.llama import Llama, LlamaConfig
 from lib.planning import make_plan
@@ -129,6 +130,60 @@ def test_padding_rows_leave_the_weighted_loss_as_it_was(rows, pad, window):
     padded_y = pipeline.pad(y, pad, pipeline.IGNORE) if pad else y
     torch.testing.assert_close(pipeline._weighted(cross_entropy, window, 1.0, padded=True)(padded_out, padded_y),
                                plain)
+
+
+@settings(max_examples=200, deadline=None)
+@given(degree=st.integers(2, 8), n=st.integers(1, 64), rank=st.integers(0, 7))
+def test_the_micro_batches_held_at_once_follow_each_schedule(degree, n, rank):
+    """GPipe holds every micro-batch; 1F1B no more than the stages after this one; the interleaved schedule
+    between the two (its chunks are half a process's blocks), never more than all of them."""
+    rank = rank % degree
+    n = max(n, degree)
+    gpipe, one_f = pipeline.in_flight("GPipe", degree, n, rank), pipeline.in_flight("1F1B", degree, n, rank)
+    inter = pipeline.in_flight("Interleaved1F1B", degree, n, rank)
+    assert gpipe == n and one_f == min(n, degree - rank)
+    assert 0.5 <= inter <= n
+    assert pipeline.in_flight("1F1B", degree, n, 0) >= pipeline.in_flight("1F1B", degree, n, degree - 1) == 1
+
+
+@pytest.fixture(scope="module")
+def untied_on_h100(tmp_path_factory):
+    """An untied llama-tiny's step-time model on an H100 (the roofline: nothing measured here)."""
+    from lib.steptime import step_time_model
+
+    directory = tmp_path_factory.mktemp("steptime")
+    config = kc.read_config(llama_config(directory, UNTIED))
+    return step_time_model(config, resolve_hardware(gpu="h100"), device_type="cuda", precision="bf16",
+                           cache_dir=directory / "cache")
+
+
+@settings(max_examples=60, deadline=None)
+@given(degree=st.sampled_from([2, 4]), micro=st.integers(1, 16), accum=st.integers(1, 16),
+       schedule=st.sampled_from(sorted(pipeline.SCHEDULES)))
+def test_a_pipeline_step_is_its_stages_share_of_each_micro_batch_and_the_bubble(untied_on_h100, degree, micro,
+                                                                               accum, schedule):
+    whole = untied_on_h100
+    staged = dataclasses.replace(whole, pipeline=degree, pipeline_schedule=schedule)
+    n, size = pipeline.micro_batches(micro * accum, micro, degree, schedule)
+    parts = staged.parts(micro, accum)
+    stage = whole.corrected_micro_seconds(size) / degree
+    assert parts["micro_batches"] == pytest.approx(n * stage, rel=1e-9)
+    assert parts["pipeline_bubble"] / (parts["micro_batches"] + parts["pipeline_bubble"]) == pytest.approx(
+        pipeline.bubble_share(schedule, degree, n), rel=1e-9)
+    # interleaving halves the bubble of the same cut
+    if schedule == "1F1B":
+        inter = dataclasses.replace(whole, pipeline=degree, pipeline_schedule="Interleaved1F1B")
+        n2, size2 = pipeline.micro_batches(micro * accum, micro, degree, "Interleaved1F1B")
+        if (n2, size2) == (n, size):
+            assert inter.parts(micro, accum)["pipeline_bubble"] == pytest.approx(parts["pipeline_bubble"] / 2)
+
+
+def test_a_pipeline_across_machines_sends_over_the_network(tmp_path):
+    config = kc.read_config(llama_config(tmp_path, UNTIED + "CONFIG_PP=2\n", device="AUTO"))
+    h100 = resolve_hardware(gpu="h100", gpus=8)
+    plan = make_plan(config, h100, world_size=16, nodes=2).plan
+    assert plan.pipeline_parallel == 2 and plan.predicted_step_seconds
+    assert "pipeline stages" in plan.reasons["communication"] and "the network" in plan.reasons["communication"]
 
 
 # --------------------------------------------------------------------------

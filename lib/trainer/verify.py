@@ -232,6 +232,9 @@ def optimizer_problem(saved, model: torch.nn.Module, optimizer: torch.optim.Opti
     ours, theirs = optimizer.param_groups, saved["param_groups"]
     if len(theirs) != len(ours):
         return f"its optimizer has {len(theirs)} parameter group(s), this run's {len(ours)}"
+    order = getattr(model, "pipeline_optimizer_order", None)
+    if order is not None:  # a pipeline stage: the file holds the whole model's optimizer, this run part of it
+        return _stage_optimizer_problem(saved, model, optimizer, order)
     numbered: list = []
     for i, (group, live) in enumerate(zip(theirs, ours)):
         if not isinstance(group, dict) or not isinstance(group.get("params"), list):
@@ -257,6 +260,32 @@ def optimizer_problem(saved, model: torch.nn.Module, optimizer: torch.optim.Opti
         wrong = param_state_problem(entry, param, theirs[_group_of(key, ours)], optimizer)
         if wrong is not None:
             return f"its optimizer state for {name}: {wrong}"
+    return None
+
+
+def _stage_optimizer_problem(saved: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                             order: list[str]) -> str | None:
+    """A whole model's optimizer.state_dict() against a pipeline stage's optimizer: numbered as the whole
+    model's optimizer listed its parameters (`order`, lib/pipeline.py keep_stages kept it), each entry of this
+    stage's parameters checked as the single-file rules check it; the other stages' entries are theirs."""
+    numbered = [n for group in saved["param_groups"] if isinstance(group, dict)
+                for n in (group.get("params") if isinstance(group.get("params"), list) else [None])]
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in numbered) or numbered != list(range(len(order))):
+        return (f"its optimizer numbers {len(numbered)} parameters otherwise than the whole model's "
+                f"{len(order)} (0, 1, ... in group order)")
+    mine = {name: (p, group) for group in optimizer.param_groups for p in group["params"]
+            for name in [n for n, q in model.named_parameters() if q is p][:1]}
+    for key, entry in saved["state"].items():
+        if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < len(order):
+            return f"its optimizer state is for parameter {str(key)[:20]!r}, not one of 0-{len(order) - 1}"
+        if order[key] not in mine:
+            continue
+        if not isinstance(entry, dict):
+            return f"its optimizer state for {order[key]} is a {type(entry).__name__}, not a dict"
+        param, group = mine[order[key]]
+        wrong = param_state_problem(entry, param, group, optimizer)
+        if wrong is not None:
+            return f"its optimizer state for {order[key]}: {wrong}"
     return None
 
 
