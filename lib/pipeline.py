@@ -151,6 +151,24 @@ def in_flight(schedule: str, degree: int, n: int, stage_rank: int = 0) -> float:
     return min(2 * n, per_round + 2 * (degree - 1 - stage_rank) + 1) / 2
 
 
+def process_terms(schedule: str, degree: int, share: int, rank: int, sample_bytes: int, batch: int,
+                  activations: int) -> dict[str, int]:
+    """What process `rank` of a pipeline holds beyond one traced micro-batch of `batch` (whose activations are
+    `activations` bytes), when its share of `share` samples runs as the schedule's micro-batches:
+    pipeline_in_flight, the activations of the other micro-batches it holds at once (`in_flight`);
+    pipeline_buffers, for each of its stages a receive buffer per micro-batch for its input (all but the
+    first stage) and for its output's gradient (all but the last), torch's PipelineStage keeps them from
+    step to step, and as many of what it sends, alive until the sends complete at the end of the step;
+    `sample_bytes`: one sample's activations between stages."""
+    n, size = micro_batches(share, batch, degree, schedule)
+    per = stages_per_process(schedule)
+    last = degree * per - 1
+    ends = sum((s > 0) + (s < last) for s in process_stages(rank, degree, per))
+    more = in_flight(schedule, degree, n, rank) - 1
+    return {"pipeline_in_flight": int(max(0.0, more) * activations),
+            "pipeline_buffers": 2 * ends * n * size * sample_bytes}
+
+
 class StageView(nn.Module):
     """One stage of a process's cut model, as torch's PipelineStage wants a module per stage: its forward is
     the model's with `stage=`, so the model's own hooks (FSDP's) run around every stage."""

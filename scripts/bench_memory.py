@@ -339,12 +339,13 @@ def _measure_rank(path: str) -> None:
     dist.destroy_process_group()
 
 
-def _pipeline_views(config, batch: int) -> list[dict]:
+def _pipeline_views(config, batch: int, strategy: str, precision: str) -> list[dict]:
     """The predictor's keywords for a case's processes: each of a pipeline's bounding ones (the planner's)."""
     from lib.planning.memory_policy import pipeline_views as views
 
     stages = config.pipeline_parallel
-    return views(config, (stages, config.pipeline_schedule) if stages > 1 else None, batch * PIPELINE_MICRO_BATCHES)
+    return views(config, (stages, config.pipeline_schedule) if stages > 1 else None, batch * PIPELINE_MICRO_BATCHES,
+                 strategy=strategy, precision=precision)
 
 
 def measure_sharded(config, workdir: Path, strategy: str, processes: int, batch: int, precision: str) -> dict:
@@ -469,7 +470,7 @@ def main() -> int:
                                                            precision=precision, strategy=strategy,
                                                            world_size=nproc // (tensor * stages), tensor=tensor,
                                                            **view)
-                                         for view in _pipeline_views(config, batch)),
+                                         for view in _pipeline_views(config, batch, strategy, precision)),
                                         key=lambda p: p.peak_bytes)  # the largest process's, as measured
                         m = measure_sharded(config, workdir, strategy, nproc, batch, precision)
                         label = name if stages > 1 else name.split("-tp")[0].rsplit("-", 2 if tensor == 1 else 0)[0] + (

@@ -187,13 +187,12 @@ def parallel_overheads(trace: Trace, config: Config, *, strategy: str = "none", 
     return terms
 
 
-def pipeline_overheads(trace: Trace, in_flight: Callable[[int], float] | None) -> dict[str, int]:
-    """A pipeline process's activations beyond the one micro-batch traced: its schedule holds `in_flight(batch)`
-    micro-batches' at once before their backwards (lib/pipeline.py in_flight)."""
-    if in_flight is None:
+def pipeline_overheads(trace: Trace, terms: Callable[[int, int], dict[str, int]] | None) -> dict[str, int]:
+    """A pipeline process's memory beyond the one micro-batch traced (lib/pipeline.py process_terms: the other
+    micro-batches in flight, the stages' send and receive buffers), from (batch, its activations)."""
+    if terms is None:
         return {}
-    more = in_flight(trace.batch) - 1
-    return {"pipeline_in_flight": int(more * trace.breakdown.get("activations", 0))} if more > 0 else {}
+    return {k: v for k, v in terms(trace.batch, trace.breakdown.get("activations", 0)).items() if v > 0}
 
 
 def _part(config: Config, part: tuple | None) -> tuple[Config, tuple[bool, bool] | None]:
@@ -429,7 +428,7 @@ class MemoryPredictor:
                                 step.pop("local_world_size", None), step.pop("cpu_offload", False),
                                 step["device_type"], step.pop("tensor", 1))
         config, part = _part(config, step.pop("part", None))
-        step.pop("in_flight", None)
+        step.pop("pipeline_terms", None)
         key, _ = self._step(config, gradient_checkpointing=None, parallel=parallel, part=part, **step)
         fit = self._fit(key)
         return fit.describe() if fit else None
@@ -437,7 +436,7 @@ class MemoryPredictor:
     # strategy, world_size, local_world_size (None: = world_size, one machine), cpu_offload: the data-parallel
     # setup whose per-process peak is wanted (module docstring); tensor: processes per tensor-parallel group
     # (world sizes then count the groups); part: a pipeline process's (first, last, blocks) (lib/pipeline.py),
-    # in_flight: batch -> the micro-batches whose activations it holds at once; the defaults are one process.
+    # pipeline_terms: (batch, activations) -> what it holds beyond one micro-batch; the defaults are one process.
 
     def trace(self, config: Config, *, batch: int, device_type: str, precision: str,
               gradient_checkpointing: bool | None = None, train: bool = True, strategy: str = "none",
@@ -465,7 +464,7 @@ class MemoryPredictor:
                 compile_mode: str | None = None, strategy: str = "none", world_size: int = 1,
                 local_world_size: int | None = None, cpu_offload: bool = False,
                 tensor: int = 1, part: tuple | None = None,
-                in_flight: Callable[[int], float] | None = None) -> Prediction:
+                pipeline_terms: Callable[[int, int], dict[str, int]] | None = None) -> Prediction:
         parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
         config, part = _part(config, part)
         trace = self._step(config, device_type=device_type, precision=precision,
@@ -477,14 +476,14 @@ class MemoryPredictor:
                      **parallel_overheads(trace, config, strategy=strategy, world_size=world_size,
                                           cpu_offload=bool(parallel and parallel["cpu_offload"]), train=train,
                                           device_type=device_type),
-                     **pipeline_overheads(trace, in_flight if train else None)}
+                     **pipeline_overheads(trace, pipeline_terms if train else None)}
         return Prediction(batch, device_type, trace, overheads, strategy=strategy, world_size=world_size)
 
     def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
               compile_mode: str | None = None, plus: int = 0, strategy: str = "none", world_size: int = 1,
               local_world_size: int | None = None, cpu_offload: bool = False,
               tensor: int = 1, part: tuple | None = None,
-              in_flight: Callable[[int], float] | None = None) -> "StepCurve":
+              pipeline_terms: Callable[[int, int], dict[str, int]] | None = None) -> "StepCurve":
         """The predicted peak (device and strategy terms and `plus` bytes included) against the batch size,
         starting from every batch size already in the cache: the planner searches on it."""
         parallel = parallel_key(strategy, world_size, local_world_size, cpu_offload, device_type, tensor)
@@ -499,7 +498,7 @@ class MemoryPredictor:
                          strategy_terms=lambda trace: {**parallel_overheads(
                              trace, config, strategy=strategy, world_size=world_size, cpu_offload=offload,
                              train=train, device_type=device_type),
-                             **pipeline_overheads(trace, in_flight if train else None)},
+                             **pipeline_overheads(trace, pipeline_terms if train else None)},
                          strategy=strategy, world_size=world_size)
 
 

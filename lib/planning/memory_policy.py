@@ -85,7 +85,7 @@ class PlannerPolicy:
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
         share = math.ceil(target / world_size)
         limit = min(share, MAX_MICRO_BATCH)
-        views = pipeline_views(config, pipeline, share)
+        views = pipeline_views(config, pipeline, share, strategy=strategy, precision=precision)
         if pipeline:  # a micro-batch per stage at least, or the schedule cuts smaller ones itself
             limit = min(limit, max(1, share // pipeline[0]))
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
@@ -139,7 +139,7 @@ class PlannerPolicy:
         theirs to keep, so it is said, never refused."""
         budget, budget_why = memory_budget(config, hardware, device_type)
         sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
-        views = pipeline_views(config, pipeline, micro * grad_accum)
+        views = pipeline_views(config, pipeline, micro * grad_accum, strategy=strategy, precision=precision)
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
                                              compile_mode=compile_mode, **sharding, **view) for view in views])
         at = train.prediction(micro)
@@ -206,24 +206,24 @@ class PlannerPolicy:
                           f"{_fmt(one.peak_bytes)} ({parts}) but the budget is {_fmt(budget)} ({budget_why})", helps)
 
 
-def pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int) -> list[dict]:
+def pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int, *, strategy: str = "none",
+                   precision: str = "fp32") -> list[dict]:
     """The predictor's keywords for each process that bounds a pipeline's memory (lib/pipeline.py
-    process_parts: its blocks and ends, and how many micro-batches it holds at once for a micro-batch size,
-    the share cut as Pipeline.step cuts it); [{}] without one: the whole model, one micro-batch."""
+    process_parts: its blocks and ends; process_terms: what it holds beyond one micro-batch, the share cut as
+    Pipeline.step cuts it); [{}] without one: the whole model, one micro-batch."""
     if not pipeline or pipeline[0] == 1:
         return [{}]
-    from ..pipeline import process_parts
+    from ..parallel import is_sharded
+    from ..pipeline import process_parts, process_terms
 
     degree, schedule = pipeline
-    blocks = spec_for(config.model).pipeline(config)[0]
-    return [{"part": (first, last, held), "in_flight": functools.partial(_in_flight, schedule, degree, share, rank)}
+    blocks, _, elements = spec_for(config.model).pipeline(config)
+    # what a stage sends: the residual stream, float32 under autocast (the embedding's dtype), FSDP's
+    # parameter dtype under its mixed precision
+    sample_bytes = elements * (2 if is_sharded(strategy) and precision in ("bf16", "fp16") else 4)
+    return [{"part": (first, last, held),
+             "pipeline_terms": functools.partial(process_terms, schedule, degree, share, rank, sample_bytes)}
             for rank, first, last, held in process_parts(blocks, degree, schedule)]
-
-
-def _in_flight(schedule: str, degree: int, share: int, rank: int, batch: int) -> float:
-    from ..pipeline import in_flight, micro_batches
-
-    return in_flight(schedule, degree, micro_batches(share, batch, degree, schedule)[0], rank)
 
 
 class _Worst:
