@@ -55,6 +55,11 @@ FLOAT8 = {"OFF": 6, "TENSORWISE": 1, "ROWWISE": 1}
 # key/value heads, and any degree where a machine's processes do not divide into groups); for the others,
 # whose refusal is one line, rarely
 TENSOR_PARALLEL = {"llama-tiny": {1: 4, 2: 3, 0: 2, 4: 1}, None: {1: 12, 2: 1, 0: 1}}
+# CONFIG_PP likewise, from a stream of its own: for the Llama, which can be cut into stages, 2 often (its
+# schedule and whether its output layer is tied, which PP refuses, drawn with the rest); 4 at times (4 blocks:
+# the interleaved schedule's 8 stages are refused); for the others, whose refusal is one line, rarely
+PIPELINE_PARALLEL = {"llama-tiny": {1: 5, 2: 3, 4: 1}, None: {1: 12, 2: 1}}
+UNTIED_UNDER_PP = 0.75  # of the pipeline draws, those whose output layer is untied (the rest: PP's refusal)
 WEIGHTED = {
     "text": (("PRECISION", {"BF16": 5, "AUTO": 2, "FP16": 1, "FP32": 2}),
              ("PARALLEL", {"FSDP": 4, "AUTO": 3, "DDP": 1, "FSDP_GRAD_OP": 1, "HSDP": 1})),
@@ -166,6 +171,12 @@ def draw(seed: int, out: Path) -> Draw:
         degrees = TENSOR_PARALLEL.get(family, TENSOR_PARALLEL[None])
         tensor = random.Random(f"tp:{seed}:{family}").choices(list(degrees), list(degrees.values()))[0]
         kconf.syms["TP"].set_value(str(tensor))  # set before randomize, which then draws the rest as before
+        stages = PIPELINE_PARALLEL.get(family, PIPELINE_PARALLEL[None])
+        pipeline = random.Random(f"pipeline:{seed}:{family}")
+        degree = pipeline.choices(list(stages), list(stages.values()))[0]
+        kconf.syms["PP"].set_value(str(degree))
+        if degree > 1 and pipeline.random() < UNTIED_UNDER_PP and kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility:
+            kconf.syms["LLAMA_TIE_EMBEDDINGS"].set_value(0)  # what a pipeline's user sets: PP refuses tied
         for name in SMALL_CHOICES:
             kconf.syms[name].set_value(2)
         for name in OFF:
@@ -275,8 +286,9 @@ def train_draw(d: Draw, processes: int, workdir: Path) -> Outcome:
             if line not in recorded.splitlines():
                 problems.append(f"the run's config lacks {line}")
         plan = json.loads((dirs[0] / "plan.json").read_text())
-        # MANUAL: each data-parallel group (the processes of a tensor-parallel group together) takes the batch
-        groups = processes // plan.get("tensor_parallel", 1)
+        # MANUAL: each data-parallel group (the processes of a tensor-parallel group or a pipeline together) takes
+        # the batch
+        groups = processes // (plan.get("tensor_parallel", 1) * plan.get("pipeline_parallel", 1))
         want = (d.config.batch_size * d.config.gradient_accumulation * groups
                 if d.config.hyperparam_mode == "manual" else d.config.target_effective_batch)
         if plan.get("effective_batch") != want or plan.get("world_size") != processes:

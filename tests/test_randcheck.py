@@ -40,6 +40,7 @@ def test_a_seed_draws_the_same_strict_config_and_the_draws_cover_the_space(tmp_p
     assert any(c.symbols.get("PARALLEL_FSDP") == "y" for c in configs)
     assert any(c.llama_preset == "custom" for c in configs)  # the new options are drawn among the others
     assert any(c.tensor_parallel == 2 and c.model == "llama" for c in configs)
+    assert any(c.pipeline_parallel == 2 and c.model == "llama" for c in configs)
     assert len({c.recompute_policy for c in configs if c.recompute_policy}) > 1
     for c in configs:
         preset = {"gpt2": "GPT2_PRESET_TINY", "llama": "LLAMA_PRESET_TINY"}.get(c.model)
