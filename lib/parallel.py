@@ -120,8 +120,12 @@ def tensor_parallelize(model: nn.Module, mesh: "DeviceMesh") -> nn.Module:
     tied = _tied_parameters(model)
     for unit in shard_units(model):
         parallelize_module(unit, tp, block_plan)
+    # a pipeline stage holds the root's parts it needs only (lib/pipeline.py keep_stages): the others' entries go
+    root_plan = {name: style for name, style in root_plan.items() if getattr(model, name, None) is not None}
     parallelize_module(model, tp, root_plan)
     model.loss_parallel = bool(getattr(model, "tensor_parallel_loss", False))  # its logits stay split
+    # between blocks each process holds 1 / degree of the sequence (a later pipeline stage receives that slice)
+    model.sequence_shards = tp.size()
     for places in tied:  # each style replaced the shared parameter with its own DTensor: one again
         first_module, first_name = places[0]
         shared = getattr(first_module, first_name)

@@ -106,6 +106,11 @@ class Plan:
         return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
 
     @property
+    def local_data_parallel(self) -> int:
+        """The data-parallel groups on one machine, as the strategies see them (HSDP shards within it)."""
+        return local_groups(self.data_parallel, self.nodes, self.pipeline_parallel)
+
+    @property
     def last_micro_batch(self) -> int:
         """The last micro-batch of each process's step: short where the micro-batch does not divide the share."""
         return self.split.last_micro_batch
@@ -142,6 +147,13 @@ class BatchChoice:
     eval_peak_bytes: int | None = None
     # batch -> lib.memory.Prediction (the planner only), for the memory figures of the chosen micro-batch
     predict: Callable[[int], Any] | None = field(default=None, compare=False, repr=False)
+
+
+def local_groups(groups: int, nodes: int, pipeline: int = 1) -> int:
+    """Data-parallel groups on one machine: `groups` over the machines one pipeline stage spans (the stages are
+    the outermost cut: with `pipeline` stages over `nodes` machines a stage spans nodes / pipeline of them, or
+    part of one), at least one."""
+    return max(1, groups // max(1, nodes // pipeline))
 
 
 class BatchPolicy(Protocol):

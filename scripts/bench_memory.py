@@ -345,7 +345,7 @@ def _pipeline_views(config, batch: int, strategy: str, precision: str) -> list[d
 
     stages = config.pipeline_parallel
     return views(config, (stages, config.pipeline_schedule) if stages > 1 else None, batch * PIPELINE_MICRO_BATCHES,
-                 strategy=strategy, precision=precision)
+                 strategy=strategy, precision=precision, tensor=config.tensor_parallel)
 
 
 def measure_sharded(config, workdir: Path, strategy: str, processes: int, batch: int, precision: str) -> dict:

@@ -104,11 +104,13 @@ def scaled(shallow: tuple[Trace, Trace], layers: int, depths: tuple[int, int] = 
                 "breakdown": {k: max(0, round(at(x["breakdown"].get(k, 0), y["breakdown"].get(k, 0))))
                               for k in keys}}
 
+    forward = b.forward_segment if a.forward_segment == b.forward_segment else None
     if a.segments and len(a.segments) == len(b.segments):
         segments = tuple(stretch(x, y) for x, y in zip(a.segments, b.segments))
     else:
         segments = (stretch({"peak_bytes": a.peak_bytes, "breakdown": a.breakdown},
                             {"peak_bytes": b.peak_bytes, "breakdown": b.breakdown}),)
+        forward = None
     top = max(segments, key=lambda s: s["peak_bytes"])
     # The allocator's replayed holes (caching_allocator.py) follow no line in the depth (Llama 1B with
     # checkpointing: 1.10 GiB traced whole, 2.52 on the line through 2 and 3 blocks): the larger of the two,
@@ -117,7 +119,7 @@ def scaled(shallow: tuple[Trace, Trace], layers: int, depths: tuple[int, int] = 
              else max(a.allocator_holes, b.allocator_holes))
     return replace(b, peak_bytes=top["peak_bytes"], breakdown=top["breakdown"],
                    parameters=round(at(a.parameters, b.parameters)), seconds=a.seconds + b.seconds,
-                   allocator_holes=holes, segments=segments)
+                   allocator_holes=holes, segments=segments, forward_segment=forward)
 
 
 __all__ = ["MIN_LAYERS", "SHALLOW", "SHALLOW_SHARDED", "at_depth", "depth_of", "line", "scaled", "shallow_depths"]

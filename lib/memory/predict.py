@@ -192,7 +192,13 @@ def pipeline_overheads(trace: Trace, terms: Callable[[int, int], dict[str, int]]
     micro-batches in flight, the stages' send and receive buffers), from (batch, its activations)."""
     if terms is None:
         return {}
-    return {k: v for k, v in terms(trace.batch, trace.breakdown.get("activations", 0)).items() if v > 0}
+    # one micro-batch's saved activations: what the stretch ending with its first forward holds
+    # (Trace.forward_segment), not what is left of them at the step's peak, nor a checkpointed block's recomputed
+    # ones in backward; the peak's where the trace did not record it
+    index = trace.forward_segment
+    saved = (trace.segments[index]["breakdown"].get("activations", 0)
+             if index is not None and index < len(trace.segments) else trace.breakdown.get("activations", 0))
+    return {k: v for k, v in terms(trace.batch, saved).items() if v > 0}
 
 
 def _part(config: Config, part: tuple | None) -> tuple[Config, tuple[bool, bool] | None]:
@@ -536,7 +542,8 @@ class StepCurve(PeakCurve):
         vector = self.vector(batch)
         # a point read off a line: the parameters, features and evaluation split are those of any trace
         template = self._traces.get(batch) or replace(next(iter(self._traces.values())), batch=batch, seconds=0.0,
-                                                      allocator_holes=self._holes(batch))
+                                                      allocator_holes=self._holes(batch),
+                                                      segments=self._segments(batch))
         return replace(template, peak_bytes=vector[0], breakdown=dict(zip(self._keys, vector[1:])))
 
     def _holes(self, batch: int) -> int | None:
@@ -544,6 +551,20 @@ class StepCurve(PeakCurve):
         a, b = self._run(batch, batch) or (0, 0)
         ha, hb = (getattr(self._traces.get(end), "allocator_holes", None) for end in (a, b))
         return None if ha is None or hb is None else ha + (hb - ha) * (batch - a) // (b - a)
+
+    def _segments(self, batch: int) -> tuple[dict, ...]:
+        """The step's segments read off a line: each figure interpolated between its traced ends (() off a
+        line, or where the ends were traced in other segments)."""
+        a, b = self._run(batch, batch) or (0, 0)
+        ends = [getattr(self._traces.get(end), "segments", None) for end in (a, b)]
+        if not ends[0] or not ends[1] or len(ends[0]) != len(ends[1]) or a == b:
+            return ()
+
+        def at(x: int, y: int) -> int:
+            return x + (y - x) * (batch - a) // (b - a)
+        return tuple({"peak_bytes": at(sa["peak_bytes"], sb["peak_bytes"]),
+                      "breakdown": {k: at(v, sb["breakdown"].get(k, 0)) for k, v in sa["breakdown"].items()}}
+                     for sa, sb in zip(*ends))
 
     def prediction(self, batch: int) -> Prediction:
         trace = self.trace(batch)

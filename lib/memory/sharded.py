@@ -284,9 +284,13 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
         optimizer = step_optimizer(config, model, device_type) if train else None
         tracker = _tracker(model, optimizer, device_type, cpu_offload)
 
+        # a later pipeline stage under TP receives the previous stage's activations as they left it: this
+        # process's slice of the sequence (the residual stream between blocks is sequence-parallel)
+        received = part is not None and not part[0] and tensor > 1
+
         def batch_tensors():  # made inside the tracker: the batch is on the device during the step
-            x, y = (torch.empty((batch, *x1.shape[1:]), dtype=x1.dtype),
-                    torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype))
+            shape = (batch, x1.shape[1] // tensor, *x1.shape[2:]) if received else (batch, *x1.shape[1:])
+            x, y = torch.empty(shape, dtype=x1.dtype), torch.zeros((batch, *y1.shape[1:]), dtype=y1.dtype)
             tracker.track_inputs((x, y))
             return x, y
 
@@ -297,7 +301,8 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
                     x, y = batch_tensors()
                     training_steps(model, optimizer, loss_fn, x, y, autocast=autocast,
                                    grad_clip=config.grad_clip, foreach=device_type == "cuda",
-                                   before_each=tracker.reset_mod_stats, segment_end=segments.end)
+                                   before_each=tracker.reset_mod_stats, segment_end=segments.end,
+                                   forward_end=segments.forward_end)
             else:
                 model.eval()
                 with tracker, torch.no_grad(), autocast:
@@ -317,4 +322,4 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
     return Trace(batch=batch, peak_bytes=total, breakdown=breakdown, parameters=parameters,
                  features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start,
                  segments=tuple(dict(zip(("peak_bytes", "breakdown"), breakdown_of(snap)))
-                                for _, snap in segments.peaks))
+                                for _, snap in segments.peaks), forward_segment=segments.forward_index)

@@ -87,6 +87,9 @@ class Trace:
     # the peak of each stretch of the step (training_steps' phases: each forward, backward and optimizer
     # step), as {"peak_bytes", "breakdown"}: depth.py scales each by the depth; () where not recorded
     segments: tuple[dict, ...] = ()
+    # which of `segments` ends with the first forward (what one micro-batch's forward leaves saved for its
+    # backward: a pipeline stage holds that for each micro-batch in flight); None where not recorded
+    forward_segment: int | None = None
 
     def to_json(self) -> dict:
         return {**self.__dict__, "features": list(self.features), "segments": list(self.segments)}
@@ -124,6 +127,14 @@ class SegmentPeaks:
         for handle in self.handles:
             handle.remove()
 
+    forward_index: int | None = None  # the stretch that ended with the first forward (Trace.forward_segment)
+
+    def forward_end(self) -> None:
+        """end(), marking the stretch it closes as the first forward's end (once)."""
+        self.end()
+        if self.forward_index is None and self.peaks:
+            self.forward_index = len(self.peaks) - 1
+
     def end(self) -> None:
         t = self.tracker
         snap = next(iter(t._peak_mem_snap.values()), None)
@@ -157,7 +168,8 @@ def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> 
 
 def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: float, foreach: bool,
                    before_each: Callable[[], None] | None = None, forward_loss: Callable | None = None,
-                   segment_end: Callable[[], None] | None = None) -> None:
+                   segment_end: Callable[[], None] | None = None,
+                   forward_end: Callable[[], None] | None = None) -> None:
     """The traced (and, in bench_memory, measured) sequence: two steps, the second accumulating. `forward_loss`
     (x, y -> loss: lib/step.py's, compiled) runs in place of `loss_fn(model(x), y)` where given; `segment_end`
     is called after each forward, backward and optimizer step (SegmentPeaks.end). The loss and its backward
@@ -166,6 +178,7 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
     from .autocast import step_casts
 
     end = segment_end or (lambda: None)
+    after_forward = forward_end or end  # SegmentPeaks.forward_end: marks where the saved activations stand
     with step_casts(autocast):  # a traced step's casts reach the recompute in backward (TracedAutocast)
         for _ in range(2):
             if before_each:
@@ -173,7 +186,7 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
             with loss_context(model):
                 with autocast:
                     loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
-                end()
+                after_forward()
                 loss.backward()
                 del loss
             end()
@@ -294,7 +307,7 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
                 x, y = batch_tensors()
                 training_steps(model, optimizer, loss_fn, x, y, autocast=autocast, grad_clip=config.grad_clip,
                                foreach=device_type == "cuda", before_each=tracker.reset_mod_stats,
-                               segment_end=segments.end)
+                               segment_end=segments.end, forward_end=segments.forward_end)
         else:
             model.eval()
             tracker.track_external(model)
@@ -324,4 +337,5 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
     return Trace(batch=batch, peak_bytes=total, breakdown=breakdown, parameters=parameters,
                  features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start,
                  allocator_holes=holes, segments=tuple(
-                     dict(zip(("peak_bytes", "breakdown"), breakdown_of(snap))) for _, snap in segments.peaks))
+                     dict(zip(("peak_bytes", "breakdown"), breakdown_of(snap))) for _, snap in segments.peaks),
+                 forward_segment=segments.forward_index)

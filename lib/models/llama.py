@@ -207,7 +207,8 @@ class Llama(nn.Module):
             first, blocks, last = any(s[0] for s in stages.values()), None, any(s[2] for s in stages.values())
         else:
             first, blocks, last = True, None, True
-        T = idx.size(1)
+        # a later pipeline stage under TP receives its slice of the sequence: the rotation is the whole one's
+        T = idx.size(1) * (1 if first else getattr(self, "sequence_shards", 1))
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = rotary(T, self.config.head_dim, self.config.rope_theta, idx.device)

@@ -141,7 +141,7 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
         raise PlanError(f"{symbol} with CONFIG_FLOAT8_{float8.upper()}: float8 linear layers are not yet split "
                         "with tensor parallelism; set CONFIG_FLOAT8_OFF or CONFIG_TP=1")
     groups = world_size // degree
-    return degree, (f"{symbol}: {world_size} processes as {groups} data-parallel group(s) of {degree}, each "
+    return degree, (f"{symbol}: {world_size} processes as {groups} tensor-parallel group(s) of {degree}, each "
                     "splitting every block's matrix multiplies and seeing the same samples")
 
 

@@ -151,7 +151,7 @@ def predicted_peaks(config: Config, before: Plan, after: Plan) -> tuple[int, int
                 config, batch=plan.micro_batch, device_type=plan.device_type, precision=plan.precision,
                 gradient_checkpointing=plan.gradient_checkpointing,
                 compile_mode=plan.compile_mode if plan.compile else None, strategy=plan.strategy,
-                world_size=plan.data_parallel, local_world_size=plan.data_parallel // plan.nodes,
+                world_size=plan.data_parallel, local_world_size=plan.local_data_parallel,
                 cpu_offload=plan.cpu_offload, tensor=plan.tensor_parallel).peak_bytes
 
         return peak(before), peak(after)

@@ -85,7 +85,7 @@ class PlannerPolicy:
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
         share = math.ceil(target / world_size)
         limit = min(share, MAX_MICRO_BATCH)
-        views = pipeline_views(config, pipeline, share, strategy=strategy, precision=precision)
+        views = pipeline_views(config, pipeline, share, strategy=strategy, precision=precision, tensor=tensor)
         if pipeline:  # a micro-batch per stage at least, or the schedule cuts smaller ones itself
             limit = min(limit, max(1, share // pipeline[0]))
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
@@ -139,7 +139,8 @@ class PlannerPolicy:
         theirs to keep, so it is said, never refused."""
         budget, budget_why = memory_budget(config, hardware, device_type)
         sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
-        views = pipeline_views(config, pipeline, micro * grad_accum, strategy=strategy, precision=precision)
+        views = pipeline_views(config, pipeline, micro * grad_accum, strategy=strategy, precision=precision,
+                               tensor=tensor)
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
                                              compile_mode=compile_mode, **sharding, **view) for view in views])
         at = train.prediction(micro)
@@ -207,7 +208,7 @@ class PlannerPolicy:
 
 
 def pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int, *, strategy: str = "none",
-                   precision: str = "fp32") -> list[dict]:
+                   precision: str = "fp32", tensor: int = 1) -> list[dict]:
     """The predictor's keywords for each process that bounds a pipeline's memory (lib/pipeline.py
     process_parts: its blocks and ends; process_terms: what it holds beyond one micro-batch, the share cut as
     Pipeline.step cuts it); [{}] without one: the whole model, one micro-batch."""
@@ -219,8 +220,8 @@ def pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int,
     degree, schedule = pipeline
     blocks, _, elements = spec_for(config.model).pipeline(config)
     # what a stage sends: the residual stream, float32 under autocast (the embedding's dtype), FSDP's
-    # parameter dtype under its mixed precision
-    sample_bytes = elements * (2 if is_sharded(strategy) and precision in ("bf16", "fp16") else 4)
+    # parameter dtype under its mixed precision; under TP each process's slice of the sequence
+    sample_bytes = elements * (2 if is_sharded(strategy) and precision in ("bf16", "fp16") else 4) // tensor
     return [{"part": (first, last, held),
              "pipeline_terms": functools.partial(process_terms, schedule, degree, share, rank, sample_bytes)}
             for rank, first, last, held in process_parts(blocks, degree, schedule)]

@@ -25,7 +25,7 @@ from ..config import Config
 from ..errors import NoFitError, PlanError
 from ..hardware import HardwareProfile
 from ..parallel import LABELS, is_sharded
-from ..plan import BatchChoice, BatchPolicy, ModelDescription, Plan
+from ..plan import BatchChoice, BatchPolicy, ModelDescription, Plan, local_groups
 from ..threads import decide_cpu_threads, decide_loader_workers, decide_prefetch, using_threads
 from ..units import batch_split
 from . import ladder
@@ -173,7 +173,7 @@ def _resolve(request: PlanRequest) -> Plan:
     speed_model = None
     alternatives: tuple = ()  # the runner-up splits (AUTO with step-time prediction)
     if config.hyperparam_mode == "manual":
-        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes, tensor)
+        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes, tensor, pipeline)
         strategy = options[0]
         if len(options) > 1:
             reasons["strategy"] = f"AUTO without the memory planner (MANUAL batch): {LABELS[strategy]}"
@@ -192,7 +192,8 @@ def _resolve(request: PlanRequest) -> Plan:
             memory = _manual_memory(config, hardware, notes, policy or policy_for(config), device_type=device_type,
                                     compile_mode=compile_mode,
                                     precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
-                                    world_size=world_size, local_world_size=world_size // nodes, cpu_offload=offload,
+                                    world_size=world_size, local_world_size=local_groups(world_size, nodes, pipeline),
+                                    cpu_offload=offload,
                                     tensor=tensor, pipeline=staged, grad_accum=accum)
     else:
         target = config.target_effective_batch
@@ -200,7 +201,8 @@ def _resolve(request: PlanRequest) -> Plan:
         policy_name = policy.name
         choose = ChooseArgs(hardware=hardware, model=model, device_type=device_type, compile=compile_on,
                             compile_mode=compile_mode, precision=precision, world_size=world_size, target=target,
-                            local_world_size=world_size // nodes, cpu_offload=offload, tensor=tensor,
+                            local_world_size=local_groups(world_size, nodes, pipeline), cpu_offload=offload,
+                            tensor=tensor,
                             pipeline=staged, nodes=nodes)
 
         def speed(strategy: str, choice: BatchChoice):
@@ -221,7 +223,8 @@ def _resolve(request: PlanRequest) -> Plan:
 
         with using_threads(timing_threads):  # a CPU step is traced at the threads it will train with
             strategy, choice, fast, reasons["strategy"] = pick_strategy(
-                config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed, tensor=tensor)
+                config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed, tensor=tensor,
+                pipeline=pipeline)
         cap, reasons["micro_batch"] = choice.max_micro, choice.reason
         if fast is not None:
             best, option, speed_model, why, alternatives = fast

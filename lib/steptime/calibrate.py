@@ -247,7 +247,7 @@ def model_for_plan(config: Config, hardware: HardwareProfile, plan: Plan,
                                 tf32=plan.tf32, compile=plan.compile,
                                 gradient_checkpointing=plan.gradient_checkpointing, world_size=plan.data_parallel,
                                 cache_dir=cache_dir, strategy=plan.strategy,
-                                local_world_size=plan.data_parallel // max(1, plan.nodes),
+                                local_world_size=plan.local_data_parallel,
                                 tensor=plan.tensor_parallel, pipeline=_pipeline_of(plan), nodes=plan.nodes)
     return for_gradient_sync(model, plan)
 
