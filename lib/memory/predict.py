@@ -208,8 +208,10 @@ def _part(config: Config, part: tuple | None) -> tuple[Config, tuple[bool, bool]
     first, last, blocks = part
     from ..models.registry import llama_shape
 
-    if llama_shape(config).n_layer != blocks:
-        config = at_depth(config, blocks)
+    if llama_shape(config).n_layer != blocks:  # at_depth derives from the text: what the planner set on the
+        # config itself (checkpointing on or off for a candidate, its policy) kept
+        config = replace(at_depth(config, blocks), gradient_checkpointing=config.gradient_checkpointing,
+                         recompute_policy=config.recompute_policy)
     return config, (bool(first), bool(last))
 
 
