@@ -244,11 +244,11 @@ def confirm(config: Config, plan: Plan, hardware: HardwareProfile, task: Task, *
     cached), or None where the config does not probe on this device."""
     if config.probe == "never" or (config.probe == "auto" and plan.device_type != "cuda"):
         return None
-    if is_sharded(plan.strategy) and plan.world_size > 1 or plan.tensor_parallel > 1:
-        # its trials hold a whole replica, which a process of a sharded or tensor-parallel run never does: it
-        # would refuse sizes that fit (or run out of memory where the run would not); the trace decides
-        log("Probe: skipped: the plan shards or splits the model over processes, and the probe's trials hold "
-            "a whole replica; the memory planner's trace of one process's share stands")
+    if is_sharded(plan.strategy) and plan.world_size > 1 or plan.tensor_parallel > 1 or plan.pipeline_parallel > 1:
+        # its trials hold a whole replica, which a process of a sharded, tensor-parallel or pipeline run never
+        # does: it would refuse sizes that fit (or run out of memory where the run would not); the trace decides
+        log("Probe: skipped: the plan shards, splits or cuts the model over processes, and the probe's trials "
+            "hold a whole replica; the memory planner's trace of one process's share stands")
         return None
     device = distributed.device_for(rank, plan.device_type)
     path, key = cache_path(), fingerprint(config, plan, hardware, task)

@@ -490,6 +490,27 @@ def test_an_intact_sharded_checkpoint_resumes_exactly(runs, sharded_run):
         assert same_weights(run, runs)
 
 
+def test_a_sharded_checkpoint_of_the_earlier_form_still_resumes_exactly(runs, sharded_run):
+    """Sharded checkpoints saved before the optimizer's entries were keyed by parameter name alone (numbered
+    groups: torch's get_state_dict default) are read as they were saved."""
+    from lib.trainer.resume import flat_optimizer, sharded_tensors
+
+    with copy_of(runs, sharded_run) as run:
+        path = run / "checkpoint-8.dcp"
+        assert flat_optimizer(path)
+        t = trainer(runs.config, resume=run)
+        t.directory.release()
+        extra = torch.load(path / checkpoint.EXTRA, weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            checkpoint.save_sharded(path, sharded_tensors(t.model, t.optimizer, flat=False), extra, is_main=True,
+                                    barrier=lambda: None)
+        assert not flat_optimizer(path)
+        again, notes = resumed(runs, run)
+        assert again.resumed_from == path and notes == []
+        assert same_weights(run, runs)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("damage, reason", [
     (lambda p: shard(p).unlink(), "is damaged (its shard file __0_0.distcp is missing)"),

@@ -221,6 +221,19 @@ def test_the_plan_cuts_a_llama_into_stages_and_refuses_in_one_line_what_it_canno
         make_plan(dataclasses.replace(gpt2, pipeline_parallel=2), cpu, world_size=2)
 
 
+def test_the_out_of_memory_ladder_takes_no_fp16_scaler_under_pipeline_stages(tmp_path):
+    """fp16's scaler would check one stage's gradients for overflow: the autocast rung does not apply under PP
+    on a GPU without bf16 (it still takes bf16 where there is)."""
+    from lib.planning import ladder
+
+    config = dataclasses.replace(kc.read_config(llama_config(tmp_path, UNTIED)), precision="auto")
+    fp32 = dict(device_type="cuda", precision="fp32", gradient_checkpointing=True)
+    assert ladder.changes(config, "autocast", supports_bf16=False, **fp32) == {"precision": "fp16",
+                                                                               "grad_scaler": True}
+    assert ladder.changes(config, "autocast", supports_bf16=False, pipeline=2, **fp32) is None
+    assert ladder.changes(config, "autocast", supports_bf16=True, pipeline=2, **fp32)["precision"] == "bf16"
+
+
 # --------------------------------------------------------------------------
 # Real runs: torchrun, gloo, on this CPU
 

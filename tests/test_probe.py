@@ -76,18 +76,19 @@ def test_probe_always_on_cpu_bisects_to_what_fits_and_caches_it(make_config, mon
     assert auto == plan  # AUTO probes GPUs only
 
 
-@pytest.mark.parametrize("layout", [dict(strategy="fsdp", world_size=2), dict(strategy="none", world_size=2,
-                                                                              tensor_parallel=2)])
+@pytest.mark.parametrize("layout", [dict(strategy="fsdp", world_size=2),
+                                    dict(strategy="none", world_size=2, tensor_parallel=2),
+                                    dict(strategy="none", world_size=2, pipeline_parallel=2)])
 def test_the_probe_stands_aside_where_a_process_holds_a_share_of_the_model(make_config, monkeypatch, layout):
-    """Its trials build a whole replica, which no process of an FSDP or tensor-parallel run holds: a device
-    limit that a replica's trial would hit must not move the plan."""
+    """Its trials build a whole replica, which no process of an FSDP, tensor-parallel or pipeline run holds: a
+    device limit that a replica's trial would hit must not move the plan."""
     config = make_config("CONFIG_PROBE_ALWAYS=y\nCONFIG_TARGET_EFFECTIVE_BATCH=96\n")
     plan = dataclasses.replace(resolve(config, CPU, ModelDescription.from_config(config)), **layout)
     monkeypatch.setenv("KFIT_INJECT_OOM_ABOVE", "1")
     lines = []
     assert probe.maybe_probe(config, plan, CPU, load_task(config), log=lines.append) == plan
-    assert lines == ["Probe: skipped: the plan shards or splits the model over processes, and the probe's trials "
-                     "hold a whole replica; the memory planner's trace of one process's share stands"]
+    assert lines == ["Probe: skipped: the plan shards, splits or cuts the model over processes, and the probe's "
+                     "trials hold a whole replica; the memory planner's trace of one process's share stands"]
 
 
 def test_probe_confirms_a_micro_batch_that_does_not_divide_the_share(make_config, monkeypatch):

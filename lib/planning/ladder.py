@@ -48,12 +48,16 @@ class Rung:
 
 def changes(config: Config, name: str, *, device_type: str, precision: str, gradient_checkpointing: bool,
             strategy: str = "none", cpu_offload: bool = False, supports_bf16: bool = True,
-            can_checkpoint: bool = True) -> dict | None:
-    """The plan fields rung `name` changes, or None where it does not apply (or is already in effect)."""
+            can_checkpoint: bool = True, pipeline: int = 1) -> dict | None:
+    """The plan fields rung `name` changes, or None where it does not apply (or is already in effect): fp16's
+    gradient scaler not under pipeline stages (`pipeline` > 1), whose overflow check sees one stage's gradients
+    (decisions.decide_pipeline refuses it as a setting)."""
     if name == "checkpointing" and can_checkpoint and not gradient_checkpointing:
         return {"gradient_checkpointing": True}
     if name == "autocast" and config.precision == "auto" and precision == "fp32" and device_type in ("cuda", "cpu"):
         chosen = "fp16" if device_type == "cuda" and not supports_bf16 else "bf16"  # CPU autocast: bf16
+        if chosen == "fp16" and pipeline > 1:
+            return None
         return {"precision": chosen, "grad_scaler": chosen == "fp16"}
     if name == "offload" and is_sharded(strategy) and device_type == "cuda" and not cpu_offload:
         return {"cpu_offload": True}
@@ -73,7 +77,8 @@ def taken(config: Config, plan: Plan, name: str, hardware: HardwareProfile | Non
         can_checkpoint = model_can_checkpoint(config)
     change = changes(config, name, device_type=plan.device_type, precision=plan.precision,
                      gradient_checkpointing=plan.gradient_checkpointing, strategy=plan.strategy,
-                     cpu_offload=plan.cpu_offload, supports_bf16=_bf16(plan, hardware), can_checkpoint=can_checkpoint)
+                     cpu_offload=plan.cpu_offload, supports_bf16=_bf16(plan, hardware), can_checkpoint=can_checkpoint,
+                     pipeline=plan.pipeline_parallel)
     return dataclasses.replace(plan, **change) if change is not None else None
 
 
@@ -87,7 +92,7 @@ def pre_training(config: Config, *, device_type: str, precision: str, supports_b
             continue
         change = changes(config, name, device_type=device_type, precision=precision,
                          gradient_checkpointing=checkpointing, supports_bf16=supports_bf16,
-                         can_checkpoint=model_can_checkpoint(config))
+                         can_checkpoint=model_can_checkpoint(config), pipeline=config.pipeline_parallel)
         if change is None:
             continue
         if "gradient_checkpointing" in change:

@@ -26,8 +26,8 @@ from ..hardware import HardwareProfile
 from . import best
 from .engine import Engine
 from .recovery import Recovery
-from .resume import (DEVICE_LOST_EXIT, OPTIMIZER_KEYS, StoppedToResume, TrainingInterrupted, checkpoint_problem,
-                     checkpoint_state, load_state, model_problem, resume_command, sharded_tensors)
+from .resume import (DEVICE_LOST_EXIT, StoppedToResume, TrainingInterrupted, checkpoint_problem, checkpoint_state,
+                     load_state, model_problem, resume_command, sharded_tensors)
 from .rundir import RunDirectory
 from .verify import state_problem
 
@@ -73,7 +73,6 @@ class Checkpoints:
             epoch=self.epochs_begun(), final_eval=final_eval, config=self.config, plan=self.recovery.plan,
             hardware=self.hardware)
         if self.sharded:
-            state["optimizer_keys"] = OPTIMIZER_KEYS
             checkpoint.save_sharded(path, sharded_tensors(engine.model, engine.optimizer), state,
                                     is_main=self.rank.is_main, barrier=torch.distributed.barrier)
         else:

@@ -105,20 +105,25 @@ def checkpoint_state(*, model: torch.nn.Module | None, optimizer: torch.optim.Op
             "versions": versions()}
 
 
-# A sharded checkpoint's optimizer entries are keyed by parameter name alone ("state.<name>.exp_avg",
-# "param_groups.<name>.lr"), so any layout's processes find theirs: a pipeline stage holds some parameters, and
-# its groups list others than another stage's. Checkpoints saved before say nothing (numbered groups).
-OPTIMIZER_KEYS = "flat"
-
-
 def sharded_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict:
     """The model's and optimizer's state keyed by parameter name, as torch.distributed.checkpoint saves
-    and loads it (sharded DTensors under FSDP, whole tensors otherwise); `flat`: OPTIMIZER_KEYS's form."""
+    and loads it (sharded DTensors under FSDP, whole tensors otherwise). `flat`: the optimizer's entries keyed
+    by parameter name alone ("state.<name>.exp_avg", "param_groups.<name>.lr"), so any layout's processes find
+    theirs: a pipeline stage holds some parameters, and its groups list others than another stage's. Checkpoints
+    saved before kfit saved them so hold numbered groups (`flat_optimizer`)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     model_state, optimizer_state = get_state_dict(
         model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=flat))
     return {"model": model_state, "optimizer": optimizer_state}
+
+
+def flat_optimizer(path) -> bool:
+    """Whether the sharded checkpoint at `path` keys its optimizer by parameter name alone (sharded_tensors'
+    `flat`), as its metadata's key paths say: ("optimizer", "state.<name>.<key>") rather than
+    ("optimizer", "state", <name>, <key>)."""
+    paths = getattr(checkpoint.sharded_metadata(path), "planner_data", None) or {}
+    return any(isinstance(where, tuple) and len(where) == 2 and where[0] == "optimizer" for where in paths.values())
 
 
 def checkpoint_problem(state) -> str | None:
@@ -225,7 +230,7 @@ def load_state(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optim
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     if state.get("sharded"):
-        flat = state.get("optimizer_keys") == OPTIMIZER_KEYS
+        flat = flat_optimizer(path)
         tensors = sharded_tensors(model, optimizer, flat)
         checkpoint.load_sharded_tensors(path, tensors)
         set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optimizer"],

@@ -322,7 +322,7 @@ def sharded_problem(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     wrong = _sharded_model_problem(model_saved, model)
     if wrong is not None:
         return wrong
-    flat = any(where[0] == "optimizer" and len(where) == 2 for where in saved)  # resume.OPTIMIZER_KEYS's form
+    flat = any(where[0] == "optimizer" and len(where) == 2 for where in saved)  # resume.sharded_tensors' `flat`
     groups = {where[2] for where in saved if where[:2] == ("optimizer", "param_groups") and len(where) > 2}
     if not flat and len(groups) != len(optimizer.param_groups):
         return f"its optimizer has {len(groups)} parameter group(s), this run's {len(optimizer.param_groups)}"
