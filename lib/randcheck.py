@@ -56,9 +56,9 @@ FLOAT8 = {"OFF": 6, "TENSORWISE": 1, "ROWWISE": 1}
 # whose refusal is one line, rarely
 TENSOR_PARALLEL = {"llama-tiny": {1: 4, 2: 3, 0: 2, 4: 1}, None: {1: 12, 2: 1, 0: 1}}
 # CONFIG_PP likewise, from a stream of its own: for the Llama, which can be cut into stages, 2 often (its
-# schedule and whether its output layer is tied, which PP refuses, drawn with the rest); 4 at times (4 blocks:
-# the interleaved schedule's 8 stages are refused); for the others, whose refusal is one line, rarely
-PIPELINE_PARALLEL = {"llama-tiny": {1: 5, 2: 3, 4: 1}, None: {1: 12, 2: 1}}
+# schedule and whether its output layer is tied, which PP refuses, drawn with the rest); AUTO (0) and 4 at times
+# (4 blocks: the interleaved schedule's 8 stages are refused); for the others, whose refusal is one line, rarely
+PIPELINE_PARALLEL = {"llama-tiny": {1: 5, 2: 3, 0: 1, 4: 1}, None: {1: 12, 2: 1}}
 UNTIED_UNDER_PP = 0.75  # of the pipeline draws, those whose output layer is untied (the rest: PP's refusal)
 WEIGHTED = {
     "text": (("PRECISION", {"BF16": 5, "AUTO": 2, "FP16": 1, "FP32": 2}),

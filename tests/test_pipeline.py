@@ -221,6 +221,28 @@ def test_the_plan_cuts_a_llama_into_stages_and_refuses_in_one_line_what_it_canno
         make_plan(dataclasses.replace(gpt2, pipeline_parallel=2), cpu, world_size=2)
 
 
+def test_auto_plans_a_pipeline_of_whole_machines_and_keeps_the_fastest_layout(tmp_path):
+    """CONFIG_PP=0 plans 1 and every power of two up to the machines (stages across machines), each as
+    CONFIG_PP=N would; with CONFIG_TP=0 too, every pairing; the reason names each layout's speed. On one machine
+    it plans no pipeline."""
+    from lib.planning.decisions import pipeline_candidates
+
+    config = kc.read_config(llama_config(tmp_path, UNTIED + "CONFIG_PP=0\n", device="AUTO"))
+    assert pipeline_candidates(config, 16, 4) == [1, 2, 4] and pipeline_candidates(config, 8, 1) == [1]
+    tied = dataclasses.replace(config, llama_tie_embeddings=True)
+    assert pipeline_candidates(tied, 16, 4) == [1]  # a tied output layer cannot be cut from its embedding
+    h100 = resolve_hardware(gpu="h100", gpus=2)
+    plan = make_plan(config, h100, world_size=4, nodes=2).plan
+    why = plan.reasons["pipeline_parallel"]
+    assert why.startswith("AUTO (CONFIG_PP=0): PP ") and "PP 1: " in why and "PP 2: " in why
+    assert plan.pipeline_parallel in (1, 2) and plan.predicted_samples_per_second
+    both = make_plan(dataclasses.replace(config, tensor_parallel=0), h100, world_size=4, nodes=2).plan
+    assert "AUTO (CONFIG_TP=0 and CONFIG_PP=0): TP " in both.reasons["tensor_parallel"]
+    assert all(f"TP {t} x PP {p}" in both.reasons["pipeline_parallel"] for t in (1, 2) for p in (1, 2))
+    one = make_plan(config, resolve_hardware(gpu="h100", gpus=4), world_size=4).plan
+    assert one.pipeline_parallel == 1 and one.reasons["pipeline_parallel"].startswith("AUTO")
+
+
 def test_the_out_of_memory_ladder_takes_no_fp16_scaler_under_pipeline_stages(tmp_path):
     """fp16's scaler would check one stage's gradients for overflow: the autocast rung does not apply under PP
     on a GPU without bf16 (it still takes bf16 where there is)."""

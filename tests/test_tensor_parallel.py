@@ -80,7 +80,7 @@ def test_the_plan_shares_the_batch_by_data_parallel_groups(tmp_path):
     assert (plan.world_size, plan.tensor_parallel, plan.data_parallel) == (4, 2, 2)
     assert plan.micro_batch * plan.grad_accum * plan.data_parallel == plan.effective_batch == 16
     assert plan.strategy in parallel.SHARDED  # AUTO: FSDP across the groups, never DDP
-    assert "data-parallel group" in plan.reasons["tensor_parallel"]
+    assert "2 tensor-parallel group(s) of 2" in plan.reasons["tensor_parallel"]
     assert plan.split.text() == f"{plan.micro_batch} x {plan.grad_accum} x 2 tensor-parallel groups = 16"
     alone = make_plan(config, CPU, world_size=2).plan
     assert (alone.strategy, alone.data_parallel, alone.micro_batch * alone.grad_accum) == ("none", 1, 16)

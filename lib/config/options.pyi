@@ -398,7 +398,10 @@ class Options:
     next, the least traffic of any split. Needs a family with stages (Llama) whose output layer is not tied to
     its embedding, at least one block per stage, bf16 or fp32 (not fp16's gradient scaler), and FSDP (not DDP)
     where there are several groups. A checkpoint resumes under any other degree (its tensors keep the whole
-    model's names). On the command line: make train GPUS=2 PP=2."""
+    model's names). On the command line: make train GPUS=2 PP=2. 0 (AUTO) plans every degree that puts whole
+    machines in each stage (1, 2, 4, ... up to the machines, NNODES=) and keeps the one with the highest
+    predicted samples/s that fits memory, with TP=0 every pairing of the two; 'make plan' shows the runner-ups
+    and why each other layout lost. On one machine it plans no pipeline."""
     pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] | None
     """CONFIG_PP_SCHEDULE_*: The order in which the stages run the micro-batches' forwards and backwards
     (torch.distributed.pipelining's schedules, named as torchtitan names them). The idle time at the start and

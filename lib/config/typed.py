@@ -129,7 +129,7 @@ class Config:
     parallel_strategy: str  # auto | ddp | fsdp | fsdp_grad_op | hsdp (lib/parallel.py)
     fsdp_cpu_offload: bool
     tensor_parallel: int  # CONFIG_TP: processes per tensor-parallel group (1: none; 0: AUTO, the planner's)
-    pipeline_parallel: int  # CONFIG_PP: pipeline stages the layers are cut into, one group of processes each
+    pipeline_parallel: int  # CONFIG_PP: pipeline stages the layers are cut into (1: none; 0: AUTO, the planner's)
     pipeline_schedule: str  # 1F1B | Interleaved1F1B | GPipe (torch.distributed.pipelining's, torchtitan's names)
     net_gbps: int  # between machines, GB/s per GPU in one direction; 0: the catalog's NETWORK_GBS
 
@@ -446,7 +446,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
                                                       "FSDP_GRAD_OP": "fsdp_grad_op", "HSDP": "hsdp"}),
         fsdp_cpu_offload=bool_of(kconf, "FSDP_CPU_OFFLOAD"),
         tensor_parallel=1 if int_of(kconf, "TP") is None else int_of(kconf, "TP"),
-        pipeline_parallel=int_of(kconf, "PP") or 1,
+        pipeline_parallel=1 if int_of(kconf, "PP") is None else int_of(kconf, "PP"),
         pipeline_schedule=choice_of(kconf, "PP_SCHEDULE_", {"1F1B": "1F1B", "INTERLEAVED_1F1B": "Interleaved1F1B",
                                                             "GPIPE": "GPipe"}) or "1F1B",
         net_gbps=int_of(kconf, "NET_GBPS") or 0,

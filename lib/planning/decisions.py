@@ -145,6 +145,22 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
                     "splitting every block's matrix multiplies and seeing the same samples")
 
 
+def pipeline_candidates(config: Config, world_size: int, nodes: int) -> list[int]:
+    """The degrees CONFIG_PP=0 (AUTO) plans: 1, and every power of two up to the machines that divides them and
+    cuts the model (decide_pipeline's refusals aside): each stage whole machines, its traffic the network's."""
+    from ..models.registry import spec_for
+    from ..pipeline import pipeline_problem
+
+    spec = spec_for(config.model).pipeline
+    degrees, degree = [1], 2
+    while spec is not None and degree <= nodes:
+        blocks, tied, _ = spec(config)
+        if nodes % degree == 0 and pipeline_problem(blocks, degree, config.pipeline_schedule, tied) is None:
+            degrees.append(degree)
+        degree *= 2
+    return degrees
+
+
 def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: str) -> tuple[int, str, str]:
     """Pipeline stages (CONFIG_PP), their schedule and why; a degree this run cannot use is a PlanError naming
     the setting and what would do."""
@@ -152,6 +168,8 @@ def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: 
     from ..pipeline import pipeline_problem, stages_per_process
 
     degree, schedule = config.pipeline_parallel, config.pipeline_schedule
+    if degree == 0:
+        raise ValueError("CONFIG_PP=0 (AUTO) is resolved by trying each degree (resolver._auto_layout)")
     if degree == 1:
         return 1, schedule, "CONFIG_PP=1: every process holds every block"
     symbol = f"CONFIG_PP={degree}"

@@ -84,7 +84,8 @@ def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: Mo
           if plan.nodes > 1 else []),
         *([("tensor parallel", f"{plan.tensor_parallel} per group", plan.reasons["tensor_parallel"])]
           if plan.tensor_parallel > 1 or plan.reasons.get("tensor_parallel", "").startswith("AUTO") else []),
-        *([_pipeline_row(plan)] if plan.pipeline_parallel > 1 else []),
+        *([_pipeline_row(plan)] if plan.pipeline_parallel > 1
+          or plan.reasons.get("pipeline_parallel", "").startswith("AUTO") else []),
         ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
          plan.reasons.get("strategy", "")),
         *([("communication", "per step", plan.reasons["communication"])] if "communication" in plan.reasons else []),
@@ -132,6 +133,8 @@ def _pipeline_row(plan: Plan) -> tuple[str, str, str]:
     """The pipeline's stages and schedule, and the share of a step its bubble idles (lib/pipeline.py)."""
     from ..pipeline import bubble_share, micro_batches
 
+    if plan.pipeline_parallel == 1:  # AUTO kept none
+        return ("pipeline parallel", "none", plan.reasons["pipeline_parallel"])
     share = -(-plan.effective_batch // plan.data_parallel)
     n, size = micro_batches(share, plan.micro_batch, plan.pipeline_parallel, plan.pipeline_schedule)
     bubble = bubble_share(plan.pipeline_schedule, plan.pipeline_parallel, n)

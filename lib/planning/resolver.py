@@ -31,7 +31,7 @@ from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
                         decide_float8, decide_gradient_sync, decide_pipeline, decide_precision, decide_tensor_parallel,
-                        decide_tf32, tensor_parallel_candidates)
+                        decide_tf32, pipeline_candidates, tensor_parallel_candidates)
 from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
 from .throughput import choose_fastest, with_predictions
@@ -42,47 +42,62 @@ def resolve_request(request: PlanRequest) -> Plan:
     """The plan for the request, sharing the model as lib.planning.strategy decides. Where the memory planner
     predicts that not even micro-batch 1 fits, the out-of-memory ladder's rungs that the config allows are
     taken before training (`_on_the_ladder`), as training would take them after running out of memory.
-    CONFIG_TP=0 (AUTO) is every candidate degree's plan, the fastest kept (`_auto_tensor_parallel`)."""
-    if request.config.tensor_parallel == 0:
-        return _auto_tensor_parallel(request)
+    CONFIG_TP=0 or CONFIG_PP=0 (AUTO) is every candidate layout's plan, the fastest kept (`_auto_layout`)."""
+    if request.config.tensor_parallel == 0 or request.config.pipeline_parallel == 0:
+        return _auto_layout(request)
     try:
         return _resolve(request)
     except NoFitError as err:
         return _on_the_ladder(request, err)
 
 
-def _auto_tensor_parallel(request: PlanRequest) -> Plan:
-    """CONFIG_TP=0: the plan of each degree decisions.tensor_parallel_candidates gives, each as CONFIG_TP=N
-    would plan it (its strategy, micro-batch and checkpointing its own best, the ladder included); the one
-    with the most predicted samples/s wins, the smallest degree that fits where step time is unknown (it
-    communicates least). The reason lists the others, and why a degree had no plan."""
+def _auto_layout(request: PlanRequest) -> Plan:
+    """CONFIG_TP=0 and/or CONFIG_PP=0: the plan of each degree decisions.tensor_parallel_candidates and
+    pipeline_candidates give (every pairing where both are AUTO), each as CONFIG_TP=N CONFIG_PP=M would plan it
+    (its strategy, micro-batch and checkpointing its own best, the ladder included); the one with the most
+    predicted samples/s wins, the least split that fits where step time is unknown (it communicates least).
+    The reason lists the others, and why a layout had no plan."""
     config = request.config
+    auto_tp, auto_pp = config.tensor_parallel == 0, config.pipeline_parallel == 0
+    tensors = (tensor_parallel_candidates(config, request.world_size, request.nodes) if auto_tp
+               else [config.tensor_parallel])
+    pipelines = (pipeline_candidates(config, request.world_size, request.nodes) if auto_pp
+                 else [config.pipeline_parallel])
+
+    def name(tensor: int, pipeline: int) -> str:
+        return " x ".join([f"TP {tensor}"] * auto_tp + [f"PP {pipeline}"] * auto_pp)
+
     plans, refused = [], []
-    for degree in tensor_parallel_candidates(config, request.world_size, request.nodes):
-        try:
-            plans.append(resolve_request(dataclasses.replace(
-                request, config=dataclasses.replace(config, tensor_parallel=degree))))
-        except PlanError as err:
-            refused.append((degree, err))
+    for pipeline in pipelines:
+        for tensor in tensors:
+            try:
+                plans.append(resolve_request(dataclasses.replace(request, config=dataclasses.replace(
+                    config, tensor_parallel=tensor, pipeline_parallel=pipeline))))
+            except PlanError as err:
+                refused.append((name(tensor, pipeline), err))
+    symbols = " and ".join(["CONFIG_TP=0"] * auto_tp + ["CONFIG_PP=0"] * auto_pp)
     if not plans:
-        if len({str(err) for _, err in refused}) == 1:  # nothing to do with the degree (a device, the data): as is
+        if len({str(err) for _, err in refused}) == 1:  # nothing to do with the layout (a device, the data): as is
             raise refused[0][1]
-        degree, err = refused[-1]  # the most split degree's refusal: what is left when splitting has done its part
-        raise type(err)(f"CONFIG_TP=0 (AUTO) found no tensor-parallel degree that plans "
-                        f"(tried {', '.join(str(d) for d, _ in refused)}); at TP {degree}: {err}",
-                        *((err.helps, err.hint) if isinstance(err, NoFitError) else ()))
+        layout, err = refused[-1]  # the most split layout's refusal: what is left when splitting has done its part
+        what = "tensor-parallel degree" if not auto_pp else "pipeline degree" if not auto_tp else "layout"
+        raise type(err)(f"{symbols} (AUTO) found no {what} that plans "
+                        f"(tried {', '.join(n.split()[-1] if auto_tp != auto_pp else n for n, _ in refused)}); "
+                        f"at {layout}: {err}", *((err.helps, err.hint) if isinstance(err, NoFitError) else ()))
     timed = [p for p in plans if p.predicted_samples_per_second]
     best = max(timed, key=lambda p: p.predicted_samples_per_second) if timed else plans[0]
 
     def summary(plan: Plan) -> str:
         speed = (f"{plan.predicted_samples_per_second:,.1f} samples/s" if plan.predicted_samples_per_second
                  else "step time unknown")
-        return f"TP {plan.tensor_parallel}: {speed} ({plan.strategy}, micro-batch {plan.micro_batch})"
+        return (f"{name(plan.tensor_parallel, plan.pipeline_parallel)}: {speed} ({plan.strategy}, "
+                f"micro-batch {plan.micro_batch})")
 
-    how = "the fastest predicted that fits" if timed else "the smallest degree that fits (step time unknown)"
-    others = [summary(p) for p in plans if p is not best] + [f"TP {d}: {err}" for d, err in refused]
-    why = f"AUTO (CONFIG_TP=0): {summary(best)}, {how}" + (f"; {'; '.join(others)}" if others else "")
-    return dataclasses.replace(best, reasons={**best.reasons, "tensor_parallel": why})
+    how = "the fastest predicted that fits" if timed else "the least split that fits (step time unknown)"
+    others = [summary(p) for p in plans if p is not best] + [f"{n}: {err}" for n, err in refused]
+    why = f"AUTO ({symbols}): {summary(best)}, {how}" + (f"; {'; '.join(others)}" if others else "")
+    chosen = {key: why for key, auto in (("tensor_parallel", auto_tp), ("pipeline_parallel", auto_pp)) if auto}
+    return dataclasses.replace(best, reasons={**best.reasons, **chosen})
 
 
 def _on_the_ladder(request: PlanRequest, no_fit: NoFitError) -> Plan:

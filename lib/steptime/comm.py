@@ -118,8 +118,8 @@ class Communication:
                   f"activation collectives per sample at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
                   if self.tensor > 1 else "")
         if self.pipeline > 1:
-            where = "the network" if self.network_bytes_per_s and self.pipeline_bytes_per_s == \
-                self.network_bytes_per_s else "the link within a machine"
+            where = ("the link within a machine" if self.pipeline_bytes_per_s == self.link_bytes_per_s
+                     else f"the network ({self.pipeline_bytes_per_s / 1e9:.0f} GB/s)")
             sends = (f"{self.pipeline} pipeline stages: {self.pipeline_seconds(1) * 1e3:.3f} ms a sample per send "
                      f"to the next stage over {where}")
             tensor = f"{tensor}; {sends}" if tensor else sends
