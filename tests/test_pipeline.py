@@ -6,8 +6,6 @@ layouts through DCP (and a one-process run under PP)."""
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,12 +16,12 @@ from lib import config as kc
 from lib.distributed import Rank
 from lib.errors import PlanError
 from lib.hardware import resolve_hardware
-from lib.export import export, load_exported
 from lib.models.llama import Llama, LlamaConfig
 from lib.planning import make_plan
 from tests.helpers import CPU
-from tests.test_fsdp import losses, train
-from tests.test_tensor_parallel import llama_config, losses_of
+from tests.test_fsdp import train
+from tests.test_tensor_parallel import (assert_like_one_process, llama_config, losses_of, reference_run,
+                                        resumes_under_fsdp_then_one_process, trains_as_one_process)
 
 UNTIED = "# CONFIG_LLAMA_TIE_EMBEDDINGS is not set\n"
 
@@ -262,61 +260,32 @@ def test_the_out_of_memory_ladder_takes_no_fp16_scaler_under_pipeline_stages(tmp
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """(losses by step, final weights) of one process taking the same 16 samples per step, untied."""
-    directory = tmp_path_factory.mktemp("one")
-    done = train(directory, llama_config(directory, UNTIED), 1)
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir, by_step = losses_of(directory)
-    return by_step, load_exported(export(run_dir, directory / "e"))
-
-
-def assert_like_one_process(run_dir: Path, one_process, out: Path) -> None:
-    reference, weights = one_process
-    got = losses(run_dir)
-    assert set(got) == set(reference)
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, abs=1e-4), step
-    exported = load_exported(export(run_dir, out))
-    assert set(exported) == set(weights)
-    for name, value in weights.items():
-        torch.testing.assert_close(exported[name], value, atol=2e-5, rtol=1e-4, msg=name)
+    """One process's run of the untied Llama (a pipeline cannot cut a tied one)."""
+    return reference_run(tmp_path_factory.mktemp("one"), UNTIED)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1F1B", "INTERLEAVED_1F1B", "GPIPE"])
 def test_pp2_on_two_processes_trains_as_one_process_does(tmp_path, one_process, schedule):
-    done = train(tmp_path, llama_config(tmp_path, UNTIED), 2,
-                 args=("--set", "PP=2", "--set", f"PP_SCHEDULE_{schedule}=y"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir, _ = losses_of(tmp_path)
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert (plan["pipeline_parallel"], plan["strategy"]) == (2, "none")
-    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+    trains_as_one_process(tmp_path, one_process, 2, ("PP=2", f"PP_SCHEDULE_{schedule}=y"), UNTIED,
+                          pipeline_parallel=2, strategy="none")
 
 
 @pytest.mark.slow
 def test_pp2_by_fsdp2_on_four_processes_trains_as_one_process_does(tmp_path, one_process):
-    done = train(tmp_path, llama_config(tmp_path, UNTIED), 4, args=("--set", "PP=2", "--set", "PARALLEL_FSDP=y"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir, _ = losses_of(tmp_path)
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert (plan["world_size"], plan["pipeline_parallel"], plan["strategy"]) == (4, 2, "fsdp")
-    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+    trains_as_one_process(tmp_path, one_process, 4, ("PP=2", "PARALLEL_FSDP=y"), UNTIED, world_size=4,
+                          pipeline_parallel=2, strategy="fsdp")
+
+
+@pytest.mark.slow
+def test_pp2_by_tp2_on_four_processes_trains_as_one_process_does(tmp_path, one_process):
+    trains_as_one_process(tmp_path, one_process, 4, ("PP=2", "TP=2"), UNTIED, world_size=4, pipeline_parallel=2,
+                          tensor_parallel=2)
 
 
 @pytest.mark.slow
 def test_a_pp_run_resumes_under_fsdp_then_on_one_process(tmp_path, one_process):
-    """PP 2 stopped by SIGTERM, resumed as FSDP over 2 processes and stopped again, finished on one process:
-    the losses and weights of one process throughout."""
-    config = llama_config(tmp_path, UNTIED)
-    stopped = train(tmp_path, config, 2, stop_after=2, args=("--set", "PP=2"))
-    assert stopped.returncode == 143, stopped.stdout
-    again = train(tmp_path, config, 2, stop_after=4, args=("--set", "PARALLEL_FSDP=y"))
-    assert again.returncode in (0, 143) and "Resuming" in again.stdout, again.stdout
-    finished = train(tmp_path, config, 1)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    run_dir, _ = losses_of(tmp_path)
-    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+    resumes_under_fsdp_then_one_process(tmp_path, one_process, "PP=2", UNTIED)
 
 
 @pytest.mark.slow

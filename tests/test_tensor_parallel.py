@@ -150,61 +150,75 @@ def losses_of(directory: Path) -> tuple[Path, dict[int, float]]:
     return run_dir, losses(run_dir)
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    """(losses by step, final weights) of one process taking the same 16 samples per step."""
-    directory = tmp_path_factory.mktemp("one")
-    done = train(directory, llama_config(directory), 1)
+def reference_run(directory: Path, extra: str = "") -> tuple[dict, dict]:
+    """(losses by step, final weights) of one process taking the same 16 samples per step (and `extra`)."""
+    done = train(directory, llama_config(directory, extra), 1)
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir, by_step = losses_of(directory)
     return by_step, load_exported(export(run_dir, directory / "e"))
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return reference_run(tmp_path_factory.mktemp("one"))
+
+
 def assert_like_one_process(run_dir: Path, one_process, out: Path) -> None:
+    """The run's losses and exported weights are one process's (`one_process`: reference_run's)."""
     reference, weights = one_process
     got = losses(run_dir)
     assert set(got) == set(reference)
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, abs=1e-4), step
     exported = load_exported(export(run_dir, out))
+    assert set(exported) == set(weights)
     for name, value in weights.items():
         torch.testing.assert_close(exported[name], value, atol=2e-5, rtol=1e-4, msg=name)
 
 
+def trains_as_one_process(directory: Path, one_process, gpus: int, settings: tuple[str, ...], extra: str = "",
+                          **plan_fields) -> Path:
+    """`kfit train` on `gpus` gloo processes with `settings` (KEY=value overrides) and `extra` in the config: its
+    plan.json has `plan_fields`, and its losses and weights are one process's. Returns the run directory."""
+    done = train(directory, llama_config(directory, extra), gpus, args=tuple(a for s in settings for a in ("--set", s)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, _ = losses_of(directory)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert {k: plan[k] for k in plan_fields} == plan_fields
+    assert_like_one_process(run_dir, one_process, directory / "e")
+    return run_dir
+
+
 @pytest.mark.slow
 def test_tp2_on_two_processes_trains_as_one_process_does(tmp_path, one_process):
-    done = train(tmp_path, llama_config(tmp_path), 2, args=("--set", "TP=2"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir, _ = losses_of(tmp_path)
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert (plan["tensor_parallel"], plan["strategy"]) == (2, "none")
+    run_dir = trains_as_one_process(tmp_path, one_process, 2, ("TP=2",), tensor_parallel=2, strategy="none")
     assert (run_dir / checkpoint.FINAL_SHARDED / "__1_0.distcp").is_file()  # each rank saved its part (DCP)
-    assert_like_one_process(run_dir, one_process, tmp_path / "e")
 
 
 @pytest.mark.slow
 def test_tp2_by_fsdp2_on_four_processes_trains_as_one_process_does(tmp_path, one_process):
-    done = train(tmp_path, llama_config(tmp_path), 4, args=("--set", "TP=2", "--set", "PARALLEL_FSDP=y"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir, _ = losses_of(tmp_path)
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert (plan["world_size"], plan["tensor_parallel"], plan["strategy"]) == (4, 2, "fsdp")
-    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+    trains_as_one_process(tmp_path, one_process, 4, ("TP=2", "PARALLEL_FSDP=y"), world_size=4, tensor_parallel=2,
+                          strategy="fsdp")
+
+
+def resumes_under_fsdp_then_one_process(directory: Path, one_process, first: str, extra: str = "") -> None:
+    """A 2-process run with `first` (a KEY=value override) stopped by SIGTERM, resumed as FSDP over 2 processes
+    and stopped again, finished on one process (DCP reshards the checkpoint at each change of layout): the
+    losses and weights of one process throughout."""
+    config = llama_config(directory, extra)
+    stopped = train(directory, config, 2, stop_after=2, args=("--set", first))
+    assert stopped.returncode == 143, stopped.stdout
+    again = train(directory, config, 2, stop_after=4, args=("--set", "PARALLEL_FSDP=y"))
+    assert again.returncode in (0, 143) and "Resuming" in again.stdout, again.stdout
+    finished = train(directory, config, 1)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    run_dir, _ = losses_of(directory)
+    assert_like_one_process(run_dir, one_process, directory / "e")
 
 
 @pytest.mark.slow
 def test_a_tp_run_resumes_under_fsdp_then_on_one_process(tmp_path, one_process):
-    """TP 2 stopped by SIGTERM, resumed as FSDP over 2 processes and stopped again, finished on one process
-    (DCP reshards the checkpoint at each change of layout): the losses and weights of one process throughout."""
-    config = llama_config(tmp_path)
-    stopped = train(tmp_path, config, 2, stop_after=2, args=("--set", "TP=2"))
-    assert stopped.returncode == 143, stopped.stdout
-    again = train(tmp_path, config, 2, stop_after=4, args=("--set", "PARALLEL_FSDP=y"))
-    assert again.returncode in (0, 143) and "Resuming" in again.stdout, again.stdout
-    finished = train(tmp_path, config, 1)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    run_dir, _ = losses_of(tmp_path)
-    assert_like_one_process(run_dir, one_process, tmp_path / "e")
+    resumes_under_fsdp_then_one_process(tmp_path, one_process, "TP=2")
 
 
 # --------------------------------------------------------------------------
