@@ -195,9 +195,16 @@ def test_the_plan_cuts_a_llama_into_stages_and_refuses_in_one_line_what_it_canno
     assert (plan.pipeline_parallel, plan.pipeline_schedule, plan.data_parallel) == (2, "1F1B", 1)
     # one micro-batch per stage at least (the planner's cap): 16 samples in 2 or more
     assert plan.micro_batch <= 8 and plan.micro_batch * plan.grad_accum == 16
-    four = make_plan(dataclasses.replace(config, pipeline_parallel=2, parallel_strategy="fsdp"), cpu,
-                     world_size=4).plan
+    staged = dataclasses.replace(config, pipeline_parallel=2, parallel_strategy="fsdp")
+    planned = make_plan(staged, cpu, world_size=4)
+    four = planned.plan
     assert four.data_parallel == 2 and four.split.text().endswith("x 2 pipelines = 16")
+    from lib.planning.render import format_plan
+
+    [row] = [line for line in format_plan(four, staged, cpu, planned.model).splitlines()
+             if line.lstrip().startswith("pipeline parallel")]
+    n, size = pipeline.micro_batches(8, four.micro_batch, 2, "1F1B")
+    assert "2 stages, 1F1B" in row and f"{n} micro-batches of {size} a step, the bubble " in row
     one = make_plan(dataclasses.replace(config, pipeline_parallel=2), cpu, world_size=1).plan
     assert one.pipeline_parallel == 1 and "nothing to cut" in one.reasons["pipeline_parallel"]
 
