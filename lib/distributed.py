@@ -53,6 +53,7 @@ class Rank:
     local_world_size: int = 1
     tensor: int = 1  # processes per tensor-parallel group (CONFIG_TP): consecutive ranks, the same samples
     pipeline: int = 1  # pipeline stages (CONFIG_PP): the outermost cut, world_size / pipeline processes each
+    context: int = 1  # processes per context-parallel group (CONFIG_CP): around each tensor-parallel group
 
     @property
     def is_main(self) -> bool:
@@ -66,19 +67,27 @@ class Rank:
     @property
     def data_rank(self) -> int:
         """Which data-parallel group this process belongs to: which slice of every window it trains on."""
-        return self.rank % (self.world_size // self.pipeline) // self.tensor
+        return self.rank % (self.world_size // self.pipeline) // (self.tensor * self.context)
 
     @property
     def data_world(self) -> int:
         """The data-parallel groups: how many slices a window is cut into."""
-        return self.world_size // (self.tensor * self.pipeline)
+        return self.world_size // (self.tensor * self.pipeline * self.context)
 
     @property
     def counts(self) -> bool:
         """Whether this rank's loss sums count in the sums over ranks: one rank per tensor-parallel group, whose
         processes all computed the same loss on the same samples, on the last pipeline stage (the only one
-        that computes it)."""
+        that computes it). Every process of a context-parallel group counts, each for its chunks of the
+        samples (`loss_weight`)."""
         return self.rank % self.tensor == 0 and self.stage_rank == self.pipeline - 1
+
+    @property
+    def loss_weight(self) -> float:
+        """What this rank's loss sum weighs in the sums over ranks: 0 where it does not count, 1 / CP for each
+        process of a context-parallel group, whose losses are its chunks' means (equal chunks: their mean is
+        the samples')."""
+        return 1.0 / self.context if self.counts else 0.0
 
     @property
     def active(self) -> bool:

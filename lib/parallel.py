@@ -65,16 +65,20 @@ def _holds_blocks(module: nn.Module) -> bool:
 
 
 def mesh_shape(strategy: str, world_size: int, local_world_size: int, tensor: int = 1,
-               pipeline: int = 1) -> tuple[int, ...]:
+               pipeline: int = 1, context: int = 1) -> tuple[int, ...]:
     """The device mesh: 1-D over every process, or (replicas, shard) for HSDP; with `tensor` > 1 processes
     per tensor-parallel group, the data-parallel shape over world_size / tensor, then the group; with
-    `pipeline` > 1 stages, the stage first (its processes the farthest apart: across machines), then the
-    shape of one stage's world_size / pipeline processes."""
+    `context` > 1 processes per context-parallel group, that group before the tensor-parallel one (as
+    torchtitan orders them); with `pipeline` > 1 stages, the stage first (its processes the farthest apart:
+    across machines), then the shape of one stage's world_size / pipeline processes."""
     if pipeline > 1:
         rest = world_size // pipeline
-        return (pipeline, *mesh_shape(strategy, rest, min(local_world_size, rest), tensor))
+        return (pipeline, *mesh_shape(strategy, rest, min(local_world_size, rest), tensor, context=context))
     if tensor > 1:
-        return (*mesh_shape(strategy, world_size // tensor, max(1, local_world_size // tensor)), tensor)
+        return (*mesh_shape(strategy, world_size // tensor, max(1, local_world_size // tensor), context=context),
+                tensor)
+    if context > 1:
+        return (*mesh_shape(strategy, world_size // context, max(1, local_world_size // context)), context)
     if strategy == "hsdp" and 1 < local_world_size < world_size and world_size % local_world_size == 0:
         return (world_size // local_world_size, local_world_size)
     if strategy == "hsdp":
@@ -83,22 +87,30 @@ def mesh_shape(strategy: str, world_size: int, local_world_size: int, tensor: in
 
 
 def make_mesh(device_type: str, strategy: str, world_size: int, local_world_size: int,
-              tensor: int = 1, pipeline: int = 1) -> "DeviceMesh":
-    """The whole mesh: "pp" with `pipeline` > 1, dimensions "shard" (or "replicate", "shard" for HSDP), then
-    "tp" with `tensor` > 1."""
+              tensor: int = 1, pipeline: int = 1, context: int = 1) -> "DeviceMesh":
+    """The whole mesh: "pp" with `pipeline` > 1, dimensions "shard" (or "replicate", "shard" for HSDP), "cp"
+    with `context` > 1, then "tp" with `tensor` > 1."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape = mesh_shape(strategy, world_size, local_world_size, tensor, pipeline)
-    data = len(shape) - (tensor > 1) - (pipeline > 1)
-    names = (("pp",) if pipeline > 1 else ()) + ("replicate", "shard")[2 - data:] + (("tp",) if tensor > 1 else ())
+    shape = mesh_shape(strategy, world_size, local_world_size, tensor, pipeline, context)
+    data = len(shape) - (tensor > 1) - (pipeline > 1) - (context > 1)
+    names = ((("pp",) if pipeline > 1 else ()) + ("replicate", "shard")[2 - data:] + (("cp",) if context > 1 else ())
+             + (("tp",) if tensor > 1 else ()))
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def data_mesh(mesh: "DeviceMesh") -> "DeviceMesh":
     """The part of `mesh` the data-parallel strategy shards and replicates over (all of it without "pp" and
-    "tp")."""
+    "tp"): with "cp", its shard dimension and the context-parallel one as one, "shard_cp" (FSDP shards over a
+    context-parallel group too, and so reduces its gradients, as torchtitan's dp_shard_cp)."""
     names = mesh.mesh_dim_names or ()
     rest = tuple(n for n in names if n not in ("pp", "tp"))
+    if "cp" in rest:
+        try:
+            mesh["shard_cp"]
+        except (KeyError, RuntimeError, ValueError):  # not flattened yet (DeviceMesh has no public way)
+            mesh[("shard", "cp")]._flatten("shard_cp")
+        rest = tuple(n for n in rest if n not in ("shard", "cp")) + ("shard_cp",)
     if rest == names:
         return mesh
     return mesh[rest if len(rest) > 1 else rest[0]]

@@ -74,6 +74,9 @@ class Plan:
     # flowing through them; the schedule (1F1B | Interleaved1F1B | GPipe) orders their micro-batches
     pipeline_parallel: int = 1
     pipeline_schedule: str = "1F1B"
+    # processes per context-parallel group (CONFIG_CP, lib/context_parallel.py): each holds 1/CP of every
+    # sample's tokens; they see the same samples, and FSDP shards over them and the data-parallel groups
+    context_parallel: int = 1
     # The memory planner's prediction (None under the tier policy and in MANUAL mode).
     max_micro_batch: int | None = None  # the largest micro-batch that fits, before divisibility
     predicted_peak_bytes: int | None = None  # training step at micro_batch, device overheads included
@@ -95,15 +98,15 @@ class Plan:
     def split(self) -> BatchSplit:
         """How a step's effective batch runs as micro-batches over the processes (lib.units.batch_split): its
         text() and compact() are what every line showing the micro-batch and accumulation prints."""
-        unit = ("pipeline" if self.pipeline_parallel > 1 else "tensor-parallel group" if self.tensor_parallel > 1
-                else "process")
+        unit = ("pipeline" if self.pipeline_parallel > 1 else "context-parallel group" if self.context_parallel > 1
+                else "tensor-parallel group" if self.tensor_parallel > 1 else "process")
         return batch_split(self.effective_batch, self.micro_batch, self.data_parallel, unit)
 
     @property
     def data_parallel(self) -> int:
         """The data-parallel groups the effective batch is shared by: every process, but one per tensor-parallel
-        group and pipeline."""
-        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+        group, context-parallel group and pipeline."""
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel * self.context_parallel)
 
     @property
     def local_data_parallel(self) -> int:
@@ -165,8 +168,9 @@ class BatchPolicy(Protocol):
                compile: bool, compile_mode: str | None, precision: str, world_size: int,
                target: int, strategy: str = "none", local_world_size: int | None = None,
                cpu_offload: bool = False, tensor: int = 1, pipeline: tuple[int, str] | None = None,
-               nodes: int = 1) -> BatchChoice:
+               nodes: int = 1, context: int = 1) -> BatchChoice:
         """The largest micro-batch the device should run and the evaluation batch, with reasons; the
         memory is one process's under `strategy` (lib/parallel.py) over `world_size` processes (data-parallel
         groups of `tensor` processes each, under tensor parallelism; `pipeline`: (stages, schedule), a
-        process holding its stages' blocks)."""
+        process holding its stages' blocks; `context` > 1: each group's processes split every sample's
+        sequence, and a sharded strategy shards over them too)."""

@@ -407,6 +407,20 @@ class Options:
     (torch.distributed.pipelining's schedules, named as torchtitan names them). The idle time at the start and
     end of a step, the bubble, is (PP - 1) / (micro-batches + PP - 1) of it for GPipe and 1F1B, and that divided
     by the stages per process for the interleaved schedule; 'make plan' shows it."""
+    cp: int | None
+    """CONFIG_CP: How many processes split each sample's sequence between them
+    (torch.distributed.tensor.experimental.context_parallel): each holds and computes 1/CP of the tokens in
+    every layer, in chunks balanced for causal attention, and gathers the other processes' keys and values in
+    each attention. For long contexts, whose activations no other split shrinks: 131072 tokens over CP=8 leave a
+    process 16384 of them. The processes of one context-parallel group see the same samples, and FSDP shards the
+    parameters over them and the data-parallel groups together, as torchtitan does: processes = PP x data-
+    parallel groups x CP x TP. Needs a family whose attention is torch's scaled_dot_product_attention and whose
+    positions are computed (Llama), a context that splits into 2 x CP equal chunks, FSDP (not DDP), and CUDA
+    GPUs: torch intercepts only its CUDA attention kernels, so on a CPU it is planned for GPU= profiles and
+    refused for training. On the command line: make plan GPU=h100 GPUS=8 CP=4. 0 (AUTO) plans every degree that
+    leaves a process at least 2048 tokens within a machine (1, 2, 4, ... with TP: their product up to its
+    processes) and keeps the one with the highest predicted samples/s that fits memory, with TP=0 or PP=0 every
+    pairing; 'make plan' shows the runner-ups and why each other layout lost."""
     net_gbps: int | None
     """CONFIG_NET_GBPS: The bandwidth each GPU has to other machines, in GB/s in one direction, for the time of
     collectives when a run spans machines: a 400 Gb/s InfiniBand or RoCE port per GPU is 50, a 200 Gb/s one 25.

@@ -131,6 +131,7 @@ class Config:
     tensor_parallel: int  # CONFIG_TP: processes per tensor-parallel group (1: none; 0: AUTO, the planner's)
     pipeline_parallel: int  # CONFIG_PP: pipeline stages the layers are cut into (1: none; 0: AUTO, the planner's)
     pipeline_schedule: str  # 1F1B | Interleaved1F1B | GPipe (torch.distributed.pipelining's, torchtitan's names)
+    context_parallel: int  # CONFIG_CP: processes each sample's sequence is split over (1: none; 0: AUTO)
     net_gbps: int  # between machines, GB/s per GPU in one direction; 0: the catalog's NETWORK_GBS
 
     # learning-rate finder
@@ -447,6 +448,7 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         fsdp_cpu_offload=bool_of(kconf, "FSDP_CPU_OFFLOAD"),
         tensor_parallel=1 if int_of(kconf, "TP") is None else int_of(kconf, "TP"),
         pipeline_parallel=1 if int_of(kconf, "PP") is None else int_of(kconf, "PP"),
+        context_parallel=1 if int_of(kconf, "CP") is None else int_of(kconf, "CP"),
         pipeline_schedule=choice_of(kconf, "PP_SCHEDULE_", {"1F1B": "1F1B", "INTERLEAVED_1F1B": "Interleaved1F1B",
                                                             "GPIPE": "GPipe"}) or "1F1B",
         net_gbps=int_of(kconf, "NET_GBPS") or 0,

@@ -40,11 +40,13 @@ def build_model(
     llama_preset: "str | LlamaConfig" = "125m",
     tie_embeddings: bool = True,
     recompute=None,
+    context_parallel: bool = False,
 ) -> torch.nn.Module:
     """Build a freshly initialised model. LeNet-5 is too small to need grad_checkpointing and ignores it.
     `dropout` is GPT-2's on its attention and residual paths, an image model's before its last Linear layer
     (none at 0); Llama has none. `llama_preset` names a preset, or is a LlamaConfig whose shape is taken.
     `recompute`: what a checkpointed GPT-2 or Llama block keeps (lib/models/checkpointing.py's Recompute).
+    `context_parallel`: built to split its sequences (CONFIG_CP > 1; Llama's Attention.expand_kv).
 
     Build under `with torch.device("meta"):` to get shapes and counts without allocating memory.
     """
@@ -68,7 +70,7 @@ def build_model(
                               dropout=dropout)
     return spec.builder(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
                         gpt2_config=gpt2_config, llama_config=llama_config, grad_checkpointing=grad_checkpointing,
-                        dropout=dropout, recompute=recompute)
+                        dropout=dropout, recompute=recompute, context_parallel=context_parallel)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

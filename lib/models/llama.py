@@ -82,6 +82,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
+    # under context parallelism (Llama.context_parallel_positions): the key/value heads expanded to the query
+    # heads' count before the attention, as torchtitan's Llama does, so that torch's ring runs on any of its
+    # CUDA kernels (grouped-query attention is not every kernel's), for gathers of that many heads
+    expand_kv = False
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
@@ -96,7 +101,9 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
+        if self.expand_kv and k.size(1) != q.size(1):
+            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.size(1) != q.size(1))
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -131,7 +138,7 @@ class Block(nn.Module):
 
 class Llama(nn.Module):
     def __init__(self, config: LlamaConfig, grad_checkpointing: bool = False,
-                 recompute: Recompute = Recompute()) -> None:
+                 recompute: Recompute = Recompute(), expand_kv: bool = False) -> None:
         super().__init__()
         self.config = config
         self.grad_checkpointing = grad_checkpointing
@@ -143,6 +150,8 @@ class Llama(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.apply(self._init_weights)
+        if expand_kv:
+            self._expand_kv()
         # the residual projections, scaled down with depth as in GPT-2 so the stream's variance stays put
         for name, p in self.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -189,6 +198,23 @@ class Llama(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    # the rotary tables a context-parallel step's tokens rotate by (None: computed for the tokens given)
+    positions: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def context_parallel_positions(self, tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole context's rotary tables (tokens, head width / 2), held as this model's positions: under
+        context parallelism (lib/context_parallel.py) they are sharded along the sequence with the tokens, so
+        each process's chunks rotate by their places in the whole; and the attention expands its key/value
+        heads (Attention.expand_kv)."""
+        self._expand_kv()
+        self.positions = rotary(tokens, self.config.head_dim, self.config.rope_theta, device)
+        return self.positions
+
+    def _expand_kv(self) -> None:
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.expand_kv = True
+
     # what lib/pipeline.py cuts into stages: the first stage's embedding, the blocks, the last stage's head
     pipeline_parts = ("embed", "layers", ("norm", "lm_head"))
 
@@ -211,7 +237,7 @@ class Llama(nn.Module):
         T = idx.size(1) * (1 if first else getattr(self, "sequence_shards", 1))
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        cos, sin = rotary(T, self.config.head_dim, self.config.rope_theta, idx.device)
+        cos, sin = self.positions or rotary(T, self.config.head_dim, self.config.rope_theta, idx.device)
         x = self.embed(idx) if first else idx
         layers = self.layers.items() if isinstance(self.layers, nn.ModuleDict) else enumerate(self.layers)
         for i, block in layers:

@@ -31,6 +31,17 @@ class TensorParallel:
 
 
 @dataclass(frozen=True)
+class ContextParallel:
+    """What the planner needs of a family that context parallelism can split (lib/context_parallel.py): its
+    attention torch's scaled_dot_product_attention (which torch's ring replaces), its positions computed from
+    the tokens' places, not learned (so a process's chunks take theirs from the whole sequence's)."""
+
+    # config -> (tokens of context, blocks, key and value elements per token in each block's attention)
+    shape: "Callable[[Config], tuple[int, int, int]]"
+    local: "Callable[[Config, int], Config]"  # (config, CP) -> the config at a process's share of the context
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     data: str  # images | text | custom (the factory brings its own)
@@ -58,6 +69,7 @@ class ModelSpec:
     # config -> (blocks, tied output layer, activation elements a stage sends the next per sample): what
     # lib/pipeline.py cuts into stages (the module's pipeline_parts and forward(stage=)); None: it cannot be cut
     pipeline: "Callable[[Config], tuple[int, bool, int]] | None" = None
+    context_parallel: ContextParallel | None = None  # None: CONFIG_CP cannot split its sequences
 
     @property
     def text(self) -> bool:
@@ -89,11 +101,11 @@ def _gpt2(gpt2_config, grad_checkpointing: bool = False, recompute=None, **_):
     return GPT2(gpt2_config, grad_checkpointing, recompute or Recompute())
 
 
-def _llama(llama_config, grad_checkpointing: bool = False, recompute=None, **_):
+def _llama(llama_config, grad_checkpointing: bool = False, recompute=None, context_parallel: bool = False, **_):
     from .checkpointing import Recompute
     from .llama import Llama
 
-    return Llama(llama_config, grad_checkpointing, recompute or Recompute())
+    return Llama(llama_config, grad_checkpointing, recompute or Recompute(), expand_kv=context_parallel)
 
 
 def _image_args(config: "Config", info: "DatasetInfo") -> dict:
@@ -166,10 +178,30 @@ def _llama_pipeline(config: "Config") -> tuple[int, bool, int]:
     return shape.n_layer, config.llama_tie_embeddings is not False, config.llama_block_size * shape.dim
 
 
+def _llama_context(config: "Config") -> tuple[int, int, int]:
+    shape = llama_shape(config)
+    # Attention.expand_kv: a context-parallel step gathers every query head's keys and values
+    return config.llama_block_size, shape.n_layer, 2 * shape.n_head * shape.head_dim
+
+
+def _llama_local(config: "Config", degree: int) -> "Config":
+    """The config at 1/degree of the context, its text too (the memory tracer's shallow configs are derived from
+    the text: lib/memory/depth.py), and every field the planner set on it kept."""
+    from dataclasses import fields, replace
+
+    from ..config import derive
+
+    local = derive(config, {"LLAMA_BLOCK_SIZE": config.llama_block_size // degree, "CP": degree})
+    kept = {f.name: getattr(config, f.name) for f in fields(config)
+            if f.name not in ("llama_block_size", "context_parallel", "text", "source")}
+    return replace(local, **kept)
+
+
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
     return dict(llama_preset=llama_shape(config), block_size=info.block_size,
                 vocab_size=vocab_rows(vocabulary(config, info), config.pad_vocab),
-                tie_embeddings=config.llama_tie_embeddings is not False, recompute=recompute_of(config))
+                tie_embeddings=config.llama_tie_embeddings is not False, recompute=recompute_of(config),
+                context_parallel=config.context_parallel > 1)
 
 
 def _text_key(block_size: "Callable[[Config], int | None]", preset: "Callable[[Config], str | None]"):
@@ -206,6 +238,8 @@ def _gpt2_key(config: "Config") -> dict:
 def _llama_key(config: "Config") -> dict:
     fp = _text_key(lambda c: c.llama_block_size, lambda c: c.llama_preset)(config)
     fp.update(tied=config.llama_tie_embeddings)
+    if config.context_parallel > 1:  # its attention's key/value heads expanded (left out at 1: the keys as they were)
+        fp.update(expand_kv=True)
     if config.llama_dims:  # CONFIG_LLAMA_PRESET_CUSTOM's shape
         fp.update(dims=list(config.llama_dims))
     return _text_extras(config, fp)
@@ -264,7 +298,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
               preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
               title="Llama", defconfig="llama-tiny", tensor_parallel=TensorParallel(_llama_tensor_problem, _llama_tensor_traffic),
-              pipeline=_llama_pipeline),
+              pipeline=_llama_pipeline, context_parallel=ContextParallel(_llama_context, _llama_local)),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key,
               defconfig="custom-transformer"),

@@ -201,6 +201,63 @@ def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: 
                               + (" (two per process)" if stages > degree else ""))
 
 
+def context_parallel_candidates(config: Config, world_size: int, nodes: int) -> list[int]:
+    """The degrees CONFIG_CP=0 (AUTO) plans: 1, and each power of two up to a machine's processes that splits
+    the context and leaves a process lib/context_parallel.py's MIN_TOKENS at least (decide_context_parallel's
+    other refusals aside)."""
+    from ..context_parallel import context_candidates
+    from ..models.registry import spec_for
+
+    support = spec_for(config.model).context_parallel
+    if support is None:
+        return [1]
+    per_machine = world_size // max(1, nodes)
+    return [d for d in context_candidates(support.shape(config)[0], per_machine) if per_machine % d == 0]
+
+
+def decide_context_parallel(config: Config, world_size: int, nodes: int, tensor: int, pipeline: int, *,
+                            device_type: str) -> tuple[int, str]:
+    """Processes per context-parallel group (CONFIG_CP) and why; a degree this run cannot use is a PlanError
+    naming the setting and what would do."""
+    from ..context_parallel import context_problem, handles
+    from ..models.registry import spec_for
+
+    degree = config.context_parallel
+    if degree == 0:
+        raise ValueError("CONFIG_CP=0 (AUTO) is resolved by trying each degree (resolver._auto_layout)")
+    if degree == 1:
+        return 1, "CONFIG_CP=1: each process computes whole sequences"
+    symbol = f"CONFIG_CP={degree}"
+    if world_size == 1:
+        return 1, f"one process: nothing to split ({symbol} applies with {degree} or more processes per machine)"
+    support = spec_for(config.model).context_parallel
+    if support is None:
+        raise PlanError(f"{symbol}: {spec_for(config.model).title or config.model} cannot split its sequences "
+                        "(Llama can: its attention is torch's, its positions computed); set CONFIG_CP=1")
+    tokens = support.shape(config)[0]
+    problem = context_problem(tokens, degree)
+    if problem:
+        raise PlanError(f"{symbol} cannot split this model's samples: {problem}; set a CONFIG_CP whose double "
+                        "divides the context, or CONFIG_CP=1")
+    per_machine, unit = world_size // nodes, degree * tensor
+    if per_machine % unit or world_size % (unit * pipeline):
+        group = f"{degree} x CONFIG_TP={tensor}" if tensor > 1 else f"{degree}"
+        raise PlanError(f"{symbol} needs groups of {group} processes within one machine, but this run has "
+                        f"{per_machine} per machine: set GPUS= (or CONFIG_NPROC) to a multiple of {unit}, or a "
+                        "smaller CONFIG_CP")
+    if config.parallel_strategy == "ddp":
+        raise PlanError(f"{symbol} with CONFIG_PARALLEL_DDP: a context-parallel group's gradients are reduced by "
+                        "FSDP, which shards over it; set CONFIG_PARALLEL_FSDP (or AUTO), or CONFIG_CP=1")
+    if not handles(device_type):
+        raise PlanError(f"{symbol} on {'a CPU' if device_type == 'cpu' else device_type.upper()}: torch splits "
+                        "attention over a context-parallel group in its CUDA kernels only; plan it for a GPU "
+                        "(make plan GPU=h100 GPUS=8) or set CONFIG_CP=1")
+    groups = world_size // (pipeline * tensor * degree)
+    return degree, (f"{symbol}: each sample's {tokens} tokens split over {degree} processes ({tokens // degree} "
+                    f"each, in chunks balanced for causal attention), {groups} data-parallel group(s) of them "
+                    "sharing the batch")
+
+
 def decide_tf32(config: Config, gpu: GPUInfo | None, on_gpu: bool) -> tuple[bool, str]:
     if config.tf32 == "auto":
         tf32 = bool(on_gpu and gpu.supports_tf32)

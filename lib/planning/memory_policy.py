@@ -17,7 +17,7 @@ import dataclasses
 
 import math
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..config import DEFAULT_SHARE, LARGEST_SHARE, Config, profile_name
 from ..errors import NoFitError
@@ -76,16 +76,18 @@ class PlannerPolicy:
     def choose(self, *, config: Config, hardware: HardwareProfile, model, device_type: str, compile: bool,
                compile_mode: str | None, precision: str, world_size: int, target: int, strategy: str = "none",
                local_world_size: int | None = None, cpu_offload: bool = False, tensor: int = 1,
-               pipeline: tuple[int, str] | None = None, nodes: int = 1) -> BatchChoice:
+               pipeline: tuple[int, str] | None = None, nodes: int = 1, context: int = 1) -> BatchChoice:
         budget, budget_why = memory_budget(config, hardware, device_type)
         # one process's memory: a replica (none, ddp), or its shards (lib/parallel.py), traced at this world size
-        sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
+        sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor, context)
+        whole, (config, gathers) = config, context_view(config, context, precision)
         # A process never needs more than its share of the target, so the search stops there: when the share
         # fits (usual on a CPU) its one trace is cached for good and a budget that moves never traces again.
         # Below it, the search reads the affine stretches the cached traces prove (lib/memory/predict.py).
         share = math.ceil(target / world_size)
         limit = min(share, MAX_MICRO_BATCH)
-        views = pipeline_views(config, pipeline, share, strategy=strategy, precision=precision, tensor=tensor)
+        views = with_terms(pipeline_views(config, pipeline, share, strategy=strategy, precision=precision,
+                                          tensor=tensor), gathers)
         if pipeline:  # a micro-batch per stage at least, or the schedule cuts smaller ones itself
             limit = min(limit, max(1, share // pipeline[0]))
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
@@ -93,7 +95,7 @@ class PlannerPolicy:
         cap = train.largest_fitting(budget, limit, low_first=train.deep)
         if cap == 0:
             raise self._no_fit(config, train.prediction(1), budget, budget_why, device_type, precision,
-                                         sharding)
+                               sharding, whole)
         reason = f"predicted peak {_fmt(train.at(cap))} at {cap} fits the budget {_fmt(budget)} ({budget_why})"
         if cap == share:
             reason += f"; {cap} is the whole per-process share of the target (the search stops there)"
@@ -133,14 +135,15 @@ class PlannerPolicy:
                  precision: str, micro: int, eval_batch: int, strategy: str = "none", world_size: int = 1,
                  local_world_size: int | None = None, cpu_offload: bool = False,
                  tensor: int = 1, pipeline: tuple[int, str] | None = None,
-                 grad_accum: int = 1) -> tuple[dict, str | None]:
+                 grad_accum: int = 1, context: int = 1) -> tuple[dict, str | None]:
         """The plan's memory figures at a micro-batch chosen without this policy (MANUAL's CONFIG_BATCH_SIZE,
         the tier policy's table), and a warning where it is predicted not to fit: a batch the user fixed is
         theirs to keep, so it is said, never refused."""
         budget, budget_why = memory_budget(config, hardware, device_type)
-        sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor)
-        views = pipeline_views(config, pipeline, micro * grad_accum, strategy=strategy, precision=precision,
-                               tensor=tensor)
+        sharding = _sharding(strategy, world_size, local_world_size, cpu_offload, tensor, context)
+        config, gathers = context_view(config, context, precision)
+        views = with_terms(pipeline_views(config, pipeline, micro * grad_accum, strategy=strategy,
+                                          precision=precision, tensor=tensor), gathers)
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
                                              compile_mode=compile_mode, **sharding, **view) for view in views])
         at = train.prediction(micro)
@@ -161,9 +164,10 @@ class PlannerPolicy:
                         f"out of memory; {fits} (CONFIG_BATCH_SIZE, or AUTO to let the planner choose)")
 
     def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
-                precision: str, sharding: dict) -> NoFitError:
+                precision: str, sharding: dict, whole: Config | None = None) -> NoFitError:
+        """`config`: what a process traces (its share of the context under CP); `whole`: the model as configured."""
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in one.breakdown.items() if v >= 2**20)
-        label = model_label(config)
+        label = model_label(whole or config)
         helps = []
         if precision == "fp32":
             bf16 = self.predictor.predict(config, batch=1, device_type=device_type, precision="bf16", **sharding)
@@ -227,6 +231,31 @@ def pipeline_views(config: Config, pipeline: tuple[int, str] | None, share: int,
             for rank, first, last, held in process_parts(blocks, degree, schedule)]
 
 
+def context_view(config: Config, context: int, precision: str) -> tuple[Config, Callable | None]:
+    """(the config a process of a context-parallel group traces: its share of the context, what it holds
+    beyond that trace: lib/context_parallel.py gather_terms); (config, None) without one."""
+    if context == 1:
+        return config, None
+    from ..context_parallel import gather_terms
+
+    support = spec_for(config.model).context_parallel
+    tokens, _, kv_elements = support.shape(config)
+    element = 2 if precision in ("bf16", "fp16") else 4  # the keys and values are the activations' dtype
+    return support.local(config, context), gather_terms(context, tokens, kv_elements, element)
+
+
+def with_terms(views: list[dict], terms: Callable | None) -> list[dict]:
+    """`views` with `terms` held beside each one's own (a pipeline process's and a context-parallel one's)."""
+    if terms is None:
+        return views
+
+    def merged(own: Callable | None) -> Callable:
+        return terms if own is None else (lambda batch, activations: {**own(batch, activations),
+                                                                      **terms(batch, activations)})
+
+    return [{**view, "pipeline_terms": merged(view.get("pipeline_terms"))} for view in views]
+
+
 class _Worst:
     """The larger of several processes' curves at every batch (a pipeline's first and last stage): what all
     of them fit. One curve is itself."""
@@ -253,10 +282,13 @@ def _worst(curves: list):
 
 
 def _sharding(strategy: str, world_size: int, local_world_size: int | None, cpu_offload: bool,
-              tensor: int) -> dict:
-    """The predictor's keywords for one process of the layout ({}: a replica, traced as one process)."""
+              tensor: int, context: int = 1) -> dict:
+    """The predictor's keywords for one process of the layout ({}: a replica, traced as one process). FSDP
+    shards over the data-parallel groups and each one's context-parallel processes together."""
     if strategy == "none" and tensor == 1:
         return {}
+    world_size *= context
+    local_world_size = local_world_size * context if local_world_size else None
     layout = dict(strategy=strategy, world_size=world_size, local_world_size=local_world_size,
                   cpu_offload=cpu_offload)
     return {**layout, "tensor": tensor} if tensor > 1 else layout

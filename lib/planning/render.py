@@ -86,6 +86,9 @@ def format_plan(plan: Plan, config: Config, hardware: HardwareProfile, model: Mo
           if plan.tensor_parallel > 1 or plan.reasons.get("tensor_parallel", "").startswith("AUTO") else []),
         *([_pipeline_row(plan)] if plan.pipeline_parallel > 1
           or plan.reasons.get("pipeline_parallel", "").startswith("AUTO") else []),
+        *([("context parallel", f"{plan.context_parallel} per group" if plan.context_parallel > 1 else "none",
+            plan.reasons["context_parallel"])]
+          if plan.context_parallel > 1 or plan.reasons.get("context_parallel", "").startswith("AUTO") else []),
         ("strategy", plan.strategy + (" + CPU offload" if plan.cpu_offload else ""),
          plan.reasons.get("strategy", "")),
         *([("communication", "per step", plan.reasons["communication"])] if "communication" in plan.reasons else []),

@@ -73,6 +73,7 @@ class ChooseArgs:
     tensor: int = 1  # processes per tensor-parallel group (world sizes count the groups)
     pipeline: tuple[int, str] | None = None  # (CONFIG_PP, its schedule): each process holds its stages' blocks
     nodes: int = 1  # machines the processes span (a pipeline's stages sit on different ones)
+    context: int = 1  # processes per context-parallel group, each 1/context of every sample's tokens
 
     def with_strategy(self, strategy: str) -> "ChooseArgs":
         return replace(self, strategy=strategy)

@@ -20,6 +20,7 @@ Settings. Callers come through lib/planning/door.py (make_plan), which builds th
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from ..config import Config
 from ..errors import NoFitError, PlanError
@@ -31,7 +32,8 @@ from ..units import batch_split
 from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
                         decide_float8, decide_gradient_sync, decide_pipeline, decide_precision, decide_tensor_parallel,
-                        decide_tf32, pipeline_candidates, tensor_parallel_candidates)
+                        decide_tf32, pipeline_candidates, tensor_parallel_candidates, context_parallel_candidates,
+                        decide_context_parallel)
 from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
 from .throughput import choose_fastest, with_predictions
@@ -42,8 +44,10 @@ def resolve_request(request: PlanRequest) -> Plan:
     """The plan for the request, sharing the model as lib.planning.strategy decides. Where the memory planner
     predicts that not even micro-batch 1 fits, the out-of-memory ladder's rungs that the config allows are
     taken before training (`_on_the_ladder`), as training would take them after running out of memory.
-    CONFIG_TP=0 or CONFIG_PP=0 (AUTO) is every candidate layout's plan, the fastest kept (`_auto_layout`)."""
-    if request.config.tensor_parallel == 0 or request.config.pipeline_parallel == 0:
+    CONFIG_TP=0, CONFIG_PP=0 or CONFIG_CP=0 (AUTO) is every candidate layout's plan, the fastest kept
+    (`_auto_layout`)."""
+    config = request.config
+    if 0 in (config.tensor_parallel, config.pipeline_parallel, config.context_parallel):
         return _auto_layout(request)
     try:
         return _resolve(request)
@@ -51,38 +55,44 @@ def resolve_request(request: PlanRequest) -> Plan:
         return _on_the_ladder(request, err)
 
 
+# the degrees AUTO plans, as (Config field, CONFIG_ symbol's name, candidates), in the order they nest (the least
+# split first: where step time is unknown the first that fits wins); named in _NAMED's order
+_NAMED = ("TP", "PP", "CP")
+_LAYOUT = (("pipeline_parallel", "PP", pipeline_candidates), ("context_parallel", "CP", context_parallel_candidates),
+           ("tensor_parallel", "TP", tensor_parallel_candidates))
+
+
 def _auto_layout(request: PlanRequest) -> Plan:
-    """CONFIG_TP=0 and/or CONFIG_PP=0: the plan of each degree decisions.tensor_parallel_candidates and
-    pipeline_candidates give (every pairing where both are AUTO), each as CONFIG_TP=N CONFIG_PP=M would plan it
-    (its strategy, micro-batch and checkpointing its own best, the ladder included); the one with the most
+    """CONFIG_TP=0, CONFIG_PP=0 and/or CONFIG_CP=0: the plan of each degree decisions' *_candidates give (every
+    combination where several are AUTO), each as CONFIG_TP=N CONFIG_PP=M CONFIG_CP=K would plan it (its
+    strategy, micro-batch and checkpointing its own best, the ladder included); the one with the most
     predicted samples/s wins, the least split that fits where step time is unknown (it communicates least).
     The reason lists the others, and why a layout had no plan."""
     config = request.config
-    auto_tp, auto_pp = config.tensor_parallel == 0, config.pipeline_parallel == 0
-    tensors = (tensor_parallel_candidates(config, request.world_size, request.nodes) if auto_tp
-               else [config.tensor_parallel])
-    pipelines = (pipeline_candidates(config, request.world_size, request.nodes) if auto_pp
-                 else [config.pipeline_parallel])
+    auto = [(field, short, candidates) for field, short, candidates in _LAYOUT if getattr(config, field) == 0]
+    named = sorted(auto, key=lambda a: _NAMED.index(a[1]))
+    degrees = [candidates(config, request.world_size, request.nodes) if (field, short, candidates) in auto
+               else [getattr(config, field)] for field, short, candidates in _LAYOUT]
 
-    def name(tensor: int, pipeline: int) -> str:
-        return " x ".join([f"TP {tensor}"] * auto_tp + [f"PP {pipeline}"] * auto_pp)
+    def name(layout: dict) -> str:
+        return " x ".join(f"{short} {layout[field]}" for field, short, _ in named)
 
     plans, refused = [], []
-    for pipeline in pipelines:
-        for tensor in tensors:
-            try:
-                plans.append(resolve_request(dataclasses.replace(request, config=dataclasses.replace(
-                    config, tensor_parallel=tensor, pipeline_parallel=pipeline))))
-            except PlanError as err:
-                refused.append((name(tensor, pipeline), err))
-    symbols = " and ".join(["CONFIG_TP=0"] * auto_tp + ["CONFIG_PP=0"] * auto_pp)
+    for combination in itertools.product(*degrees):
+        layout = {field: degree for (field, _, _), degree in zip(_LAYOUT, combination)}
+        try:
+            plans.append(resolve_request(dataclasses.replace(request, config=dataclasses.replace(config, **layout))))
+        except PlanError as err:
+            refused.append((name(layout), err))
+    symbols = " and ".join(f"CONFIG_{short}=0" for _, short, _ in named)
     if not plans:
         if len({str(err) for _, err in refused}) == 1:  # nothing to do with the layout (a device, the data): as is
             raise refused[0][1]
         layout, err = refused[-1]  # the most split layout's refusal: what is left when splitting has done its part
-        what = "tensor-parallel degree" if not auto_pp else "pipeline degree" if not auto_tp else "layout"
+        what = ({"TP": "tensor-parallel degree", "PP": "pipeline degree", "CP": "context-parallel degree"}[auto[0][1]]
+                if len(auto) == 1 else "layout")
         raise type(err)(f"{symbols} (AUTO) found no {what} that plans "
-                        f"(tried {', '.join(n.split()[-1] if auto_tp != auto_pp else n for n, _ in refused)}); "
+                        f"(tried {', '.join(n.split()[-1] if len(auto) == 1 else n for n, _ in refused)}); "
                         f"at {layout}: {err}", *((err.helps, err.hint) if isinstance(err, NoFitError) else ()))
     timed = [p for p in plans if p.predicted_samples_per_second]
     best = max(timed, key=lambda p: p.predicted_samples_per_second) if timed else plans[0]
@@ -90,13 +100,15 @@ def _auto_layout(request: PlanRequest) -> Plan:
     def summary(plan: Plan) -> str:
         speed = (f"{plan.predicted_samples_per_second:,.1f} samples/s" if plan.predicted_samples_per_second
                  else "step time unknown")
-        return (f"{name(plan.tensor_parallel, plan.pipeline_parallel)}: {speed} ({plan.strategy}, "
+        layout = dict(tensor_parallel=plan.tensor_parallel, pipeline_parallel=plan.pipeline_parallel,
+                      context_parallel=plan.context_parallel)
+        return (f"{name(layout)}: {speed} ({plan.strategy}, "
                 f"micro-batch {plan.micro_batch})")
 
     how = "the fastest predicted that fits" if timed else "the least split that fits (step time unknown)"
     others = [summary(p) for p in plans if p is not best] + [f"{n}: {err}" for n, err in refused]
     why = f"AUTO ({symbols}): {summary(best)}, {how}" + (f"; {'; '.join(others)}" if others else "")
-    chosen = {key: why for key, auto in (("tensor_parallel", auto_tp), ("pipeline_parallel", auto_pp)) if auto}
+    chosen = {field: why for field, _, _ in auto}
     return dataclasses.replace(best, reasons={**best.reasons, **chosen})
 
 
@@ -159,11 +171,14 @@ def _resolve(request: PlanRequest) -> Plan:
     tensor, reasons["tensor_parallel"] = decide_tensor_parallel(config, world_size, nodes, float8=float8)
     pipeline, schedule, reasons["pipeline_parallel"] = decide_pipeline(config, world_size, tensor,
                                                                        precision=precision)
+    context, reasons["context_parallel"] = decide_context_parallel(config, world_size, nodes, tensor, pipeline,
+                                                                   device_type=device_type)
     processes = world_size
     # From here on the world is the data-parallel groups: they share the batch, and the strategy spans them
-    # (a tensor-parallel group's and a pipeline's processes see the same samples). The plan counts every
-    # process again.
-    world_size //= tensor * pipeline
+    # (a tensor-parallel group's, a context-parallel group's and a pipeline's processes see the same samples;
+    # FSDP shards over a context-parallel group too, which the memory and step-time models add). The plan
+    # counts every process again.
+    world_size //= tensor * pipeline * context
     staged = (pipeline, schedule) if pipeline > 1 else None  # what the memory planner traces per process
     idle = hardware.cpu.idle_cores  # step timings taken while planning run at the threads training will
     # the processes that share one machine's cores: a 16-machine run's 8 per machine, not its 128
@@ -188,7 +203,7 @@ def _resolve(request: PlanRequest) -> Plan:
     speed_model = None
     alternatives: tuple = ()  # the runner-up splits (AUTO with step-time prediction)
     if config.hyperparam_mode == "manual":
-        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes, tensor, pipeline)
+        options, reasons["strategy"] = strategy_candidates(config, world_size, nodes, tensor, pipeline, context)
         strategy = options[0]
         if len(options) > 1:
             reasons["strategy"] = f"AUTO without the memory planner (MANUAL batch): {LABELS[strategy]}"
@@ -209,7 +224,7 @@ def _resolve(request: PlanRequest) -> Plan:
                                     precision=precision, micro=micro, eval_batch=eval_batch, strategy=strategy,
                                     world_size=world_size, local_world_size=local_groups(world_size, nodes, pipeline),
                                     cpu_offload=offload,
-                                    tensor=tensor, pipeline=staged, grad_accum=accum)
+                                    tensor=tensor, pipeline=staged, grad_accum=accum, context=context)
     else:
         target = config.target_effective_batch
         policy = policy or policy_for(config)
@@ -217,8 +232,7 @@ def _resolve(request: PlanRequest) -> Plan:
         choose = ChooseArgs(hardware=hardware, model=model, device_type=device_type, compile=compile_on,
                             compile_mode=compile_mode, precision=precision, world_size=world_size, target=target,
                             local_world_size=local_groups(world_size, nodes, pipeline), cpu_offload=offload,
-                            tensor=tensor,
-                            pipeline=staged, nodes=nodes)
+                            tensor=tensor, pipeline=staged, nodes=nodes, context=context)
 
         def speed(strategy: str, choice: BatchChoice):
             """The memory planner: the fastest micro-batch that fits under `strategy`, with its samples/s."""
@@ -239,7 +253,7 @@ def _resolve(request: PlanRequest) -> Plan:
         with using_threads(timing_threads):  # a CPU step is traced at the threads it will train with
             strategy, choice, fast, reasons["strategy"] = pick_strategy(
                 config, policy, choose, world_size=world_size, nodes=nodes, target=target, speed=speed, tensor=tensor,
-                pipeline=pipeline)
+                pipeline=pipeline, context=context)
         cap, reasons["micro_batch"] = choice.max_micro, choice.reason
         if fast is not None:
             best, option, speed_model, why, alternatives = fast
@@ -247,7 +261,8 @@ def _resolve(request: PlanRequest) -> Plan:
             share = target // world_size
             reasons["micro_batch"] = f"{choice.reason}; {why}"
             split = batch_split(share, micro)
-            holder = "pipeline" if pipeline > 1 else "tensor-parallel group" if tensor > 1 else "process"
+            holder = ("pipeline" if pipeline > 1 else "context-parallel group" if context > 1
+                      else "tensor-parallel group" if tensor > 1 else "process")
             reasons["grad_accum"] = f"{share} per {holder} / micro-batch {micro}" + (
                 f": {split.text()} (the short one weighs its samples)" if split.last_micro_batch != micro else "")
             effective = target
@@ -281,7 +296,7 @@ def _resolve(request: PlanRequest) -> Plan:
         mode=config.hyperparam_mode, policy=policy_name, device_type=device_type, accelerator=(
             hardware.accelerator if device_type != "cpu" else "cpu"),
         device_name=gpu.name if gpu else hardware.cpu.name, world_size=processes, tensor_parallel=tensor,
-        pipeline_parallel=pipeline, pipeline_schedule=schedule,
+        pipeline_parallel=pipeline, pipeline_schedule=schedule, context_parallel=context,
         micro_batch=micro, grad_accum=accum, effective_batch=effective, target_effective_batch=target,
         eval_batch=eval_batch, compile=compile_on, compile_mode=compile_mode, precision=precision,
         grad_scaler=precision == "fp16", tf32=tf32, cudnn_benchmark=cudnn_benchmark,

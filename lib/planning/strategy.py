@@ -31,11 +31,17 @@ Speed = Callable[[str, BatchChoice], "tuple[float, object] | None"]
 
 
 def candidates(config: Config, world_size: int, nodes: int, tensor: int = 1,
-               pipeline: int = 1) -> tuple[tuple[str, ...], str]:
+               pipeline: int = 1, context: int = 1) -> tuple[tuple[str, ...], str]:
     """The strategies to consider over `world_size` data-parallel groups, in order, and why. Tensor-parallel
     groups (`tensor` > 1) and pipelines (`pipeline` > 1) hold DTensors or parts of the model, which only FSDP
-    shards across them (decisions.decide_tensor_parallel and decide_pipeline refuse DDP)."""
+    shards across them (decisions.decide_tensor_parallel and decide_pipeline refuse DDP); a context-parallel
+    group's processes (`context` > 1) hold gradients of their own tokens, which FSDP reduces as it shards over
+    them, even with one group."""
     configured = config.parallel_strategy or "auto"
+    if world_size == 1 and context > 1:
+        strategy = configured if configured in SHARDED else "fsdp"
+        return (strategy,), (f"one data-parallel group: {LABELS[strategy]} over its {context} context-parallel "
+                             "processes, which reduces the gradients of their tokens")
     if world_size == 1:
         why = (f"one pipeline of {pipeline} stages x {tensor} process(es): no other to share the batch with"
                if pipeline > 1 else
@@ -50,17 +56,20 @@ def candidates(config: Config, world_size: int, nodes: int, tensor: int = 1,
         if configured == "hsdp" and nodes == 1:
             why += ": on one machine HSDP shards over every process, as FSDP full shard does"
         return (configured,), why
-    options = tuple(s for s in AUTO_ORDER if (s != "hsdp" or nodes > 1) and (s != "ddp" or tensor == pipeline == 1))
+    options = tuple(s for s in AUTO_ORDER if (s != "hsdp" or nodes > 1)
+                    and (s != "ddp" or tensor == pipeline == context == 1))
     return options, "AUTO" + (": FSDP across the pipelines (DDP cannot replicate a stage)" if pipeline > 1 else
                               ": FSDP across the tensor-parallel groups (DDP cannot replicate them)" if tensor > 1
+                              else ": FSDP over the groups and their context-parallel processes" if context > 1
                               else "")
 
 
 def pick(config: Config, policy: BatchPolicy, choose: ChooseArgs, *, world_size: int, nodes: int, target: int,
-         speed: Speed, tensor: int = 1, pipeline: int = 1) -> tuple[str, BatchChoice, object, str]:
+         speed: Speed, tensor: int = 1, pipeline: int = 1,
+         context: int = 1) -> tuple[str, BatchChoice, object, str]:
     """(strategy, its batch choice, its choose_fastest result or None, why). Raises PlanError when no
     candidate fits."""
-    options, why = candidates(config, world_size, nodes, tensor, pipeline)
+    options, why = candidates(config, world_size, nodes, tensor, pipeline, context)
     share = math.ceil(target / world_size)
     if len(options) == 1:
         strategy = options[0]

@@ -87,7 +87,7 @@ def choose_fastest(config: Config, policy: BatchPolicy, choice: BatchChoice, arg
                                measure_up_to=min(choice.max_micro, share) if measure else None,
                                strategy=args.strategy, local_world_size=args.local_world_size,
                                per_micro_batch=measure, tensor=args.tensor, pipeline=args.pipeline,
-                               nodes=args.nodes)  # timing off: no run moves the choice (reproducible plans)
+                               nodes=args.nodes, context=args.context)  # timing off: no run moves the choice (reproducible plans)
 
     def add(option: _Option, model) -> None:
         models[option.checkpointing] = (model, option)

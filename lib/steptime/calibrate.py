@@ -142,10 +142,10 @@ def _share(busy_cores: float | None) -> float:
 
 def _calibration_key(device: Device, counts: str, *, tf32: bool, compile: bool, world_size: int,
                      strategy: str = "none", float8: bool = False, tensor: int = 1,
-                     pipeline: tuple[int, str] | None = None) -> str:
-    # each left out when off: the keys calibrations had before float8, tensor and pipeline parallelism
+                     pipeline: tuple[int, str] | None = None, context: int = 1) -> str:
+    # each left out when off: the keys calibrations had before float8, tensor, pipeline and context parallelism
     extra = (("float8",) if float8 else ()) + ((f"tp{tensor}",) if tensor > 1 else ()) + (
-        (f"pp{pipeline[0]}-{pipeline[1]}",) if pipeline else ())
+        (f"pp{pipeline[0]}-{pipeline[1]}",) if pipeline else ()) + ((f"cp{context}",) if context > 1 else ())
     if strategy in ("none", "ddp"):  # the key calibrations had before sharded strategies existed
         return _hash(device.kind, device.key, counts, tf32, compile, world_size, *extra)
     return _hash(device.kind, device.key, counts, tf32, compile, world_size, strategy, *extra)
@@ -163,11 +163,11 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
                     cache_dir: Path | str | None = None, strategy: str = "none",
                     local_world_size: int | None = None, per_micro_batch: bool = True,
                     tensor: int = 1, pipeline: tuple[int, str] | None = None,
-                    nodes: int = 1) -> StepTimeModel | None:
+                    nodes: int = 1, context: int = 1) -> StepTimeModel | None:
     """The step-time model of this config on this device; None where the device's speed is unknown.
     With several processes it includes the strategy's collectives (comm.py) where the links are known;
     world sizes count tensor-parallel groups of `tensor` processes (CONFIG_TP), whose share of the work and
-    collectives the model adds.
+    collectives the model adds, and groups of `context` processes that split each sample's tokens (CONFIG_CP).
 
     `measure_up_to`: on this machine's CPU, time real micro-batches (powers of two up to it) that are
     not cached yet, within measure.BUDGET_S. Cached timings and calibrations are always used; `per_micro_batch`
@@ -184,28 +184,39 @@ def step_time_model(config: Config, hardware: HardwareProfile, *, device_type: s
 
     traffic = spec_for(config.model).tensor_parallel.traffic(config, checkpointing) if tensor > 1 else 0
     stages, schedule = pipeline or (1, "1F1B")
-    sends = spec_for(config.model).pipeline(config)[2] if stages > 1 else 0
-    communication = communication_for(strategy, world_size=world_size, local_world_size=local_world_size or world_size,
+    sends = spec_for(config.model).pipeline(config)[2] // context if stages > 1 else 0
+    ring = 0
+    if context > 1:
+        from ..context_parallel import traffic_bytes
+
+        tokens, blocks, kv_elements = spec_for(config.model).context_parallel.shape(config)
+        ring = traffic_bytes(tokens, blocks // stages, kv_elements, 2 if precision in ("bf16", "fp16") else 4,
+                             checkpointing)
+    local_world_size = local_world_size or world_size
+    # FSDP shards over the data-parallel groups and their context-parallel processes together
+    communication = communication_for(strategy, world_size=world_size * context,
+                                      local_world_size=local_world_size * context,
                                       parameters=counts.parameters // stages, precision=precision,
                                       device_name=device.name, device_kind=device.kind,
                                       network_gbps=config.net_gbps or None,
                                       link_gbps=_profile_link(hardware) if device_type == "cuda" else None,
                                       tensor=tensor, tensor_elements_per_sample=traffic // stages,
                                       pipeline=stages, pipeline_elements_per_sample=sends,
-                                      pipeline_across_machines=nodes > 1)
+                                      pipeline_across_machines=nodes > 1, context=context,
+                                      context_bytes_per_sample=ring)
     if communication is not None and stages > 1:  # a stage's FSDP reduce-scatters after each of its backwards
         communication = dataclasses.replace(communication, reduce_every_micro_batch=True)
     float8 = config.float8 != "off" and device_type == "cuda" and device.fp8_flops is not None
     model = StepTimeModel(counts=counts, device=device, precision=precision, tf32=tf32, compile=compile,
                           communication=communication, float8=float8, tensor=tensor, pipeline=stages,
-                          pipeline_schedule=schedule)
+                          pipeline_schedule=schedule, context=context)
     key = step_key(config, device_type=device_type, precision=precision, gradient_checkpointing=checkpointing)
     if device.here and not compile:  # eager timings say nothing about a compiled step
         model = _measured(model, config, key, precision=precision, checkpointing=checkpointing,
                           measure_up_to=measure_up_to, directory=directory)
     runs = calibration_entries(directory / CALIBRATION_FILE).get(
         _calibration_key(device, key, tf32=tf32, compile=compile, world_size=world_size, strategy=strategy,
-                         float8=float8, tensor=tensor, pipeline=pipeline), [])
+                         float8=float8, tensor=tensor, pipeline=pipeline, context=context), [])
     return calibrated_by_runs(model, runs, per_micro_batch=per_micro_batch) if runs else model
 
 
@@ -248,7 +259,8 @@ def model_for_plan(config: Config, hardware: HardwareProfile, plan: Plan,
                                 gradient_checkpointing=plan.gradient_checkpointing, world_size=plan.data_parallel,
                                 cache_dir=cache_dir, strategy=plan.strategy,
                                 local_world_size=plan.local_data_parallel,
-                                tensor=plan.tensor_parallel, pipeline=_pipeline_of(plan), nodes=plan.nodes)
+                                tensor=plan.tensor_parallel, pipeline=_pipeline_of(plan), nodes=plan.nodes,
+                                context=plan.context_parallel)
     return for_gradient_sync(model, plan)
 
 
@@ -324,7 +336,7 @@ def _calibrate(config: Config, hardware: HardwareProfile, plan: Plan, step_secon
     entries = calibration_entries(path)  # damaged entries dropped (noted)
     name = _calibration_key(model.device, key, tf32=plan.tf32, compile=plan.compile, world_size=plan.data_parallel,
                             strategy=plan.strategy, float8=model.float8, tensor=plan.tensor_parallel,
-                            pipeline=_pipeline_of(plan))
+                            pipeline=_pipeline_of(plan), context=plan.context_parallel)
     runs = entries.get(name, [])
     load = current_load() if plan.device_type == "cpu" else 0.0
     runs.append({"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "samples": samples_per_process(plan),

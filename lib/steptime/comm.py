@@ -20,6 +20,13 @@ sample); the next layer needs them, so none of it overlaps compute. The data-par
 collectives above then run over the groups (world_size counts groups), each
 process gathering its tensor-parallel share of the parameters.
 
+Context parallelism (CONFIG_CP, `context` processes per group, within one machine):
+each block's attention all-gathers the group's keys and values, in forward and again
+in backward (and in a recomputed forward), and passes their float32 gradients round
+the group (lib/context_parallel.py traffic_bytes); the attention waits for the gather,
+so none of it overlaps compute. The FSDP collectives then shard over the groups and
+their context-parallel processes together (world_size counts them all).
+
 FSDP prefetches the next unit's parameters while the current one computes, so
 a micro-batch takes max(compute, its collectives): only what the compute
 cannot hide is added. Achieved bus bandwidth is BUS_EFFICIENCY of the link's
@@ -50,6 +57,8 @@ class Communication:
     pipeline: int = 1  # pipeline stages (CONFIG_PP)
     pipeline_bytes_per_sample: float = 0.0  # what a stage sends the next per sample (and the gradient back)
     pipeline_bytes_per_s: float = 0.0  # the link between stages: the network where they are on other machines
+    context: int = 1  # processes per context-parallel group
+    context_bytes_per_sample: float = 0.0  # what its ring collectives carry per sample in a micro-batch
 
     def pipeline_seconds(self, samples: float) -> float:
         """One send of a micro-batch of `samples`' activations (or their gradient) to the next stage."""
@@ -60,6 +69,10 @@ class Communication:
     def tensor_seconds(self, samples: float) -> float:
         """The tensor-parallel collectives of a micro-batch of `samples`, within the machine."""
         return self._seconds(self.tensor_bytes_per_sample * samples, self.tensor, self.link_bytes_per_s)
+
+    def context_seconds(self, samples: float) -> float:
+        """The context-parallel ring collectives of a micro-batch of `samples`, within the machine."""
+        return self._seconds(self.context_bytes_per_sample * samples, self.context, self.link_bytes_per_s)
 
     def _seconds(self, volume: float, over: int, bandwidth: float) -> float:
         return (over - 1) / over * volume / (bandwidth * BUS_EFFICIENCY) if over > 1 else 0.0
@@ -93,8 +106,8 @@ class Communication:
 
     def exposed_seconds(self, micro_seconds: list[float], sizes: list[int] | None = None) -> float:
         """What a step's collectives add to its micro-batches' compute (`micro_seconds`, in order, of `sizes`
-        samples each: the tensor-parallel collectives, all exposed)."""
-        tensor = sum(self.tensor_seconds(s) for s in sizes or ()) if self.tensor > 1 else 0.0
+        samples each: the tensor- and context-parallel collectives, all exposed)."""
+        tensor = sum(self.tensor_seconds(s) + self.context_seconds(s) for s in sizes or ())
         if self.strategy == "ddp":
             return self.reduce_seconds() + tensor
         gather, exposed = self.gather_seconds(), tensor
@@ -117,6 +130,10 @@ class Communication:
         tensor = (f"tensor parallelism over {self.tensor} processes: {self.tensor_seconds(1) * 1e3:.2f} ms of "
                   f"activation collectives per sample at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s"
                   if self.tensor > 1 else "")
+        if self.context > 1:
+            ring = (f"context parallelism over {self.context} processes: {self.context_seconds(1) * 1e3:.2f} ms of "
+                    f"key/value collectives per sample at {BUS_EFFICIENCY:.0%} of {link:.0f} GB/s")
+            tensor = f"{tensor}; {ring}" if tensor else ring
         if self.pipeline > 1:
             where = ("the link within a machine" if self.pipeline_bytes_per_s == self.link_bytes_per_s
                      else f"the network ({self.pipeline_bytes_per_s / 1e9:.0f} GB/s)")
@@ -135,7 +152,8 @@ def communication_for(strategy: str, *, world_size: int, local_world_size: int, 
                       precision: str, device_name: str, device_kind: str,
                       network_gbps: float | None = None, link_gbps: float | None = None, tensor: int = 1,
                       tensor_elements_per_sample: int = 0, pipeline: int = 1, pipeline_elements_per_sample: int = 0,
-                      pipeline_across_machines: bool = False) -> Communication | None:
+                      pipeline_across_machines: bool = False, context: int = 1,
+                      context_bytes_per_sample: int = 0) -> Communication | None:
     """The strategy's collectives on this device's links; None for one process, or where the links are
     unknown (a CPU, a GPU the catalog does not know). `network_gbps`: the network between machines per GPU
     (CONFIG_NET_GBPS), else the catalog's; never more than the GPU's own link. `link_gbps`: the GPU's link
@@ -144,7 +162,8 @@ def communication_for(strategy: str, *, world_size: int, local_world_size: int, 
     `tensor_elements_per_sample` activation elements per sample in a micro-batch. `pipeline` > 1: stages
     that send `pipeline_elements_per_sample` to the next per sample, between machines where
     `pipeline_across_machines` (the stages are the mesh's outermost dimension); `parameters` then are one
-    stage's."""
+    stage's. `context` > 1: world sizes count every process of the context-parallel groups (FSDP shards over
+    them), whose ring collectives carry `context_bytes_per_sample` per sample in a micro-batch."""
     if (world_size <= 1 or strategy == "none") and tensor == 1 and pipeline == 1 or device_kind != "gpu":
         return None
     from ..hardware import catalog
@@ -165,4 +184,5 @@ def communication_for(strategy: str, *, world_size: int, local_world_size: int, 
                          link_bytes_per_s=link, network_bytes_per_s=network if nodes > 1 else None, tensor=tensor,
                          tensor_bytes_per_sample=float(tensor_elements_per_sample * gathered), pipeline=pipeline,
                          pipeline_bytes_per_sample=float(pipeline_elements_per_sample * gathered),
-                         pipeline_bytes_per_s=(network if pipeline_across_machines and network else link))
+                         pipeline_bytes_per_s=(network if pipeline_across_machines and network else link),
+                         context=context, context_bytes_per_sample=float(context_bytes_per_sample))

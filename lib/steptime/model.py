@@ -143,9 +143,18 @@ class StepTimeModel:
     # each micro-batch, and the schedule's fill and drain (the bubble) leave it idle (lib/pipeline.py)
     pipeline: int = 1
     pipeline_schedule: str = "1F1B"
+    # processes per context-parallel group (CONFIG_CP): each computes the whole model at 1/context of every
+    # sample's tokens, its attention balanced to 1/context of the whole's: the whole's work at micro-batch /
+    # context, as under TP (lib/context_parallel.py)
+    context: int = 1
     # micro-batch -> micro_seconds: a plan weighs tens of candidates of up to hundreds of micro-batches each
     # (not copied by dataclasses.replace, so a changed model starts empty)
     _micro_memo: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    @property
+    def split(self) -> int:
+        """The processes that share each sample's work: a tensor-parallel group's times a context-parallel one's."""
+        return self.tensor * self.context
 
     # -- the roofline --------------------------------------------------------
 
@@ -223,10 +232,10 @@ class StepTimeModel:
     def forward_seconds(self, batch: float) -> float:
         """One evaluation forward (no backward), scaled as the micro-batch is; a tensor-parallel process's
         share, with a third of a training micro-batch's collectives (forward only)."""
-        share = batch / self.tensor
+        share = batch / self.split
         seconds = self._corrected(self.counts.at(share, "forward"), self.efficiency(share), self.factor(share))
-        if self.tensor > 1 and self.communication is not None:
-            seconds += self.communication.tensor_seconds(batch) / 3
+        if self.communication is not None:
+            seconds += (self.communication.tensor_seconds(batch) + self.communication.context_seconds(batch)) / 3
         return seconds
 
     def corrected_micro_seconds(self, batch: float, factor: float | None = None) -> float:
@@ -251,9 +260,9 @@ class StepTimeModel:
             return self._pipeline_parts(micro_batch, grad_accum, samples)
         sizes = window_sizes(samples or micro_batch * grad_accum, micro_batch)
         f = self.factor(micro_batch)
-        micro = [self.corrected_micro_seconds(s / self.tensor, f) for s in sizes]
-        last = (sizes[-1] if sizes else micro_batch) / self.tensor
-        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(last) * f / self.tensor,
+        micro = [self.corrected_micro_seconds(s / self.split, f) for s in sizes]
+        last = (sizes[-1] if sizes else micro_batch) / self.split
+        parts = {"micro_batches": sum(micro), "optimizer": self.optimizer_seconds(last) * f / self.split,
                  "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
             parts["communication"] = self.communication.exposed_seconds(micro, sizes)
@@ -271,10 +280,10 @@ class StepTimeModel:
         n, size = micro_batches(samples or micro_batch * grad_accum, micro_batch, self.pipeline,
                                 self.pipeline_schedule)
         f = self.factor(micro_batch)
-        stage = self.corrected_micro_seconds(size / self.tensor, f) / self.pipeline
+        stage = self.corrected_micro_seconds(size / self.split, f) / self.pipeline
         parts = {"micro_batches": n * stage,
                  "pipeline_bubble": (self.pipeline - 1) / stages_per_process(self.pipeline_schedule) * stage,
-                 "optimizer": self.optimizer_seconds(size / self.tensor) * f / (self.tensor * self.pipeline),
+                 "optimizer": self.optimizer_seconds(size / self.split) * f / (self.split * self.pipeline),
                  "step_overhead": self.device.step_overhead_s * (1.0 if self.correction_bound == "device" else f)}
         if self.communication is not None:
             parts["communication"] = (self.communication.exposed_seconds([stage] * n, [size] * n)

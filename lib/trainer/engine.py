@@ -21,6 +21,7 @@ import inspect
 import torch
 
 from .. import distributed, parallel
+from ..context_parallel import split_for
 from ..config import Config
 from ..distributed import Rank
 from ..models import count_parameters
@@ -58,7 +59,8 @@ class Engine:
             model.pipeline_optimizer_order = order  # how a one-process checkpoint numbers the whole model's
         self.model = model.to(device)
         self.checkpointing = checkpointing_for(config, self.model)  # how it recomputes, None where it cannot
-        self.fsdp = parallel.is_sharded(plan.strategy) and rank.data_world > 1  # fully_shard applied
+        # fully_shard applied: over the data-parallel groups and their context-parallel processes
+        self.fsdp = parallel.is_sharded(plan.strategy) and rank.data_world * rank.context > 1
         # parameters are DTensors spread over the ranks (FSDP, or CONFIG_TP's groups), or split between pipeline
         # stages: every rank saves its part (DCP), and every rank runs as many forwards and backwards, whose
         # collectives the others wait for
@@ -71,7 +73,11 @@ class Engine:
         # before the optimizer: parallelize_module and fully_shard replace the parameters with DTensors
         if self.sharded:
             mesh = parallel.make_mesh(device.type, plan.strategy, rank.world_size, rank.local_world_size,
-                                      rank.tensor, rank.pipeline)
+                                      rank.tensor, rank.pipeline, rank.context)
+            if rank.context > 1:  # each batch's sequences split over the group (CONFIG_CP; CUDA only)
+                from ..context_parallel import ContextSplit
+
+                self.model.context_split = ContextSplit(mesh["cp"])  # how the evaluation enters it too
             if rank.pipeline > 1:
                 from ..pipeline import Pipeline
 
@@ -149,6 +155,7 @@ class Engine:
         if self.pipeline is not None:
             return self._pipeline_step(window, batches, step, plan, micro_batch, grad_factor)
         total = None  # no zeros to add to: one micro-batch's loss sum is one tensor op
+        split = split_for(self.model)  # CONFIG_CP: the micro-batch's chunks of the sequence, the attention a ring
         for i, (indices, weight) in enumerate(batches):
             x, y = (t.to(self.device, non_blocking=True) for t in next(self.feed))
             self.inject.check(len(indices), step + 1 if i == 0 else None)
@@ -156,7 +163,8 @@ class Engine:
             if self.fsdp:  # reduce-scatter in the last backward only, where memory allows (plan.gradient_sync)
                 self.model.set_requires_gradient_sync(last or plan.gradient_sync == "micro_batch")
             sync = self.ddp is None or (self.ddp_sync_last and last)
-            with contextlib.nullcontext() if sync else self.ddp.no_sync(), parallel.loss_context(self.model):
+            with contextlib.nullcontext() if sync else self.ddp.no_sync(), parallel.loss_context(self.model), \
+                    split(self.model, x, y) as (x, y):
                 with autocast_for(plan):
                     loss = self.forward_loss(x, y)
                 scale = weight * grad_factor  # 1 for one micro-batch on one process: no multiply, nor its backward
@@ -166,7 +174,7 @@ class Engine:
                 total = part.float() if total is None else total + part
         if total is None or not self.rank.counts:  # a tensor-parallel group's loss counts once in the sum
             return torch.zeros((), device=self.device)
-        return total
+        return total * self.rank.loss_weight if self.rank.context > 1 else total
 
     def _pipeline_step(self, window: list[int], batches: list, step: int, plan: Plan, micro_batch: int,
                        grad_factor: int) -> torch.Tensor:
@@ -183,13 +191,13 @@ class Engine:
         self.inject.check(min(micro_batch, x.size(0)), step + 1)
         if self.fsdp:  # the stages' backwards run inside the schedule: each reduce-scatters its gradients
             self.model.set_requires_gradient_sync(True)
-        with autocast_for(plan), parallel.loss_context(self.model):
+        with autocast_for(plan), parallel.loss_context(self.model), split_for(self.model)(self.model, x, y) as (x, y):
             total = self.pipeline.step(x, y, share_max=-(-len(window) // self.rank.data_world),
                                        micro_batch=micro_batch, window=len(window), grad_factor=grad_factor,
                                        loss_fn=self.loss_fn)
         if total is None or not self.rank.counts:
             return torch.zeros((), device=self.device)
-        return parallel.local_value(total)
+        return parallel.local_value(total) * self.rank.loss_weight
 
     def update(self, step: int, total_steps: int) -> None:
         """The optimizer step after all ranks agreed the gradients are whole: summed where DDP did not, clipped

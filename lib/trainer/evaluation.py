@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from .. import distributed
+from ..context_parallel import split_for
 from ..config import Config
 from ..distributed import Rank
 from ..oom import Injector, halve, is_oom, release
@@ -63,10 +64,11 @@ class Evaluator:
         running = self.metrics.fresh(self.device)
         loss_sum = 0.0
         pipeline = getattr(model, "pipeline", None)  # CONFIG_PP: the stages run the batch in turn
+        split = split_for(model)  # CONFIG_CP: each process its chunks of the sequences
         for i, (x, y) in enumerate(loader(self.split, mine + batches[:1] * spare, plan)):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.inject.check(len(y))
-            with autocast_for(plan):
+            with autocast_for(plan), split(model, x, y) as (x, y):
                 outputs = model(x) if pipeline is None else pipeline.forward(x)
             if i >= len(mine) or outputs is None:  # a spare forward, or a pipeline stage before the last
                 continue
@@ -78,7 +80,8 @@ class Evaluator:
                 for metric in running.values():
                     metric.update(seen, y)
         # a tensor-parallel group's processes computed the same loss on the same samples: counted once
-        loss_sum, = distributed.all_sum([loss_sum if self.rank.counts else 0.0], self.device)
+        # (a context-parallel group's each for its chunks: Rank.loss_weight)
+        loss_sum, = distributed.all_sum([loss_sum * self.rank.loss_weight], self.device)
         return self.metrics.finish(running, loss_sum / n)
 
 

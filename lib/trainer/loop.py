@@ -91,8 +91,8 @@ class Trainer:
         tracking.check(config.tracking)  # a missing tracker package stops the run before its directory exists
         not_both(resume, init_from)
         rank = distributed.current() if torch.distributed.is_initialized() else distributed.SINGLE
-        self.rank = (dataclasses.replace(rank, tensor=plan.tensor_parallel, pipeline=plan.pipeline_parallel)
-                     if rank.active else rank)
+        self.rank = (dataclasses.replace(rank, tensor=plan.tensor_parallel, pipeline=plan.pipeline_parallel,
+                                         context=plan.context_parallel) if rank.active else rank)
         self.config, self.hardware = config, hardware
         self.log = log if self.rank.is_main else (lambda line: None)
         if self.rank.is_main:
