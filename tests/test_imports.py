@@ -139,7 +139,7 @@ def test_graph_sees_function_level_and_relative_imports_but_not_type_checking(tm
 # layer and earlier ones only; every module of lib/ is placed (test_layers_place_every_module).
 LAYERS = [
     {"lib.errors", "lib.env", "lib.fileio", "lib.resources", "lib.units", "lib.progress", "lib.parallel", "lib.redact",
-     "lib.float8", "lib.pipeline"},
+     "lib.float8", "lib.pipeline", "lib.context_parallel"},
     {"lib.config"},
     {"lib.hardware"},
     {"lib.plan", "lib.models", "lib.data", "lib.metrics"},
