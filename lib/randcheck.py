@@ -60,6 +60,10 @@ TENSOR_PARALLEL = {"llama-tiny": {1: 4, 2: 3, 0: 2, 4: 1}, None: {1: 12, 2: 1, 0
 # (4 blocks: the interleaved schedule's 8 stages are refused); for the others, whose refusal is one line, rarely
 PIPELINE_PARALLEL = {"llama-tiny": {1: 5, 2: 3, 0: 1, 4: 1}, None: {1: 12, 2: 1}}
 UNTIED_UNDER_PP = 0.75  # of the pipeline draws, those whose output layer is untied (the rest: PP's refusal)
+# CONFIG_CP likewise: for the Llama, which can split its sequences, 2 often (planned for the H100 targets,
+# refused in one line on this CPU, whose attention torch's ring does not take) and AUTO (0) at times; for the
+# others, whose refusal is one line, rarely
+CONTEXT_PARALLEL = {"llama-tiny": {1: 6, 2: 2, 0: 1}, None: {1: 12, 2: 1}}
 WEIGHTED = {
     "text": (("PRECISION", {"BF16": 5, "AUTO": 2, "FP16": 1, "FP32": 2}),
              ("PARALLEL", {"FSDP": 4, "AUTO": 3, "DDP": 1, "FSDP_GRAD_OP": 1, "HSDP": 1})),
@@ -106,6 +110,8 @@ class Draw:
         c = self.config
         bits = [label(c), _member(c, "PRECISION") + (f"+fp8-{c.float8}" if c.float8 != "off" else ""),
                 _member(c, "PARALLEL"), c.hyperparam_mode]
+        bits += [f"{name}{degree or '-auto'}" for name, degree in (("tp", c.tensor_parallel),
+                 ("pp", c.pipeline_parallel), ("cp", c.context_parallel)) if degree != 1]
         if c.gradient_checkpointing:
             bits.append("ckpt")
         if c.symbols.get("COMPILE_MODEL") == "y":
@@ -177,6 +183,9 @@ def draw(seed: int, out: Path) -> Draw:
         kconf.syms["PP"].set_value(str(degree))
         if degree > 1 and pipeline.random() < UNTIED_UNDER_PP and kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility:
             kconf.syms["LLAMA_TIE_EMBEDDINGS"].set_value(0)  # what a pipeline's user sets: PP refuses tied
+        splits = CONTEXT_PARALLEL.get(family, CONTEXT_PARALLEL[None])
+        kconf.syms["CP"].set_value(str(random.Random(f"cp:{seed}:{family}").choices(list(splits),
+                                                                                     list(splits.values()))[0]))
         for name in SMALL_CHOICES:
             kconf.syms[name].set_value(2)
         for name in OFF:
@@ -286,9 +295,10 @@ def train_draw(d: Draw, processes: int, workdir: Path) -> Outcome:
             if line not in recorded.splitlines():
                 problems.append(f"the run's config lacks {line}")
         plan = json.loads((dirs[0] / "plan.json").read_text())
-        # MANUAL: each data-parallel group (the processes of a tensor-parallel group or a pipeline together) takes
-        # the batch
-        groups = processes // (plan.get("tensor_parallel", 1) * plan.get("pipeline_parallel", 1))
+        # MANUAL: each data-parallel group (the processes of a tensor-parallel group, a context-parallel one or a
+        # pipeline together) takes the batch
+        groups = processes // (plan.get("tensor_parallel", 1) * plan.get("pipeline_parallel", 1)
+                               * plan.get("context_parallel", 1))
         want = (d.config.batch_size * d.config.gradient_accumulation * groups
                 if d.config.hyperparam_mode == "manual" else d.config.target_effective_batch)
         if plan.get("effective_batch") != want or plan.get("world_size") != processes:

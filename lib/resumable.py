@@ -27,6 +27,7 @@ NOT_TRAINING_MATH = ("RESUME", "MONITOR", "CHECKPOINT_", "PROBE_", "OOM_", "NPRO
                      "THERMAL_", "BATTERY_",  # when to pause or stop, not what a step computes
                      "EARLY_STOP_",  # when to stop (CHECKPOINT_BEST_* are CHECKPOINT_ already)
                      "TRACK")  # where metrics are also sent
+CONTEXT_SPLIT = "CP"  # the context-parallel degree, by its whole name (a prefix would take CPU_THREADS too)
 
 
 def training_identity(config_text: str) -> list[str]:
@@ -36,11 +37,11 @@ def training_identity(config_text: str) -> list[str]:
         line = line.strip()
         if line.startswith("# CONFIG_") and line.endswith(" is not set"):
             name = line[len("# CONFIG_"):-len(" is not set")]
-        elif line.startswith("CONFIG_"):
+        elif line.startswith("CONFIG_") and "=" in line:
             name = line[len("CONFIG_"):].split("=", 1)[0]
-        else:
+        else:  # a comment, or no setting at all (a line a damaged file cut short)
             continue
-        if not name.startswith(NOT_TRAINING_MATH):
+        if not name.startswith(NOT_TRAINING_MATH) and name != CONTEXT_SPLIT:
             lines.append(line)
     return sorted(lines)
 

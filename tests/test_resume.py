@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from lib import checkpoint, resumable
 
@@ -142,6 +143,27 @@ def test_one_off_settings_turn_the_config_file_into_the_runs_config(tmp_path):
         again = kc.derive(base, dict(s.split("=", 1) for s in settings))
         assert resumable.training_identity(again.text) == resumable.training_identity(run.text), (overrides, settings)
     assert resumable.one_off_settings(base.text, base.text) == []
+
+
+@pytest.fixture(scope="module")
+def llama_text(tmp_path_factory) -> str:
+    from lib import config as kc
+
+    return kc.make_defconfig("llama-tiny", out=tmp_path_factory.mktemp("cfg") / ".config").text
+
+
+@settings(max_examples=150, deadline=None)
+@given(cut=st.integers(0, 20000), junk=st.sampled_from(["", "CONFIG_P", "CONFIG_", "# CONFIG_X", "CONFIG_=1"]))
+def test_a_run_config_cut_short_anywhere_reads_as_other_settings_never_as_a_crash(llama_text, cut, junk):
+    """A run's config damaged at any byte (with a stray fragment of a line at the end): its training math reads as
+    the lines that are whole, and the settings that would turn the file's config into it are some, or none."""
+    damaged = llama_text[:cut] + junk
+    lines = resumable.training_identity(damaged)
+    assert all(line.startswith("# CONFIG_") or "=" in line for line in lines)
+    settings = resumable.one_off_settings(damaged, llama_text)
+    assert settings is None or all("=" in s for s in settings)
+    # the layout's degrees are not training math: a run resumes under another split
+    assert not any(line.split("=")[0] in ("CONFIG_TP", "CONFIG_PP", "CONFIG_CP") for line in lines)
 
 
 def test_the_resume_command_repeats_the_runs_one_off_settings(tmp_path):
