@@ -23,7 +23,8 @@ from lib.hardware import resolve_hardware
 from lib.planning import make_plan
 from tests.helpers import CPU
 from tests.test_fsdp import train
-from tests.test_tensor_parallel import assert_like_one_process, llama_config, losses_of, reference_run
+from tests.test_tensor_parallel import (assert_like_one_process, llama_config, losses_of, reference_run,
+                                       resumes_under_fsdp_then_one_process)
 
 RING_SITE = Path(__file__).resolve().parent / "cpu_ring_site"
 
@@ -182,3 +183,8 @@ def test_cp2_by_tp2_on_four_processes_trains_as_one_process_does(tmp_path, one_p
     plan = json.loads((run_dir / "plan.json").read_text())
     assert (plan["context_parallel"], plan["tensor_parallel"]) == (2, 2)
     assert_like_one_process(run_dir, one_process, tmp_path / "e")
+
+
+@pytest.mark.slow
+def test_a_cp_run_resumes_under_fsdp_then_on_one_process(tmp_path, one_process, cpu_ring):
+    resumes_under_fsdp_then_one_process(tmp_path, one_process, "CP=2")
