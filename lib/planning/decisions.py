@@ -94,6 +94,20 @@ def decide_float8(config: Config, device_type: str, gpu: GPUInfo | None) -> tupl
                            "float8 tensor cores; the linear layers' matrix multiplies run in float8")
 
 
+def _unsplit(name: str, degree: int, world_size: int, whole: str, verb: str, where: str = "") -> tuple[int, str] | None:
+    """What a layout degree (CONFIG_TP, _PP, _CP) decides before its own checks: (1, why) where nothing is split
+    (degree 1, or one process: the same run, whose checkpoints resume under the split and its under it); None
+    where the degree's own checks follow. AUTO (0) is the resolver's (resolver._auto_layout), never here."""
+    if degree == 0:
+        raise ValueError(f"CONFIG_{name}=0 (AUTO) is resolved by trying each degree (resolver._auto_layout)")
+    if degree == 1:
+        return 1, f"CONFIG_{name}=1: {whole}"
+    if world_size == 1:
+        return 1, (f"one process: nothing to {verb} (CONFIG_{name}={degree} applies with {degree} or more "
+                   f"processes{where})")
+    return None
+
+
 def tensor_parallel_candidates(config: Config, world_size: int, nodes: int) -> list[int]:
     """The degrees CONFIG_TP=0 (AUTO) plans: 1, and every power of two up to a machine's processes that
     divides them and splits the model (its family's TensorParallel.problem)."""
@@ -115,13 +129,10 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
     from ..models.registry import spec_for
 
     degree = config.tensor_parallel
-    if degree == 0:
-        raise ValueError("CONFIG_TP=0 (AUTO) is resolved by trying each degree (resolver._auto_tensor_parallel)")
-    if degree == 1:
-        return 1, "CONFIG_TP=1: each process holds whole blocks"
+    unsplit = _unsplit("TP", degree, world_size, "each process holds whole blocks", "split", " per machine")
+    if unsplit:
+        return unsplit
     symbol = f"CONFIG_TP={degree}"
-    if world_size == 1:  # as a strategy with one process: the same run, and its checkpoints resume under TP
-        return 1, f"one process: nothing to split ({symbol} applies with {degree} or more processes per machine)"
     per_machine = world_size // nodes
     if per_machine % degree:
         raise PlanError(f"{symbol} needs groups of {degree} processes within one machine, but this run has "
@@ -168,13 +179,10 @@ def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: 
     from ..pipeline import pipeline_problem, stages_per_process
 
     degree, schedule = config.pipeline_parallel, config.pipeline_schedule
-    if degree == 0:
-        raise ValueError("CONFIG_PP=0 (AUTO) is resolved by trying each degree (resolver._auto_layout)")
-    if degree == 1:
-        return 1, schedule, "CONFIG_PP=1: every process holds every block"
+    unsplit = _unsplit("PP", degree, world_size, "every process holds every block", "cut")
+    if unsplit:
+        return unsplit[0], schedule, unsplit[1]
     symbol = f"CONFIG_PP={degree}"
-    if world_size == 1:  # as with TP: the same run in one process, and its checkpoints resume under PP
-        return 1, schedule, f"one process: nothing to cut ({symbol} applies with {degree} or more processes)"
     if world_size % (degree * tensor):
         unit = f"{degree} x CONFIG_TP={tensor}" if tensor > 1 else f"{degree}"
         raise PlanError(f"{symbol} needs a multiple of {unit} processes, but this run has {world_size}: set GPUS= "
@@ -223,13 +231,10 @@ def decide_context_parallel(config: Config, world_size: int, nodes: int, tensor:
     from ..models.registry import spec_for
 
     degree = config.context_parallel
-    if degree == 0:
-        raise ValueError("CONFIG_CP=0 (AUTO) is resolved by trying each degree (resolver._auto_layout)")
-    if degree == 1:
-        return 1, "CONFIG_CP=1: each process computes whole sequences"
+    unsplit = _unsplit("CP", degree, world_size, "each process computes whole sequences", "split", " per machine")
+    if unsplit:
+        return unsplit
     symbol = f"CONFIG_CP={degree}"
-    if world_size == 1:
-        return 1, f"one process: nothing to split ({symbol} applies with {degree} or more processes per machine)"
     support = spec_for(config.model).context_parallel
     if support is None:
         raise PlanError(f"{symbol}: {spec_for(config.model).title or config.model} cannot split its sequences "
