@@ -243,7 +243,9 @@ def test_auto_plans_a_pipeline_of_whole_machines_and_keeps_the_fastest_layout(tm
     assert plan.pipeline_parallel in (1, 2) and plan.predicted_samples_per_second
     both = make_plan(dataclasses.replace(config, tensor_parallel=0), h100, world_size=4, nodes=2).plan
     assert "AUTO (CONFIG_TP=0 and CONFIG_PP=0): TP " in both.reasons["tensor_parallel"]
-    assert all(f"TP {t} x PP {p}" in both.reasons["pipeline_parallel"] for t in (1, 2) for p in (1, 2))
+    assert all(f"TP {t} x PP {p}" in both.reasons["tensor_parallel"] for t in (1, 2) for p in (1, 2))
+    # said once, on the first row: the pipeline's points there
+    assert both.reasons["pipeline_parallel"] == "AUTO (CONFIG_TP=0 and CONFIG_PP=0): see the tensor parallel row"
     one = make_plan(config, resolve_hardware(gpu="h100", gpus=4), world_size=4).plan
     assert one.pipeline_parallel == 1 and one.reasons["pipeline_parallel"].startswith("AUTO")
 

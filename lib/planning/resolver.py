@@ -108,7 +108,11 @@ def _auto_layout(request: PlanRequest) -> Plan:
     how = "the fastest predicted that fits" if timed else "the least split that fits (step time unknown)"
     others = [summary(p) for p in plans if p is not best] + [f"{n}: {err}" for n, err in refused]
     why = f"AUTO ({symbols}): {summary(best)}, {how}" + (f"; {'; '.join(others)}" if others else "")
-    chosen = {field: why for field, _, _ in auto}
+    # the whole reason once, on the first row make plan shows; the other degrees' rows point there
+    first = next(field for field, _, _ in named)
+    row = {"tensor_parallel": "tensor parallel", "pipeline_parallel": "pipeline parallel",
+           "context_parallel": "context parallel"}[first]
+    chosen = {field: why if field == first else f"AUTO ({symbols}): see the {row} row" for field, _, _ in auto}
     return dataclasses.replace(best, reasons={**best.reasons, **chosen})
 
 
