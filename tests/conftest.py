@@ -22,7 +22,7 @@ LONGEST_FIRST = (
     "test_slurm_scheduler.py",
     "test_hyperparams.py", "test_report.py", "test_memory_replay.py", "test_hpo.py", "test_zoo.py", "test_llama.py",
     "test_validation.py", "test_planner.py", "test_kconfig_targets.py", "test_resume.py", "test_faults.py",
-    "test_cli.py", "test_llm_path.py", "test_multinode.py", "test_hpo_postgres.py", "test_llama_fsdp.py",
+    "test_cli.py", "test_llm_path.py", "test_multinode.py", "test_hpo_postgres.py", "test_llama_fsdp.py", "test_context_parallel.py", "test_layouts.py",
     "test_sharded_memory.py", "test_make_quoting.py", "test_cache_fuzz.py", "test_checkpoint_any_model.py",
     "test_freeze.py", "test_measured_memory.py", "test_trainer.py", "test_export.py", "test_api.py",
     "test_lr_finder.py", "test_checkpoint_validation.py", "test_metrics.py",

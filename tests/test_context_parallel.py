@@ -89,6 +89,19 @@ def long_llama(directory: Path, tokens: int, extra: str = "") -> kc.Config:
     return kc.read_config(directory / ".config")
 
 
+def test_a_small_llama_plans_a_context_parallel_group_on_gpus(tmp_path):
+    """The quick tier's plan: llama-tiny's 128 tokens over CP 2 on 4 simulated H100s (2 data-parallel groups of
+    2), traced at 64 tokens a process with the gathered keys and values beside it."""
+    config = kc.read_config(llama_config(tmp_path, "CONFIG_CP=2\n", device="AUTO"))
+    plan = make_plan(config, resolve_hardware(gpu="h100", gpus=4), world_size=4).plan
+    assert (plan.context_parallel, plan.data_parallel) == (2, 2)
+    assert plan.strategy != "ddp" and plan.split.text().endswith("x 2 context-parallel groups = 16")
+    assert plan.memory_breakdown["context_gather"] >= plan.micro_batch * 128 * 2 * 4 * 32 * 2
+    assert "64 each" in plan.reasons["context_parallel"]
+    assert "context parallelism over 2 processes" in plan.reasons["communication"]
+
+
+@pytest.mark.slow  # the 8B preset's traces at 8k and 32k tokens, cold: about 40 s
 def test_a_context_parallel_process_is_planned_at_its_share_of_the_context(tmp_path):
     """CP=4 on 8 H100s: each process traced at a quarter of the 32k context with the gathered keys and values
     beside it, FSDP over all 8 (2 data-parallel groups x 4), the ring's collectives in the step time."""
@@ -134,6 +147,7 @@ def test_the_plan_refuses_in_one_line_what_context_parallelism_cannot_split(tmp_
     assert one.context_parallel == 1 and "nothing to split" in one.reasons["context_parallel"]
 
 
+@pytest.mark.slow  # every degree's plan of the 8B preset at 8k and 32k tokens, cold: about 75 s
 def test_auto_splits_a_context_that_does_not_fit_whole_and_names_each_degree_s_speed(tmp_path):
     """CONFIG_CP=0: at 32k tokens the 8B preset does not fit whole on an H100, so AUTO splits the context and
     says why the unsplit layout lost; at 8k every degree plans, and the fastest predicted is kept among them."""

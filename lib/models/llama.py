@@ -2,7 +2,8 @@
 
 Pre-norm blocks with RMSNorm (torch.nn.RMSNorm), rotary position embeddings (no learned positions),
 grouped-query attention through scaled_dot_product_attention (`enable_gqa`: n_kv_head key/value heads
-shared by n_head query heads, never repeated in memory), a SwiGLU MLP, no biases anywhere, and the
+shared by n_head query heads, repeated in memory only under context parallelism: Attention.expand_kv), a
+SwiGLU MLP, no biases anywhere, and the
 output layer optionally tied to the token embedding. The blocks are an nn.ModuleList (`layers`), so
 lib/parallel.py's FSDP2 shards them one by one; `grad_checkpointing` recomputes each block in backward.
 """
