@@ -18,6 +18,7 @@ from lib.hyperparams import (
     ModelDescription, TierPolicy, apply_hyperparams, calculate_gradient_accumulation, resolve, summary_line,
 )
 from lib.planning.tiers import MEMORY_TIERS, MODEL_SCALE
+from lib.planning.decisions import refuse_slow_precision
 
 GIB = 2**30
 
@@ -212,6 +213,18 @@ def test_explicit_precision_and_flags(make_config):
                    resolve_hardware(gpu="h100"), ModelDescription("lenet5"))
     assert plan.precision == "fp16" and plan.grad_scaler and not plan.tf32 and not plan.cudnn_benchmark
     assert plan.num_workers == 3 and plan.pin_memory
+
+
+@pytest.mark.parametrize("base", ["lenet5", "resnet18"])
+def test_float16_convolutions_on_the_cpu_are_refused_in_one_line(make_config, base):
+    # no fast CPU kernel: ResNet-18 fp16 (randcheck seed 1918039788) did not finish two steps in 600 s
+    with pytest.raises(PlanError, match=r"CONFIG_PRECISION_FP16 on the CPU: .*convolutions.*"
+                                        r"select CONFIG_PRECISION_BF16 or CONFIG_PRECISION_AUTO") as err:
+        resolve(make_config("CONFIG_PRECISION_FP16=y\n", base), CPU, ModelDescription(base))
+    assert "\n" not in str(err.value)
+    # a GPU keeps them, and so does a CPU for models of linear layers (float16 matmuls run at float32's speed)
+    refuse_slow_precision(make_config("CONFIG_PRECISION_FP16=y\n", base), "cuda", "fp16")
+    refuse_slow_precision(make_config("CONFIG_PRECISION_FP16=y\n", "gpt2-tiny"), "cpu", "fp16")
 
 
 def test_resolve_is_pure(make_config):

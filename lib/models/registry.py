@@ -72,6 +72,11 @@ class ModelSpec:
     context_parallel: ContextParallel | None = None  # None: CONFIG_CP cannot split its sequences
 
     @property
+    def named(self) -> str:
+        """How messages name the family: its title, else its name."""
+        return self.title or self.name
+
+    @property
     def text(self) -> bool:
         """Whether it trains on text (tokens in, a token's logits out) rather than images."""
         return self.data == "text"
@@ -285,11 +290,11 @@ def _smaller(family: str) -> str:
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("lenet5", "images", supports_checkpointing=False, tier_scale=4.0, builder=_lenet5,
-              build_args=_image_args, shape_key=_image_key),
+              build_args=_image_args, shape_key=_image_key, title="LeNet-5"),
     ModelSpec("resnet18", "images", supports_checkpointing=True, tier_scale=2.0, builder=_resnet(18),
-              build_args=_image_args, shape_key=_image_key),
+              build_args=_image_args, shape_key=_image_key, title="ResNet-18"),
     ModelSpec("resnet50", "images", supports_checkpointing=True, tier_scale=1.5, builder=_resnet(50),
-              build_args=_image_args, shape_key=_image_key),
+              build_args=_image_args, shape_key=_image_key, title="ResNet-50"),
     ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2, build_args=_gpt2_args,
               block_size=lambda config: config.gpt2_block_size, smaller=_smaller("GPT2"),
               preset=lambda config: config.gpt2_preset, shape_key=_gpt2_key, from_weights=_gpt2_from_weights,

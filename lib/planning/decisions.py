@@ -53,6 +53,27 @@ def decide_precision(config: Config, device_type: str, gpu: GPUInfo | None) -> t
     return "fp32", "AUTO: float32 on the CPU"
 
 
+def refuse_slow_precision(config: Config, device_type: str, precision: str) -> None:
+    """A PlanError where the precision would train on torch's slow reference kernels: float16 convolutions on
+    the CPU (no fast CPU kernel in torch: a 64-channel 3x3 convolution's forward and backward measured some
+    200x slower than in float32 or bfloat16 on a 2-core Xeon with AVX512-FP16, LeNet-5's whole step 8x).
+    float16 linear layers and attention run at float32's speed there, so language models keep it."""
+    if device_type != "cpu" or precision != "fp16":
+        return
+    import torch
+
+    from ..models.registry import spec_for
+    from ..steptime.count import task_for
+
+    task = task_for(config)  # loaded outside the meta device: its data is real
+    with torch.device("meta"):
+        model = task.build(False)
+    if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()):
+        raise PlanError(f"CONFIG_PRECISION_FP16 on the CPU: {spec_for(config.model).named}'s "
+                        "convolutions have no fast float16 kernels there (a step runs several to hundreds of "
+                        "times slower than in float32): select CONFIG_PRECISION_BF16 or CONFIG_PRECISION_AUTO")
+
+
 def auto_detect_compile(config: Config, device_type: str, gpu: GPUInfo | None) -> tuple[bool, str | None, str]:
     """Whether to torch.compile, the mode, and why."""
     if config.compile_mode == "manual":
@@ -140,7 +161,7 @@ def decide_tensor_parallel(config: Config, world_size: int, nodes: int, *, float
                         "smaller CONFIG_TP")
     check = spec_for(config.model).tensor_parallel
     if check is None:
-        raise PlanError(f"{symbol}: {spec_for(config.model).title or config.model} states no tensor-parallel "
+        raise PlanError(f"{symbol}: {spec_for(config.model).named} states no tensor-parallel "
                         "plan (Llama does): set CONFIG_TP=1")
     problem = check.problem(config, degree)
     if problem:
@@ -189,7 +210,7 @@ def decide_pipeline(config: Config, world_size: int, tensor: int, *, precision: 
                         f"(or CONFIG_NPROC, NNODES=) to a multiple of {degree * tensor}, or another CONFIG_PP")
     spec = spec_for(config.model)
     if spec.pipeline is None:
-        raise PlanError(f"{symbol}: {spec.title or config.model} cannot be cut into pipeline stages (Llama can): "
+        raise PlanError(f"{symbol}: {spec.named} cannot be cut into pipeline stages (Llama can): "
                         "set CONFIG_PP=1")
     blocks, tied, _ = spec.pipeline(config)
     problem = pipeline_problem(blocks, degree, schedule, tied)
@@ -237,7 +258,7 @@ def decide_context_parallel(config: Config, world_size: int, nodes: int, tensor:
     symbol = f"CONFIG_CP={degree}"
     support = spec_for(config.model).context_parallel
     if support is None:
-        raise PlanError(f"{symbol}: {spec_for(config.model).title or config.model} cannot split its sequences "
+        raise PlanError(f"{symbol}: {spec_for(config.model).named} cannot split its sequences "
                         "(Llama can: its attention is torch's, its positions computed); set CONFIG_CP=1")
     tokens = support.shape(config)[0]
     problem = context_problem(tokens, degree)

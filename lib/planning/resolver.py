@@ -33,7 +33,7 @@ from . import ladder
 from .decisions import (auto_detect_compile, calculate_gradient_accumulation, decide_cudnn_benchmark, decide_device,
                         decide_float8, decide_gradient_sync, decide_pipeline, decide_precision, decide_tensor_parallel,
                         decide_tf32, pipeline_candidates, tensor_parallel_candidates, context_parallel_candidates,
-                        decide_context_parallel)
+                        decide_context_parallel, refuse_slow_precision)
 from .request import PlanRequest, Settings, settings_or_environment
 from .strategy import ChooseArgs, candidates as strategy_candidates, pick as pick_strategy
 from .throughput import choose_fastest, with_predictions
@@ -168,6 +168,7 @@ def _resolve(request: PlanRequest) -> Plan:
     gpu = hardware.primary_gpu if device_type in ("cuda", "mps") else None
     on_gpu = device_type == "cuda"
     precision, reasons["precision"] = decide_precision(config, device_type, gpu)
+    refuse_slow_precision(config, device_type, precision)
     float8, reasons["float8"] = decide_float8(config, device_type, gpu)
     compile_on, compile_mode, reasons["compile"] = auto_detect_compile(config, device_type, gpu)
     tf32, reasons["tf32"] = decide_tf32(config, gpu, on_gpu)
