@@ -146,11 +146,14 @@ class Summary:
     memory_checks: int = 0
     failures: list[Outcome] = field(default_factory=list)
     tracebacks: int = 0
+    plan_seconds: float = 0.0  # where the time went: drawing and planning, then training and measuring
+    train_seconds: float = 0.0
 
     def line(self, seconds: float) -> str:
         return (f"randcheck: draws={self.draws} targets={self.targets} plans={self.plans} "
                 f"refusals={self.refusals} trainings={self.trainings} memory_checks={self.memory_checks} "
-                f"tracebacks={self.tracebacks} failures={len(self.failures)} seconds={seconds:.0f}")
+                f"tracebacks={self.tracebacks} failures={len(self.failures)} seconds={seconds:.0f} "
+                f"(planning {self.plan_seconds:.0f}, training {self.train_seconds:.0f})")
 
 
 def draw(seed: int, out: Path) -> Draw:
@@ -409,15 +412,20 @@ def run(seeds: list[int], *, train: int, jobs: int = 2, log: Callable[[str], Non
             log(f"{seed:>10}  {d.label[:42]:<42} " + " ".join(f"{c:>8}" for c in cells))
             if outcomes[0].ok and not outcomes[0].detail.startswith("refused"):
                 trainable.append(d)
+        summary.plan_seconds = time.perf_counter() - start
         for d in trainable[:train]:
             for processes in (1, 2):
+                began = time.perf_counter()
                 o = train_draw(d, processes, workdir)
+                took = time.perf_counter() - began
                 summary.trainings += 1
                 summary.tracebacks += o.detail.startswith("traceback")
                 summary.memory_checks += o.memory is not None
-                log(f"{d.seed:>10}  {d.label[:42]:<42} train x{processes}: {'ok' if o.ok else 'FAIL'} {o.detail[:90]}")
+                log(f"{d.seed:>10}  {d.label[:42]:<42} train x{processes}: {'ok' if o.ok else 'FAIL'} "
+                    f"{o.detail[:90]} ({took:.0f} s)")
                 if not o.ok:
                     summary.failures.append(o)
+    summary.train_seconds = time.perf_counter() - start - summary.plan_seconds
     for f in summary.failures:
         log(f"FAIL seed {f.seed} {f.what}: {f.detail}\n  reproduce: {f.reproduce}")
     log(summary.line(time.perf_counter() - start))

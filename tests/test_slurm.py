@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lib import distributed
 from lib.cli.invocation import Invocation
-from lib.cli.slurm import expand_hostlist, slurm_variables, with_slurm
+from lib.cli.slurm import expand_hostlist, first_host, slurm_variables, with_slurm
 from lib.errors import KfitError
 
 JOB = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
@@ -16,12 +17,27 @@ JOB = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1",
 
 
 def test_host_lists_expand_as_scontrol_prints_them():
-    assert expand_hostlist("gpu[01-03,07],login") == ["gpu01", "gpu02", "gpu03", "gpu07", "login"]
-    assert expand_hostlist("node9") == ["node9"]
-    assert expand_hostlist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
-    for bad in ("gpu[01-03", "gpu[x]", "gpu]01["):
-        with pytest.raises(KfitError, match="SLURM"):
-            expand_hostlist(bad)
+    assert list(expand_hostlist("gpu[01-03,07],login")) == ["gpu01", "gpu02", "gpu03", "gpu07", "login"]
+    assert list(expand_hostlist("node9")) == ["node9"]
+    assert list(expand_hostlist("a[8-10]-ib")) == ["a8-ib", "a9-ib", "a10-ib"]
+    for bad in ("gpu[01-03", "gpu[x]", "gpu]01[", "gpu[9-1]", "a,b[1-2],c[x]", ","):
+        with pytest.raises(KfitError, match="SLURM") as err:
+            list(expand_hostlist(bad)) if bad != "," else first_host(bad)
+        assert "\n" not in str(err.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(prefix=st.text("abgpu-", min_size=1, max_size=4), first=st.integers(0, 10**30),
+       span=st.integers(0, 10**30), width=st.integers(1, 40), tail=st.text(max_size=30))
+def test_the_rendezvous_host_comes_at_once_from_any_range_and_bad_text_is_one_line(prefix, first, span, width, tail):
+    """The first host of a range of up to 10^30 names, without walking it (a list of billions had been built
+    whole); any text after it is checked, and a mistake is one line with the value escaped and cut."""
+    listed = f"{prefix}[{first:0{width}d}-{first + span}]"
+    assert first_host(listed) == f"{prefix}{first:0{width}d}"
+    try:
+        first_host(listed + "," + tail)
+    except KfitError as err:
+        assert "\n" not in str(err) and len(str(err)) < 1200
 
 
 def test_a_slurm_job_sets_nodes_rank_and_host_unless_the_user_did():

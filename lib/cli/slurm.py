@@ -5,46 +5,68 @@ and MASTER_ADDR=. Anything the user sets explicitly wins."""
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from ..errors import KfitError
+from ..redact import shown
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-def expand_hostlist(text: str) -> list[str]:
+def expand_hostlist(text: str) -> Iterator[str]:
     """SLURM's compressed host list as host names: 'gpu[01-03,07],login' -> gpu01, gpu02, gpu03, gpu07, login
-    (zero padding kept, as `scontrol show hostnames` prints them)."""
-    hosts, depth, part = [], 0, ""
+    (zero padding kept, as `scontrol show hostnames` prints them). The whole list is checked first, in one pass
+    over its text; the names come one at a time, so a range of billions costs nothing until it is walked."""
+    parts = [_parsed(part, text) for part in _parts(text)]
+    for prefix, ranges, suffix in parts:
+        for first, last, width in ranges:
+            yield from (f"{prefix}{n:0{width}d}{suffix}" for n in range(first, last + 1)) if width else (prefix,)
+
+
+def first_host(text: str) -> str:
+    """The first host of SLURM's host list (the rendezvous host), the list checked whole."""
+    host = next(expand_hostlist(text), None)
+    if host is None:
+        raise KfitError(f"SLURM_JOB_NODELIST={shown(text)} names no host")
+    return host
+
+
+def _parts(text: str) -> list[str]:
+    """The comma-separated entries outside brackets."""
+    parts, depth, part = [], 0, ""
     for char in text.strip() + ",":
         if char == "," and depth == 0:
             if part:
-                hosts.extend(_expand_one(part))
+                parts.append(part)
             part = ""
             continue
         depth += {"[": 1, "]": -1}.get(char, 0)
         if depth < 0 or depth > 1:
-            raise KfitError(f"SLURM_JOB_NODELIST={text!r}: unbalanced brackets")
+            raise KfitError(f"SLURM_JOB_NODELIST={shown(text)}: unbalanced brackets")
         part += char
     if depth:
-        raise KfitError(f"SLURM_JOB_NODELIST={text!r}: unbalanced brackets")
-    return hosts
+        raise KfitError(f"SLURM_JOB_NODELIST={shown(text)}: unbalanced brackets")
+    return parts
 
 
-def _expand_one(part: str) -> list[str]:
+def _parsed(part: str, text: str) -> tuple[str, list[tuple[int, int, int]], str]:
+    """(prefix, [(first, last, digits)], suffix) of one entry; a plain name is (name, [(0, 0, 0)], "")."""
     if "[" not in part:
-        return [part]
+        return part, [(0, 0, 0)], ""
     prefix, _, rest = part.partition("[")
     inside, _, suffix = rest.partition("]")
-    names = []
+    ranges = []
     for item in inside.split(","):
         match = _RANGE.match(item)
         if match is None:
-            raise KfitError(f"SLURM host list item {item!r} in {part!r} is not a number or a range")
+            raise KfitError(f"SLURM host list item {shown(item)} in SLURM_JOB_NODELIST={shown(text)} is not a "
+                            "number or a range")
         first, last = match.group(1), match.group(2) or match.group(1)
-        width = len(first)
-        names += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(first), int(last) + 1)]
-    return names
+        if int(last) < int(first):
+            raise KfitError(f"SLURM host list range {shown(item)} in SLURM_JOB_NODELIST={shown(text)} runs "
+                            "backwards")
+        ranges.append((int(first), int(last), len(first)))
+    return prefix, ranges, suffix
 
 
 def gpus_per_node(env: Mapping[str, str]) -> str | None:
@@ -81,7 +103,7 @@ def slurm_variables(env: Mapping[str, str]) -> dict[str, str]:
         if env.get("SLURM_NODEID") is not None:
             found["NODE_RANK"] = env["SLURM_NODEID"]
         if listed:
-            found["MASTER_ADDR"] = expand_hostlist(listed)[0]
+            found["MASTER_ADDR"] = first_host(listed)
     return found
 
 
