@@ -6,8 +6,25 @@ problem and the fix, and exits with status 2 without a traceback.
 """
 
 
+# The longest message kfit shows: one that quotes a user's value whole (a 100,000-character GPU=) is cut in its
+# middle, where the value is, keeping its start (what is wrong) and its end (the fix)
+MESSAGE_LIMIT = 1000
+
+
+def cut_middle(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text`, or its start and end with how much was cut between them where it is longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    head = tail = limit * 2 // 5
+    return f"{text[:head]} ... ({len(text) - head - tail:,} characters cut) ... {text[-tail:]}"
+
+
 class KfitError(Exception):
-    """An error caused by input the user can fix."""
+    """An error caused by input the user can fix. Its message is cut to MESSAGE_LIMIT characters however it is
+    shown (the CLI's error line, a script's traceback, a log), so a value of megabytes is never echoed whole."""
+
+    def __str__(self) -> str:
+        return cut_middle(super().__str__())
 
 
 class ConfigError(KfitError):

@@ -165,3 +165,19 @@ def test_redaction_takes_time_in_proportion_to_the_line(tmp_path):
         "    redact(unit * (size // len(unit)))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["ConfigError", "PlanError", "HardwareError", "DataError", "KfitError"]),
+       head=st.text(max_size=50), size=st.integers(0, 300_000), tail=st.text(max_size=50))
+def test_an_error_quoting_a_huge_value_is_cut_however_it_is_shown(kind, head, size, tail):
+    """A script's traceback, a log or the CLI's line: a KfitError's message keeps its start (what is wrong) and
+    its end (the fix) and says how much it cut, so a value of megabytes (model_type=, a path) is never echoed
+    whole by the Python API either."""
+    from lib import errors
+
+    message = f"{head}value={'A' * size!r}: {tail}"
+    text = str(getattr(errors, kind)(message))
+    assert len(text) <= errors.MESSAGE_LIMIT + 40
+    assert text == message or (text.startswith(message[:400]) and text.endswith(message[-400:])
+                               and f"({len(message) - 800:,} characters cut)" in text)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import config as kconfig
 from ..env import env_number
-from ..errors import KfitError
+from ..errors import MESSAGE_LIMIT, KfitError, cut_middle
 
 if TYPE_CHECKING:
     from .invocation import Invocation
@@ -42,20 +42,15 @@ def os_refusal(err: OSError) -> str:
     return f"{shown(err.filename, 160)}: {err.strerror or 'refused'}; {OS_REFUSALS[err.errno]}"
 
 
-# The longest error line kfit prints: a message that quotes a user's value whole (a 100,000-character GPU=)
-# is cut in its middle, where the value is, keeping its start (what is wrong) and its end (the fix)
-ERROR_LINE_LIMIT = 1000
+ERROR_LINE_LIMIT = MESSAGE_LIMIT
 
 
 def error_line(message: str, limit: int = ERROR_LINE_LIMIT) -> str:
-    """`message` as one line of at most about `limit` characters (control characters escaped)."""
-    from ..redact import shown
+    """`message` as one line: cut in its middle past `limit` characters (errors.cut_middle), then escaped and
+    redacted (redact.shown's treatment: never an extra line, an escape code or a secret)."""
+    from ..redact import escaped, redact
 
-    if len(message) <= limit:
-        return shown(message, limit)
-    head, tail = limit * 2 // 5, limit * 2 // 5
-    return (f"{shown(message[:head], head)} ... ({len(message) - head - tail:,} characters cut) ... "
-            f"{shown(message[-tail:], tail)}")
+    return redact(escaped(cut_middle(message, limit)))
 
 
 def run_main(main: Callable[[], int | None]) -> int:
