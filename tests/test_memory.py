@@ -19,7 +19,7 @@ from lib.memory import (
     trace_step, training_steps,
 )
 from lib.memory import workspace
-from lib.memory.predict import HOST_HEAP_BYTES
+from lib.memory.trace import autograd_nodes
 from lib.memory.workspace import cpu_conv_path
 from lib.step import autocast_for
 from lib.task import load_task
@@ -129,7 +129,13 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def test_device_overheads_are_named_and_only_the_host_heap_on_cpu(predictor, configs):
     trace = peak(predictor, configs["gpt2-tiny"], 8).trace
-    assert device_overheads(trace, "cpu") == {"host_heap": HOST_HEAP_BYTES}
+    # the C heap grows with the forward's autograd graph (T5's 427 nodes held 0.9 MiB beyond the tensors,
+    # 3.5x the fixed 256 KiB it had): the fake trace counts the graph a real forward builds
+    task = load_task(configs["gpt2-tiny"])
+    x, y = task.example_batch(8)
+    real = autograd_nodes(task.loss(task.build(False)(x), y))
+    assert trace.autograd_nodes == real > 100
+    assert device_overheads(trace, "cpu") == {"host_heap": 2048 * real}
     assert device_overheads(trace, "mps") == {}
     cuda = device_overheads(trace, "cuda")
     assert set(cuda) == {"blas_workspace", "attention_workspace", "allocator_fragmentation"}
@@ -159,7 +165,7 @@ def test_cuda_terms_follow_the_allocator_setting_and_checkpointing(predictor, co
     batch = lenet.breakdown["batch"]
     assert device_overheads(lenet, "cuda", precision="fp32")["cudnn_benchmark"] == 3 * batch
     assert device_overheads(lenet, "cuda", precision="bf16")["cudnn_benchmark"] == int(1.5 * batch)
-    assert device_overheads(lenet, "cpu") == {"host_heap": HOST_HEAP_BYTES}  # the CPU path has no device terms
+    assert set(device_overheads(lenet, "cpu")) == {"host_heap"}  # the CPU path has no device terms
 
 
 def test_kfit_turns_on_expandable_segments_unless_the_user_set_the_allocator(monkeypatch):

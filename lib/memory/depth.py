@@ -119,7 +119,8 @@ def scaled(shallow: tuple[Trace, Trace], layers: int, depths: tuple[int, int] = 
              else max(a.allocator_holes, b.allocator_holes))
     return replace(b, peak_bytes=top["peak_bytes"], breakdown=top["breakdown"],
                    parameters=round(at(a.parameters, b.parameters)), seconds=a.seconds + b.seconds,
-                   allocator_holes=holes, segments=segments, forward_segment=forward)
+                   allocator_holes=holes, segments=segments, forward_segment=forward,
+                   autograd_nodes=max(0, round(at(a.autograd_nodes, b.autograd_nodes))))
 
 
 __all__ = ["MIN_LAYERS", "SHALLOW", "SHALLOW_SHARDED", "at_depth", "depth_of", "line", "scaled", "shallow_depths"]

@@ -4,10 +4,14 @@ The trace already holds what kernels allocate inside an op (workspace.kernel_wor
 oneDNN's reorders and im2col's column buffers of CPU convolutions, CPU type
 promotion copies, cuDNN's workspace. Device overheads beyond it:
   CPU (RSS, what runs out on a CPU, measured by make bench-memory):
-  host_heap              256 KiB: the step's autograd graph, tensor metadata and
-                          Python objects live in the C heap and pymalloc, outside
-                          the tensor allocator: RSS grew 0-0.4 MiB more than the
-                          allocator's peak over the bench's 42 cases.
+  host_heap              2 KiB a node of the forward's autograd graph, at least
+                          256 KiB: the graph, tensor metadata and Python objects
+                          live in the C heap and pymalloc, outside the tensor
+                          allocator. RSS grew 0-1.0 MiB more than the allocator's
+                          peak in the bench, in step with the graph: 1.8-2.6 KiB
+                          a node for T5 (427-512 nodes: 0.7-0.9 MiB whatever the
+                          batch), Llama (399: 0.5-1.0 MiB with checkpointing),
+                          GPT-2 (187: 0.3), under 0.3 MiB for graphs of 27-170 nodes.
   RSS follows this only in a process whose C heap hands freed tensors back
   (lib.hardware.allocator.return_freed_memory): with glibc's defaults the heap
   keeps them, and RSS grew 12-102% above the prediction (no fixed share: glibc's
@@ -107,7 +111,13 @@ from ..models.registry import label as model_label
 if TYPE_CHECKING:
     from .measured import MeasuredFit
 
-HOST_HEAP_BYTES = 256 * 1024
+HOST_HEAP_BYTES = 256 * 1024  # the least (module docstring)
+HOST_HEAP_NODE_BYTES = 2 * 1024
+
+
+def host_heap(trace: Trace) -> int:
+    """What a CPU step holds in the C heap beside its tensors: in step with its autograd graph (docstring)."""
+    return max(HOST_HEAP_BYTES, HOST_HEAP_NODE_BYTES * trace.autograd_nodes)
 SHARDED_HOST_HEAP_BYTES = 512 * 1024  # beyond HOST_HEAP_BYTES, a sharded step on a CPU (module docstring)
 BLAS_WORKSPACE_BYTES = 32 * MiB  # per cuBLAS handle
 BLAS_HANDLES = 2  # the forward's thread and the autograd engine's device thread
@@ -136,7 +146,7 @@ def device_overheads(trace: Trace, device_type: str, compile_mode: str | None = 
     CUDA allocator uses expandable segments (default: lib.hardware.allocator's answer for this process);
     `precision`: the step's (bf16 and fp16 autocast keep a cast cache and halve cuDNN's workspaces)."""
     if device_type == "cpu":
-        return {"host_heap": HOST_HEAP_BYTES}
+        return {"host_heap": host_heap(trace)}
     if device_type != "cuda" or "measured" in trace.features:  # a measured reserved peak holds them all
         return {}
     act, tmp = trace.breakdown["activations"], trace.breakdown["temporaries"]

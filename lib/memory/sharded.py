@@ -322,4 +322,5 @@ def trace_sharded_step(task, config: Config, *, batch: int, precision: str, devi
     return Trace(batch=batch, peak_bytes=total, breakdown=breakdown, parameters=parameters,
                  features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start,
                  segments=tuple(dict(zip(("peak_bytes", "breakdown"), breakdown_of(snap)))
-                                for _, snap in segments.peaks), forward_segment=segments.forward_index)
+                                for _, snap in segments.peaks), forward_segment=segments.forward_index,
+                 autograd_nodes=segments.autograd_nodes)

@@ -90,6 +90,9 @@ class Trace:
     # which of `segments` ends with the first forward (what one micro-batch's forward leaves saved for its
     # backward: a pipeline stage holds that for each micro-batch in flight); None where not recorded
     forward_segment: int | None = None
+    # the autograd graph's nodes after one forward (each holds C++ objects outside the tensor allocator: the
+    # CPU's host_heap term, predict.py); 0 where not counted
+    autograd_nodes: int = 0
 
     def to_json(self) -> dict:
         return {**self.__dict__, "features": list(self.features), "segments": list(self.segments)}
@@ -97,6 +100,17 @@ class Trace:
     @classmethod
     def from_json(cls, d: dict) -> "Trace":
         return cls(**{**d, "features": tuple(d["features"]), "segments": tuple(d.get("segments", ()))})
+
+
+def autograd_nodes(loss: torch.Tensor | None) -> int:
+    """The nodes of the autograd graph behind `loss` (0 without one)."""
+    seen, stack = set(), [getattr(loss, "grad_fn", None)]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return len(seen)
 
 
 class SegmentPeaks:
@@ -129,11 +143,15 @@ class SegmentPeaks:
 
     forward_index: int | None = None  # the stretch that ended with the first forward (Trace.forward_segment)
 
-    def forward_end(self) -> None:
-        """end(), marking the stretch it closes as the first forward's end (once)."""
+    autograd_nodes = 0  # the first forward's graph (Trace.autograd_nodes)
+
+    def forward_end(self, loss: torch.Tensor | None = None) -> None:
+        """end(), marking the stretch it closes as the first forward's end (once), and counting the autograd
+        graph that forward built from `loss`."""
         self.end()
         if self.forward_index is None and self.peaks:
             self.forward_index = len(self.peaks) - 1
+            self.autograd_nodes = autograd_nodes(loss)
 
     def end(self) -> None:
         t = self.tracker
@@ -169,7 +187,7 @@ def step_optimizer(config: Config, model: torch.nn.Module, device_type: str) -> 
 def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: float, foreach: bool,
                    before_each: Callable[[], None] | None = None, forward_loss: Callable | None = None,
                    segment_end: Callable[[], None] | None = None,
-                   forward_end: Callable[[], None] | None = None) -> None:
+                   forward_end: Callable[[torch.Tensor], None] | None = None) -> None:
     """The traced (and, in bench_memory, measured) sequence: two steps, the second accumulating. `forward_loss`
     (x, y -> loss: lib/step.py's, compiled) runs in place of `loss_fn(model(x), y)` where given; `segment_end`
     is called after each forward, backward and optimizer step (SegmentPeaks.end). The loss and its backward
@@ -178,7 +196,8 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
     from .autocast import step_casts
 
     end = segment_end or (lambda: None)
-    after_forward = forward_end or end  # SegmentPeaks.forward_end: marks where the saved activations stand
+    # SegmentPeaks.forward_end(loss): marks where the saved activations stand, and counts the graph
+    after_forward = forward_end or (lambda loss: end())
     with step_casts(autocast):  # a traced step's casts reach the recompute in backward (TracedAutocast)
         for _ in range(2):
             if before_each:
@@ -186,7 +205,7 @@ def training_steps(model, optimizer, loss_fn, x, y, *, autocast, grad_clip: floa
             with loss_context(model):
                 with autocast:
                     loss = forward_loss(x, y) if forward_loss else loss_fn(model(x), y)
-                after_forward()
+                after_forward(loss)
                 loss.backward()
                 del loss
             end()
@@ -338,4 +357,4 @@ def trace_step(task, config: Config, *, batch: int, precision: str, device_type:
                  features=features, eval_samples=len(task.eval), seconds=time.perf_counter() - start,
                  allocator_holes=holes, segments=tuple(
                      dict(zip(("peak_bytes", "breakdown"), breakdown_of(snap))) for _, snap in segments.peaks),
-                 forward_segment=segments.forward_index)
+                 forward_segment=segments.forward_index, autograd_nodes=segments.autograd_nodes)
