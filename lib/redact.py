@@ -77,6 +77,15 @@ def escaped(value: object) -> str:
     return "".join(map(_escaped_char, text))
 
 
+def visible_text(text: str) -> str:
+    """Text kfit prints as text of several lines (a generated sample): its line breaks and tabs kept, every
+    other control or format character escaped as `escaped` shows it, so a model's output (or a prompt) can
+    never send a terminal an escape sequence or hide what it says."""
+    if text.isprintable():
+        return text
+    return "\n".join("\t".join(escaped(piece) for piece in line.split("\t")) for line in text.split("\n"))
+
+
 def shown(value: object, limit: int = LIMIT) -> str:
     """A user's value for a message: escaped (`escaped`: never an extra line, a terminal's escape or an invisible
     character), redacted, and cut to `limit` characters with how much more there was."""

@@ -181,3 +181,18 @@ def test_an_error_quoting_a_huge_value_is_cut_however_it_is_shown(kind, head, si
     assert len(text) <= errors.MESSAGE_LIMIT + 40
     assert text == message or (text.startswith(message[:400]) and text.endswith(message[-400:])
                                and f"({len(message) - 800:,} characters cut)" in text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet=st.characters(codec="utf-8"), max_size=12), hidden_chars,
+                          st.sampled_from(["\n", "\t", "\x1b[2J", "\x1b]0;title\x07", "\u202e"])), max_size=12))
+def test_sample_text_keeps_its_lines_and_tabs_and_shows_every_other_control(pieces):
+    """make sample prints a model's output as text: line breaks and tabs stay what they are; an escape code, a
+    right-to-left override or a lone surrogate (a model trained on any bytes may emit them) is shown escaped."""
+    from lib.redact import visible_text
+
+    text = "".join(pieces)
+    out = visible_text(text)
+    assert out.count("\n") == text.count("\n") and out.count("\t") == text.count("\t")
+    assert not any(unicodedata.category(c) in HIDDEN for c in out.replace("\n", "").replace("\t", "")), ascii(out)
+    assert visible_text("a\tb\nc") == "a\tb\nc" and visible_text("x\x1b[31my") == "x\\x1b[31my"

@@ -20,6 +20,7 @@ from .common import ensure_config, hardware_from_env
 from .. import config as kconfig
 from ..env import env_number, env_text, env_utf8
 from ..errors import KfitError
+from ..redact import visible_text
 from .flags import command
 from .invocation import SET_VARIABLE, Invocation
 from .slurm import with_slurm
@@ -297,7 +298,7 @@ def cmd_sample(args) -> int:
     text, about = sample(run, prompt, **settings)
     step = f" at step {about['step']}" if about["step"] is not None else ""
     print(f"# {about.get('model', 'gpt2')} {about['preset']}{step}, {about['tokenizer']}, on {about['device']}", file=sys.stderr)
-    print(prompt + text)
+    print(visible_text(prompt + text))  # a model's output is data: no escape sequence reaches the terminal
     return 0
 
 
