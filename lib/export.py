@@ -30,6 +30,7 @@ import torch
 from . import checkpoint
 from .data.run_tokenizer import HASH_FILE, TOKENIZER_FILE, choose_tokenizer, hash_record, sha256_hex
 from .errors import KfitError
+from .redact import shown
 from .fileio import UnsafeFileError, refuse_linked_components, write_atomic
 
 MODEL_FILE = "model.safetensors"
@@ -40,13 +41,13 @@ def checkpoint_of(run: Path) -> Path:
     run = Path(run)
     if run.is_file() or checkpoint.is_sharded_checkpoint(run):
         if not run.exists():
-            raise KfitError(f"{run} does not exist")
+            raise KfitError(f"{shown(run)} does not exist")
         return run
     if not run.is_dir():
-        raise KfitError(f"RUN={run}: no such run directory or checkpoint (runs are under CONFIG_OUTPUT_DIR)")
+        raise KfitError(f"RUN={shown(run)}: no such run directory or checkpoint (runs are under CONFIG_OUTPUT_DIR)")
     found = checkpoint.finished_checkpoint(run) or next((p for _, p in checkpoint.periodic_checkpoints(run)), None)
     if found is None:
-        raise KfitError(f"{run} holds no checkpoint: it is not a run directory, or the run saved none yet")
+        raise KfitError(f"{shown(run)} holds no checkpoint: it is not a run directory, or the run saved none yet")
     return found
 
 
@@ -54,11 +55,11 @@ def read_checkpoint(path: Path) -> dict:
     try:
         state = checkpoint.load_checkpoint(path, verify=True)  # a damaged file is never exported or started from
     except checkpoint.DamagedCheckpoint as err:
-        raise KfitError(f"{path} is damaged ({err}): name another checkpoint of the run") from None
+        raise KfitError(f"{shown(path)} is damaged ({err}): name another checkpoint of the run") from None
     except Exception as err:  # noqa: BLE001 - any unreadable checkpoint is the user's file to fix
-        raise KfitError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
+        raise KfitError(f"{shown(path)} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
     if not isinstance(state, dict) or not (state.get("sharded") or isinstance(state.get("model"), dict)):
-        raise KfitError(f"{path} is not a kfit checkpoint (it holds no model state)")
+        raise KfitError(f"{shown(path)} is not a kfit checkpoint (it holds no model state)")
     return state
 
 
@@ -137,7 +138,7 @@ def _settled(run: Path) -> tuple[Path, dict]:
         try:
             state = read_checkpoint(path)
             if not isinstance(state.get("config"), str) or not isinstance(state.get("plan"), dict):
-                raise KfitError(f"{path} is not a kfit checkpoint (it holds no config and plan): export a checkpoint "
+                raise KfitError(f"{shown(path)} is not a kfit checkpoint (it holds no config and plan): export a checkpoint "
                                 "kfit wrote")
             return path, state
         except KfitError:
