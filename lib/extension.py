@@ -69,7 +69,7 @@ def extend(run_dir: Path, *, epochs: int | None, steps: int | None, log=print) -
         progress, saved_text = state["progress"], state["config"]
         step, epoch, window = int(progress["step"]), int(progress["epoch"]), int(progress["window_size"])
         fileio.refuse_link(run_dir / "config")
-        run_text = (run_dir / "config").read_text()
+        run_text = fileio.read_text(run_dir / "config")
     except (OSError, KeyError, TypeError, ValueError, RuntimeError, UnicodeDecodeError) as err:
         raise KfitError(f"{what}: its final checkpoint {final.name} or config cannot be read "
                         f"({type(err).__name__}: {' '.join(str(err).split())[:120]}): extend another run, or "

@@ -275,6 +275,11 @@ def read_bytes(path: Path | str, *, follow_symlinks: bool = True) -> bytes:
     return _read_all(fd)
 
 
+def read_text(path: Path | str, *, follow_symlinks: bool = True, errors: str = "strict") -> str:
+    """A regular file's text (UTF-8), as read_bytes reads it: never blocking on a FIFO or reading a device."""
+    return read_bytes(path, follow_symlinks=follow_symlinks).decode("utf-8", errors)
+
+
 def _read_all(fd: int) -> bytes:
     with os.fdopen(fd, "rb") as f:
         return f.read()

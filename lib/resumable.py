@@ -144,7 +144,7 @@ def note_other_config(runs: list[Path], config_text: str, log=print) -> None:
             config = run_dir / "config"
             if not saved or finished_checkpoint(run_dir) or not config.is_file() or config.is_symlink():
                 continue
-            differences = identity_differences(config.read_text(), config_text)
+            differences = identity_differences(fileio.read_text(config), config_text)
             when = saved[0][1].stat().st_mtime
         except (OSError, UnicodeDecodeError):
             continue
@@ -154,7 +154,7 @@ def note_other_config(runs: list[Path], config_text: str, log=print) -> None:
         _, run_dir, differences = newest
         more = f"; {len(differences) - 3} more" if len(differences) > 3 else ""
         try:
-            settings = one_off_settings((run_dir / "config").read_text(), config_text)
+            settings = one_off_settings(fileio.read_text(run_dir / "config", follow_symlinks=False), config_text)
         except (OSError, UnicodeDecodeError):
             settings = None
         how = (f"make train {' '.join(shlex.quote(s) for s in settings)}" if settings and len(settings) <= 3 else
@@ -175,7 +175,7 @@ def resumable_since(run_dir: Path, identity: list[str], effective_batch: int, ru
         return None
     try:
         fileio.refuse_link(config)
-        config_text = config.read_text()
+        config_text = fileio.read_text(config)
     except (OSError, UnicodeDecodeError) as err:
         why = ("not a regular file" if isinstance(err, fileio.UnsafeFileError) else
                err.strerror if isinstance(err, OSError) else "not UTF-8 text")

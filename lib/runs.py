@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from . import fileio
 from .errors import KfitError
 
 # What a run writes as it goes: the newest of these is when it was last written
@@ -22,7 +23,7 @@ _MODEL = re.compile(r"^CONFIG_MODEL_([A-Z0-9_]+)=y$", re.M)
 def run_model(run_dir: Path) -> str | None:
     """The model a run trained (its config's CONFIG_MODEL_ choice, lower case), None when unreadable."""
     try:
-        found = _MODEL.search((run_dir / "config").read_text(errors="replace"))
+        found = _MODEL.search(fileio.read_text(run_dir / "config", errors="replace"))
     except OSError:
         return None
     return found.group(1).lower() if found else None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from . import fileio
 from .errors import KfitError
 
 BYTE_VOCAB = 256
@@ -112,7 +113,7 @@ def load_run_model(run: Path) -> tuple[torch.nn.Module, dict]:
         if not config_file.is_file():
             raise KfitError(f"{run}: no config beside it ({config_file}); sample from the run directory, or keep "
                             "the files make export wrote together")
-        weights, config_text, step = load_exported(run), config_file.read_text(), None
+        weights, config_text, step = load_exported(run), fileio.read_text(config_file), None
     else:
         try:
             path = checkpoint_of(run)

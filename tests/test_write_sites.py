@@ -95,6 +95,64 @@ def test_every_write_in_lib_goes_through_the_file_layer():
     assert not stale, f"WRITES_ELSEWHERE allows more writes than these files hold (lower the counts): {stale}"
 
 
+# file -> (how many direct reads it may hold, why each is safe): a read outside fileio.read_bytes / read_text
+# opens what is there, and a FIFO planted in a run or data directory blocked kfit for ever (a corpus's meta.json)
+READS_ELSEWHERE = {
+    "lib/fileio.py": (None, "the layer itself"),
+    "lib/__init__.py": (1, "the checkout's own pyproject.toml"),
+    "lib/cli/__init__.py": (1, "the checkout's own options.pyi"),
+    "lib/checkpoint.py": (3, "torch.load and zipfile of a checkpoint the resume search found a regular file"),
+    "lib/config/kconfig.py": (2, "a config checked a regular file first (require_config_file); kconfiglib's own "
+                                 "output in a private TemporaryDirectory"),
+    "lib/config/operations.py": (4, "a config checked a regular file first (require_config_file, _same_bytes' "
+                                    "is_file); kconfiglib's output in a private TemporaryDirectory"),
+    "lib/data/text.py": (1, "np.fromfile of a token file read_bin checked a regular file first"),
+    "lib/data/tokenized.py": (1, "np.fromfile of the shards make data wrote in its own .shards directory"),
+    "lib/export.py": (1, "torch.load of DCP's consolidation in a private TemporaryDirectory"),
+    "lib/hardware/catalog.py": (1, "the checkout's own GPU catalog"),
+    "lib/hardware/details.py": (1, "a /sys file of the kernel's"),
+    "lib/memory/cache.py": (1, "kfit's own source files, hashed"),
+    "lib/steptime/count.py": (1, "kfit's own source files, hashed"),
+    "lib/memory/measured.py": (2, "a child's result in a private TemporaryDirectory"),
+    "lib/randcheck.py": (2, "a run randcheck made in its own TemporaryDirectory"),
+    "lib/trainer/resume.py": (1, "the config file the user named, already read by the strict reader"),
+    "lib/trainer/rundir.py": (2, "a tokenizer checked a regular file first (corpus_tokenizer, is_file and not a "
+                                 "link)"),
+    **{f"lib/validation/{name}": (n, "a validation run's own output in its OUT directory or a temporary one")
+       for name, n in (("budget.py", 2), ("fsdp_check.py", 2), ("measure.py", 1), ("report.py", 1),
+                       ("steptime_check.py", 1), ("torchrun.py", 1))},
+}
+
+
+def read_calls(tree: ast.AST) -> list[ast.Call]:
+    """Calls that open a file to read it: Path.read_text/read_bytes (not fileio's), np.fromfile/memmap,
+    zipfile.ZipFile, torch.load."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+            if node.func.attr in ("read_text", "read_bytes") and owner != "fileio" or \
+                    (owner, node.func.attr) in (("np", "fromfile"), ("np", "memmap"), ("zipfile", "ZipFile"),
+                                                ("torch", "load")):
+                found.append(node)
+    return found
+
+
+def test_every_read_in_lib_goes_through_the_file_layer_or_says_why_not():
+    unexpected, counts = [], {}
+    for path in sorted((ROOT / "lib").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        calls = read_calls(ast.parse(path.read_text()))
+        if calls:
+            counts[rel] = len(calls)
+            allowed = READS_ELSEWHERE.get(rel)
+            if allowed is None or (allowed[0] is not None and len(calls) > allowed[0]):
+                unexpected += [f"{rel}:{c.lineno}" for c in calls]
+    assert not unexpected, f"reads that bypass lib/fileio.py (use fileio.read_bytes or read_text): {unexpected}"
+    stale = [rel for rel, (n, _) in READS_ELSEWHERE.items() if n is not None and counts.get(rel, 0) < n]
+    assert not stale, f"READS_ELSEWHERE allows more reads than these files hold (lower the counts): {stale}"
+
+
 # -- the layer's promises, at generated paths with generated things planted there -------------------------------
 
 def plant(kind: str, path: Path, elsewhere: Path) -> None:
@@ -228,3 +286,31 @@ def test_export_and_report_never_write_through_a_link_in_out(tmp_path, trained):
     with pytest.raises(fileio.UnsafeFileError, match="fifo.html is not a regular file"):
         write_report(run_dir, tmp_path / "fifo.html")
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("reader", ["read_meta", "recorded_hash", "run_model", "files.read_bytes", "read_txt"])
+def test_a_fifo_planted_where_kfit_reads_never_blocks(tmp_path, reader):
+    """A FIFO named meta.json in a corpus directory hung `make train` (found by an audit): every reader of a
+    file in a data or run directory is refused or answers at once."""
+    import signal
+
+    from lib import runs
+    from lib.data import files, run_tokenizer, text
+    from lib.errors import KfitError
+
+    name = {"read_meta": "meta.json", "recorded_hash": run_tokenizer.HASH_FILE, "run_model": "config",
+            "files.read_bytes": "corpus.txt", "read_txt": "corpus.txt"}[reader]
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    call = {"read_meta": lambda: text.read_meta(tmp_path), "recorded_hash": lambda: run_tokenizer.recorded_hash(tmp_path),
+            "run_model": lambda: runs.run_model(tmp_path), "files.read_bytes": lambda: files.read_bytes(fifo),
+            "read_txt": lambda: text.read_txt(tmp_path, [fifo])}[reader]
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail(f"{reader} blocked on a FIFO"))
+    signal.alarm(10)
+    try:
+        try:
+            assert call() is None  # the readers that answer "nothing recorded here"
+        except KfitError as err:
+            assert "\n" not in str(err) and "FIFO" in str(err), str(err)
+    finally:
+        signal.alarm(0)

@@ -63,7 +63,7 @@ def corpus_tokens(config) -> int | None:
     if not meta_path.is_file():
         return None
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(fileio.read_text(meta_path))
     except (OSError, ValueError):
         return None  # the data loader says what is wrong with it
     count = meta.get("train_tokens") if isinstance(meta, dict) else None

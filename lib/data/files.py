@@ -5,6 +5,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import DataError
+from .. import fileio
 from ..fileio import MISSING, what_is
 
 
@@ -32,6 +33,6 @@ def read_bytes(path: Path) -> bytes:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
                 return f.read()
-        return path.read_bytes()
+        return fileio.read_bytes(path)
     except (OSError, EOFError, zlib.error) as e:  # gzip reports truncation as EOFError
         raise DataError(f"cannot read {path} ({e}): replace it with an intact copy") from e

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import fileio
 from ..errors import KfitError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -33,7 +34,7 @@ def hash_record(digest: str) -> bytes:
 def recorded_hash(directory: Path) -> str | None:
     """The sha256 a run directory (or an export) recorded for its tokenizer, or None."""
     try:
-        text = (Path(directory) / HASH_FILE).read_text(errors="replace")
+        text = fileio.read_text(Path(directory) / HASH_FILE, errors="replace")
     except OSError:
         return None
     found = re.match(r"\s*([0-9a-fA-F]{64})\b", text)
@@ -51,7 +52,7 @@ def corpus_tokenizer(data_dir: Path) -> Path | None:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return fileio.read_bytes(path)
     except OSError as err:
         raise KfitError(f"{path} cannot be read ({err.strerror or err})") from None
 

@@ -8,6 +8,7 @@ import torch
 
 from .files import data_directory
 from .info import TokenStreams
+from .. import fileio
 from ..errors import DataError
 
 VAL_FRACTION = 0.1
@@ -47,7 +48,7 @@ def read_meta(directory: Path) -> tuple[int, str]:
     if not path.exists():
         return GPT2_VOCAB, "uint16"
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(fileio.read_text(path))
         vocab, dtype = meta["vocab_size"], meta.get("dtype", "uint16")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise DataError(f"{path} is not JSON with a vocab_size entry ({e}): write "
@@ -82,7 +83,7 @@ def read_bin(path: Path, vocab: int, dtype: str = "uint16") -> torch.Tensor:
 def read_txt(directory: Path, files: list[Path]) -> bytes:
     chunks = []
     for path in files:
-        data = path.read_bytes()
+        data = fileio.read_bytes(path)
         if not data:
             raise DataError(f"text file {path} is empty: add text to it or remove it from "
                             f"{directory}")

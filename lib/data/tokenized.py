@@ -240,7 +240,7 @@ def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = No
     tok, described = _prepare_tokenizer(out, sources, tokenizer, vocab, log)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     dtype = token_dtype(vocab_size)
-    state = _state(sources, hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()[:16], dtype)
+    state = _state(sources, hashlib.sha256(read_bytes(out / "tokenizer.json")).hexdigest()[:16], dtype)
     state_path = shards / "state.json"
     if state_path.is_file() and _read_json(state_path) != state:
         log("the shards there are of another corpus or tokenizer: starting over")
