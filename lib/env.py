@@ -87,16 +87,22 @@ def env_utf8(name: str, default: str = "", env: Mapping[str, str] | None = None)
     """The variable as text kfit encodes (a prompt, not a path): unstripped, `default` when unset; a value that
     holds bytes that are not UTF-8 (Python keeps them as lone surrogates) is one clear error, not a traceback
     where it is encoded."""
-    from .redact import shown
-
     value = (environ() if env is None else env).get(name)
     if value is None:
         return default
+    require_utf8(name, value)
+    return value
+
+
+def require_utf8(name: str, value: str) -> None:
+    """A KfitError where `value` holds bytes that are not UTF-8 (Python keeps them as lone surrogates): text
+    kfit writes into a config, a database or a prompt must be UTF-8 (a path need not be)."""
+    from .redact import shown
+
     bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
     if bad is not None:
         raise KfitError(f"{name}='{shown(value, 40)}' is not UTF-8 text (byte 0x{ord(value[bad]) & 0xff:02x} at "
                         f"character {bad + 1}): give it as UTF-8 (check the terminal's or the file's encoding)")
-    return value
 
 
 def env_choice(name: str, choices: Sequence[str], default: str, env: Mapping[str, str] | None = None) -> str:

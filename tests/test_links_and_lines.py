@@ -4,6 +4,7 @@ never blocks on a FIFO; every command-line mistake and every over-long value is 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -466,3 +467,27 @@ def test_what_is_follows_links_to_what_they_name(chain, end, tmp_path_factory):
         assert got.startswith("a symbolic link that loops")
     else:
         assert got == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["RUN_NAME", "OUTPUT_DIR", "TRACKING_PROJECT", "OPTIMIZER_NAME", "EPOCHS"]),
+       before=st.text(alphabet="abc-_/", max_size=8), byte=st.integers(0x80, 0xff), after=st.text(alphabet="xyz", max_size=5))
+def test_a_value_that_is_not_utf8_is_one_error_line_however_it_is_set(name, before, byte, after):
+    """A byte that is not UTF-8 in any config value (a make variable, SET=, --set, the API's derive) crashed
+    writing the change with UnicodeEncodeError: it is one error naming the symbol, the config untouched."""
+    from lib import config as kc
+    from lib.errors import KfitError
+
+    value = before + os.fsdecode(bytes([byte])) + after  # as Python hands a command line's bytes over
+    with pytest.raises(KfitError, match=f"CONFIG_{name}=.* is not UTF-8 text") as err:
+        kc.derive(_lenet5(), {name: value})
+    assert "\n" not in str(err.value)
+
+
+@functools.lru_cache(maxsize=1)
+def _lenet5():
+    import tempfile
+
+    from lib import config as kc
+
+    return kc.make_defconfig("lenet5", out=Path(tempfile.mkdtemp()) / ".config")

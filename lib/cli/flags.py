@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterator
 
+from ..env import require_utf8
 from ..errors import KfitError
 
 
@@ -151,6 +152,7 @@ def applied(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     for name, value in overrides:
         if "\n" in value or "\r" in value or "\0" in value:
             raise KfitError(f"CONFIG_{name}={value!r}: an override's value cannot hold a line break")
+        require_utf8(name, value)  # the run's config is UTF-8 text
     if overrides and command not in OVERRIDABLE:
         shown = " ".join(f"CONFIG_{name}={value}" for name, value in overrides)
         raise KfitError(f"{shown}: '{command}' does not train or plan from the config, so an override would not "

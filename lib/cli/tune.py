@@ -141,7 +141,7 @@ def _quiet_optuna() -> None:
 
 def _study_config(config):
     """The config with HPO_STUDY= (a study name for this command) over CONFIG_HPO_STUDY_NAME."""
-    name = os.environ.get("HPO_STUDY")
+    name = env_utf8("HPO_STUDY")  # kept in the study's database as text
     return kconfig.derive(config, {"HPO_STUDY_NAME": name}) if name else config
 
 

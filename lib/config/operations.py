@@ -18,7 +18,7 @@ from ..fileio import copy_file, refuse_link, what_is
 from ..redact import shown
 from .kconfig import ROOT, assignment_line, load_strict, new_kconfig, require_config_file, write_config
 from .typed import Config, typed_config
-from ..env import env_text
+from ..env import env_text, require_utf8
 
 DEFCONFIG_DIR = ROOT / "defconfigs"
 FRAGMENT_DIR = DEFCONFIG_DIR / "fragments"
@@ -153,6 +153,7 @@ def _assignment_lines(assignments: Mapping[str, object]) -> str:
         elif isinstance(value, float):
             value = f"{value:.6g}"
         text = str(value)
+        require_utf8(f"CONFIG_{name}", text)  # a config is UTF-8 text: bytes that are not would not be written
         if any(ch in text for ch in "\n\r\0"):  # it would end the line: a second assignment, unchecked
             raise ConfigError(f"CONFIG_{name}={shown(text, 80)!r}: a value cannot hold a line break or a NUL")
         if sym.orig_type == kconfiglib.STRING:

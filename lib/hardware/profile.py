@@ -22,7 +22,11 @@ from ..errors import HardwareError
 from ..redact import escaped
 from ..units import format_bytes, gib
 
-from .strict import bad_key, check_keys, describe_value, read_bool, read_int, read_list, read_number, read_str
+from .strict import (
+    MAX_CC_PART, MAX_CORES, MAX_DISK_BYTES, MAX_GPUS, MAX_MEMORY_BYTES, MAX_NOTES, MAX_TEXT_CHARS, SPEED_LIMITS,
+    bad_key, check_keys, describe_value, parse_int, read_bool, read_int, read_list, read_number, read_str,
+)
+from ..redact import shown
 
 VENDORS = ("nvidia", "amd", "apple")
 BACKENDS = ("cuda", "rocm", "mps")
@@ -36,10 +40,9 @@ def format_size(n_bytes: int, mb_decimals: int = 1) -> str:
     return format_bytes(n_bytes, mb_decimals)
 
 
-# What a profile's GPU speed figures may be at most: no GPU comes within a factor of ten of these (a B200's dense
-# bf16 is 2,250 TFLOP/s, its HBM 7,700 GB/s, its power 1,000 W); a larger number is a typo, refused.
-SPEED_LIMITS = {"fp32_tflops": 1e4, "tf32_tflops": 1e5, "half_tflops": 1e5, "fp8_tflops": 2e5, "bandwidth_gbs": 1e5,
-                "link_gbs": 1e5, "tdp_watts": 1e4}
+# The bounds of every number and string a profile gives (SPEED_LIMITS: its GPU speed figures, kept importable
+# from here) are stated once, in strict.py beside the readers that apply them.
+_MEMORY = "bytes; 4 PiB"
 
 
 @dataclass(frozen=True)
@@ -166,11 +169,9 @@ def _speed_from_dict(origin: str, where: str, d: Any) -> GPUSpeed:
     check_keys(origin, where, d, _SPEED_FIELDS, optional=_SPEED_OPTIONAL)
     figures = {}
     for name in _SPEED_FIELDS:
-        value = read_number(origin, f"{where}.{name}", d.get(name), optional=name in _SPEED_OPTIONAL)
-        if value is not None and not 0 < value <= SPEED_LIMITS[name]:
-            raise bad_key(origin, f"{where}.{name}", f"must be above 0 and at most {SPEED_LIMITS[name]:g} "
-                          f"(dense peak, as the GPU catalog's entries hold them), got {describe_value(d.get(name))}")
-        figures[name] = value
+        figures[name] = read_number(origin, f"{where}.{name}", d.get(name), optional=name in _SPEED_OPTIONAL,
+                                    above=True, maximum=SPEED_LIMITS[name],
+                                    unit="dense peak, as the GPU catalog's entries hold them")
     return GPUSpeed(**figures)
 
 
@@ -182,17 +183,18 @@ _PROFILE_FIELDS = tuple(f.name for f in dataclasses.fields(HardwareProfile))
 def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
     check_keys(origin, where, d, _GPU_FIELDS, optional=("speed",))
     k = lambda name: f"{where}.{name}"  # noqa: E731
-    index = read_int(origin, k("index"), d["index"])
+    index = read_int(origin, k("index"), d["index"], maximum=MAX_GPUS - 1)
     if index != position:
         raise bad_key(origin, k("index"), f"must be {position} (GPUs are listed in torch device order), got {index}")
     vendor = read_str(origin, k("vendor"), d["vendor"])
     if vendor not in VENDORS:
-        raise bad_key(origin, k("vendor"), f"must be one of {', '.join(VENDORS)}, got {vendor!r}")
+        raise bad_key(origin, k("vendor"), f"must be one of {', '.join(VENDORS)}, got '{shown(vendor, 60)}'")
     backend = read_str(origin, k("backend"), d["backend"])
     if backend != _BACKEND_OF_VENDOR[vendor]:
-        raise bad_key(origin, k("backend"), f"must be {_BACKEND_OF_VENDOR[vendor]!r} for vendor {vendor!r}, got {backend!r}")
-    total = read_int(origin, k("total_bytes"), d["total_bytes"], minimum=1)
-    free = read_int(origin, k("free_bytes"), d["free_bytes"])
+        raise bad_key(origin, k("backend"), f"must be {_BACKEND_OF_VENDOR[vendor]!r} for vendor {vendor!r}, "
+                      f"got '{shown(backend, 60)}'")
+    total = read_int(origin, k("total_bytes"), d["total_bytes"], minimum=1, maximum=MAX_MEMORY_BYTES, unit=_MEMORY)
+    free = read_int(origin, k("free_bytes"), d["free_bytes"], maximum=MAX_MEMORY_BYTES, unit=_MEMORY)
     if free > total:
         raise bad_key(origin, k("free_bytes"), f"({free}) must not exceed total_bytes ({total})")
     cc_raw = d["compute_capability"]
@@ -203,9 +205,10 @@ def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
         if (
             not isinstance(cc_raw, (list, tuple))
             or len(cc_raw) != 2
-            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in cc_raw)
+            or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_CC_PART for x in cc_raw)
         ):
-            raise bad_key(origin, k("compute_capability"), f"must be [major, minor] or null, got {describe_value(cc_raw)}")
+            raise bad_key(origin, k("compute_capability"), f"must be [major, minor], two integers from 0 to "
+                          f"{MAX_CC_PART} (e.g. [9, 0] for an H100), or null, got {describe_value(cc_raw)}")
         cc = (cc_raw[0], cc_raw[1])
     if vendor == "nvidia" and cc is None:
         raise bad_key(origin, k("compute_capability"), "must be [major, minor] for an NVIDIA GPU (e.g. [9, 0] for an H100)")
@@ -232,17 +235,19 @@ def _gpu_from_dict(origin: str, where: str, d: Any, position: int) -> GPUInfo:
 
 def _cpu_from_dict(origin: str, d: Any) -> CPUInfo:
     check_keys(origin, "cpu", d, _CPU_FIELDS, optional=("idle_cores",))
-    ram_total = read_int(origin, "cpu.ram_total_bytes", d["ram_total_bytes"], minimum=1)
-    ram_avail = read_int(origin, "cpu.ram_available_bytes", d["ram_available_bytes"])
+    ram_total = read_int(origin, "cpu.ram_total_bytes", d["ram_total_bytes"], minimum=1, maximum=MAX_MEMORY_BYTES,
+                         unit=_MEMORY)
+    ram_avail = read_int(origin, "cpu.ram_available_bytes", d["ram_available_bytes"], maximum=MAX_MEMORY_BYTES,
+                         unit=_MEMORY)
     if ram_avail > ram_total:
         raise bad_key(origin, "cpu.ram_available_bytes", f"({ram_avail}) must not exceed ram_total_bytes ({ram_total})")
     return CPUInfo(
         name=read_str(origin, "cpu.name", d["name"]),
-        physical_cores=read_int(origin, "cpu.physical_cores", d["physical_cores"], minimum=1),
-        logical_cores=read_int(origin, "cpu.logical_cores", d["logical_cores"], minimum=1),
+        physical_cores=read_int(origin, "cpu.physical_cores", d["physical_cores"], minimum=1, maximum=MAX_CORES),
+        logical_cores=read_int(origin, "cpu.logical_cores", d["logical_cores"], minimum=1, maximum=MAX_CORES),
         ram_total_bytes=ram_total,
         ram_available_bytes=ram_avail,
-        idle_cores=read_number(origin, "cpu.idle_cores", d.get("idle_cores"), optional=True),
+        idle_cores=read_number(origin, "cpu.idle_cores", d.get("idle_cores"), optional=True, maximum=MAX_CORES),
     )
 
 
@@ -256,23 +261,24 @@ def _profile_from_dict(d: Any, *, origin: str) -> HardwareProfile:
     if d.get(DETAILS_KEY) is not None and not isinstance(d[DETAILS_KEY], dict):
         raise bad_key(origin, DETAILS_KEY, "must be a JSON object or null (what check-hardware measured)")
     gpus = tuple(
-        _gpu_from_dict(origin, f"gpus[{i}]", g, i) for i, g in enumerate(read_list(origin, "gpus", d["gpus"]))
+        _gpu_from_dict(origin, f"gpus[{i}]", g, i) for i, g in enumerate(read_list(origin, "gpus", d["gpus"], max_items=MAX_GPUS))
     )
     backends = {g.backend for g in gpus}
     if len(backends) > 1:
         raise bad_key(origin, "gpus", f"mixes backends ({', '.join(sorted(backends))}); one torch build drives one backend")
     notes = []
-    for i, n in enumerate(read_list(origin, "notes", d["notes"])):
-        notes.append(read_str(origin, f"notes[{i}]", n))
+    for i, n in enumerate(read_list(origin, "notes", d["notes"], max_items=MAX_NOTES)):
+        notes.append(read_str(origin, f"notes[{i}]", n, max_chars=MAX_TEXT_CHARS))
     return HardwareProfile(
         gpus=gpus,
         cpu=_cpu_from_dict(origin, d["cpu"]),
-        disk_free_bytes=read_int(origin, "disk_free_bytes", d["disk_free_bytes"]),
+        disk_free_bytes=read_int(origin, "disk_free_bytes", d["disk_free_bytes"], maximum=MAX_DISK_BYTES,
+                                 unit="bytes; 1 EiB"),
         on_battery=read_bool(origin, "on_battery", d["on_battery"], optional=True),
         torch_version=read_str(origin, "torch_version", d["torch_version"]),
         cuda_version=read_str(origin, "cuda_version", d["cuda_version"], optional=True),
         hip_version=read_str(origin, "hip_version", d["hip_version"], optional=True),
-        source=read_str(origin, "source", d["source"]),
+        source=read_str(origin, "source", d["source"], max_chars=MAX_TEXT_CHARS),
         notes=tuple(notes),
     )
 
@@ -303,7 +309,7 @@ def load_profile(path: str) -> HardwareProfile:
     except OSError as e:
         raise HardwareError(f"hardware profile {path!r} cannot be read ({e.strerror}): check the HW= path and its permissions.") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=parse_int)  # an integer of too many digits: refused by its key's reader
     except RecursionError:
         raise HardwareError(f"hardware profile {path!r} nests its JSON too deeply to be a profile: regenerate it "
                             "with 'make check-hardware FORMAT=json > FILE'.") from None
@@ -311,6 +317,11 @@ def load_profile(path: str) -> HardwareProfile:
         raise HardwareError(
             f"hardware profile {path!r} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}): "
             "fix the file, or regenerate it with 'make check-hardware FORMAT=json > FILE'."
+        ) from None
+    except ValueError as e:  # what the parser refuses beyond JSON's grammar (Python's limit on an integer's digits)
+        raise HardwareError(
+            f"hardware profile {path!r} holds a value Python cannot read ({shown(e, 120)}): fix the file, or "
+            "regenerate it with 'make check-hardware FORMAT=json > FILE'."
         ) from None
     profile = _profile_from_dict(data, origin=f"hardware profile {path!r}")
     return dataclasses.replace(profile, source=f"file:{escaped(path)}")
