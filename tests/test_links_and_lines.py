@@ -491,3 +491,21 @@ def _lenet5():
     from lib import config as kc
 
     return kc.make_defconfig("lenet5", out=Path(tempfile.mkdtemp()) / ".config")
+
+
+@pytest.mark.parametrize("reader", ["jsonl corpus line", "meta.json"])
+@pytest.mark.parametrize("depth", [10_000, 200_000])
+def test_json_nested_thousands_deep_in_data_is_one_data_error(reader, depth, tmp_path):
+    """A .jsonl corpus line of 200,000 '[' ended in a RecursionError traceback (an audit): every JSON a data
+    directory holds is refused in one line."""
+    from lib.data import corpus, text
+    from lib.errors import DataError
+
+    nested = "[" * depth + "]" * depth
+    with pytest.raises(DataError) as err:
+        if reader == "meta.json":
+            (tmp_path / "meta.json").write_text(nested)
+            text.read_meta(tmp_path)
+        else:
+            corpus._jsonl_text(corpus.Source("c.jsonl", "jsonl", 1, 0), nested.encode(), 0)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 1200

@@ -97,6 +97,6 @@ def _overrides(text: str | None) -> tuple[tuple[str, str], ...]:
     try:
         pairs = json.loads(text)
         return tuple((str(name), str(value)) for name, value in pairs)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise KfitError(f"{SET_VARIABLE}={text[:80]!r} is not the overrides kfit writes ([[symbol, value], ...]): "
                         f"unset it and give overrides as NAME=value to make or --set to kfit") from None

@@ -64,7 +64,7 @@ def corpus_tokens(config) -> int | None:
         return None
     try:
         meta = json.loads(fileio.read_text(meta_path))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # the data loader says what is wrong with it
     count = meta.get("train_tokens") if isinstance(meta, dict) else None
     if isinstance(count, int) and not isinstance(count, bool) and count > 0:

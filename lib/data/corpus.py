@@ -162,8 +162,9 @@ def _lines(source: Source, start: int) -> Iterator[tuple[list[bytes], int, bool]
 def _jsonl_text(source: Source, line: bytes, offset: int) -> str:
     try:
         record = json.loads(line)
-    except ValueError as e:
-        raise DataError(f"{source.name}: the line at byte {offset} is not JSON ({e}): a .jsonl corpus holds one "
+    except (ValueError, RecursionError) as e:  # RecursionError: a line nested thousands deep
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise DataError(f"{source.name}: the line at byte {offset} is not JSON ({why}): a .jsonl corpus holds one "
                         'JSON object with a "text" field per line') from None
     text = record.get("text") if isinstance(record, dict) else None
     if not isinstance(text, str):

@@ -50,7 +50,7 @@ def read_meta(directory: Path) -> tuple[int, str]:
     try:
         meta = json.loads(fileio.read_text(path))
         vocab, dtype = meta["vocab_size"], meta.get("dtype", "uint16")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise DataError(f"{path} is not JSON with a vocab_size entry ({e}): write "
                         f'{{"vocab_size": N}} or delete it to use {GPT2_VOCAB}') from e
     if dtype not in DTYPES:

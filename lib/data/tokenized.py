@@ -142,7 +142,7 @@ def _read_json(path: Path):
     """A JSON file of make data's own (.shards/), or None where a crash or an edit left it unreadable."""
     try:  # never through a link, never blocking on a FIFO planted there
         return json.loads(read_bytes(path, follow_symlinks=False))
-    except (OSError, ValueError, UnsafeFileError):
+    except (OSError, ValueError, RecursionError, UnsafeFileError):
         return None
 
 

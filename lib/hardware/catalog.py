@@ -114,7 +114,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HardwareError
+from ..redact import shown
 from ..units import MiB
+from .strict import MAX_CC_PART, MAX_MEMORY_BYTES, MAX_NAME_CHARS, SPEED_LIMITS, describe_value, parse_int
 
 # See "Default free memory" above.
 CONTEXT_RESERVE_BYTES = 768 * MiB
@@ -249,26 +251,37 @@ def _whole(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _positive(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+def _positive(v: Any, limit: float) -> bool:
+    """A number above 0 and at most `limit` (strict.py's bounds, the same as a HW= profile's): never NaN nor
+    an infinity."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= limit
+
+
+def _figure(name: str, optional: bool = False) -> tuple:
+    limit = SPEED_LIMITS[name]
+    return ((lambda v: (optional and v is None) or _positive(v, limit)),
+            f"a number above 0 and at most {limit:g}" + (" or null" if optional else ""))
 
 
 # What a field must hold: (its test, its words in an error).
 _TEXT = (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
-_COUNT = (lambda v: _whole(v) and v > 0, "an integer > 0")
-_FIGURE = (_positive, "a number > 0")
-_PEAK_FIELDS = {"fp32_tflops": _FIGURE, "tf32_tflops": (lambda v: v is None or _positive(v), "a number > 0 or null"),
-                "half_tflops": _FIGURE, "fp8_tflops": (lambda v: v is None or _positive(v), "a number > 0 or null"),
-                "bandwidth_gbs": _FIGURE, "source": _TEXT, "link_gbs": _FIGURE,
-                "link": _TEXT}
-_COMMON_FIELDS = {"key": _TEXT, "name": _TEXT, "vendor": _TEXT, "total_bytes": _COUNT, "tdp_watts": _COUNT,
+_NAME = (lambda v: isinstance(v, str) and bool(v.strip()) and len(v) <= MAX_NAME_CHARS,
+         f"a non-empty string of at most {MAX_NAME_CHARS} characters")
+_BYTES = (lambda v: _whole(v) and 0 < v <= MAX_MEMORY_BYTES, f"an integer above 0 and at most {MAX_MEMORY_BYTES:,}")
+_WATTS = (lambda v: _whole(v) and _positive(v, SPEED_LIMITS["tdp_watts"]),
+          f"an integer above 0 and at most {SPEED_LIMITS['tdp_watts']:g}")
+_PEAK_FIELDS = {"fp32_tflops": _figure("fp32_tflops"), "tf32_tflops": _figure("tf32_tflops", optional=True),
+                "half_tflops": _figure("half_tflops"), "fp8_tflops": _figure("fp8_tflops", optional=True),
+                "bandwidth_gbs": _figure("bandwidth_gbs"), "source": _TEXT, "link_gbs": _figure("link_gbs"),
+                "link": _NAME}
+_COMMON_FIELDS = {"key": _NAME, "name": _NAME, "vendor": _TEXT, "total_bytes": _BYTES, "tdp_watts": _WATTS,
                   "memory_type": _TEXT, "source": _TEXT, "peak": (lambda v: isinstance(v, dict), "an object"),
                   "notes": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v),
                             "a list of strings")}
 _VENDOR_FIELDS = {
     "nvidia": {"compute_capability": (lambda v: isinstance(v, list) and len(v) == 2 and all(
-        _whole(n) and n >= 0 for n in v), "[major, minor], two integers")},
-    "amd": {"arch": _TEXT},
+        _whole(n) and 0 <= n <= MAX_CC_PART for n in v), f"[major, minor], two integers from 0 to {MAX_CC_PART}")},
+    "amd": {"arch": _NAME},
 }
 
 
@@ -282,7 +295,7 @@ def _checked(d: dict, fields: dict, where: str) -> dict:
             + ([f"unknown field(s) {', '.join(extra)}"] if extra else [])))
     for k, (test, words) in fields.items():
         if not test(d[k]):
-            raise HardwareError(f"{where}: field '{k}' must be {words}, got {d[k]!r}")
+            raise HardwareError(f"{where}: field '{k}' must be {words}, got {describe_value(d[k])}")
     return d
 
 
@@ -290,12 +303,13 @@ def _entry(d: Any, where: str) -> CatalogGPU:
     """One entry of gpus.json, checked, as a CatalogGPU: what the vendor implies (backend, arch from the
     compute capability, bf16 and TF32) is derived here, not written in the file."""
     if not isinstance(d, dict):
-        raise HardwareError(f"{where} must be an object, got {d!r}")
+        raise HardwareError(f"{where} must be an object, got {describe_value(d)}")
     if isinstance(d.get("key"), str):
-        where += f" ({d['key']!r})"
+        where += f" ('{shown(d['key'], 60)}')"
     vendor = d.get("vendor")
     if vendor not in _VENDOR_FIELDS:
-        raise HardwareError(f"{where}: field 'vendor' must be one of {', '.join(_VENDOR_FIELDS)}, got {vendor!r}")
+        raise HardwareError(f"{where}: field 'vendor' must be one of {', '.join(_VENDOR_FIELDS)}, "
+                            f"got {describe_value(vendor)}")
     d = _checked(d, {**_COMMON_FIELDS, **_VENDOR_FIELDS[vendor]}, where)
     peak = Peak(**_checked(d["peak"], _PEAK_FIELDS, f"{where}, peak"))
     common = dict(key=d["key"], name=d["name"], vendor=vendor, total_bytes=d["total_bytes"],
@@ -314,7 +328,7 @@ def _entry(d: Any, where: str) -> CatalogGPU:
 
 def load_entries(path: Path = DATA_FILE) -> tuple[CatalogGPU, ...]:
     """The catalog's entries from `path` (gpus.json), in file order, checked; keys must be unique."""
-    data = json.loads(path.read_text())
+    data = json.loads(path.read_text(), parse_int=parse_int)  # a 5,000-digit integer: refused by its field's test
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list) or not data["gpus"]:
         raise HardwareError(f"{path}: must be an object whose 'gpus' is a non-empty list of entries")
     entries = tuple(_entry(d, f"{path}: entry {i}") for i, d in enumerate(data["gpus"]))
@@ -403,7 +417,7 @@ def lookup(key: str) -> CatalogGPU:
     """
     if not isinstance(key, str) or not key.strip():
         raise HardwareError(
-            f"GPU={key!r} is not a catalog key: use one of {', '.join(catalog_keys())} "
+            f"GPU={repr(key) if not isinstance(key, str) else repr(shown(key, 60))} is not a catalog key: use one of {', '.join(catalog_keys())} "
             "(or 'cpu' for a CPU-only plan)."
         )
     found = _LOOKUP.get(_normalize(key))
@@ -412,7 +426,7 @@ def lookup(key: str) -> CatalogGPU:
     close = difflib.get_close_matches(_normalize(key), list(_LOOKUP), n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(_LOOKUP[c]) for c in close)}?" if close else ""
     raise HardwareError(
-        f"unknown GPU {key!r} in the catalog.{hint} Valid keys: {', '.join(catalog_keys())} "
+        f"unknown GPU '{shown(key, 60)}' in the catalog.{hint} Valid keys: {', '.join(catalog_keys())} "
         f"(aliases: {', '.join(sorted(ALIASES))}), or 'cpu' for a CPU-only plan. "
         "For a GPU not in the catalog, describe it in a profile file and pass HW=<file.json>."
     )

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import HardwareError
-from ..redact import escaped
+from ..redact import escaped, shown
 from ..units import format_bytes, gib
 
 from .strict import (
     MAX_CC_PART, MAX_CORES, MAX_DISK_BYTES, MAX_GPUS, MAX_MEMORY_BYTES, MAX_NOTES, MAX_TEXT_CHARS, SPEED_LIMITS,
     bad_key, check_keys, describe_value, parse_int, read_bool, read_int, read_list, read_number, read_str,
 )
-from ..redact import shown
 
 VENDORS = ("nvidia", "amd", "apple")
 BACKENDS = ("cuda", "rocm", "mps")

@@ -21,17 +21,24 @@ from . import catalog
 from .detection import detect, torch_versions
 from .host import detect_cpu, disk_free, on_battery
 from .profile import CPUInfo, GPUInfo, HardwareProfile, load_profile
+from .strict import MAX_GPUS, MAX_MEMORY_BYTES, describe_value
 
 
 def _positive_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise HardwareError(f"{name}={value!r} is not a positive number of GiB: give e.g. {name}=40.")
+    """A GiB figure above 0 and at most strict.MAX_MEMORY_BYTES (a profile's own bound on a GPU's memory)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) and \
+            not math.isfinite(value) or not 0 < value <= MAX_MEMORY_BYTES / GiB:
+        raise HardwareError(f"{name}={describe_value(value).partition(' ')[2]} is not a positive number of GiB: "
+                            f"give one up to {MAX_MEMORY_BYTES / GiB:,.0f}, e.g. {name}=40.")
     return float(value)
 
 
 def _gpu_count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise HardwareError(f"GPUS={value!r} is not a GPU count: give a whole number >= 1, e.g. GPUS=2.")
+    """GPUS=: the GPUs of one machine, 1 to strict.MAX_GPUS (a profile's own bound: GPUS=10**30 would build a
+    list of 10**30 GPUs)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GPUS:
+        raise HardwareError(f"GPUS={describe_value(value).partition(' ')[2]} is not a GPU count: give a whole number "
+                            f"from 1 to {MAX_GPUS} (the GPUs of one machine), e.g. GPUS=2.")
     return value
 
 
