@@ -245,6 +245,8 @@ def write_target(path: Path | str, *, follow_symlinks: bool = False) -> Path:
     try:
         st = os.stat(real)
     except (FileNotFoundError, NotADirectoryError):
+        if real != Path(path).absolute() and not real.parent.is_dir():  # a link never makes directories
+            raise unsafe(path, f"a symbolic link to {real}, whose directory does not exist") from None
         return real
     if not stat.S_ISREG(st.st_mode):
         raise unsafe(path, _describe(st, real) + ("" if real == Path(path).absolute() else f" (through {path})"))

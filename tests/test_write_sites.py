@@ -228,6 +228,28 @@ def test_a_config_named_by_the_user_is_written_through_its_link_but_never_over_a
     assert snapshot(tmp_path) == before
 
 
+@settings(max_examples=15, deadline=None)
+@given(depth=st.integers(1, 4))
+def test_a_dangling_config_link_never_makes_directories(tmp_path_factory, depth):
+    """A .config linked to a file not made yet is written there (a kept config being started), but a link into
+    directories that do not exist was followed and the directories made (an audit: /tmp/victim/newdir/sub)."""
+    from lib import config as kc
+
+    tmp = tmp_path_factory.mktemp("dangling")
+    victim = tmp / "victim"
+    victim.mkdir()
+    deep = victim.joinpath(*[f"d{i}" for i in range(depth)], "cfg")
+    linked = tmp / ".config"
+    linked.symlink_to(deep)
+    with pytest.raises(KfitError, match="whose directory does not exist"):
+        kc.make_defconfig("lenet5", out=linked)
+    assert list(victim.iterdir()) == [] and linked.is_symlink()
+    shallow = tmp / ".config2"
+    shallow.symlink_to(victim / "cfg")  # its directory is there: the link is the user's, written through
+    kc.make_defconfig("lenet5", out=shallow)
+    assert (victim / "cfg").is_file() and shallow.is_symlink()
+
+
 def test_the_old_copy_is_never_written_through_a_link(tmp_path):
     from lib import config as kc
 

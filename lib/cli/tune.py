@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .common import ensure_config, env_number, hardware_from_env, new_defconfig_dir, parsed
 from .. import config as kconfig, fileio
+from ..env import env_utf8
 from ..errors import KfitError
 from .flags import command
 from ..models.registry import label as model_label

@@ -73,7 +73,7 @@ def _int_text(v: int) -> str:
     if v.bit_length() <= 200:  # up to 60 digits
         return f"{v:,}" if abs(v) >= 10**6 else str(v)
     digits = int(v.bit_length() * math.log10(2)) + 1  # within one of the exact count
-    return f"{'-' if v < 0 else ''}an integer of about {digits:,} digits"
+    return f"{'a negative' if v < 0 else 'an'} integer of about {digits:,} digits"
 
 
 def describe_value(value: Any) -> str:

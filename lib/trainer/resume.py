@@ -14,6 +14,7 @@ lib/checkpoint.py's. A run directory is locked by the process writing it
 from __future__ import annotations
 
 import dataclasses
+import math
 import platform
 import random
 import shlex
@@ -48,9 +49,14 @@ def resume_point(source: Path, config: Config, log=print) -> tuple[Path, int]:
         raise KfitError(f"{what}: that run has finished ({checkpoint.finished_checkpoint(run_dir).name}): "
                         f"INIT_FROM={source} starts a new run from its weights")
     if run_dir == source:
-        # what it skips is said (and renamed aside) once, by the restore that checks it against the model too
+        # what it skips is said (and renamed aside) once, by the restore that checks it against the model too;
+        # a checkpoint whose own config is not its run's (run_config_problem) is passed by as the restore passes
+        # it by, while one that is its run's but not this config's is the error below
         skipped: list[str] = []
-        found = checkpoint.latest_valid(run_dir, skipped.append, lambda state, _: checkpoint_problem(state))
+        found = checkpoint.latest_valid(run_dir, skipped.append,
+                                        lambda state, path: checkpoint_problem(state) or run_config_problem(state, path))
+        if found is None:  # every checkpoint differs from the run's config file: that file is not the judge
+            found = checkpoint.latest_valid(run_dir, lambda line: None, lambda state, _: checkpoint_problem(state))
         if found is None:
             for line in skipped:
                 log(line)
@@ -140,7 +146,7 @@ def checkpoint_problem(state) -> str | None:
         return f"its progress has the keys {sorted(state['progress'])}, not those of kfit's Progress"
     if not {"torch", "python"} <= set(state["rng"]):
         return "its RNG state lacks torch or python"
-    wrong = progress_type_problem(state["progress"])
+    wrong = progress_type_problem(state["progress"]) or progress_range_problem(state)
     if wrong is not None:
         return wrong
     if state.get("plan") is not None and not isinstance(state.get("plan"), dict):
@@ -176,6 +182,94 @@ def progress_type_problem(progress: dict) -> str | None:
                 and not isinstance(m[1], bool)) for m in marks):
         return "its progress holds a best or early_best evaluation that is not [step, value]"
     return None
+
+
+# No count a run keeps reaches this: 2**53 optimizer steps (or samples, or seconds) are beyond any machine, and
+# below it every count is exact in a float64 (the schedule's arithmetic, metrics.jsonl's JSON numbers).
+COUNT_LIMIT = 2 ** 53
+COUNTS = ("window_size", "micro_batch", "halvings", "step", "epoch", "window", "samples", "interval_samples",
+          "stale_evals")
+
+
+def progress_range_problem(state: dict) -> str | None:
+    """A checkpoint's progress (types checked by progress_type_problem) whose values no run writes: a count at or
+    beyond COUNT_LIMIT, seconds or a loss that are not finite, or counts that contradict each other (each step
+    is at least one window of this epoch or an earlier one, and at most window_size samples; a halving halves a
+    micro-batch that is at most the effective batch). None when the values are those a run can have reached."""
+    p = state["progress"]
+    beyond = [k for k in COUNTS if p.get(k, 0) >= COUNT_LIMIT]
+    if beyond:
+        return f"its progress field {beyond[0]} is {str(p[beyond[0]])[:40]}, beyond any run (2**53)"
+    elapsed, loss = p.get("elapsed_s", 0.0), p.get("interval_loss", 0.0)
+    if not (math.isfinite(elapsed) and elapsed < COUNT_LIMIT):
+        return f"its progress field elapsed_s is {str(elapsed)[:40]}, not a finite number of seconds"
+    if not math.isfinite(loss):  # a custom loss_fn may be below zero: finite is all that holds for every task
+        return f"its progress field interval_loss is {str(loss)[:40]}, not a finite loss"
+    step, window_size = p.get("step", 0), p["window_size"]
+    contradictions = [
+        ("window", p.get("window", 0) <= step, "more windows of this epoch than steps"),
+        ("epoch", p.get("epoch", 0) <= step, "more epochs done than steps"),
+        ("samples", p.get("samples", 0) <= step * window_size, f"more than {window_size} samples a step"),
+        ("interval_samples", p.get("interval_samples", 0) <= p.get("samples", 0), "more than all the samples"),
+        ("stale_evals", p.get("stale_evals", 0) <= step, "more evaluations than steps"),
+        ("halvings", p.get("halvings", 0) <= window_size.bit_length(),
+         f"more halvings than a micro-batch of at most {window_size} allows"),
+        ("micro_batch", p["micro_batch"] <= window_size, f"above the effective batch {window_size}"),
+    ]
+    for name, holds, why in contradictions:
+        if not holds:
+            return f"its progress field {name} is {p.get(name, 0)} at step {step}: {why}"
+    marks = [*p.get("best", []), *([p["early_best"]] if p.get("early_best") is not None else [])]
+    later = [m[0] for m in marks if not 0 <= m[0] <= step]
+    if later:
+        return f"its progress holds a best or early_best evaluation at step {str(later[0])[:40]}, not in 0-{step}"
+    top, begun = state.get("step", step), state.get("epoch", 0)  # checkpoint_state's copies, beside the progress
+    if isinstance(top, bool) or not isinstance(top, int) or top != step:
+        return f"its step is {str(top)[:40]}, its progress's {step}"
+    if isinstance(begun, bool) or not isinstance(begun, int) or not 0 <= begun <= p.get("epoch", 0) + 1:
+        return f"its epoch is {str(begun)[:40]}, its progress's {p.get('epoch', 0)} (done) and one begun at most"
+    return None
+
+
+# What a checkpoint's own config may differ in from its run's config file: an extension (lib/extension.py) raises
+# the run's EPOCHS or MAX_STEPS, and its finished checkpoint, kept as a periodic one, holds the config before.
+EXTENDED = ("CONFIG_EPOCHS", "CONFIG_MAX_STEPS")
+
+
+def run_config(run_dir: Path) -> str | None:
+    """The training math of a run directory's config file as text, None where it cannot judge a checkpoint:
+    missing, a link, unreadable, or holding no setting."""
+    path = Path(run_dir) / "config"
+    try:
+        if path.is_symlink() or not path.is_file():
+            return None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if resumable.training_identity(text) else None
+
+
+def run_config_problem(state: dict, path: Path | None) -> str | None:
+    """A checkpoint (at `path`) whose own config differs in training math from its run's config file (another
+    model named there, say: the tensors would be trained by this run's math all the same), beyond what an
+    extension changes; symbols that file lacks (cut short) are not compared. None when it agrees, or when there
+    is nothing to compare (no path, no config in the checkpoint, a run config that cannot judge: run_config)."""
+    if path is None or "config" not in state:
+        return None
+    if not isinstance(state["config"], str):
+        return f"its config is a {type(state['config']).__name__}, not the text of a .config"
+    reference = run_config(checkpoint.run_of(path))
+    if reference is None:
+        return None
+    present = {line.split("=", 1)[0] if "=" in line else line[2:-len(" is not set")]
+               for line in resumable.training_identity(reference)}
+    differences = [d for d in resumable.identity_differences(state["config"], reference)
+                   if d.split(":", 1)[0] in present and d.split(":", 1)[0] not in EXTENDED]
+    if not differences:
+        return None
+    more = f"; {len(differences) - 2} more" if len(differences) > 2 else ""
+    return (f"its config differs from its run's in training math ({'; '.join(differences[:2])}{more}; "
+            "'there' is the checkpoint's, 'here' the run's config file)")
 
 
 def model_problem(state: dict, model: torch.nn.Module) -> str | None:

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .. import checkpoint
+from .resume import COUNT_LIMIT, run_config_problem
 
 
 class Meta(NamedTuple):
@@ -53,8 +54,55 @@ def state_problem(state: dict, path: Path | None, model: torch.nn.Module, optimi
     if state.get("sharded"):
         wrong = sharded_problem(Path(path), model, optimizer)
     else:
-        wrong = model_dtype_problem(state["model"], model) or optimizer_problem(state["optimizer"], model, optimizer)
-    return wrong or scaler_problem(state["scaler"]) or rng_problem(state["rng"], device)
+        wrong = (model_dtype_problem(state["model"], model) or optimizer_problem(state["optimizer"], model, optimizer)
+                 or model_values_problem(state["model"], model))
+    return (wrong or scaler_problem(state["scaler"]) or rng_problem(state["rng"], device)
+            or run_config_problem(state, None if path is None else Path(path)))
+
+
+# -- values: what intact bytes of the right shapes may still hold -------------------------------------------------
+# A checkpoint re-saved after one field was edited (or written by a run that had already diverged) passes the CRC
+# and every shape: its values are checked here, as one pass over the tensors (the progress fields are
+# resume.py's progress_range_problem, the config's run_config_problem).
+
+
+def model_values_problem(saved: dict, model: torch.nn.Module) -> str | None:
+    """A model tensor holding NaN or infinite values: INIT_FROM's check (initial.value_problem), one
+    torch.isfinite pass over each of this model's floating tensors."""
+    from .initial import value_problem
+
+    wrong = value_problem(saved, model.state_dict())
+    return None if wrong is None else f"its model tensor {wrong}"
+
+
+# Per-parameter optimizer state that is never below zero: running averages of squares, sums of squares, the
+# largest magnitude seen, Rprop's step sizes. A negative exp_avg_sq is a square root of a negative number in
+# the next step: NaN weights, diagnosed as a learning rate too high.
+NONNEGATIVE_STATE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "exp_inf", "sum", "square_avg", "acc_delta",
+                               "step_size"})
+
+
+def _extremes(value: torch.Tensor) -> tuple[float, float]:
+    """(min, max) of a floating tensor in one pass; NaN where it holds a NaN."""
+    value = value.detach()
+    try:
+        low, high = torch.aminmax(value)
+    except (RuntimeError, NotImplementedError):  # a dtype without an aminmax kernel here (float8)
+        low, high = torch.aminmax(value.float())
+    return low.item(), high.item()
+
+
+def state_values_problem(key: str, value) -> str | None:
+    """A per-parameter optimizer state tensor's values: finite where floating, not below zero for the keys
+    NONNEGATIVE_STATE names. Meta (a sharded checkpoint's metadata) and empty tensors are not read."""
+    if not isinstance(value, torch.Tensor) or value.numel() == 0 or not value.dtype.is_floating_point:
+        return None
+    low, high = _extremes(value)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "holds NaN or infinite values"
+    if key in NONNEGATIVE_STATE and low < 0:
+        return f"holds {low:.4g}, below zero (it is never negative)"
+    return None
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -154,9 +202,48 @@ def group_problem(theirs: dict, ours: dict) -> str | None:
             if isinstance(value, bool) or value is None:
                 continue  # a flag a newer torch added: its __setstate__ fills it
             return f"lacks {key}"
-        wrong = _kind_problem(theirs[key], value)
+        wrong = _kind_problem(theirs[key], value) or _range_problem(key, theirs[key], value)
         if wrong is not None:
             return f"{key} is {str(theirs[key])[:40]!r}, {wrong}"
+    return None
+
+
+# The ranges torch.optim's constructors hold their hyperparameters to (and kfit's config its own: a learning rate
+# and weight decay >= 0, a momentum in [0, 1)), by name, for any optimizer: (lowest, highest, whether the lowest
+# is allowed, whether the highest is). A saved group takes the place of the constructor's check: torch's
+# load_state_dict checks nothing, and a negative learning rate or a beta of 2 trains on into NaN.
+HYPER_RANGES = {
+    "lr": (0.0, math.inf, True, False), "initial_lr": (0.0, math.inf, True, False),
+    "weight_decay": (0.0, math.inf, True, False), "momentum": (0.0, math.inf, True, False),
+    "eps": (0.0, math.inf, False, False), "betas": (0.0, 1.0, True, False),
+    "alpha": (0.0, math.inf, True, False), "lr_decay": (0.0, math.inf, True, False),
+    "initial_accumulator_value": (0.0, math.inf, True, False), "rho": (0.0, 1.0, True, True),
+    "momentum_decay": (0.0, math.inf, True, False), "lambd": (0.0, math.inf, True, False),
+}
+
+
+def _numbers(value) -> list[float]:
+    if isinstance(value, (tuple, list)):
+        return [n for v in value for n in _numbers(v)]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return [value.double().item()]
+    return [float(value)] if _real(value) else []
+
+
+def _range_problem(key: str, theirs, ours) -> str | None:
+    """A saved hyperparameter (of the right kind) outside HYPER_RANGES; the value this run's own optimizer was
+    built with always passes (a user's custom optimizer may take an eps of 0)."""
+    if key not in HYPER_RANGES:
+        return None
+    low, high, low_ok, high_ok = HYPER_RANGES[key]
+    ours_numbers = _numbers(ours)
+    for i, n in enumerate(_numbers(theirs)):
+        if (n > low or (low_ok and n == low)) and (n < high or (high_ok and n == high)):
+            continue
+        if i < len(ours_numbers) and n == ours_numbers[i]:
+            continue
+        interval = f"{'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+        return f"outside {interval}"
     return None
 
 
@@ -177,7 +264,11 @@ def scalar_problem(key: str, value) -> str | None:
             return f"is {number}, not a finite number"
     else:
         return f"is a {type(value).__name__}, not a scalar"
-    return f"is {number}, below zero" if key == "step" and number < 0 else None
+    if key == "step" and number < 0:
+        return f"is {number}, below zero"
+    if key == "step" and number >= COUNT_LIMIT:
+        return f"is {number:.4g}, beyond any run (2**53 steps)"
+    return None
 
 
 def moment_problem(value, param: torch.Tensor, strict: bool) -> str | None:
@@ -214,7 +305,7 @@ def param_state_problem(entry: dict, param: torch.Tensor, group: dict, optimizer
         if key in scalars or key == "step":
             wrong = scalar_problem(key, value)
         else:
-            wrong = moment_problem(value, param, strict=key in like)
+            wrong = moment_problem(value, param, strict=key in like) or state_values_problem(key, value)
         if wrong is not None:
             return f"{key} {wrong}"
     return None
