@@ -233,6 +233,19 @@ def write_atomic(path: Path | str, data: bytes | Callable[[str], None], *, follo
     fsync_dir(real.parent)
 
 
+def write_cache_file(path: Path | str, data: bytes) -> None:
+    """A file of kfit's cache, as write_atomic writes it, and never below a cache root that is a link nor
+    through a link between the root and the file: the directories write_atomic makes would follow one (a
+    KFIT_CACHE_DIR planted as a link in a shared /tmp took the traces and timings to its target)."""
+    from .env import cache_dir
+
+    root, where = Path(os.path.abspath(cache_dir())), Path(os.path.abspath(path)).parent
+    if where.is_relative_to(root):
+        refuse_linked_directory(root)
+        refuse_linked_components(where, root)
+    write_atomic(path, data, follow_symlinks=False)
+
+
 def write_target(path: Path | str, *, follow_symlinks: bool = False) -> Path:
     """The file a write of `path` replaces, checked before anything is written: never a directory, a device,
     a FIFO or a socket (replacing a device node, or blocking on a FIFO, is never what a user meant). A symlink

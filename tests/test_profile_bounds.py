@@ -2,7 +2,7 @@
 
 A valid profile, written by the code's own writer (HardwareProfile.to_json), has one field at a time replaced by a
 generated bad value: an integer of up to 5,000 digits, NaN, +/-Infinity, a negative, a value past its bound, a
-string of up to 300,000 characters, a value of the wrong type. load_profile must answer each with one
+string of up to 200,000 characters, a value of the wrong type. load_profile must answer each with one
 HardwareError line of bounded length naming the key - never a ValueError or OverflowError traceback, never a
 profile that plans with 10**40 bytes of RAM or prints a 200,000-character GPU name. Valid profiles, up to every
 bound, still load."""
@@ -79,7 +79,9 @@ def _key(path: tuple) -> str:
 
 huge_digits = st.integers(4_301, 5_000).map(lambda n: "9" * n) | st.integers(21, 4_300).map(lambda n: "1" + "0" * n)
 literals = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
-long_text = st.builds(lambda c, n: c * n, st.characters(codec="utf-8"), st.integers(MAX_TEXT_CHARS + 1, 300_000))
+# up to 80,000 characters: as JSON escapes them (12 characters for one beyond the BMP), within the 1 MiB a profile
+# file may have (a larger file is refused before its keys are read)
+long_text = st.builds(lambda c, n: c * n, st.characters(codec="utf-8"), st.integers(MAX_TEXT_CHARS + 1, 80_000))
 wrong_type = st.sampled_from([True, False, [], {}, [1, 2], {"a": 1}, "12", 12, 1.5])
 
 
@@ -142,7 +144,7 @@ def _one_line_naming(err: HardwareError, key: str) -> str:
     return message
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=bad_profiles())
 def test_a_bad_value_in_any_field_is_one_error_line_naming_it(tmp_path, case):
@@ -219,12 +221,12 @@ def test_too_many_gpus_and_notes_are_refused(tmp_path):
 def test_many_long_unknown_keys_are_named_cut(tmp_path):
     hw = tmp_path / "hw.json"
     d = _valid()
-    d["gpus"][0].update({f"{i}" + "k" * 100_000: 1 for i in range(50)})
+    d["gpus"][0].update({f"{i}" + "k" * 100_000: 1 for i in range(9)})
     _write(hw, d, None)
     with pytest.raises(HardwareError) as err:
         hardware.load_profile(str(hw))
-    message = _one_line_naming(err.value, "gpus[0].0" + "k" * 60 + "... (99,941 more characters)")
-    assert "and 44 more" in message
+    message = _one_line_naming(err.value, "gpus[0].0" + "k" * 39 + "... (99,961 more characters)")
+    assert "and 5 more" in message
 
 
 def test_a_json_value_python_cannot_read_is_one_error(tmp_path, monkeypatch):

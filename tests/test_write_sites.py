@@ -336,3 +336,23 @@ def test_a_fifo_planted_where_kfit_reads_never_blocks(tmp_path, reader):
             assert "\n" not in str(err) and "FIFO" in str(err), str(err)
     finally:
         signal.alarm(0)
+
+
+@pytest.mark.parametrize("cache", ["memory", "steptime"])
+def test_a_cache_root_planted_as_a_link_takes_no_write(tmp_path, monkeypatch, cache):
+    """KFIT_CACHE_DIR=/tmp/c2 where /tmp/c2 was planted as a link: the trace and timing caches made their
+    directories in the link's target (an audit); now no write lands there, and a plan only costs time."""
+    from lib.memory import cache as memory_cache
+    from lib.steptime import cache as steptime_cache
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    root = tmp_path / "c2"
+    root.symlink_to(victim)
+    monkeypatch.setenv("KFIT_CACHE_DIR", str(root))
+    target = root / cache / "entry.json"
+    if cache == "memory":
+        memory_cache.write_traces(target, {"key": {}, "traces": {}})
+    else:
+        steptime_cache.write_json(target, {})
+    assert list(victim.iterdir()) == []

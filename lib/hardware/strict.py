@@ -111,8 +111,8 @@ def check_keys(origin: str, where: str, d: Any, fields: tuple[str, ...], optiona
         )
     extra = sorted(str(k) for k in d if k not in fields)
     if extra:
-        named = [prefix + shown(k, 60) for k in extra[:6]]  # a key of the file: escaped, cut, a few of them
-        more = f" and {len(extra) - 6:,} more" if len(extra) > 6 else ""
+        named = [prefix + shown(k, 40) for k in extra[:4]]  # a key of the file: escaped, cut, a few of them
+        more = f" and {len(extra) - 4:,} more" if len(extra) > 4 else ""
         raise HardwareError(
             f"{origin}: key '{named[0]}' is not a profile field"
             + (f" (nor: {', '.join(named[1:])}{more})" if len(extra) > 1 else "")

@@ -26,7 +26,7 @@ import torch
 
 from ..config import Config
 from ..env import cache_dir
-from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_atomic
+from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_cache_file
 
 FORMAT = 1  # bump when the traced step changes: old cache entries then stop matching
 SCHEMA = 1  # the file's own structure ({"key", "traces", "affine"}); a file without one is taken as 1
@@ -75,8 +75,7 @@ def write_traces(path: Path, contents: dict) -> None:
     """A cache file's {"key", "traces", "affine"} with the schema, atomically and never through a link; a
     read-only cache (or a link planted in its place: noted) only costs time."""
     try:
-        write_atomic(path, json.dumps({**contents, "schema": SCHEMA}, sort_keys=True).encode(),
-                     follow_symlinks=False)
+        write_cache_file(path, json.dumps({**contents, "schema": SCHEMA}, sort_keys=True).encode())
     except UnsafeFileError as err:
         cache_note(path, str(err).split(": kfit")[0], then="not updated")
     except OSError:

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from ..config import Config
 from ..env import environ
 from ..errors import KfitError
-from ..fileio import cache_note, read_json_cache, write_atomic
+from ..fileio import cache_note, read_json_cache, write_cache_file
 
 MEASURE_SECONDS = 90.0  # the series stops doubling once this much time has gone
 MEMORY_SHARE = 0.5  # nor measures a batch whose extrapolated peak is over this share of the free memory
@@ -131,7 +131,7 @@ def read_fit(path: Path) -> MeasuredFit | None:
 
 def write_fit(path: Path, fit: MeasuredFit) -> None:
     try:
-        write_atomic(path, json.dumps(fit.to_json(), sort_keys=True).encode(), follow_symlinks=False)
+        write_cache_file(path, json.dumps(fit.to_json(), sort_keys=True).encode())
     except OSError:  # a read-only cache, or a link in its place: only costs time
         pass
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_atomic
+from ..fileio import UnsafeFileError, cache_note, is_number, read_json_cache, sweep_temporaries, write_cache_file
 
 SCHEMA = 1
 CPU_FIELDS = ("fp32_flops", "bf16_flops", "bandwidth", "op_overhead_s", "conv_flops")  # positive; conv_op_s >= 0
@@ -34,7 +34,7 @@ def read_json(path: Path) -> dict:
 def write_json(path: Path, data: dict) -> None:
     """Write atomically with the schema, never through a link; a read-only or refused cache only costs time."""
     try:
-        write_atomic(path, json.dumps({**data, "schema": SCHEMA}, sort_keys=True).encode(), follow_symlinks=False)
+        write_cache_file(path, json.dumps({**data, "schema": SCHEMA}, sort_keys=True).encode())
     except UnsafeFileError as err:
         cache_note(path, str(err).split(": kfit")[0], then="not updated")
     except OSError:

@@ -46,7 +46,7 @@ from ..threads import using_threads
 from .comm import communication_for
 from .cache import SCHEMA, calibration_entries, is_count, measured_timings, write_json
 from .count import StepCounter, step_key, task_for
-from ..fileio import is_number, write_atomic
+from ..fileio import is_number, write_cache_file
 from .device import Device, device_for
 from .measure import START_RATIO, TIMINGS_FORMAT, budget_for, power_sizes, relative_spread, time_micro_batches
 from .model import StepTimeModel, calibrated, window_sizes
@@ -364,7 +364,7 @@ def _kept(runs: list[dict]) -> list[dict]:
 
 def _write_calibration(path: Path, entries: dict) -> None:
     """calibration.json, written or an OSError: a calibration not stored is worth a warning (write_json is silent)."""
-    write_atomic(path, json.dumps({**entries, "schema": SCHEMA}, sort_keys=True).encode(), follow_symlinks=False)
+    write_cache_file(path, json.dumps({**entries, "schema": SCHEMA}, sort_keys=True).encode())
 
 
 # --------------------------------------------------------------------------
