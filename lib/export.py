@@ -31,7 +31,7 @@ from . import checkpoint
 from .data.run_tokenizer import HASH_FILE, TOKENIZER_FILE, choose_tokenizer, hash_record, sha256_hex
 from .errors import KfitError
 from .redact import shown
-from .fileio import UnsafeFileError, refuse_linked_components, write_atomic
+from .fileio import UnsafeFileError, refuse_linked_components, write_atomic, write_target
 
 MODEL_FILE = "model.safetensors"
 
@@ -96,6 +96,9 @@ def export(run: Path, out: Path | None = None, log=lambda line: print(line, file
         raise _refused(out, err) from None
     with _export_lock(out):
         try:
+            names = (MODEL_FILE, "config", "plan.json") + ((TOKENIZER_FILE, HASH_FILE) if tokenizer is not None else ())
+            for name in names:  # every file checked before the first is written: a refusal leaves OUT as it was
+                write_target(out / name)
             for name in (MODEL_FILE, "config", "plan.json", TOKENIZER_FILE, HASH_FILE):  # a killed export's
                 for stale in out.glob(f".{name}.*.tmp"):
                     stale.unlink(missing_ok=True)

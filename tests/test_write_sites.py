@@ -308,6 +308,15 @@ def test_export_and_report_never_write_through_a_link_in_out(tmp_path, trained):
     with pytest.raises(fileio.UnsafeFileError, match="fifo.html is not a regular file"):
         write_report(run_dir, tmp_path / "fifo.html")
     assert victim.read_text() == "precious\n"
+    for name in ("config", "plan.json"):  # planted after the model file: refused before anything is written
+        for kind in ("link-to-file", "fifo", "directory", "dangling-link"):
+            planted = tmp_path / f"out-{name}-{kind}"
+            planted.mkdir()
+            plant(kind, planted / name, tmp_path / f"elsewhere-{name}-{kind}")
+            before = snapshot(planted)
+            with pytest.raises(fileio.UnsafeFileError, match=name):
+                export(run_dir, planted)
+            assert snapshot(planted) == before, (name, kind)
 
 
 @pytest.mark.parametrize("reader", ["read_meta", "recorded_hash", "run_model", "files.read_bytes", "read_txt"])
