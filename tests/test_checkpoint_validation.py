@@ -626,3 +626,191 @@ def test_export_and_init_from_refuse_a_damaged_checkpoint(tmp_path, make_config)
     with pytest.raises(KfitError, match="is damaged"):
         export(final, tmp_path / "out")
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+# -- intact bytes, wrong contents: a field edited and re-saved with torch.save ----------------------------------
+# The CRC and every shape pass; the values are what no run writes (a step of 10**30, NaN weights, a negative
+# exp_avg_sq, a learning rate below zero, a config naming another model). Each is set aside like a damaged one.
+
+NOT_FINITE = st.sampled_from([float("nan"), float("inf"), float("-inf")])
+BEYOND = st.integers(2 ** 53, 2 ** 100)  # no run's count reaches 2**53
+
+
+def content_damages(state: dict, numbered: list[str]) -> st.SearchStrategy:
+    """(change(state), the reason's phrase) for checkpoint-8's `state`: every kind of wrong contents, its field
+    and value generated."""
+    p = state["progress"]
+    step, window_size = p["step"], p["window_size"]
+
+    def progress(field, value):
+        return lambda s: s["progress"].update({field: value})
+
+    counts = st.sampled_from(["step", "epoch", "window", "samples", "interval_samples", "stale_evals", "halvings",
+                              "micro_batch", "window_size"])
+    beyond = st.builds(lambda f, v: (progress(f, v), f"its progress field {f} is {str(v)[:40]}, beyond any run"),
+                       counts, BEYOND)
+    # consistent types, each below 2**53, but more than `step` steps (of `window_size` samples) can have done
+    limits = {"window": step, "epoch": step, "stale_evals": step, "samples": step * window_size,
+              "interval_samples": p["samples"], "halvings": window_size.bit_length(), "micro_batch": window_size}
+    contradiction = st.sampled_from(sorted(limits)).flatmap(lambda f: st.builds(
+        lambda v: (progress(f, v), f"its progress field {f} is {v} at step {step}: "),
+        st.integers(limits[f] + 1, 2 ** 53 - 1)))
+    floats = st.builds(lambda f, v: (progress(f, v), f"its progress field {f} is {v}"),  # (-inf: "below 0")
+                       st.sampled_from(["elapsed_s", "interval_loss"]), st.sampled_from([float("nan"), float("inf")]))
+
+    def poke(tensor, index, value):
+        tensor.view(-1)[index % tensor.numel()] = value
+
+    model_names = sorted(state["model"])
+    model = st.builds(
+        lambda name, i, v: (lambda s: poke(s["model"][name], i, v),
+                            f"its model tensor {name} holds NaN or infinite values"),
+        st.sampled_from(model_names), st.integers(0, 2 ** 20), NOT_FINITE)
+    moments = st.builds(
+        lambda n, key, i, v: (lambda s: poke(s["optimizer"]["state"][n][key], i, v),
+                              f"its optimizer state for {numbered[n]}: {key} holds NaN or infinite values"),
+        st.integers(0, len(numbered) - 1), st.sampled_from(["exp_avg", "exp_avg_sq"]), st.integers(0, 2 ** 20),
+        NOT_FINITE)
+    negative = st.builds(
+        lambda n, i, v: (lambda s: poke(s["optimizer"]["state"][n]["exp_avg_sq"], i, v),
+                         f"its optimizer state for {numbered[n]}: exp_avg_sq holds "),
+        st.integers(0, len(numbered) - 1), st.integers(0, 2 ** 20), st.floats(-1e30, -1e-30))
+    optimizer_step = st.builds(
+        lambda n, v: (lambda s: s["optimizer"]["state"][n].update(step=torch.tensor(v)),
+                      f"its optimizer state for {numbered[n]}: step is "),
+        st.integers(0, len(numbered) - 1), st.floats(2.0 ** 53, 1e38))
+    below = st.floats(-1e30, -1e-30)
+    hyper = st.one_of(
+        st.tuples(st.just("lr"), below), st.tuples(st.just("weight_decay"), below),
+        st.tuples(st.just("eps"), st.floats(-1e30, 0.0)),
+        st.tuples(st.just("betas"), st.one_of(st.floats(1.0, 1e6), below).flatmap(
+            lambda b: st.sampled_from([(b, 0.999), (0.9, b)]))))
+    groups = st.builds(
+        lambda g, kv: (lambda s: s["optimizer"]["param_groups"][g].update({kv[0]: kv[1]}),
+                       f"its optimizer's parameter group {g}: {kv[0]} is "),
+        st.integers(0, len(state["optimizer"]["param_groups"]) - 1), hyper)
+    other_model = st.builds(
+        lambda name: (lambda s: s.update(config=s["config"].replace("CONFIG_MODEL_LENET5=y", f"CONFIG_MODEL_{name}=y")),
+                      "its config differs from its run's in training math ("),
+        st.sampled_from(["RESNET18", "RESNET50", "GPT2", "LLAMA"]))
+    return st.one_of(beyond, contradiction, floats, model, moments, negative, optimizer_step, groups, other_model)
+
+
+@examples(48)
+@given(data=st.data())
+def test_contents_no_run_writes_are_set_aside_and_the_previous_checkpoint_resumed(runs, data):
+    """A checkpoint re-saved with one field out of range, not finite or contradicting the others: named in one
+    warning with the reason, kept as checkpoint-8.pt.damaged (its bytes as they were), checkpoint-4 resumed and
+    the run ending with the uninterrupted run's weights."""
+    with copy_of(runs) as run:
+        state = torch.load(run / "checkpoint-8.pt", weights_only=True)
+        change, reason = data.draw(content_damages(state, runs.numbered), label="damage")
+        damaged = resave(run / "checkpoint-8.pt", change)
+        t, warnings = resumed(runs, run)
+        assert_set_aside(run, runs, t, warnings, damaged, reason=f"is not a usable checkpoint ({reason}")
+
+
+def consistent_progress(window_size: int) -> st.SearchStrategy:
+    """Progress fields a run can reach: counts below 2**53 that agree with each other, seconds and loss finite."""
+    @st.composite
+    def build(draw):
+        step = draw(st.integers(0, 2 ** 40))
+        samples = draw(st.integers(0, step * window_size))
+        micro = draw(st.integers(1, window_size))
+        return {"window_size": window_size, "micro_batch": micro, "step": step, "samples": samples,
+                "halvings": draw(st.integers(0, window_size.bit_length())),
+                "epoch": draw(st.integers(0, step)), "window": draw(st.integers(0, step)),
+                "interval_samples": draw(st.integers(0, samples)), "stale_evals": draw(st.integers(0, step)),
+                "elapsed_s": draw(st.floats(0, 1e12)), "interval_loss": draw(st.floats(-1e30, 1e30)),
+                "best": [[draw(st.integers(0, step)), draw(st.floats(allow_nan=False))]]}
+    return build()
+
+
+@settings(max_examples=200, deadline=None)
+@given(progress=st.integers(1, 2 ** 20).flatmap(consistent_progress), data=st.data())
+def test_progress_a_run_can_reach_passes_and_one_field_beyond_it_does_not(progress, data):
+    """No false alarm: any progress a run can reach passes (a custom loss_fn's loss may be below zero); one
+    field moved beyond what the others allow, or to a value no run writes, is named."""
+    from lib.trainer.resume import checkpoint_problem
+
+    def state(p):
+        return {"model": {}, "optimizer": {}, "scaler": {}, "rng": {"torch": 0, "python": 0}, "progress": p,
+                "step": p["step"], "epoch": min(p["epoch"] + 1, data.draw(st.integers(0, p["epoch"] + 1)))}
+    assert checkpoint_problem(state(progress)) is None
+    step, size = progress["step"], progress["window_size"]
+    field, value = data.draw(st.one_of(
+        st.tuples(st.sampled_from(["step", "epoch", "samples", "window", "halvings"]), BEYOND),
+        st.tuples(st.sampled_from(["epoch", "window", "stale_evals"]), st.integers(step + 1, 2 ** 53 - 1)),
+        st.tuples(st.just("samples"), st.integers(step * size + 1, 2 ** 53 - 1)),
+        st.tuples(st.just("halvings"), st.integers(size.bit_length() + 1, 2 ** 53 - 1)),
+        st.tuples(st.sampled_from(["elapsed_s", "interval_loss"]), NOT_FINITE)))
+    wrong = checkpoint_problem(state({**progress, field: value}))
+    assert wrong is not None and wrong.startswith(f"its progress field {field} is "), wrong
+
+
+@settings(max_examples=100, deadline=None)
+@given(lr=st.floats(0, 10), beta1=st.floats(0, 0.9999), beta2=st.floats(0, 0.9999),
+       eps=st.floats(1e-30, 1), weight_decay=st.floats(0, 10))
+def test_hyperparameters_in_torchs_ranges_pass(lr, beta1, beta2, eps, weight_decay):
+    live = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3).param_groups[0]
+    saved = {**live, "lr": lr, "betas": (beta1, beta2), "eps": eps, "weight_decay": weight_decay}
+    assert verify.group_problem(saved, live) is None
+
+
+def test_a_value_this_runs_optimizer_was_built_with_passes_outside_the_usual_range():
+    """eps 0 is outside (0, inf) but torch's constructor takes it: a custom optimizer built so keeps it."""
+    live = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3, eps=0.0).param_groups[0]
+    assert verify.group_problem(dict(live), live) is None
+    assert verify.group_problem({**live, "eps": -1.0}, live) == "eps is '-1.0', outside (0, inf)"
+
+
+@pytest.mark.parametrize("change", [
+    lambda text: text.replace("CONFIG_EPOCHS=10", "CONFIG_EPOCHS=9").replace("CONFIG_MAX_STEPS=12",
+                                                                                 "CONFIG_MAX_STEPS=8"),
+    lambda text: text.replace("CONFIG_LOG_INTERVAL=1", "CONFIG_LOG_INTERVAL=3"),
+], ids=["extended run", "not training math"])
+def test_a_checkpoint_config_that_differs_only_where_runs_may_resumes_from_it(runs, change):
+    """An extension raises the run config's EPOCHS or MAX_STEPS over its kept checkpoint's; logging is not
+    training math: neither is a reason to pass the checkpoint by."""
+    with copy_of(runs) as run:
+        resave(run / "checkpoint-8.pt", lambda s: s.update(config=change(s["config"])))
+        t, warnings = resumed(runs, run)
+        assert warnings == [] and t.resumed_from == run / "checkpoint-8.pt"
+        assert same_weights(run, runs)
+
+
+def test_a_run_config_cut_short_judges_only_the_lines_it_holds(runs):
+    with copy_of(runs) as run:
+        lines = (run / "config").read_text().splitlines(keepends=True)
+        (run / "config").write_text("".join(lines[:len(lines) // 2]))
+        t, warnings = resumed(runs, run)
+        assert warnings == [] and t.resumed_from == run / "checkpoint-8.pt"
+
+
+def test_resume_from_the_run_directory_sets_aside_a_checkpoint_of_another_models_config(runs, kfit_here):
+    """RESUME_FROM=<run>: a checkpoint whose own config names another model is passed by for the previous one
+    (one warning, renamed aside), not an error about the config; the run's own config differing from this one
+    is still that error."""
+    with copy_of(runs) as run:
+        damaged = resave(run / "checkpoint-8.pt", lambda s: s.update(
+            config=s["config"].replace("CONFIG_MODEL_LENET5=y", "CONFIG_MODEL_GPT2=y")))
+        shutil.copy(runs.config.source, run.parent / ".config")
+        result = kfit_here(run.parent, "train", RESUME_FROM=str(run))
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output
+        [warning] = [line for line in output.splitlines() if line.startswith("warning:") and "checkpoint-" in line]
+        assert warning.startswith(f"warning: {run / 'checkpoint-8.pt'} is not a usable checkpoint (its config differs "
+                                  "from its run's in training math (CONFIG_MODEL_GPT2: y there, "), warning
+        assert warning.endswith(": kept as checkpoint-8.pt.damaged, using the previous checkpoint"), warning
+        assert (run / "checkpoint-8.pt.damaged").read_bytes() == damaged
+        assert f"Resuming {run} from step 4 (checkpoint-4.pt" in output and (run / checkpoint.FINAL).is_file()
+
+
+def test_resume_from_a_run_of_another_config_is_still_the_config_error(runs, kfit_here):
+    with copy_of(runs) as run:
+        (run.parent / ".config").write_text(runs.config.source.read_text().replace("CONFIG_MAX_STEPS=12",
+                                                                                  "CONFIG_MAX_STEPS=12\nCONFIG_SEED=7"))
+        result = kfit_here(run.parent, "train", RESUME_FROM=str(run))
+        output = result.stdout + result.stderr
+        assert result.returncode == 2 and "its config differs in training math (CONFIG_SEED: " in output, output
+        assert not any(p.name.endswith(".damaged") for p in run.iterdir())

@@ -509,3 +509,17 @@ def test_json_nested_thousands_deep_in_data_is_one_data_error(reader, depth, tmp
         else:
             corpus._jsonl_text(corpus.Source("c.jsonl", "jsonl", 1, 0), nested.encode(), 0)
     assert "\n" not in str(err.value) and len(str(err.value)) < 1200
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.lists(st.sampled_from(["a", "\n", "\x1b[2J", "\u202e", "error: FORGED", "\r"]), min_size=1,
+                     max_size=6).map("".join))
+def test_a_path_in_a_success_line_never_forges_output(name, tmp_path, kfit_here):
+    """`make report OUT=$'x\\nerror: FORGED'` printed a forged error line and a raw escape (an audit): the
+    lines that name a file kfit wrote show its path escaped, as the error lines do."""
+    config = tmp_path / ("cfg-" + name.replace("/", "_"))
+    result = kfit_here(tmp_path, "defconfig", "lenet5", KCONFIG_CONFIG=str(config))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("# configuration written to "), result.stdout
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout

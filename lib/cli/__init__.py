@@ -19,6 +19,7 @@ from .common import ensure_config, run_main  # noqa: F401  (ensure_config: re-ex
 from .. import config as kconfig
 from ..env import env_choice
 from ..errors import KfitError
+from ..redact import shown
 
 
 # --------------------------------------------------------------------------
@@ -45,20 +46,20 @@ def cmd_defconfig(args) -> int:
     for note in notes:
         print(f"note: {note}")
     merged = f" + {', '.join(fragments)}" if fragments else ""
-    print(f"# configuration written to {out} (defconfig {args.name}{merged})")
+    print(f"# configuration written to {shown(out)} (defconfig {args.name}{merged})")
     return 0
 
 
 def cmd_olddefconfig(args) -> int:
     path = kconfig.config_path()
     kconfig.olddefconfig(path)
-    print(f"# configuration written to {path}")
+    print(f"# configuration written to {shown(path)}")
     return 0
 
 
 def cmd_savedefconfig(args) -> int:
     out = kconfig.savedefconfig(kconfig.config_path(), Path(args.output))
-    print(f"# minimal configuration written to {out}")
+    print(f"# minimal configuration written to {shown(out)}")
     return 0
 
 
@@ -111,7 +112,7 @@ def cmd_menuconfig(args) -> int:
     config = kconfig.edit_config(path, _menu, notes)
     for note in notes:
         print(f"note: {note}")
-    print(f"# configuration written to {path}" if config else f"# {path} unchanged")
+    print(f"# configuration written to {shown(path)}" if config else f"# {shown(path)} unchanged")
     return 0
 
 
@@ -125,7 +126,7 @@ def cmd_oldconfig(args) -> int:
         print("note: stdin is not a terminal, so nothing is asked: new symbols take their defaults "
               "(as 'make olddefconfig')")
         kconfig.olddefconfig(path)
-    print(f"# configuration written to {path}")
+    print(f"# configuration written to {shown(path)}")
     return 0
 
 
@@ -133,7 +134,7 @@ def cmd_allconfig(args) -> int:
     """alldefconfig, allnoconfig, allyesconfig."""
     path = kconfig.config_path()
     getattr(kconfig, args.command)(path)
-    print(f"# configuration written to {path} ({args.command})")
+    print(f"# configuration written to {shown(path)} ({args.command})")
     return 0
 
 
@@ -142,7 +143,7 @@ def cmd_randconfig(args) -> int:
     print(f"KCONFIG_SEED=0x{seed:X}", file=sys.stderr)  # as the kernel prints it: rerun with it to reproduce
     path = kconfig.config_path()
     kconfig.randconfig(seed, path)
-    print(f"# configuration written to {path} (randconfig)")
+    print(f"# configuration written to {shown(path)} (randconfig)")
     return 0
 
 
@@ -152,7 +153,7 @@ def cmd_mergeconfig(args) -> int:
     kconfig.merge_fragment(args.fragment, path, notes)
     for note in notes:
         print(f"note: {note}")
-    print(f"# configuration written to {path} (merged fragment {args.fragment})")
+    print(f"# configuration written to {shown(path)} (merged fragment {args.fragment})")
     return 0
 
 
@@ -179,7 +180,7 @@ def cmd_config_set(args) -> int:
         print(f"note: {note}")
     lines = dict(line.split("=", 1) for line in written.text.splitlines() if line.startswith("CONFIG_"))
     now = ", ".join(f"CONFIG_{name}={lines.get('CONFIG_' + name, 'n')}" for name in changes)  # n: '# ... is not set'
-    print(f"# {now} written to {path} (previous in {path}.old)")
+    print(f"# {now} written to {shown(path)} (previous in {shown(path)}.old)")
     return 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..env import env_number
 from ..errors import KfitError
+from ..redact import shown
 from .flags import command
 
 
@@ -36,24 +37,26 @@ def cmd_data(args) -> int:
     tokenizer = os.environ.get("TOKENIZER") or None
     vocab = env_number("VOCAB", int, DEFAULT_VOCAB)
     out = Path(os.environ["OUT"]).expanduser() if os.environ.get("OUT") else default_out(corpus)
-    print(f"Corpus: {corpus or 'pydoc_data.topics (standard library)'} -> {out}")
+    print(f"Corpus: {shown(corpus) if corpus else 'pydoc_data.topics (standard library)'} -> {shown(out)}")
     try:
         result = tokenize_corpus(corpus, out, tokenizer=tokenizer, vocab=vocab,
                                  log=lambda line: print(line, file=sys.stderr, flush=True))
         fragment = write_fragment(out)
+    except UnsafeFileError:
+        raise  # names the link or special file as it is
     except OSError as err:  # OUT a file, unwritable, a full disk
         raise KfitError(f"OUT={out}: cannot write the tokenized corpus ({err.strerror or err} at "
                         f"{err.filename or out}): name a writable directory with room for it") from None
     meta = result.meta
     if not result.fresh:
-        print(f"{out} already holds this corpus ({meta['tokens']:,} tokens): nothing to do")
+        print(f"{shown(out)} already holds this corpus ({meta['tokens']:,} tokens): nothing to do")
     else:
         rate = result.tokens_now / result.encode_seconds if result.encode_seconds else 0.0
         resumed = f", resumed after {result.resumed_shards} shard(s)" if result.resumed_shards else ""
         print(f"Tokenized {meta['documents']:,} documents into {meta['tokens']:,} tokens "
               f"({meta['train_tokens']:,} train / {meta['val_tokens']:,} val, {meta['dtype']}) in "
               f"{result.seconds:.1f}s: {rate:,.0f} tokens/s{resumed}")
-    print(f"Vocabulary: {meta['vocab_size']:,} tokens, {meta['tokenizer_kind']} ({out / 'tokenizer.json'})")
+    print(f"Vocabulary: {meta['vocab_size']:,} tokens, {meta['tokenizer_kind']} ({shown(out / 'tokenizer.json')})")
     print(train_line(out, fragment))
     return 0
 

@@ -11,6 +11,7 @@ from .common import config_to_plan, hardware_from_env, parsed
 from .flags import MACHINE, command
 from .. import config as kconfig
 from ..errors import KfitError
+from ..redact import shown
 
 # lib.planning (and torch with it) is imported by the commands that use it, not with this module: kfit's parser
 # imports every command's module, and a config target or a refused variable then starts in about 0.5 s, not 3 s.
@@ -180,7 +181,7 @@ def cmd_plan_report(args) -> int:
     check_writable(out)
     focus = _focus_machine()
     render_report(plan_matrix(jobs=parallel_jobs()), focus, out)
-    print(f"plan report written to {out} (details for {focus}; open it in a browser)")
+    print(f"plan report written to {shown(out)} (details for {focus}; open it in a browser)")
     return 0
 
 

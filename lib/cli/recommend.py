@@ -18,6 +18,7 @@ from .common import apply_hint, hardware_from_env, new_defconfig_dir, parsed
 from .. import config as kconfig, fileio
 from ..env import env_bool
 from ..errors import KfitError
+from ..redact import shown
 from ..recommend import FAMILIES
 from .flags import MACHINE, command
 
@@ -256,7 +257,7 @@ def cmd_recommend(args) -> int:
         print()
         print("\n".join(_text(rec)))
     for path in written:
-        print(f"# written {path}" + ("" if path == page else f": {apply_hint(path)}"))
+        print(f"# written {shown(path)}" + ("" if path == page else f": {apply_hint(path)}"))
     return 0
 
 

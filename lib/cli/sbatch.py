@@ -163,7 +163,7 @@ def cmd_sbatch(args) -> int:
     print(summary)
     what = (f"{array} HPO worker(s) (a job array) against {_redact(env['HPO_STORAGE'])}" if array else
             f"{nodes} node(s) x {per_node} process(es), effective batch {plan.effective_batch}")
-    print(f"# SLURM batch script for {what} written to {out}; submit it with: sbatch {out}")
+    print(f"# SLURM batch script for {what} written to {shown(out)}; submit it with: sbatch {shown(out)}")
     return 0
 
 

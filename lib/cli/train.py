@@ -20,7 +20,7 @@ from .common import ensure_config, hardware_from_env
 from .. import config as kconfig
 from ..env import env_number, env_text, env_utf8
 from ..errors import KfitError
-from ..redact import visible_text
+from ..redact import shown, visible_text
 from .flags import command
 from .invocation import SET_VARIABLE, Invocation
 from .slurm import with_slurm
@@ -277,7 +277,7 @@ def cmd_export(args) -> int:
     from ..export import export
 
     path = export(run, Path(out).expanduser() if out else None)
-    print(f"Exported {path} (the model's state_dict: safetensors.torch.load_file(path)), with config and "
+    print(f"Exported {shown(path)} (the model's state_dict: safetensors.torch.load_file(path)), with config and "
           f"plan.json beside it")
     return 0
 

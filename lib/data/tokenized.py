@@ -27,7 +27,7 @@ import numpy as np
 
 from .corpus import Source, find_sources, pieces, texts
 from ..errors import DataError
-from ..fileio import UnsafeFileError, read_bytes, refuse_linked_components, write_atomic
+from ..fileio import UnsafeFileError, read_bytes, refuse_linked_components, write_atomic, write_target
 from ..progress import Bar
 
 EOT = "<|endoftext|>"
@@ -227,6 +227,9 @@ def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = No
         check_vocab(vocab)  # before anything is written
     shards = out / ".shards"
     refuse_linked_components(shards, out)  # the shards are removed at the end: never a link's target's files
+    # every file it writes in OUT checked before the first is written: a refusal leaves OUT as it was
+    for name in ("tokenizer.json", "train.bin", "val.bin", "meta.json", FRAGMENT):
+        write_target(out / name)
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "meta.json"
     if meta_path.is_file() and not shards.exists():
