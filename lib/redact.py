@@ -32,6 +32,12 @@ QUERY_SECRET = re.compile(rf"(?i)([?&;](?:{_SECRET_NAME}|key|sig|signature)=)[^&
 # NAME=value and "name": "value" outside URLs (an environment dump, a JSON error body, a netrc-like line)
 PAIR_SECRET = re.compile(rf"(?i)((?<![\w.-]){_SECRET_NAME}[\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)[^\s\"'&,;]+")
 NETRC_SECRET = re.compile(r"(?i)(\bpassword\s+)\S+")
+# user:password@host without a scheme (HPO_STORAGE='user:pw@host:5432/db', a DSN): the word before the colon a
+# name, the host after the @ a name or an address
+BARE_USER_PASSWORD = re.compile(r"(?<![\w/:@.+%-])([A-Za-z_][\w.+%-]{0,63}):[^\s/@]+@(?=[\w\[])")
+# an HTTP header's credentials (Authorization: Bearer ..., Basic ...), and a bare bearer token
+HEADER_SECRET = re.compile(r"(?i)(\b(?:proxy-)?authorization\s*[:=]\s*(?:bearer|basic|token|digest)?\s*|\bbearer\s+)"
+                           r"(?!\*\*\*)[^\s\"',;]+")
 LIMIT = 200  # characters of a user's value shown in a message
 _SECRET_WORD = re.compile(rf"(?i)[\w.-]*(?:{SECRET_WORDS})")
 
@@ -47,6 +53,8 @@ def redact(text: str) -> str:
     if not text:
         return text
     text = USER_PASSWORD.sub(r"\1:***@", text)
+    text = BARE_USER_PASSWORD.sub(r"\1:***@", text)
+    text = HEADER_SECRET.sub(r"\1***", text)
     text = QUERY_SECRET.sub(r"\1***", text)
     text = PAIR_SECRET.sub(r"\1***", text)
     return NETRC_SECRET.sub(r"\1***", text)

@@ -365,3 +365,15 @@ def test_checkpoint_control_symbols_are_off_by_default_and_parsed_strictly(tmp_p
         with pytest.raises(ConfigError, match=message):
             kc.make_defconfig(str(write(tmp_path / "d", text)), out=tmp_path / "bad.config")
     assert not (tmp_path / "bad.config").exists()
+
+
+@pytest.mark.parametrize("line", ["Authorization: Bearer S3CRETPW", "S3CRETPW", "machine h login u password S3CRETPW",
+                                  "ghp_S3CRETPWxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "export API=S3CRETPW"])
+def test_a_line_of_another_file_given_as_a_config_is_never_echoed(line, tmp_path):
+    """A credentials file given as a fragment (one CONFIG_ line among its own) had its other lines echoed in
+    "ignoring malformed line '...'" (an audit): such a line is named by its number, its text not shown; a
+    mistyped CONFIG_ line still is."""
+    bad = write(tmp_path / "bad", f"CONFIG_EPOCHS=3\n{line}\n")
+    with pytest.raises(ConfigError) as err:
+        kc.make_defconfig(str(bad), out=tmp_path / ".config")
+    assert "S3CRETPW" not in str(err.value) and "malformed line" in str(err.value) and ":2" in str(err.value)

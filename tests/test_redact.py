@@ -8,7 +8,7 @@ import json
 import unicodedata
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from lib.redact import RedactingStream, redact, shown
 
@@ -196,3 +196,17 @@ def test_sample_text_keeps_its_lines_and_tabs_and_shows_every_other_control(piec
     assert out.count("\n") == text.count("\n") and out.count("\t") == text.count("\t")
     assert not any(unicodedata.category(c) in HIDDEN for c in out.replace("\n", "").replace("\t", "")), ascii(out)
     assert visible_text("a\tb\nc") == "a\tb\nc" and visible_text("x\x1b[31my") == "x\\x1b[31my"
+
+
+@settings(max_examples=200, deadline=None)
+@given(user=st.from_regex(r"[A-Za-z_][\w.+-]{0,12}", fullmatch=True),
+       password=st.from_regex(r"[A-Za-z0-9!$%^&*()=+~;,.]{4,24}", fullmatch=True).filter(lambda p: "***" not in p),
+       host=st.sampled_from(["127.0.0.1:9/db", "db.example.org:5432/kfit", "[::1]:5432", "host/db", "h"]),
+       form=st.sampled_from(["{u}:{p}@{h}", "HPO: study s in {u}:{p}@{h}", "error: HPO_STORAGE='{u}:{p}@{h}' refused",
+                             "Authorization: Bearer {p}", "curl -H 'authorization: basic {p}' x", "bearer {p} ok"]))
+def test_credentials_without_a_scheme_or_in_a_header_are_hidden(user, password, host, form):
+    """HPO_STORAGE='user:pw@127.0.0.1:9/db' (no postgresql://) printed its password in the HPO line and the error
+    line, and a fragment's 'Authorization: Bearer ...' was echoed (an audit)."""
+    line = form.format(u=user, p=password, h=host)
+    assume(password not in form.format(u=user, p="", h=host))  # the password is nothing else in the line
+    assert password not in redact(line), (line, redact(line))

@@ -136,11 +136,18 @@ _QUOTED = re.compile(r"['\"].*['\"]", re.S)  # from a message's first quote to i
 def _entry(text: str) -> str:
     """One entry of a config's problems or notes as it may be shown: the values a file assigned to a secret's
     name (CONFIG_NOSUCH_TOKEN="...", kconfiglib quoting them in its "undefined symbol", "set more than once" or
-    "malformed line" warning) hidden as ***; escaped (a value's control and format characters as \\x1b,
+    "malformed line" warning) hidden as ***, and a malformed line's text not shown at all; escaped (a value's control and format characters as \\x1b,
     \\u202e: never a forged entry or line); cut to 300 characters."""
-    if any(secret_name(word) for word in re.findall(r"\w+", text)):
+    if _MALFORMED.search(text):  # a line that is no assignment is never echoed: it may be any file's (a netrc)
+        text = _MALFORMED.sub("ignoring malformed line (neither a CONFIG_ assignment nor a comment; its text is "
+                              "not shown)", text)
+    elif any(secret_name(word) for word in re.findall(r"\w+", text)):
         text = _QUOTED.sub("'***'", text, count=1)
     return shown(text, 300)
+
+
+# kconfiglib's warning about a line that is no assignment, unless the line starts as one (a typo to show)
+_MALFORMED = re.compile(r"ignoring malformed line '(?!(?:# )?CONFIG_).*'$", re.S)
 
 
 def _contradictions(path: Path) -> list[str]:
