@@ -31,8 +31,8 @@ def _get(name: str, env: Mapping[str, str] | None) -> str | None:
 
 
 
-_WHOLE = re.compile(r"[+-]?\d[\d_]*")
-_DECIMAL = re.compile(r"[+-]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][+-]?\d+)?")
+_WHOLE = re.compile(r"[+-]?\d[\d_]*", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][+-]?\d+)?", re.ASCII)
 
 
 def out_of_range(text: str, kind: type[int] | type[float] = int) -> bool:
@@ -61,7 +61,8 @@ def env_number(name: str, kind: type[int] | type[float] = int, default=None, env
               f" >= {minimum}" if minimum is not None else f" <= {maximum:,}" if maximum is not None else "")
     quoted = f"'{shown(value, 40)}'"  # escaped and cut: a value never forges a line of output
     try:
-        number = kind(value)
+        # ASCII only: Python reads Arabic-Indic and other digits as numbers too (GPUS=٣ planned 3 processes)
+        number = kind(value) if value.isascii() else None
     except ValueError:
         number = None  # not a number, or a whole number of more digits than Python converts (4,300)
     if number is None or number in (float("inf"), float("-inf")):

@@ -523,3 +523,20 @@ def test_a_path_in_a_success_line_never_forges_output(name, tmp_path, kfit_here)
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("# configuration written to "), result.stdout
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+
+
+@settings(max_examples=40, deadline=None)
+@given(digit=st.characters(categories=["Nd"]).filter(lambda c: not c.isascii()),
+       name=st.sampled_from(["GPUS", "EPOCHS", "MAX_STEPS", "NNODES"]))
+def test_digits_of_other_scripts_are_not_numbers(digit, name):
+    """GPUS=٣ planned 3 processes and EPOCHS=٣ trained (an audit): Python's int() reads every script's digits;
+    a number kfit takes is ASCII, as make, torchrun and a .config read it."""
+    from lib import config as kc
+    from lib.env import env_number
+    from lib.errors import KfitError
+
+    with pytest.raises(KfitError, match="is not a number"):
+        env_number(name, int, env={name: digit * 2})
+    if name in ("EPOCHS", "MAX_STEPS"):
+        with pytest.raises(KfitError, match="ASCII digits"):
+            kc.derive(_lenet5(), {name: digit})

@@ -154,6 +154,9 @@ def _assignment_lines(assignments: Mapping[str, object]) -> str:
             value = f"{value:.6g}"
         text = str(value)
         require_utf8(f"CONFIG_{name}", text)  # a config is UTF-8 text: bytes that are not would not be written
+        if sym.orig_type in (kconfiglib.INT, kconfiglib.HEX) and not text.strip().isascii():
+            raise ConfigError(f"CONFIG_{name}={shown(text, 40)} is not a number: give it in ASCII digits "
+                              "(0-9; other scripts' digits are not read)")
         if any(ch in text for ch in "\n\r\0"):  # it would end the line: a second assignment, unchecked
             raise ConfigError(f"CONFIG_{name}={shown(text, 80)!r}: a value cannot hold a line break or a NUL")
         if sym.orig_type == kconfiglib.STRING:
