@@ -112,7 +112,9 @@ def env_choice(name: str, choices: Sequence[str], default: str, env: Mapping[str
     if value is None:
         return default
     if value.lower() not in choices:
-        raise KfitError(f"{name}={value!r} is not accepted: choose one of {', '.join(choices)}")
+        from .redact import shown
+
+        raise KfitError(f"{name}='{shown(value, 40)}' is not accepted: choose one of {', '.join(choices)}")
     return value.lower()
 
 

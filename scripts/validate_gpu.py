@@ -23,9 +23,17 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
+    from lib.env import env_choice
+    from lib.errors import KfitError
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=os.environ.get("DEVICE") or "auto")
-    parser.add_argument("--quick", choices=("", "0", "1"), default=os.environ.get("QUICK", ""))
+    try:  # argparse never checks a default against its choices: DEVICE=nosuch ran the whole validation
+        device, quick = env_choice("DEVICE", ("auto", "cuda", "cpu"), "auto"), env_choice("QUICK", ("0", "1"), "")
+    except KfitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default=device)
+    parser.add_argument("--quick", choices=("", "0", "1"), default=quick)
     parser.add_argument("--out", default=os.environ.get("OUT") or None)
     parser.add_argument("--checks", default=os.environ.get("CHECKS", ""))
     args = parser.parse_args()

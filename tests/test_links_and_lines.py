@@ -540,3 +540,17 @@ def test_digits_of_other_scripts_are_not_numbers(digit, name):
     if name in ("EPOCHS", "MAX_STEPS"):
         with pytest.raises(KfitError, match="ASCII digits"):
             kc.derive(_lenet5(), {name: digit})
+
+
+def test_validate_gpu_refuses_a_device_it_does_not_know_before_any_check(tmp_path):
+    """DEVICE=nosuch ran the whole validation and wrote its JSON (argparse never checks a default taken from
+    the environment against its choices; an audit)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "v.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "validate_gpu.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env={**os.environ, "DEVICE": "nosuch", "OUT": str(out)}, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: DEVICE='nosuch' is not accepted")
+    assert done.stderr.count("\n") == 1 and not out.exists()
