@@ -44,9 +44,13 @@ def cmd_data(args) -> int:
         fragment = write_fragment(out)
     except UnsafeFileError:
         raise  # names the link or special file as it is
-    except OSError as err:  # OUT a file, unwritable, a full disk
-        raise KfitError(f"OUT={out}: cannot write the tokenized corpus ({err.strerror or err} at "
-                        f"{err.filename or out}): name a writable directory with room for it") from None
+    except OSError as err:  # OUT a file, unwritable, a full disk; or a corpus path the OS refuses to open
+        where = Path(os.path.abspath(err.filename)) if isinstance(err.filename, str) else None
+        if where is not None and not where.is_relative_to(os.path.abspath(out)):
+            raise KfitError(f"CORPUS={shown(corpus)} cannot be read ({err.strerror or err} at {shown(where)}): "
+                            "name files that exist and can be read") from None
+        raise KfitError(f"OUT={shown(out)}: cannot write the tokenized corpus ({err.strerror or err} at "
+                        f"{shown(err.filename or out)}): name a writable directory with room for it") from None
     meta = result.meta
     if not result.fresh:
         print(f"{shown(out)} already holds this corpus ({meta['tokens']:,} tokens): nothing to do")

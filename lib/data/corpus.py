@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import DataError
+from ..redact import shown
 from ..fileio import MISSING, what_is
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -85,7 +86,8 @@ def find_sources(corpus: str | None) -> list[Source]:
         paths = [p for p in paths if p.is_file()]
         other = [p for p in paths if _kind(p) is None]
         if other:
-            raise DataError(f"CORPUS={corpus} matches {other[0]}, which is not {what[:30]}: narrow the glob")
+            raise DataError(f"CORPUS={shown(corpus)} matches {shown(other[0])}, which is not a .txt, .jsonl or "
+                            ".parquet file: narrow the glob")
     elif path.is_dir():
         paths = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p) is not None)
     elif path.is_file():
