@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..env import env_number
 from ..errors import KfitError
+from ..fileio import UnsafeFileError
 from ..redact import shown
 from .flags import command
 

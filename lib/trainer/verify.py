@@ -18,11 +18,16 @@ it will be loaded into:
 - the RNG states: torch's CPU state a uint8 tensor of torch.get_rng_state()'s size, the CUDA one (where this
   run is on CUDA) of torch.cuda.get_rng_state()'s, Python's a random.getstate() tuple (version, 624 words and
   a position, gauss); kfit saves no numpy state and loads none;
-- the gradient scaler's: empty (a scaler that was off), or GradScaler's five fields with sane values.
+- the gradient scaler's: empty (a scaler that was off), or GradScaler's five fields with sane values;
+- the values intact bytes of the right shapes may still get wrong (a field edited and re-saved, a run that had
+  diverged): every floating model and optimizer-state tensor finite, the running squares (exp_avg_sq, ...) not
+  below zero, `step` below 2**53, the groups' lr, weight_decay, momentum >= 0, betas in [0, 1), eps > 0
+  (HYPER_RANGES), and the checkpoint's own config that of its run (resume.py's run_config_problem; its progress
+  counts are resume.py's progress_range_problem). A sharded checkpoint's values are not read here.
 
 Each function returns what is wrong as one phrase ("its optimizer state for fc.weight: exp_avg is [3, 4] int64,
-the parameter [4, 3] float32"), None when the checkpoint fits. The checks read shapes, dtypes and the scalars:
-microseconds per tensor, nothing beside the CRC pass that grows with the checkpoint's bytes.
+the parameter [4, 3] float32"), None when the checkpoint fits. The checks read shapes, dtypes and the scalars
+(microseconds per tensor), and make one pass over each tensor's values (torch.isfinite, or aminmax).
 """
 
 from __future__ import annotations
