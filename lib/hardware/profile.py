@@ -260,7 +260,8 @@ def _profile_from_dict(d: Any, *, origin: str) -> HardwareProfile:
     if d.get(DETAILS_KEY) is not None and not isinstance(d[DETAILS_KEY], dict):
         raise bad_key(origin, DETAILS_KEY, "must be a JSON object or null (what check-hardware measured)")
     gpus = tuple(
-        _gpu_from_dict(origin, f"gpus[{i}]", g, i) for i, g in enumerate(read_list(origin, "gpus", d["gpus"], max_items=MAX_GPUS))
+        _gpu_from_dict(origin, f"gpus[{i}]", g, i)
+        for i, g in enumerate(read_list(origin, "gpus", d["gpus"], max_items=MAX_GPUS))
     )
     backends = {g.backend for g in gpus}
     if len(backends) > 1:

@@ -139,7 +139,8 @@ def read_int(origin: str, key: str, v: Any, *, minimum: int = 0, maximum: int, u
     return v
 
 
-def read_str(origin: str, key: str, v: Any, *, optional: bool = False, max_chars: int = MAX_NAME_CHARS) -> str | None:
+def read_str(origin: str, key: str, v: Any, *, optional: bool = False,
+             max_chars: int = MAX_NAME_CHARS) -> str | None:
     """A string of the file of at most `max_chars` characters, escaped as lib/redact.py's `escaped` (its control
     and format characters as \\n, \\x1b, \\u202e...): whatever prints it later shows one line of visible
     characters, of a bounded length."""
