@@ -167,10 +167,11 @@ def load_checkpoint(path: Path, verify: bool = False) -> dict:
     with "sharded": True. Raises when the directory lacks its metadata (an unfinished save). `verify`: its bytes
     checked first (`verify_integrity`: DamagedCheckpoint when they are not those written)."""
     path = Path(path)
+    if not path.is_dir() and path.exists() and not stat.S_ISREG(os.stat(path).st_mode):
+        # before any read (the integrity check's too): a FIFO would block it for ever
+        raise fileio.unsafe(path, fileio.what_is(path) or "not a regular file", reading=True)
     if verify:
         verify_integrity(path)
-    if not path.is_dir() and path.exists() and not stat.S_ISREG(os.stat(path).st_mode):
-        raise fileio.unsafe(path, "not a regular file", reading=True)  # a FIFO would block torch.load for ever
     if path.is_dir():
         if not (path / _DCP_METADATA).is_file():
             raise FileNotFoundError(f"{path / _DCP_METADATA} is missing")
@@ -361,9 +362,13 @@ def latest_valid(run_dir: Path, log=print, check: Callable[[dict, Path], str | N
     line and skipped; `aside`: also renamed to <name>.damaged (`set_aside`), kept but out of the way."""
     for _, path in periodic_checkpoints(run_dir):
         try:
+            if path.is_symlink():  # kfit writes its checkpoints in place: a link was planted, never followed
+                raise DamagedCheckpoint(f"it is a symbolic link (to {os.readlink(path)}), not a checkpoint kfit wrote")
             state = load_checkpoint(path, verify=True)
         except DamagedCheckpoint as err:
             problem = f"is damaged ({err})"
+        except fileio.UnsafeFileError as err:  # a FIFO or device planted under a checkpoint's name
+            problem = f"is {getattr(err, 'what', 'not a regular file')}, not a checkpoint kfit wrote"
         except Exception as err:  # noqa: BLE001 - any unreadable file means "use the previous one"
             problem = (f"is unreadable ({type(err).__name__}: {' '.join(str(err).split())[:160]}); "
                        "it was probably cut short by a crash or a full disk")

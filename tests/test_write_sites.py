@@ -365,3 +365,25 @@ def test_a_cache_root_planted_as_a_link_takes_no_write(tmp_path, monkeypatch, ca
     else:
         steptime_cache.write_json(target, {})
     assert list(victim.iterdir()) == []
+
+
+def test_a_fifo_or_link_planted_as_a_checkpoint_is_named_and_passed_by(tmp_path):
+    """A FIFO named checkpoint-4.pt hung the resume in the integrity check (an audit), and a link was read
+    through and called "probably cut short by a crash": each is named in one warning and passed by."""
+    import signal
+
+    from lib import checkpoint
+
+    victim = tmp_path / "victim.pt"
+    victim.write_bytes(b"not a zip")
+    os.mkfifo(tmp_path / "checkpoint-4.pt")
+    (tmp_path / "checkpoint-3.pt").symlink_to(victim)
+    warnings = []
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the checkpoint search blocked on a FIFO"))
+    signal.alarm(10)
+    try:
+        assert checkpoint.latest_valid(tmp_path, log=warnings.append) is None
+    finally:
+        signal.alarm(0)
+    assert len(warnings) == 2 and "FIFO" in warnings[0] and "symbolic link" in warnings[1], warnings
+    assert "cut short" not in " ".join(warnings) and victim.read_bytes() == b"not a zip"

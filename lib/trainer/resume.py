@@ -243,7 +243,7 @@ def run_config(run_dir: Path) -> str | None:
     try:
         if path.is_symlink() or not path.is_file():
             return None
-        text = path.read_text()
+        text = fileio.read_text(path, follow_symlinks=False)
     except (OSError, UnicodeDecodeError):
         return None
     return text if resumable.training_identity(text) else None
