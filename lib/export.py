@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, fileio
 from .data.run_tokenizer import HASH_FILE, TOKENIZER_FILE, choose_tokenizer, hash_record, sha256_hex
 from .errors import KfitError
 from .redact import shown
@@ -44,6 +44,9 @@ def checkpoint_of(run: Path) -> Path:
             raise KfitError(f"{shown(run)} does not exist")
         return run
     if not run.is_dir():
+        kind = fileio.what_is(run)
+        if kind not in (None, fileio.MISSING):  # a FIFO, a dangling or looping link: said as it is
+            raise KfitError(f"RUN={shown(run)} is {kind}: name a run directory or a checkpoint file")
         raise KfitError(f"RUN={shown(run)}: no such run directory or checkpoint (runs are under CONFIG_OUTPUT_DIR)")
     found = checkpoint.finished_checkpoint(run) or next((p for _, p in checkpoint.periodic_checkpoints(run)), None)
     if found is None:
