@@ -78,20 +78,25 @@ def write_calls(tree: ast.AST) -> list[ast.Call]:
     return found
 
 
-def test_every_write_in_lib_goes_through_the_file_layer():
+def bypassing(calls_of, allowed: dict) -> tuple[list[str], list[str]]:
+    """(call sites in lib/ that `allowed` does not account for, files `allowed` grants more calls than they
+    hold): the walk both layer tests share."""
     unexpected, counts = [], {}
     for path in sorted((ROOT / "lib").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        calls = write_calls(ast.parse(path.read_text()))
-        if not calls:
-            continue
-        counts[rel] = len(calls)
-        allowed = WRITES_ELSEWHERE.get(rel)
-        if allowed is None or (allowed[0] is not None and len(calls) > allowed[0]):
-            unexpected += [f"{rel}:{c.lineno}" for c in calls]
+        calls = calls_of(ast.parse(path.read_text()))
+        if calls:
+            counts[rel] = len(calls)
+            limit = allowed.get(rel)
+            if limit is None or (limit[0] is not None and len(calls) > limit[0]):
+                unexpected += [f"{rel}:{c.lineno}" for c in calls]
+    return unexpected, [rel for rel, (n, _) in allowed.items() if n is not None and counts.get(rel, 0) < n]
+
+
+def test_every_write_in_lib_goes_through_the_file_layer():
+    unexpected, stale = bypassing(write_calls, WRITES_ELSEWHERE)
     assert not unexpected, ("writes that bypass lib/fileio.py (use write_atomic, write_text, write_json_atomic, "
                             f"copy_file or open_append): {unexpected}")
-    stale = [rel for rel, (n, _) in WRITES_ELSEWHERE.items() if n is not None and counts.get(rel, 0) < n]
     assert not stale, f"WRITES_ELSEWHERE allows more writes than these files hold (lower the counts): {stale}"
 
 
@@ -139,17 +144,8 @@ def read_calls(tree: ast.AST) -> list[ast.Call]:
 
 
 def test_every_read_in_lib_goes_through_the_file_layer_or_says_why_not():
-    unexpected, counts = [], {}
-    for path in sorted((ROOT / "lib").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        calls = read_calls(ast.parse(path.read_text()))
-        if calls:
-            counts[rel] = len(calls)
-            allowed = READS_ELSEWHERE.get(rel)
-            if allowed is None or (allowed[0] is not None and len(calls) > allowed[0]):
-                unexpected += [f"{rel}:{c.lineno}" for c in calls]
+    unexpected, stale = bypassing(read_calls, READS_ELSEWHERE)
     assert not unexpected, f"reads that bypass lib/fileio.py (use fileio.read_bytes or read_text): {unexpected}"
-    stale = [rel for rel, (n, _) in READS_ELSEWHERE.items() if n is not None and counts.get(rel, 0) < n]
     assert not stale, f"READS_ELSEWHERE allows more reads than these files hold (lower the counts): {stale}"
 
 
