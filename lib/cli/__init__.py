@@ -169,13 +169,13 @@ def cmd_config_set(args) -> int:
                         "LEARNING_RATE=0.01\"' or 'kfit config-set EPOCHS=3 LEARNING_RATE=0.01')")
     changes = dict(pairs)  # a symbol given twice: the last wins, as in make
     path = kconfig.config_path()
-    shown = " ".join(f"CONFIG_{name}={value}" for name, value in changes.items())
+    asked = " ".join(f"CONFIG_{name}={value}" for name, value in changes.items())
     notes: list[str] = []
     try:
         written = kconfig.apply_assignments(path, changes, notes)
     except KfitError as err:
         reason = " ".join(str(err).replace("invalid configuration:", "").replace("requested change: ", "").split())
-        raise KfitError(f"config-set {reason}; {path} is unchanged (asked: {shown})") from None
+        raise KfitError(f"config-set {reason}; {path} is unchanged (asked: {asked})") from None
     for note in notes:
         print(f"note: {note}")
     lines = dict(line.split("=", 1) for line in written.text.splitlines() if line.startswith("CONFIG_"))
