@@ -4,14 +4,17 @@ The trace already holds what kernels allocate inside an op (workspace.kernel_wor
 oneDNN's reorders and im2col's column buffers of CPU convolutions, CPU type
 promotion copies, cuDNN's workspace. Device overheads beyond it:
   CPU (RSS, what runs out on a CPU, measured by make bench-memory):
-  host_heap              2 KiB a node of the forward's autograd graph, at least
-                          256 KiB: the graph, tensor metadata and Python objects
-                          live in the C heap and pymalloc, outside the tensor
-                          allocator. RSS grew 0-1.0 MiB more than the allocator's
-                          peak in the bench, in step with the graph: 1.8-2.6 KiB
-                          a node for T5 (427-512 nodes: 0.7-0.9 MiB whatever the
-                          batch), Llama (399: 0.5-1.0 MiB with checkpointing),
-                          GPT-2 (187: 0.3), under 0.3 MiB for graphs of 27-170 nodes.
+  host_heap              1.5 KiB a node of the forward's autograd graph, at
+                          least 256 KiB: the graph, tensor metadata and Python
+                          objects live in the C heap and pymalloc, outside the
+                          tensor allocator. RSS grew 0-1.0 MiB more than the
+                          allocator's peak in the bench, roughly in step with the
+                          graph: 1.8-2.6 KiB a node for T5 (427-512 nodes: 0.7-0.9
+                          MiB whatever the batch) and Llama with checkpointing
+                          (399: 0.5-1.0), 1.3-2.0 for Llama without, 1.1-1.6 for
+                          GPT-2 (187), near 0 for a TransformerEncoder (234) and
+                          ConvNeXt (167). 2 KiB put the encoder's smallest case
+                          5.5% over; 1.5 leaves T5 and Llama under by at most 0.8%.
   RSS follows this only in a process whose C heap hands freed tensors back
   (lib.hardware.allocator.return_freed_memory): with glibc's defaults the heap
   keeps them, and RSS grew 12-102% above the prediction (no fixed share: glibc's
@@ -112,7 +115,7 @@ if TYPE_CHECKING:
     from .measured import MeasuredFit
 
 HOST_HEAP_BYTES = 256 * 1024  # the least (module docstring)
-HOST_HEAP_NODE_BYTES = 2 * 1024
+HOST_HEAP_NODE_BYTES = 1536
 
 
 def host_heap(trace: Trace) -> int:
