@@ -15,6 +15,7 @@ import contextlib
 import errno
 import io
 import os
+import pickle
 import stat
 import shutil
 import zipfile
@@ -238,14 +239,52 @@ def _verify_zip(path: Path) -> None:
     _INTACT[str(path)] = key
 
 
-def sharded_metadata(path: Path):
-    """A sharded checkpoint's torch.distributed.checkpoint Metadata (its .metadata file, unpickled as dcp.load
-    does)."""
-    from torch.distributed.checkpoint import FileSystemReader
+class _MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint pickles its .metadata; dcp.load unpickles it with no restriction, so a file
+    planted in a run directory could run code. kfit reads it first with only what a Metadata holds (its own
+    classes and enums, torch's dtypes and Size, a few containers), and dcp.load sees only files that passed."""
 
-    if not (Path(path) / _DCP_METADATA).is_file():
-        raise FileNotFoundError(f"{Path(path) / _DCP_METADATA} is missing")
-    return FileSystemReader(str(path)).read_metadata()
+    SAFE_BUILTINS = frozenset({"set", "frozenset", "slice", "complex", "bytearray", "range"})
+    # the writer's record of where each item lies, and the checkpoint's own path (StorageMeta.checkpoint_id)
+    SAFE_NAMES = frozenset({("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("pathlib", "PosixPath"),
+                            ("pathlib", "PurePosixPath"), ("pathlib", "Path")})
+
+    def find_class(self, module: str, name: str):
+        import torch
+
+        import torch.distributed.checkpoint.metadata as dcp_metadata
+
+        allowed = ((module == dcp_metadata.__name__ and isinstance(getattr(dcp_metadata, name, None), type))
+                   or (module, name) in self.SAFE_NAMES
+                   or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None),
+                                                                            (torch.dtype, torch.layout,
+                                                                             torch.memory_format))))
+                   or (module, name) == ("torch.serialization", "_get_layout")  # a layout by its name
+                   or (module == "collections" and name in ("OrderedDict", "defaultdict"))
+                   or (module == "builtins" and name in self.SAFE_BUILTINS))
+        if not allowed:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which no checkpoint's metadata holds")
+        return super().find_class(module, name)
+
+
+def sharded_metadata(path: Path):
+    """A sharded checkpoint's torch.distributed.checkpoint Metadata (its .metadata file), unpickled with only the
+    types a Metadata holds (_MetadataUnpickler): DamagedCheckpoint for anything else."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    where = Path(path) / _DCP_METADATA
+    if not where.is_file():
+        raise FileNotFoundError(f"{where} is missing")
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(fileio.read_bytes(where, follow_symlinks=False))).load()
+    except fileio.UnsafeFileError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any unpickling failure: not the metadata torch wrote
+        raise DamagedCheckpoint(f"its .metadata cannot be read as torch's ({type(err).__name__}: "
+                                f"{' '.join(str(err).split())[:160]})") from None
+    if not isinstance(metadata, Metadata):
+        raise DamagedCheckpoint(f"its .metadata holds a {type(metadata).__name__}, not torch's Metadata")
+    return metadata
 
 
 def _verify_sharded(path: Path) -> None:

@@ -515,7 +515,10 @@ def test_a_sharded_checkpoint_of_the_earlier_form_still_resumes_exactly(runs, sh
 @pytest.mark.parametrize("damage, reason", [
     (lambda p: shard(p).unlink(), "is damaged (its shard file __0_0.distcp is missing)"),
     (lambda p: shard(p).write_bytes(shard(p).read_bytes()[:-100]), "is damaged (its shard file __0_0.distcp holds"),
-    (lambda p: (p / ".metadata").write_bytes(b"\x80\x04junk"), "is unreadable ("),
+    (lambda p: (p / ".metadata").write_bytes(b"\x80\x04junk"), "is damaged (its .metadata cannot be read as torch's"),
+    # a .metadata that would run a command when unpickled (an audit): refused before dcp.load's own unpickling
+    (lambda p: (p / ".metadata").write_bytes(pickle.dumps(RunsACommand(p.parent / "PWNED"))),
+     "is damaged (its .metadata cannot be read as torch's (UnpicklingError: it names posix.system"),
     (lambda p: (p / ".metadata").unlink(), "is unreadable (FileNotFoundError"),
     (lambda p: flip_in_a_tensor(p / "extra.pt"), "is damaged (its member "),
     (lambda p: rewrite_metadata(p, lambda m: resized(m, "optimizer.state.features.0.weight.exp_avg", (3, 1, 5, 5))),
@@ -528,7 +531,7 @@ def test_a_sharded_checkpoint_of_the_earlier_form_still_resumes_exactly(runs, sh
      "its optimizer state for features.0.bias: lacks step"),
     (lambda p: resave(p / "extra.pt", lambda s: s["rng"].update(torch=s["rng"]["torch"][:5000])),
      "its torch RNG state is [5000] uint8"),
-], ids=["shard missing", "shard cut", "metadata junk", "metadata missing", "extra.pt flipped", "optimizer shape",
+], ids=["shard missing", "shard cut", "metadata junk", "metadata runs code", "metadata missing", "extra.pt flipped", "optimizer shape",
         "optimizer int64", "model shape", "step dropped", "rng cut"])
 def test_a_damaged_sharded_checkpoint_is_set_aside(runs, sharded_run, damage, reason):
     with copy_of(runs, sharded_run) as run:
@@ -536,6 +539,19 @@ def test_a_damaged_sharded_checkpoint_is_set_aside(runs, sharded_run, damage, re
         t, warnings = resumed(runs, run)
         assert_set_aside(run, runs, t, warnings, name="checkpoint-8.dcp", reason=reason)
         assert (run / "checkpoint-8.dcp.damaged" / "extra.pt").is_file()
+        assert not (run / "PWNED").exists()
+
+
+class RunsACommand:
+    """Unpickled, it would create `path` (os.system): what a planted .metadata could do."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch '{self.path}'",)
 
 
 # -- the rules alone: torch's optimizers, tied weights, the scaler ------------------------------------------------
