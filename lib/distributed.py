@@ -110,6 +110,8 @@ def nodes_range(env: Mapping[str, str]) -> tuple[int, int]:
     accepted = (f"give a whole number of machines from 1 to {most:,}, or MIN:MAX (1 <= MIN <= MAX) for an elastic "
                 "run")
     try:
+        if not text.isascii():  # int() reads every script's digits: NNODES=٣ planned 3 machines
+            raise ValueError(text)
         first, last = int(low), int(high or low)
     except ValueError:
         if all(out_of_range(part) for part in (low, high or low)):  # more digits than Python converts

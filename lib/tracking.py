@@ -113,8 +113,15 @@ class WandbSink:
         self.run.finish()
 
 
+# MLflow retries an unreachable server for minutes with its defaults (5 tries, 120 s each): a run that cannot
+# start its tracker hung before its first step. The user's own settings win.
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
+
+
 class MlflowSink:
     def __init__(self, run_name: str, params: dict[str, str], project: str, uri: str) -> None:
+        for name, value in MLFLOW_HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 

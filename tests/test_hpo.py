@@ -446,3 +446,17 @@ def test_every_password_form_is_redacted_as_sqlalchemy_parses_it(url):
 def test_redaction_leaves_urls_without_secrets_alone():
     for text in ("sqlite:////abs/study.db", "postgresql://user@host:5432/db?sslmode=require", "no url here"):
         assert hpo.redact(text) == text
+
+
+@pytest.mark.parametrize("url", ["user:S3CRETPW/x@127.0.0.1:9/db", "//user:S3CRETPW@h/db", "user:S3CRETPW x@h/db",
+                                 "user:S3CRETPW@127.0.0.1:9/db"])
+def test_a_storage_that_is_not_a_database_url_is_refused_without_showing_it(url):
+    """HPO_STORAGE without a scheme: no parser finds its password to hide, so make hpo-status and make sbatch
+    ARRAY= printed it (an audit); it is one error line that never shows the value."""
+    from lib import hpo
+    from lib.errors import KfitError
+
+    with pytest.raises(KfitError, match="HPO_STORAGE is not a database URL") as err:
+        hpo.checked_storage(url)
+    assert "S3CRETPW" not in str(err.value)
+    assert "S3CRETPW" not in hpo.redact("in https://S3CRETPW@h/db", "https://S3CRETPW@h/db")  # a lone token

@@ -90,7 +90,9 @@ def render(**values) -> str:
 
 
 def _hpo_storage(array: int) -> str:
-    storage = env_text("HPO_STORAGE")
+    from ..hpo import checked_storage
+
+    storage = checked_storage(env_text("HPO_STORAGE"))
     if not storage or storage.startswith("sqlite"):
         raise KfitError(f"ARRAY={array} writes {array} HPO workers on several machines: they need one database "
                         "server they all reach, e.g. HPO_STORAGE=postgresql+psycopg2://user:password@db-host/optuna "

@@ -308,7 +308,7 @@ def cmd_report(args) -> int:
     from ..run_report import write_report
 
     path = write_report(run, Path(out).expanduser() if out else None)
-    print(f"Wrote {path}: the run's loss, evaluations, learning rate, throughput, step time and memory against "
+    print(f"Wrote {shown(path)}: the run's loss, evaluations, learning rate, throughput, step time and memory against "
           "the plan's predictions, and its events")
     return 0
 

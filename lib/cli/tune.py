@@ -158,7 +158,7 @@ def cmd_hpo(args) -> int:
     _quiet_optuna()
     hardware = hardware_from_env(allow_simulated=False)
     config = _study_config(ensure_config())
-    storage = os.environ.get("HPO_STORAGE") or None
+    storage = hpo.checked_storage(os.environ.get("HPO_STORAGE"))
     url = hpo.redact(hpo.storage_url(config, storage))
     trials = _positive("TRIALS") or config.hpo_trials
     timeout = config.hpo_timeout_s
@@ -187,7 +187,7 @@ def _existing_study():
 
     _quiet_optuna()
     config = _study_config(kconfig.read_config())
-    storage = os.environ.get("HPO_STORAGE") or None
+    storage = hpo.checked_storage(os.environ.get("HPO_STORAGE"))
     return config, hpo.storage_url(config, storage), hpo.open_study(config, storage, create=False)
 
 

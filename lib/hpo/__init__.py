@@ -34,12 +34,13 @@ from .runner import (
 from .space import (OBJECTIVES, SPACE_SYMBOLS, assignments, check_objective, check_space, describe, heaviest,
                     parse_space, sample, search_space, space_text, trial_config)
 from .storage import (
-    HEARTBEAT_GRACE_S, HEARTBEAT_S, HyperbandWithPatience, make_pruner, open_study, redact, storage_url, study_dir,
-    study_name,
+    HEARTBEAT_GRACE_S, HEARTBEAT_S, HyperbandWithPatience, checked_storage, make_pruner, open_study, redact,
+    storage_url, study_dir, study_name,
 )
 
 __all__ = [
     "HEARTBEAT_GRACE_S", "HEARTBEAT_S", "OBJECTIVES", "SPACE_SYMBOLS", "TRIAL_FAILURES", "HyperbandWithPatience",
+    "checked_storage",
     "Interrupted", "Log", "assignments", "best_assignments", "best_trial", "capped", "check_objective", "check_space",
     "counts", "describe", "fail_stale_trials", "fold_task", "heaviest", "make_pruner", "new_trial_dir", "objective",
     "open_study", "parse_space", "probe_once", "redact", "run_study", "sample", "search_space",

@@ -83,6 +83,8 @@ def url_secrets(url: str) -> list[str]:
     except (sqlalchemy.exc.ArgumentError, ValueError, TypeError):
         return []
     found = [parsed.password] if parsed.password else []
+    if parsed.username and not parsed.password and parsed.drivername in ("http", "https"):
+        found.append(parsed.username)  # a web URL's lone user part is a token (https://TOKEN@host)
     raw = re.match(r"[\w+.-]+://[^:/]*:([^@]*)@", url)  # make_url's own split: the password up to the first @
     if raw:
         found.append(raw[1])
@@ -96,6 +98,23 @@ def url_secrets(url: str) -> list[str]:
                 found.append(value)
     forms = {form for s in found if s for form in (s, urllib.parse.quote(s, safe=""), urllib.parse.quote_plus(s))}
     return sorted(forms, key=len, reverse=True)  # longest first: a secret holding another is hidden whole
+
+
+def checked_storage(url: str | None) -> str | None:
+    """HPO_STORAGE as given, or None; a KfitError that never shows it where SQLAlchemy cannot parse it as a
+    database URL (user:password@host without a scheme, a leading //): its password could not be found to hide."""
+    import sqlalchemy.engine
+    import sqlalchemy.exc
+
+    if not url:
+        return None
+    try:
+        sqlalchemy.engine.make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError, TypeError):
+        raise KfitError("HPO_STORAGE is not a database URL SQLAlchemy reads (its value is not shown: it may hold a "
+                        "password): give dialect+driver://user:password@host/database, e.g. "
+                        "postgresql+psycopg2://kfit:secret@db-host/optuna, or sqlite:///path/study.db") from None
+    return url
 
 
 def redact(text: str, url: str | None = None) -> str:

@@ -217,8 +217,10 @@ def group_problem(theirs: dict, ours: dict) -> str | None:
 # and weight decay >= 0, a momentum in [0, 1)), by name, for any optimizer: (lowest, highest, whether the lowest
 # is allowed, whether the highest is). A saved group takes the place of the constructor's check: torch's
 # load_state_dict checks nothing, and a negative learning rate or a beta of 2 trains on into NaN.
+# a learning rate past a million trains nothing (the audit's 1e30 was accepted): the run's own passes anyway
+MAX_LEARNING_RATE = 1e6
 HYPER_RANGES = {
-    "lr": (0.0, math.inf, True, False), "initial_lr": (0.0, math.inf, True, False),
+    "lr": (0.0, MAX_LEARNING_RATE, True, True), "initial_lr": (0.0, MAX_LEARNING_RATE, True, True),
     "weight_decay": (0.0, math.inf, True, False), "momentum": (0.0, math.inf, True, False),
     "eps": (0.0, math.inf, False, False), "betas": (0.0, 1.0, True, False),
     "alpha": (0.0, math.inf, True, False), "lr_decay": (0.0, math.inf, True, False),
