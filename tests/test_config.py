@@ -377,3 +377,13 @@ def test_a_line_of_another_file_given_as_a_config_is_never_echoed(line, tmp_path
     with pytest.raises(ConfigError) as err:
         kc.make_defconfig(str(bad), out=tmp_path / ".config")
     assert "S3CRETPW" not in str(err.value) and "malformed line" in str(err.value) and ":2" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["MY_HUB_LOGIN", "HF_TOKEN_VALUE", "DEPLOY_KEY_ID"])
+def test_the_value_of_an_unknown_symbol_is_never_shown(name, tmp_path):
+    """A fragment assigning CONFIG_HF_TOKEN_VALUE="..." had its value echoed (the name does not end in a
+    secret's word; an audit): the name of an unknown symbol is what the message needs, never its value."""
+    bad = write(tmp_path / "bad", f'CONFIG_EPOCHS=3\nCONFIG_{name}="S3CRETPW"\n')
+    with pytest.raises(ConfigError) as err:
+        kc.make_defconfig(str(bad), out=tmp_path / ".config")
+    assert name in str(err.value) and "S3CRETPW" not in str(err.value)

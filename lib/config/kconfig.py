@@ -141,8 +141,8 @@ def _entry(text: str) -> str:
     if _MALFORMED.search(text):  # a line that is no assignment is never echoed: it may be any file's (a netrc)
         text = _MALFORMED.sub("ignoring malformed line (neither a CONFIG_ assignment nor a comment; its text is "
                               "not shown)", text)
-    elif any(secret_name(word) for word in re.findall(r"\w+", text)):
-        text = _QUOTED.sub("'***'", text, count=1)
+    elif "undefined symbol" in text or any(secret_name(word) for word in re.findall(r"\w+", text)):
+        text = _QUOTED.sub("'***'", text, count=1)  # an unknown symbol's name is the problem: its value not shown
     return shown(text, 300)
 
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from .corpus import Source, find_sources, pieces, texts
 from ..errors import DataError
-from ..fileio import UnsafeFileError, read_bytes, refuse_linked_components, write_atomic, write_target
+from ..fileio import (UnsafeFileError, read_bytes, refuse_linked_components, refuse_linked_directory, write_atomic,
+                      write_target)
 from ..progress import Bar
 
 EOT = "<|endoftext|>"
@@ -226,6 +227,7 @@ def tokenize_corpus(corpus: str | None, out: Path, *, tokenizer: str | None = No
     if not tokenizer:
         check_vocab(vocab)  # before anything is written
     shards = out / ".shards"
+    refuse_linked_directory(out)  # its files are never written through a link (write_atomic): refused first
     refuse_linked_components(shards, out)  # the shards are removed at the end: never a link's target's files
     # every file it writes in OUT checked before the first is written: a refusal leaves OUT as it was
     for name in ("tokenizer.json", "train.bin", "val.bin", "meta.json", FRAGMENT):
