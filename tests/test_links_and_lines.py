@@ -554,3 +554,18 @@ def test_validate_gpu_refuses_a_device_it_does_not_know_before_any_check(tmp_pat
                           env={**os.environ, "DEVICE": "nosuch", "OUT": str(out)}, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("error: DEVICE='nosuch' is not accepted")
     assert done.stderr.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "directory"])
+def test_sbatch_checks_its_script_and_config_copy_before_writing_either(kind, tmp_path, kfit_here):
+    """`make sbatch OUT=<a planted link>` was refused after it had written <OUT>.config (a re-audit)."""
+    from lib.errors import KfitError  # noqa: F401
+
+    assert kfit_here(tmp_path, "defconfig", "lenet5", KCONFIG_CONFIG=str(tmp_path / ".config")).returncode == 0
+    out = tmp_path / "job.sbatch"
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    {"link": lambda: out.symlink_to(victim), "fifo": lambda: os.mkfifo(out), "directory": out.mkdir}[kind]()
+    result = kfit_here(tmp_path, "sbatch", CPUS="1", GPU="h100", OUT=str(out), KCONFIG_CONFIG=str(tmp_path / ".config"))
+    assert result.returncode == 2 and result.stderr.startswith("error:"), result.stderr
+    assert not (tmp_path / "job.sbatch.config").exists() and victim.read_text() == "keep\n"

@@ -137,9 +137,11 @@ def apply_hint(path: Path) -> str:
     """How to apply a defconfig written to `path`: make from a checkout (a name, or a path), else kfit."""
     from ..resources import CHECKOUT
 
+    from ..redact import shown
+
     if CHECKOUT is None:
-        return f"'kfit defconfig {path}' applies it"
-    return f"'make {path.name if path.parent == kconfig.DEFCONFIG_DIR else path}-defconfig' applies it"
+        return f"'kfit defconfig {shown(path)}' applies it"
+    return f"'make {shown(path.name if path.parent == kconfig.DEFCONFIG_DIR else path)}-defconfig' applies it"
 
 
 def ensure_config(run: Invocation | None = None) -> "kconfig.Config":

@@ -68,9 +68,10 @@ def cmd_data(args) -> int:
 
 def train_line(out: Path, fragment: Path) -> str:
     """What to type to train on `out`: the fragment make data wrote there, merged onto a defconfig."""
-    sets = f'CONFIG_DATASET_DIR=y and CONFIG_DATA_DIR="{out}"'
-    return (f"Train on it ({fragment} sets {sets}; merge it onto any GPT-2 or Llama defconfig):\n"
-            f"  make llama-tiny-defconfig {shlex.quote('FRAGMENTS=' + shlex.quote(str(fragment)))} && make train")
+    sets = f'CONFIG_DATASET_DIR=y and CONFIG_DATA_DIR="{shown(out)}"'  # escaped: a path never forges a line
+    return (f"Train on it ({shown(fragment)} sets {sets}; merge it onto any GPT-2 or Llama defconfig):\n"
+            f"  make llama-tiny-defconfig {shown(shlex.quote('FRAGMENTS=' + shlex.quote(str(fragment))))} "
+            "&& make train")
 
 
 def register(sub) -> None:

@@ -120,6 +120,8 @@ def _write(recs, source: Path, out_dir: Path) -> list[Path]:
     written = []
     named = [(rec, rec.mode.name) for rec in recs]
     named += [(alt, f"{rec.mode.name}-{alt.shape.family}") for rec in recs for alt in rec.alternatives]
+    for _, name in named:  # every file checked before the first is written: a refusal leaves OUT as it was
+        fileio.write_target(out_dir / f"recommended-{name}")
     with tempfile.TemporaryDirectory(prefix="kfit-recommend-") as tmp:
         for rec, name in named:
             full = Path(tmp) / f"{name}.config"

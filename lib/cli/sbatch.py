@@ -24,7 +24,7 @@ from .. import config as kconfig
 from ..env import env_number, env_text
 from ..errors import KfitError
 from ..redact import shown
-from ..fileio import read_bytes, write_atomic
+from ..fileio import read_bytes, write_atomic, write_target
 from .common import ensure_config, hardware_from_env
 from .flags import command
 
@@ -143,6 +143,8 @@ def cmd_sbatch(args) -> int:
     out = Path(env_text("OUT") or output_dir / f"{job}.sbatch").expanduser().absolute()  # a link there: refused
     # the config the job runs, as it is now: a requeued job must resume the same run, whatever .config becomes
     snapshot = out.with_name(out.name + ".config")
+    for target in (out, snapshot):  # both checked before either is written: a refusal leaves nothing behind
+        write_target(target)
     write_atomic(snapshot, read_bytes(kconfig.config_path()))
     # the training processes of each node: GPUS= as given, else the plan's (one per GPU of a GPU node)
     env = {"KCONFIG_CONFIG": str(snapshot), "GPUS": str(per_node)}
