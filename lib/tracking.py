@@ -121,7 +121,7 @@ MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUES
 class MlflowSink:
     def __init__(self, run_name: str, params: dict[str, str], project: str, uri: str) -> None:
         for name, value in MLFLOW_HTTP_DEFAULTS.items():
-            os.environ.setdefault(name, value)
+            environ().setdefault(name, value)
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
