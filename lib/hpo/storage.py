@@ -111,9 +111,9 @@ def checked_storage(url: str | None) -> str | None:
     try:
         sqlalchemy.engine.make_url(url)
     except (sqlalchemy.exc.ArgumentError, ValueError, TypeError):
-        raise KfitError("HPO_STORAGE is not a database URL SQLAlchemy reads (its value is not shown: it may hold a "
-                        "password): give dialect+driver://user:password@host/database, e.g. "
-                        "postgresql+psycopg2://kfit:secret@db-host/optuna, or sqlite:///path/study.db") from None
+        raise KfitError("HPO_STORAGE=(not shown: it may hold a password) is not a database URL SQLAlchemy reads: "
+                        "give dialect+driver://user:password@host/database (postgresql+psycopg2://...@db-host/optuna) "
+                        "or sqlite:///path/study.db") from None
     return url
 
 
