@@ -62,13 +62,14 @@ def refuse_slow_precision(config: Config, device_type: str, precision: str) -> N
         return
     import torch
 
+    from ..memory.fake import model_features
     from ..models.registry import spec_for
     from ..steptime.count import task_for
 
     task = task_for(config)  # loaded outside the meta device: its data is real
     with torch.device("meta"):
         model = task.build(False)
-    if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()):
+    if "conv" in model_features(model):  # the memory planner's own answer to "has it convolutions"
         raise PlanError(f"CONFIG_PRECISION_FP16 on the CPU: {spec_for(config.model).named}'s "
                         "convolutions have no fast float16 kernels there (a step runs several to hundreds of "
                         "times slower than in float32): select CONFIG_PRECISION_BF16 or CONFIG_PRECISION_AUTO")
