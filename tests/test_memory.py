@@ -119,6 +119,23 @@ def test_fingerprint_covers_what_changes_a_trace(configs):
     assert key(config=kc.derive(c, {"TARGET_EFFECTIVE_BATCH": 64, "EPOCHS": 2})) == base
 
 
+@pytest.mark.parametrize("name", ["lenet5", "gpt2-tiny", "resnet18"])
+def test_one_half_precision_trace_serves_fp16_and_bf16_on_cuda(configs, name):
+    """The trace key merges fp16 and bf16 on CUDA (a plan matrix traces once for every GPU): it may only
+    because the two steps hold the same bytes, checked here for every shipped family's step kind."""
+    config = configs[name]
+    task = load_task(config)
+    for train, ckpt in ((True, False), (True, True), (False, False)):
+        kw = dict(batch=3, device_type="cuda", gradient_checkpointing=ckpt, train=train)
+        fp16, bf16 = ({k: v for k, v in trace_step(task, config, precision=p, **kw).to_json().items()
+                       if k != "seconds"} for p in ("fp16", "bf16"))  # all but the time it took
+        assert fp16 == bf16, (name, train, ckpt)
+    key = lambda **kw: fingerprint(config, gradient_checkpointing=False, train=True, **kw)[0]  # noqa: E731
+    assert key(device_type="cuda", precision="fp16") == key(device_type="cuda", precision="bf16")
+    assert key(device_type="cpu", precision="fp16") != key(device_type="cpu", precision="bf16")
+    assert key(device_type="cuda", precision="fp32") != key(device_type="cuda", precision="bf16")
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("KFIT_CACHE_DIR", str(tmp_path / "k"))
     assert default_cache_dir() == tmp_path / "k"

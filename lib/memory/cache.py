@@ -136,6 +136,14 @@ def parallel_key(strategy: str, world_size: int, local_world_size: int | None, c
     return {**key, "tensor": tensor} if tensor > 1 else key
 
 
+def traced_precision(precision: str, device_type: str) -> str:
+    """The precision as the trace sees it: on CUDA fp16 and bf16 steps hold the same bytes (autocast casts the
+    same ops to a 2-byte type either way; fp16's GradScaler keeps a few scalars, not traced), so one trace
+    serves both ("half"): a plan matrix traces each half-precision step once for every GPU. Not on a CPU,
+    where oneDNN takes bf16 and fp16 convolutions apart (workspace.py)."""
+    return "half" if device_type == "cuda" and precision in ("bf16", "fp16") else precision
+
+
 def fingerprint(config: Config, *, device_type: str, precision: str, gradient_checkpointing: bool,
                 train: bool, parallel: dict | None = None, scaled_from: tuple[int, ...] = (),
                 part: tuple[bool, bool] | None = None) -> tuple[str, dict]:
@@ -143,7 +151,8 @@ def fingerprint(config: Config, *, device_type: str, precision: str, gradient_ch
     `scaled_from`: the depths a deep model's traces are scaled from (depth.py), () for traces of every block;
     `part`: (first, last) of a pipeline process's (lib/pipeline.py traced_part), None for the whole model."""
     key = {"format": FORMAT, "torch": torch.__version__, "code": _code_hash(parallel is not None, part is not None),
-           "model": model_fingerprint(config), "device_type": device_type, "precision": precision, "train": train}
+           "model": model_fingerprint(config), "device_type": device_type,
+           "precision": traced_precision(precision, device_type), "train": train}
     if parallel is not None:
         key["parallel"] = parallel
     if part is not None:

@@ -49,6 +49,7 @@ from ..config import Config
 from ..errors import KfitError
 from ..fileio import cache_note, is_number
 from ..memory import default_cache_dir, fingerprint
+from ..memory.cache import traced_precision
 from ..memory.depth import at_depth, depth_of, line, shallow_depths
 from .cache import is_count, read_json, write_json
 
@@ -396,7 +397,7 @@ def step_key(config: Config, *, device_type: str, precision: str, gradient_check
     place of the memory tracer's, which changes no step."""
     _, contents = fingerprint(config, device_type=device_type, precision=precision,
                               gradient_checkpointing=gradient_checkpointing, train=True)
-    contents = {**contents, "code": _code_hash(False)}
+    contents = {**contents, "code": _code_hash(False), "precision": precision}  # a real fp16 step is not a bf16 one
     return hashlib.sha256(json.dumps(contents, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -404,8 +405,8 @@ def counts_key(config: Config, *, device_type: str, precision: str, gradient_che
                scaled: tuple[int, ...] = ()) -> str:
     """The counts' cache key: the step's key and this counter's own code (and, `scaled`, the depths of the two
     shallow steps whose line the counts are on: lib/memory/depth.py)."""
-    key = step_key(config, device_type=device_type, precision=precision,
-                   gradient_checkpointing=gradient_checkpointing)
+    key = step_key(config, device_type=device_type, precision=traced_precision(precision, device_type),
+                   gradient_checkpointing=gradient_checkpointing)  # counted alike where traced alike
     how = f":scaled{list(scaled)}" if scaled else ""
     return hashlib.sha256(f"{FORMAT}:{_code_hash(True)}:{key}{how}".encode()).hexdigest()[:24]
 
