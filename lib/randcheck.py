@@ -389,7 +389,10 @@ def _planned(seeds: list[int], workdir: Path, jobs: int):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    from .planning.memory_policy import trace_in_process
+
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=trace_in_process) as pool:
         yield from pool.map(_plan_seed, seeds, [str(workdir)] * len(seeds))
 
 

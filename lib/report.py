@@ -154,6 +154,15 @@ class Progress:
                 print(f"{self.label} {self.done}/{self.total}: {name}: {traced} trace(s) in "
                       f"{time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
 
+    def completed(self, name: str, detail: str) -> None:
+        """An item done elsewhere (a pool's worker): the bar moves, or one plain line says what and how long."""
+        self.done += 1
+        if self._bar is not None:
+            self._bar.set_postfix_str(name)
+            self._bar.update()
+        else:
+            print(f"{self.label} {self.done}/{self.total}: {name} {detail}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -193,6 +202,19 @@ def _defconfig_rows(name: str, targets: list[tuple[str, HardwareProfile]], polic
     return rows
 
 
+def _cpu_rows(name: str, targets: list[tuple[str, HardwareProfile]], world_size: int,
+              settings: "Settings") -> list[MatrixRow]:
+    """_defconfig_rows on this machine's CPU with timing off, and its chart's points taken into the cache
+    (render_report draws them for the CPU column)."""
+    rows = _defconfig_rows(name, targets, None, world_size, settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = kconfig.make_defconfig(name, out=Path(tmp) / f"{name}.config")
+        for row in rows:
+            if row.plan is not None and row.plan.predicted_peak_bytes is not None:
+                _curve_points(config, row.plan)
+    return rows
+
+
 @contextmanager
 def _nothing():
     yield
@@ -206,31 +228,55 @@ def parallel_jobs() -> int:
 
 
 def _parallel_matrix(names: list[str], targets, label: str, world_size: int, settings, jobs: int) -> list[MatrixRow]:
-    """plan_matrix's rows with the defconfigs spread over `jobs` fresh processes, progress one line per
-    defconfig. This machine's CPU is planned here afterwards, alone: its plan times real steps and decides
-    threads from the idle cores, which the other processes would take."""
+    """plan_matrix's rows with the defconfigs spread over `jobs` fresh processes, progress by defconfig.
+
+    This machine's CPU is planned from the step-time model and the timings already cached, not by timing
+    real steps (a CPU plan's timing takes 3-10 s of the idle cores for each model and setting, which the
+    pool's other processes would disturb; `make plan` takes them): its card says which
+    (reasons["micro_batch"]). Its threads follow the one reading of idle cores made before the pool started
+    (`machines`), as `make plan`'s would."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from dataclasses import replace
+
+    from .planning.memory_policy import trace_in_process
+    from .planning.request import settings_or_environment
 
     remote = [t for t in targets if t[0] != "cpu"]
     local = [t for t in targets if t[0] == "cpu"]
-    done: dict[str, list[MatrixRow]] = {}
+    untimed = replace(settings_or_environment(settings), measure=False)
+    done: dict[str, list[MatrixRow]] = {name: [] for name in names}
     start = time.perf_counter()
     # fresh interpreters (spawn): a fork of a process that imported torch may hang in its threads
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_defconfig_rows, name, remote, None, world_size, settings): name for name in names}
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=trace_in_process) as pool:
+        futures = {}
+        for name, on_gpus in _longest_first(names, bool(local)):
+            job = (_defconfig_rows, name, remote, None, world_size, settings) if on_gpus else (
+                _cpu_rows, name, local, world_size, untimed)
+            futures[pool.submit(*job)] = name
+        progress = Progress(len(futures), label, unit="job")
         for future in as_completed(futures):
             name = futures[future]
-            done[name] = future.result()
-            print(f"{label} {len(done)}/{len(names)}: {name} on {len(remote)} machine(s) "
-                  f"({time.perf_counter() - start:.1f}s in all)", file=sys.stderr, flush=True)
-    if local:
-        progress = Progress(len(names) * len(local), f"{label} (this CPU)")
-        for name in names:
-            done[name] += _defconfig_rows(name, local, None, world_size, settings, progress)
+            rows = future.result()
+            done[name] += rows
+            where = "this CPU" if rows and rows[0].machine == "cpu" else f"{len(rows)} machine(s)"
+            progress.completed(f"{name} on {where}", f"({time.perf_counter() - start:.1f}s in all)")
         progress.close()
     order = [key for key, _ in targets]
     return [row for name in names for row in sorted(done[name], key=lambda r: order.index(r.machine))]
+
+
+def _longest_first(names: list[str], cpu: bool) -> list[tuple[str, bool]]:
+    """(defconfig, on the GPUs or this CPU) in an order that lets a pool finish soonest, the longest jobs
+    first: the language models on the GPUs (their plans trace the most: 8-14 s here for a Llama 3 or GPT-2
+    124M on 20 GPUs), then on this CPU (4-8 s), then the others (1-4 s), so that the last to start are short."""
+    from .models.registry import spec_for
+
+    with tempfile.TemporaryDirectory() as tmp:
+        text = {name: spec_for(kconfig.make_defconfig(name, out=Path(tmp) / name).model).text for name in names}
+    jobs = [(name, True) for name in names] + [(name, False) for name in names if cpu]
+    return sorted(jobs, key=lambda job: (not text[job[0]], not job[1]))
 
 
 # Models that outgrow one device, planned for several processes: (defconfig, preset fragment, GPU, processes).
@@ -396,11 +442,15 @@ def _curve_points(config: kconfig.Config, plan: Plan) -> list[tuple[int, int]]:
     """Predicted peaks at the batch sizes the planner traced (all cached), plus 1 and the chosen one."""
     from .planning.memory_policy import PLANNER
 
+    from .threads import using_threads
+
     predictor = PLANNER.predictor
-    batches = predictor.cached_batches(config, device_type=plan.device_type, precision=plan.precision)
-    return [(b, predictor.predict(config, batch=b, device_type=plan.device_type, precision=plan.precision,
-                                  compile_mode=plan.compile_mode).peak_bytes)
-            for b in sorted(set(batches) | {1, plan.micro_batch})]
+    # at the plan's threads: a CPU trace is keyed by them (the planner's traces are the cached ones)
+    with using_threads(plan.cpu_threads if plan.device_type == "cpu" else None):
+        batches = predictor.cached_batches(config, device_type=plan.device_type, precision=plan.precision)
+        return [(b, predictor.predict(config, batch=b, device_type=plan.device_type, precision=plan.precision,
+                                      compile_mode=plan.compile_mode).peak_bytes)
+                for b in sorted(set(batches) | {1, plan.micro_batch})]
 
 
 def _columns(rows: list[MatrixRow], focus: str) -> list[str]:

@@ -280,3 +280,36 @@ def test_a_plan_for_a_simulated_gpu_is_the_same_from_a_cold_cache_and_a_warm_one
     steptime.calibrate(gpt2_tiny, cpu, here, [here.predicted_step_seconds * 3])  # a slow run on this CPU
     again = planned(warm, "a10g", 1.0)
     assert {f: getattr(again, f) for f in figures} == {f: getattr(cold, f) for f in figures}
+
+
+@pytest.mark.parametrize("name", ["lenet5", *(pytest.param(n, marks=pytest.mark.slow)
+                                             for n in ("gpt2-tiny", "llama-tiny", "resnet18"))])
+@pytest.mark.parametrize("setting", [{}, {"OPTIMIZER_SGD": True, "SGD_MOMENTUM": "0.9"},
+                                     {"OPTIMIZER_SGD": True, "SGD_MOMENTUM": "0"}, {"FREEZE": None}])
+def test_the_state_floor_is_what_every_traced_step_holds_at_least(tmp_path, name, setting):
+    """The planner refuses a replica whose parameters, gradients and optimizer state alone exceed the budget
+    without tracing: sound only if that floor never exceeds a traced peak (frozen weights, SGD's states)."""
+    from lib.memory import MemoryPredictor
+
+    frozen = {"lenet5": "features.0.*", "gpt2-tiny": "*.bias", "llama-tiny": "embed.*", "resnet18": "*.bias"}
+    setting = {k: frozen[name] if k == "FREEZE" else v for k, v in setting.items()}
+    config = kc.derive(kc.make_defconfig(name, out=tmp_path / ".config"), setting)
+    predictor = MemoryPredictor(tmp_path / "cache")
+    floor = predictor.state_floor(config)
+    for precision, ckpt in (("fp32", False), ("bf16", True)):
+        trace = predictor.predict(config, batch=1, device_type="cpu", precision=precision,
+                                  gradient_checkpointing=ckpt).trace
+        held = sum(trace.breakdown[k] for k in ("parameters", "gradients", "optimizer_state"))
+        # at most what the peak holds of them (SGD's momentum buffers may come with scratch), and most of it
+        assert 0.6 * held <= floor <= held <= trace.peak_bytes, (precision, ckpt, floor, held)
+
+
+def test_a_replica_whose_state_alone_exceeds_the_budget_is_refused_untraced(tmp_path):
+    config = kc.make_defconfig("llama3-8b", out=tmp_path / ".config")
+    policy = PlannerPolicy(str(tmp_path / "cache"))
+    with pytest.raises(PlanError) as err:
+        plan(config, resolve_hardware(gpu="h100"), policy)
+    text = str(err.value)
+    assert "its parameters, gradients and optimizer state alone take 119.66GiB" in text
+    assert "CONFIG_PARALLEL_FSDP" in text and "SGD instead of adamw" in text and "checkpointing (" not in text
+    assert policy.predictor.traces == 0

@@ -14,6 +14,7 @@ import pytest
 from lib import config as kc
 from lib.hardware import catalog, from_catalog, resolve_hardware
 from lib.hyperparams import ModelDescription, TierPolicy, resolve
+from lib.planning import Settings
 from lib.planning.render import memory_lines
 from lib.report import (
     _breakdown_bar, _breakdown_legend, _peak_curve, format_matrix, hardware_warnings, machines,
@@ -50,18 +51,21 @@ def test_planner_matrix_row_shows_peak_against_budget():
 
 @pytest.mark.slow
 def test_a_parallel_matrix_plans_what_one_process_plans_in_the_same_order(capsys):
+    """The pool plans this CPU untimed (timings that other workers would disturb): what one process plans
+    with timing off, row for row, and progress one line a job, this CPU's jobs named."""
     targets = [m for m in machines() if m[0] in ("t4", "h100", "cpu")]
     names = ["lenet5", "llama-tiny", "gpt2-tiny"]
-    serial = plan_matrix(names, targets)
+    untimed = Settings(measure=False)
+    serial = plan_matrix(names, targets, settings=untimed)
     capsys.readouterr()
-    parallel = plan_matrix(names, targets, jobs=2)  # the GPUs in two spawned processes, this CPU here after
+    parallel = plan_matrix(names, targets, jobs=2, settings=Settings(measure=True))
     assert [(r.defconfig, r.machine) for r in parallel] == [(r.defconfig, r.machine) for r in serial]
     for a, b in zip(serial, parallel):
-        if a.machine != "cpu":  # this CPU's plan times real steps: its figures move between plans
-            assert (a.plan.micro_batch, a.plan.grad_accum, a.plan.predicted_peak_bytes) == (
-                b.plan.micro_batch, b.plan.grad_accum, b.plan.predicted_peak_bytes), (a.defconfig, a.machine)
+        assert (a.plan.micro_batch, a.plan.grad_accum, a.plan.predicted_peak_bytes, a.plan.cpu_threads) == (
+            b.plan.micro_batch, b.plan.grad_accum, b.plan.predicted_peak_bytes, b.plan.cpu_threads), (
+                a.defconfig, a.machine)
     err = capsys.readouterr().err
-    assert "plan-matrix 3/3: " in err and "on 2 machine(s)" in err
+    assert "plan-matrix 6/6: " in err and "on 2 machine(s)" in err and "on this CPU" in err
 
 
 def test_matrix_progress_goes_to_stderr_and_names_what_is_traced(tmp_path, capsys, monkeypatch):

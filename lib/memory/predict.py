@@ -301,6 +301,8 @@ class MemoryPredictor:
         self.full_depth = full_depth  # trace every block of a deep transformer (depth.py scales two shallow ones)
         self._memo: dict[str, dict[str, dict]] = {}
         self._sharded = None  # sharded_process.ShardedTracers: their children start at the first sharded trace
+        self.trace_processes = TRACE_PROCESSES  # children tracing at once (1: a pool's worker traces in itself)
+        self._floors: dict[tuple[str, int], int] = {}  # state_floor's, by model and optimizer
         self._prefetched: dict[tuple[str, int], Trace] = {}  # sharded traces taken at once, for _step to store
         self._fits: dict[str, "MeasuredFit | None"] = {}  # key -> the measured fit, where the trace failed
         self.traces = 0
@@ -399,7 +401,7 @@ class MemoryPredictor:
         if self._sharded is None:
             from .sharded_process import ShardedTracers
 
-            self._sharded = ShardedTracers(TRACE_PROCESSES)
+            self._sharded = ShardedTracers(self.trace_processes)
         return self._sharded
 
     def _prefetch(self, configs: list[Config], batch: int, *, parallel: dict | None,
@@ -413,7 +415,7 @@ class MemoryPredictor:
             if str(batch) not in self._entries(key) and (key, batch) not in self._prefetched and (
                     parallel is not None or self._fit(key) is None):
                 missing.append((key, config))
-        if len(missing) < 2 or TRACE_PROCESSES < 2:
+        if len(missing) < 2 or self.trace_processes < 2:
             return  # one trace gains nothing from another process
         request = (lambda: _sharded_request(parallel, batch=batch, part=part, **step)) if parallel else (
             lambda: dict(batch=batch, part=part, **step))
@@ -502,6 +504,36 @@ class MemoryPredictor:
                                           device_type=device_type, tensor=tensor),
                      **pipeline_overheads(trace, pipeline_terms if train else None)}
         return Prediction(batch, device_type, trace, overheads, strategy=strategy, world_size=world_size)
+
+    def state_floor(self, config: Config) -> int:
+        """Bytes one process holding the whole model keeps whatever the batch, precision or checkpointing: its
+        parameters as built, the trainable ones' gradients and the optimizer's state for them (Adam's two
+        tensors, SGD's momentum; a custom optimizer's counted as none). A lower bound of every trained step's
+        peak (the traces hold exactly these, beside the activations), from the model built on the meta device:
+        no trace. Kept per model and optimizer for the process."""
+        import torch
+
+        from ..task import task_once
+        from .cache import model_fingerprint
+
+        model_key = json.dumps(model_fingerprint(config), sort_keys=True)
+        states = {"adam": 2, "adamw": 2, "sgd": 1 if config.sgd_momentum else 0}.get(config.optimizer, 0)
+        key = (model_key, states)
+        if key not in self._floors:
+            try:
+                task = task_once(config, model_key)  # loaded outside: its data must not be made on meta
+                with torch.device("meta"):
+                    model = task.build(False)
+            except KfitError:
+                raise
+            except Exception:  # noqa: BLE001 - a custom factory that cannot build on meta: no floor, the traces say
+                self._floors[key] = 0
+                return 0
+            unique = {id(p): p for p in model.parameters()}.values()  # a tied weight once
+            held = sum(p.numel() * p.element_size() for p in unique)
+            trainable = sum(p.numel() * p.element_size() for p in unique if p.requires_grad)
+            self._floors[key] = held + trainable * (1 + states)
+        return self._floors[key]
 
     def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
               compile_mode: str | None = None, plus: int = 0, strategy: str = "none", world_size: int = 1,

@@ -90,6 +90,11 @@ class PlannerPolicy:
                                           tensor=tensor), gathers)
         if pipeline:  # a micro-batch per stage at least, or the schedule cuts smaller ones itself
             limit = min(limit, max(1, share // pipeline[0]))
+        replica = not sharding or (sharding["strategy"] == "ddp" and "tensor" not in sharding)
+        if replica and not pipeline:  # a whole model in each process: its state alone may rule it out, untraced
+            floor = self.predictor.state_floor(config)
+            if floor > budget:
+                raise self._state_over(config, floor, budget, budget_why, whole, device_type)
         train = _worst([self.predictor.curve(config, device_type=device_type, precision=precision,
                                              compile_mode=compile_mode, **sharding, **view) for view in views])
         cap = train.largest_fitting(budget, limit, low_first=train.deep)
@@ -163,6 +168,35 @@ class PlannerPolicy:
         return memory, (f"{' and '.join(over)}, over the budget {_fmt(budget)} ({budget_why}): it may run "
                         f"out of memory; {fits} (CONFIG_BATCH_SIZE, or AUTO to let the planner choose)")
 
+    def _state_over(self, config: Config, floor: int, budget: int, budget_why: str, whole: Config,
+                    device_type: str) -> NoFitError:
+        """The refusal of a replica whose parameters, gradients and optimizer state alone exceed the budget:
+        what helps is what shrinks those (neither checkpointing nor autocast does)."""
+        helps = [*self._optimizer_helps(config), *self._size_helps(config)]
+        if device_type == "cuda":
+            helps.append("FSDP over several GPUs (CONFIG_PARALLEL_FSDP: each process holds a share of the state)")
+        helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
+        return NoFitError(f"{model_label(whole)} does not fit even at micro-batch 1: its parameters, gradients and "
+                          f"optimizer state alone take {_fmt(floor)} but the budget is {_fmt(budget)} "
+                          f"({budget_why})", helps)
+
+    @staticmethod
+    def _optimizer_helps(config: Config) -> list[str]:
+        if config.optimizer in ("adam", "adamw"):
+            return [f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor per parameter "
+                    "instead of two)"]
+        if config.optimizer == "custom":
+            return [f"SGD instead of {config.optimizer_name} (CONFIG_OPTIMIZER_SGD: at most one state tensor "
+                    "per parameter)"]
+        return []
+
+    @staticmethod
+    def _size_helps(config: Config) -> list[str]:
+        smaller = spec_for(config.model).smaller
+        return ([smaller] if smaller else []) + (
+            ["a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)"]
+            if (config.memory_profile or DEFAULT_SHARE) < LARGEST_SHARE else [])
+
     def _no_fit(self, config: Config, one: "Prediction", budget: int, budget_why: str, device_type: str,
                 precision: str, sharding: dict, whole: Config | None = None) -> NoFitError:
         """`config`: what a process traces (its share of the context under CP); `whole`: the model as configured."""
@@ -188,17 +222,7 @@ class PlannerPolicy:
                           "a model that tensor parallelism can split (Llama: CONFIG_TP)")
                          + ": FSDP shards the weights, not a sequence's activations, so more GPUs alone leave this "
                          "peak where it is")
-        if config.optimizer in ("adam", "adamw"):
-            helps.append(f"SGD instead of {config.optimizer} (CONFIG_OPTIMIZER_SGD: one state tensor "
-                         "per parameter instead of two)")
-        elif config.optimizer == "custom":
-            helps.append(f"SGD instead of {config.optimizer_name} (CONFIG_OPTIMIZER_SGD: at most one state tensor "
-                         "per parameter)")
-        smaller = spec_for(config.model).smaller
-        if smaller:
-            helps.append(smaller)
-        if (config.memory_profile or DEFAULT_SHARE) < LARGEST_SHARE:
-            helps.append("a larger share of memory (CONFIG_MEMORY_PROFILE_EXTREME)")
+        helps += [*self._optimizer_helps(config), *self._size_helps(config)]
         helps.append("a device with more free memory (stop other processes, or see 'make plan-matrix')")
         if sharding and "tensor" not in sharding:
             label += f" ({sharding['strategy']} over {sharding['world_size']} processes)"
@@ -295,3 +319,10 @@ def _sharding(strategy: str, world_size: int, local_world_size: int | None, cpu_
 
 
 PLANNER = PlannerPolicy()  # shared, so its in-process trace memo serves every resolve() of a process
+
+
+def trace_in_process() -> None:
+    """For a worker of a process pool that plans on every core (plan-matrix, randcheck): trace in the worker
+    itself. The pool already takes the cores, so tracing children of its own (the two shallow depths of a deep
+    model at once) would only add an interpreter's start-up; a sharded step still takes one child."""
+    PLANNER.predictor.trace_processes = 1
