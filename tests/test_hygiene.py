@@ -107,7 +107,7 @@ def _model_names() -> set[str]:
 def model_name_lists(path: Path, names: set[str], root: Path = ROOT) -> list[tuple[str, str]]:
     """(file, code) for each place that lists models by name where the registry should answer: a membership
     test of a `.model` against literal names (`config.model in ("gpt2", "llama")`), a chain of equality tests of
-    `.model` (`m.model == "a" or m.model == "b"`), and any tuple, list, set or dict literal holding two or more
+    `.model` (`m.model == "a" or m.model == "b"`), one such test (`config.model != "llama"`), and any tuple, list, set or dict literal holding two or more
     of the registry's names as strings (keys or values)."""
     rel = path.relative_to(root).as_posix()
     found = []
@@ -128,9 +128,13 @@ def model_name_lists(path: Path, names: set[str], root: Path = ROOT) -> list[tup
                 isinstance(c, (ast.Tuple, ast.List, ast.Set)) and named(c.elts) for c in node.comparators):
             found.append((rel, ast.unparse(node)))
             inside |= {id(c) for c in node.comparators}
+        elif isinstance(node, ast.Compare) and is_model(node.left) and any(
+                isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops) and named(node.comparators):
+            found.append((rel, ast.unparse(node)))  # one family named: what the registry's spec says instead
         elif isinstance(node, ast.BoolOp) and sum(
                 isinstance(v, ast.Compare) and is_model(v.left) and named(v.comparators) for v in node.values) >= 2:
             found.append((rel, ast.unparse(node)))
+            inside |= {id(v) for v in node.values}
         elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and named(node.elts) >= 2:
             found.append((rel, ast.unparse(node)))
         elif isinstance(node, ast.Dict) and (named(node.keys) >= 2 or named(node.values) >= 2):
@@ -168,7 +172,8 @@ def test_the_model_list_leftovers_are_still_there():
 def test_the_model_list_finder_sees_every_form(tmp_path):
     sample = tmp_path / "lib" / "x.py"
     sample.parent.mkdir()
-    sample.write_text('ok = config.model == "gpt2"\n'
+    sample.write_text('one = config.model == "gpt2"\n'
+                      'ok = config.model == spec.name\n'
                       'a = config.model in ("gpt2", "resnet18")\n'
                       'b = plan.model not in ["llama"]\n'
                       'c = m.model == "gpt2" or m.model == "llama"\n'
@@ -177,7 +182,7 @@ def test_the_model_list_finder_sees_every_form(tmp_path):
     found = [code for _, code in model_name_lists(sample, {"gpt2", "resnet18", "resnet50", "llama", "lenet5"},
                                                    tmp_path)]
     assert sorted(found) == sorted([
-        "config.model in ('gpt2', 'resnet18')", "plan.model not in ['llama']",
+        "config.model == 'gpt2'", "config.model in ('gpt2', 'resnet18')", "plan.model not in ['llama']",
         "m.model == 'gpt2' or m.model == 'llama'", "{'LENET5': 'lenet5', 'GPT2': 'gpt2'}"])
 
 

@@ -49,20 +49,22 @@ def shallow_depths(config: Config, sharded: bool) -> tuple[int, int]:
 
 
 def depth_of(config: Config, sharded: bool = False) -> int | None:
-    """The blocks of a model whose step is traced shallow and scaled (a built-in Llama deeper than
-    MIN_LAYERS and than its shallow depths, in whole periods of alike blocks), else None."""
-    if config.model != "llama":
-        return None
-    from ..models.registry import llama_shape
+    """The blocks of a model whose step is traced shallow and scaled (a family that declares its depth in the
+    registry, deeper than MIN_LAYERS and than its shallow depths, in whole periods of alike blocks), else
+    None."""
+    from ..models.registry import MODELS
 
-    layers = llama_shape(config).n_layer
+    spec = MODELS.get(config.model)
+    if spec is None or spec.depth is None:
+        return None
+    layers = spec.depth.layers(config)
     if layers <= MIN_LAYERS or layers % _period(config) or layers <= shallow_depths(config, sharded)[1]:
         return None
     return layers
 
 
 def at_depth(config: Config, layers: int) -> Config:
-    """`config`'s model with `layers` blocks and everything else as it is (CONFIG_LLAMA_PRESET_CUSTOM)."""
+    """`config`'s model with `layers` blocks and everything else as it is (its family's Depth.at)."""
     return _at_depth(config.text, config.source, layers) if config.text else _derived(config, layers)
 
 
@@ -74,14 +76,9 @@ def _at_depth(text: str, source: str, layers: int) -> Config:
 
 
 def _derived(config: Config, layers: int) -> Config:
-    from ..config import derive
-    from ..models.registry import llama_shape
+    from ..models.registry import spec_for
 
-    shape = llama_shape(config)
-    return derive(config, {"LLAMA_PRESET_CUSTOM": True, "LLAMA_DIM": shape.dim, "LLAMA_LAYERS": layers,
-                           "LLAMA_HEADS": shape.n_head, "LLAMA_KV_HEADS": shape.n_kv_head,
-                           "LLAMA_FFN_DIM": shape.hidden_dim, "LLAMA_ROPE_THETA": f"{shape.rope_theta:g}",
-                           "LLAMA_TIE_EMBEDDINGS": config.llama_tie_embeddings is not False})
+    return spec_for(config.model).depth.at(config, layers)
 
 
 def line(a: float, b: float, layers: int, depths: tuple[int, int] = SHALLOW) -> float:

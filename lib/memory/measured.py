@@ -275,6 +275,7 @@ def measure_case(case: dict) -> dict:
 
     from .. import config as kconfig
     from ..step import autocast_for
+    from ..models.registry import spec_for
     from ..task import load_task
     from .fake import model_features
     from .trace import evaluation_pass, step_optimizer, training_steps
@@ -282,7 +283,7 @@ def measure_case(case: dict) -> dict:
     config = kconfig.read_config(case["config"])
     device, batch, train = case["device"], case["batch"], case["train"]
     task = load_task(config)
-    if config.model == "custom":
+    if spec_for(config.model).builder is None:  # a factory's model (CONFIG_MODEL_CUSTOM)
         task.build(False)  # the factory's first model was built at load, outside the instrument: build afresh
     autocast = autocast_for(SimpleNamespace(precision=case["precision"], device_type=device))
     facts: dict = {}

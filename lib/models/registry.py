@@ -42,6 +42,15 @@ class ContextParallel:
 
 
 @dataclass(frozen=True)
+class Depth:
+    """What the memory tracer needs of a family of repeated blocks to trace it shallow and scale it by the
+    depth (lib/memory/depth.py): its blocks, and the same model at another number of them."""
+
+    layers: "Callable[[Config], int]"
+    at: "Callable[[Config, int], Config]"  # (config, blocks) -> the config with that many, all else as it was
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     data: str  # images | text | custom (the factory brings its own)
@@ -70,6 +79,7 @@ class ModelSpec:
     # lib/pipeline.py cuts into stages (the module's pipeline_parts and forward(stage=)); None: it cannot be cut
     pipeline: "Callable[[Config], tuple[int, bool, int]] | None" = None
     context_parallel: ContextParallel | None = None  # None: CONFIG_CP cannot split its sequences
+    depth: Depth | None = None  # None: traced with every block
 
     @property
     def named(self) -> str:
@@ -202,6 +212,16 @@ def _llama_local(config: "Config", degree: int) -> "Config":
     return replace(local, **kept)
 
 
+def _llama_at_depth(config: "Config", layers: int) -> "Config":
+    from ..config import derive
+
+    shape = llama_shape(config)
+    return derive(config, {"LLAMA_PRESET_CUSTOM": True, "LLAMA_DIM": shape.dim, "LLAMA_LAYERS": layers,
+                           "LLAMA_HEADS": shape.n_head, "LLAMA_KV_HEADS": shape.n_kv_head,
+                           "LLAMA_FFN_DIM": shape.hidden_dim, "LLAMA_ROPE_THETA": f"{shape.rope_theta:g}",
+                           "LLAMA_TIE_EMBEDDINGS": config.llama_tie_embeddings is not False})
+
+
 def _llama_args(config: "Config", info: "DatasetInfo") -> dict:
     return dict(llama_preset=llama_shape(config), block_size=info.block_size,
                 vocab_size=vocab_rows(vocabulary(config, info), config.pad_vocab),
@@ -303,7 +323,8 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
               preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
               title="Llama", defconfig="llama-tiny", tensor_parallel=TensorParallel(_llama_tensor_problem, _llama_tensor_traffic),
-              pipeline=_llama_pipeline, context_parallel=ContextParallel(_llama_context, _llama_local)),
+              pipeline=_llama_pipeline, context_parallel=ContextParallel(_llama_context, _llama_local),
+              depth=Depth(lambda config: llama_shape(config).n_layer, _llama_at_depth)),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key,
               defconfig="custom-transformer"),
