@@ -55,7 +55,7 @@ SCORE_HIGH = 8 * 989e12 * 0.6  # FLOP/s: 8 H100 SXM, bf16 dense peak x GPU_COMPU
 DATA_READ_SHARE = 0.1  # reading the data once may take this share of the run before the warning
 MAX_EPOCHS = 100000  # CONFIG_EPOCHS' upper bound: the token budget's MAX_STEPS is what stops a run
 # CONFIG_MODEL_<name> -> its title: the families recommend chooses a size in (those with presets)
-FAMILIES = {name: spec.named for name, spec in MODELS.items() if spec.preset is not None}
+FAMILIES = {name: spec.named for name, spec in MODELS.items() if spec.sized is not None}  # the sizes it chooses among
 REPEAT_EPOCHS = 4  # repeating data up to about 4 epochs costs little loss (Muennighoff et al. 2023)
 
 

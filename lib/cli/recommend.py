@@ -33,23 +33,20 @@ def _base() -> tuple[kconfig.Config, Path | None, str | None]:
 
 
 def _shapes(config, family: str, vocab: int):
-    """Every preset of a family (gpt2, llama) with its parameter count for this config's data (its vocabulary;
-    Llama tied as the config says)."""
+    """Every preset of a family (its registry entry's presets) with its parameter count for this config's data
+    (its vocabulary; Llama tied as the config says)."""
     import torch
 
-    from ..models import GPT2_PRESETS, LLAMA_PRESETS, build_model, count_parameters
-    from ..models.registry import vocab_rows
+    from ..models import count_parameters
+    from ..models.registry import spec_for, vocab_rows
     from ..recommend import Shape
 
+    spec = spec_for(family)
     vocab = vocab_rows(vocab, config.pad_vocab)
     out = []
-    for preset in (GPT2_PRESETS if family == "gpt2" else LLAMA_PRESETS):
+    for preset in spec.presets():
         with torch.device("meta"):
-            if family == "gpt2":
-                model = build_model("gpt2", gpt2_preset=preset, block_size=1024, vocab_size=vocab)
-            else:
-                model = build_model("llama", llama_preset=preset, block_size=1024, vocab_size=vocab,
-                                    tie_embeddings=config.llama_tie_embeddings is not False)
+            model = spec.sized(config, preset, vocab)
         out.append(Shape(preset, count_parameters(model), family))
     return out
 

@@ -80,6 +80,10 @@ class ModelSpec:
     pipeline: "Callable[[Config], tuple[int, bool, int]] | None" = None
     context_parallel: ContextParallel | None = None  # None: CONFIG_CP cannot split its sequences
     depth: Depth | None = None  # None: traced with every block
+    # the family's sizes for make recommend: () -> its presets (CONFIG_<NAME>_PRESET_<preset>), and
+    # (config, preset, vocabulary rows) -> the model at that size (built where torch's default device is)
+    presets: "Callable[[], tuple[str, ...]] | None" = None
+    sized: "Callable[[Config, str, int], object] | None" = None
 
     @property
     def named(self) -> str:
@@ -304,6 +308,31 @@ def _llama_from_weights(config: "Config", weights: dict) -> tuple[object, int, i
                        tie_embeddings=config.llama_tie_embeddings is not False), vocab, block
 
 
+def _gpt2_presets() -> tuple[str, ...]:
+    from . import GPT2_PRESETS
+
+    return tuple(GPT2_PRESETS)
+
+
+def _gpt2_sized(config: "Config", preset: str, vocab: int):
+    from . import build_model
+
+    return build_model("gpt2", gpt2_preset=preset, block_size=1024, vocab_size=vocab)
+
+
+def _llama_presets() -> tuple[str, ...]:
+    from .llama import LLAMA_PRESETS
+
+    return tuple(LLAMA_PRESETS)
+
+
+def _llama_sized(config: "Config", preset: str, vocab: int):
+    from . import build_model
+
+    return build_model("llama", llama_preset=preset, block_size=1024, vocab_size=vocab,
+                       tie_embeddings=config.llama_tie_embeddings is not False)
+
+
 def _smaller(family: str) -> str:
     return f"a smaller preset (CONFIG_{family}_PRESET_*) or a shorter CONFIG_{family}_BLOCK_SIZE"
 
@@ -318,13 +347,14 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2, build_args=_gpt2_args,
               block_size=lambda config: config.gpt2_block_size, smaller=_smaller("GPT2"),
               preset=lambda config: config.gpt2_preset, shape_key=_gpt2_key, from_weights=_gpt2_from_weights,
-              title="GPT-2"),
+              title="GPT-2", presets=_gpt2_presets, sized=_gpt2_sized),
     ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
               preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
               title="Llama", defconfig="llama-tiny", tensor_parallel=TensorParallel(_llama_tensor_problem, _llama_tensor_traffic),
               pipeline=_llama_pipeline, context_parallel=ContextParallel(_llama_context, _llama_local),
-              depth=Depth(lambda config: llama_shape(config).n_layer, _llama_at_depth)),
+              depth=Depth(lambda config: llama_shape(config).n_layer, _llama_at_depth),
+              presets=_llama_presets, sized=_llama_sized),
     # a model from the user's factory (CONFIG_MODEL_CUSTOM): planned as conservatively as GPT-2
     ModelSpec("custom", "custom", supports_checkpointing=False, tier_scale=None, shape_key=_custom_key,
               defconfig="custom-transformer"),
