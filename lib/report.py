@@ -270,13 +270,23 @@ def _parallel_matrix(names: list[str], targets, label: str, world_size: int, set
 def _longest_first(names: list[str], cpu: bool) -> list[tuple[str, bool]]:
     """(defconfig, on the GPUs or this CPU) in an order that lets a pool finish soonest, the longest jobs
     first: the language models on the GPUs (their plans trace the most: 8-14 s here for a Llama 3 or GPT-2
-    124M on 20 GPUs), then on this CPU (4-8 s), then the others (1-4 s), so that the last to start are short."""
+    124M on 20 GPUs), then on this CPU (4-8 s), then the others, the largest first by the registry's
+    tier_scale (samples a step relative to GPT-2: the fewer, the larger the model; a factory's counted as
+    GPT-2), each on this CPU before the GPUs (ResNet-50 about 4 s each, LeNet-5 under 1 s), so that the last
+    jobs to start are short."""
     from .models.registry import spec_for
 
     with tempfile.TemporaryDirectory() as tmp:
-        text = {name: spec_for(kconfig.make_defconfig(name, out=Path(tmp) / name).model).text for name in names}
+        specs = {name: spec_for(kconfig.make_defconfig(name, out=Path(tmp) / name).model) for name in names}
+
+    def key(job: tuple[str, bool]):
+        spec, on_gpus = specs[job[0]], job[1]
+        if spec.text:
+            return (0, not on_gpus, 0.0)
+        return (1, spec.tier_scale or 1.0, on_gpus)
+
     jobs = [(name, True) for name in names] + [(name, False) for name in names if cpu]
-    return sorted(jobs, key=lambda job: (not text[job[0]], not job[1]))
+    return sorted(jobs, key=key)
 
 
 # Models that outgrow one device, planned for several processes: (defconfig, preset fragment, GPU, processes).
