@@ -302,7 +302,7 @@ class MemoryPredictor:
         self._memo: dict[str, dict[str, dict]] = {}
         self._sharded = None  # sharded_process.ShardedTracers: their children start at the first sharded trace
         self.trace_processes = TRACE_PROCESSES  # children tracing at once (1: a pool's worker traces in itself)
-        self._floors: dict[tuple[str, int], int] = {}  # state_floor's, by model and optimizer
+        self._floors: dict[str, tuple[int, int]] = {}  # state_floor's (held, trainable) parameter bytes by model
         self._prefetched: dict[tuple[str, int], Trace] = {}  # sharded traces taken at once, for _step to store
         self._fits: dict[str, "MeasuredFit | None"] = {}  # key -> the measured fit, where the trace failed
         self.traces = 0
@@ -510,16 +510,14 @@ class MemoryPredictor:
         parameters as built, the trainable ones' gradients and the optimizer's state for them (Adam's two
         tensors, SGD's momentum; a custom optimizer's counted as none). A lower bound of every trained step's
         peak (the traces hold exactly these, beside the activations), from the model built on the meta device:
-        no trace. Kept per model and optimizer for the process."""
+        no trace. The parameter bytes are kept per model for the process."""
         import torch
 
         from ..task import task_once
         from .cache import model_fingerprint
 
         model_key = json.dumps(model_fingerprint(config), sort_keys=True)
-        states = {"adam": 2, "adamw": 2, "sgd": 1 if config.sgd_momentum else 0}.get(config.optimizer, 0)
-        key = (model_key, states)
-        if key not in self._floors:
+        if model_key not in self._floors:
             try:
                 task = task_once(config, model_key)  # loaded outside: its data must not be made on meta
                 with torch.device("meta"):
@@ -527,13 +525,17 @@ class MemoryPredictor:
             except KfitError:
                 raise
             except Exception:  # noqa: BLE001 - a custom factory that cannot build on meta: no floor, the traces say
-                self._floors[key] = 0
+                self._floors[model_key] = (0, 0)
                 return 0
             unique = {id(p): p for p in model.parameters()}.values()  # a tied weight once
-            held = sum(p.numel() * p.element_size() for p in unique)
-            trainable = sum(p.numel() * p.element_size() for p in unique if p.requires_grad)
-            self._floors[key] = held + trainable * (1 + states)
-        return self._floors[key]
+            self._floors[model_key] = (sum(p.numel() * p.element_size() for p in unique),
+                                       sum(p.numel() * p.element_size() for p in unique if p.requires_grad))
+        held, trainable = self._floors[model_key]
+        if not held:
+            return 0
+        # a custom optimizer's state is unknown until traced: none, for a floor
+        state = 0 if config.optimizer == "custom" else optimizer_state_bytes(config, trainable)
+        return held + trainable + state
 
     def curve(self, config: Config, *, device_type: str, precision: str, train: bool = True,
               compile_mode: str | None = None, plus: int = 0, strategy: str = "none", world_size: int = 1,
