@@ -27,6 +27,18 @@ class GPT2Config:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
 
+# Shape of each published GPT-2 size; block_size, vocab_size and dropout come from build_model.
+GPT2_PRESETS: dict[str, GPT2Config] = {
+    "tiny": GPT2Config(n_layer=4, n_head=4, n_embd=128),  # for CPU smoke runs
+    "30m": GPT2Config(n_layer=6, n_head=6, n_embd=384),
+    "51m": GPT2Config(n_layer=8, n_head=8, n_embd=512),
+    "124m": GPT2Config(n_layer=12, n_head=12, n_embd=768),
+    "355m": GPT2Config(n_layer=24, n_head=16, n_embd=1024),
+    "774m": GPT2Config(n_layer=36, n_head=20, n_embd=1280),
+    "1558m": GPT2Config(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPT2Config) -> None:
         super().__init__()

@@ -96,7 +96,7 @@ class ModelSpec:
         return self.data == "text"
 
 
-def _lenet5(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False,
+def _lenet5(num_classes: int = 10, in_channels: int = 1, image_size: int = 32, grad_checkpointing: bool = False,
             dropout: float = 0.0, **_):
     from .lenet import LeNet5
 
@@ -104,7 +104,7 @@ def _lenet5(num_classes: int, in_channels: int, image_size: int, grad_checkpoint
 
 
 def _resnet(depth: int):
-    def build(num_classes: int, in_channels: int, image_size: int, grad_checkpointing: bool = False,
+    def build(num_classes: int = 10, in_channels: int = 1, image_size: int = 32, grad_checkpointing: bool = False,
               dropout: float = 0.0, **_):
         from . import resnet
 
@@ -113,18 +113,33 @@ def _resnet(depth: int):
     return build
 
 
-def _gpt2(gpt2_config, grad_checkpointing: bool = False, recompute=None, **_):
+def _gpt2(gpt2_preset: str = "124m", block_size: int = 1024, vocab_size: int = 50257, dropout: float = 0.0,
+          grad_checkpointing: bool = False, recompute=None, **_):
+    from dataclasses import replace
+
     from .checkpointing import Recompute
-    from .gpt2 import GPT2
+    from .gpt2 import GPT2, GPT2_PRESETS
 
-    return GPT2(gpt2_config, grad_checkpointing, recompute or Recompute())
+    if gpt2_preset not in GPT2_PRESETS:
+        raise ValueError(f"unknown gpt2 preset {gpt2_preset!r}; choose one of {', '.join(GPT2_PRESETS)}")
+    shape = replace(GPT2_PRESETS[gpt2_preset], block_size=block_size, vocab_size=vocab_size, dropout=dropout)
+    return GPT2(shape, grad_checkpointing, recompute or Recompute())
 
 
-def _llama(llama_config, grad_checkpointing: bool = False, recompute=None, context_parallel: bool = False, **_):
+def _llama(llama_preset="125m", block_size: int = 1024, vocab_size: int = 50257, tie_embeddings: bool = True,
+           grad_checkpointing: bool = False, recompute=None, context_parallel: bool = False, **_):
+    """`llama_preset`: a preset's name, or a LlamaConfig whose shape is taken (CONFIG_LLAMA_PRESET_CUSTOM)."""
+    from dataclasses import replace
+
     from .checkpointing import Recompute
-    from .llama import Llama
+    from .llama import LLAMA_PRESETS, Llama, LlamaConfig
 
-    return Llama(llama_config, grad_checkpointing, recompute or Recompute(), expand_kv=context_parallel)
+    if not isinstance(llama_preset, LlamaConfig):
+        if llama_preset not in LLAMA_PRESETS:
+            raise ValueError(f"unknown llama preset {llama_preset!r}; choose one of {', '.join(LLAMA_PRESETS)}")
+        llama_preset = LLAMA_PRESETS[llama_preset]
+    shape = replace(llama_preset, block_size=block_size, vocab_size=vocab_size, tie_embeddings=tie_embeddings)
+    return Llama(shape, grad_checkpointing, recompute or Recompute(), expand_kv=context_parallel)
 
 
 def _image_args(config: "Config", info: "DatasetInfo") -> dict:
@@ -309,7 +324,7 @@ def _llama_from_weights(config: "Config", weights: dict) -> tuple[object, int, i
 
 
 def _gpt2_presets() -> tuple[str, ...]:
-    from . import GPT2_PRESETS
+    from .gpt2 import GPT2_PRESETS
 
     return tuple(GPT2_PRESETS)
 
