@@ -18,6 +18,9 @@ PACKAGED_DATA = PACKAGE / "_data"
 # The checkout this code runs from, or None when it runs from an installed package.
 CHECKOUT: Path | None = PACKAGE.parent if (PACKAGE.parent / "Kconfig").is_file() and \
     (PACKAGE.parent / "defconfigs").is_dir() else None
+# Where the model families kept in one file each are (lib/models/families/, docs/architecture.md): the config
+# layer reads each file's Kconfig entries from here without importing it, the model registry imports its spec.
+FAMILY_DIRS: list[Path] = [PACKAGE / "models" / "families"]
 
 
 def data_root() -> Path:

@@ -87,7 +87,6 @@ def cmd_genoptions(args) -> int:
 
 def _menu(copy: Path) -> None:
     """kconfiglib's curses menu on `copy`: it loads and saves the file KCONFIG_CONFIG names."""
-    import kconfiglib
     import menuconfig
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # curses would fail with a traceback
@@ -96,7 +95,7 @@ def _menu(copy: Path) -> None:
     previous = os.environ.get("KCONFIG_CONFIG")
     os.environ["KCONFIG_CONFIG"] = str(copy)
     try:
-        menuconfig.menuconfig(kconfiglib.Kconfig(str(kconfig.KCONFIG)))
+        menuconfig.menuconfig(kconfig.new_kconfig())
     finally:
         if previous is None:
             del os.environ["KCONFIG_CONFIG"]

@@ -7,6 +7,8 @@ every such case into a ConfigError naming the symbol, the file and the reason.
 
 from __future__ import annotations
 
+import ast
+import io
 import re
 import tempfile
 from pathlib import Path
@@ -17,14 +19,45 @@ import kconfiglib
 from ..errors import ConfigError
 from ..fileio import MISSING, copy_file, what_is, write_atomic, write_target
 from ..redact import escaped, secret_name, shown
+from .. import resources
 from ..resources import data_root
 
 ROOT = data_root()  # the checkout, or the installed package's copy of the tree (lib/resources.py)
 KCONFIG = ROOT / "Kconfig"
 
 
+# The line of kconfigs/Kconfig.model where the entries of the families kept in one file each are added
+FAMILIES_HERE = "# model families kept in one file each (lib/models/families/) are added here"
+
+
+def family_entries() -> str:
+    """The Kconfig entries of every model family kept in one file (resources.FAMILY_DIRS): each file's module-level
+    `KCONFIG` string, read from its syntax tree without importing it (the config layer imports no model code)."""
+    entries = []
+    for folder in resources.FAMILY_DIRS:
+        for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
+            if path.name.startswith("_"):
+                continue
+            for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KCONFIG"
+                                                        for t in node.targets):
+                    entries.append(f"# {path.name}\n{ast.literal_eval(node.value)}\n")
+    return "".join(entries)
+
+
+class _Tree(kconfiglib.Kconfig):
+    """kconfiglib's Kconfig with the families' entries (family_entries) read in at FAMILIES_HERE."""
+
+    def _open(self, filename, mode):
+        if mode == "r" and Path(filename).name == "Kconfig.model":
+            text = Path(filename).read_text(encoding="utf-8")
+            return io.StringIO(text.replace(FAMILIES_HERE, family_entries(), 1))
+        return super()._open(filename, mode)
+
+
 def new_kconfig() -> kconfiglib.Kconfig:
-    kconf = kconfiglib.Kconfig(str(KCONFIG), warn_to_stderr=False)
+    """The Kconfig tree: kconfigs/, and the families kept in one file each."""
+    kconf = _Tree(str(KCONFIG), warn_to_stderr=False)
     if kconf.warnings:  # a broken Kconfig tree is our bug, not the user's
         raise ConfigError("Kconfig tree has problems:\n  " + "\n  ".join(kconf.warnings))
     kconf.warn_assign_undef = True

@@ -375,6 +375,38 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
               defconfig="custom-transformer"),
 )}
 
+
+
+def families() -> dict[str, ModelSpec]:
+    """The families kept in one file each (lib/models/families/, resources.FAMILY_DIRS): each file's FAMILY,
+    by name; the file is imported once (a second call returns the module already loaded)."""
+    import importlib.util
+    import sys
+
+    from .. import resources
+    from . import families as package
+
+    found: dict[str, ModelSpec] = {}
+    for folder in resources.FAMILY_DIRS:
+        for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
+            if path.name.startswith("_"):
+                continue
+            name = f"{package.__name__}.{path.stem}"
+            module = sys.modules.get(name)
+            if module is None or getattr(module, "__file__", None) != str(path):
+                loader = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(loader)
+                sys.modules[name] = module
+                loader.loader.exec_module(module)
+            spec = getattr(module, "FAMILY", None)
+            if not isinstance(spec, ModelSpec) or spec.name != path.stem.lower():
+                raise ConfigError(f"{path}: a model family's file declares FAMILY, a ModelSpec named {path.stem!r} "
+                                  "(lib/models/families/__init__.py)")
+            found[spec.name] = spec
+    return found
+
+
+MODELS.update(families())
 BUILT_IN = tuple(name for name, spec in MODELS.items() if spec.builder is not None)
 
 
