@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
 import kconfiglib
@@ -22,7 +22,11 @@ from .symbols import bool_of, choice_of, int_of, member_of, number_of, str_of
 
 @dataclass(frozen=True)
 class Config:
-    """A validated configuration. Field names follow the Kconfig symbols."""
+    """A validated configuration. Field names follow the Kconfig symbols.
+
+    A field typed_config parses (a number held in a string symbol, a list of words, a derived value) is built
+    there; every other field is its option's value exactly as `options` types it (lib/config/options.py), so
+    its type, range and help are stated once, in the Kconfig tree: the field only names it for type checkers."""
 
     model: str  # a name in lib/models/registry.py's MODELS (lenet5, gpt2, llama, custom, ...)
     gpt2_preset: str | None  # tiny | 30m | 51m | 124m | 355m | 774m | 1558m
@@ -241,11 +245,8 @@ def _tuning(kconf) -> dict:
     t = dict(
         lr_finder_min_lr=number_of(kconf, "LR_FINDER_MIN_LR", low=0, low_open=True),
         lr_finder_max_lr=number_of(kconf, "LR_FINDER_MAX_LR", low=0, low_open=True),
-        lr_finder_steps=int_of(kconf, "LR_FINDER_STEPS"),
         lr_finder_smoothing=number_of(kconf, "LR_FINDER_SMOOTHING", low=0, high=1, low_open=True),
         lr_finder_diverge=number_of(kconf, "LR_FINDER_DIVERGE", low=1, low_open=True),
-        lr_scaling=choice_of(kconf, "LR_SCALING_", {"AUTO": "auto", "LINEAR": "linear", "SQRT": "sqrt", "NONE": "none"}),
-        hpo_trials=int_of(kconf, "HPO_TRIALS"),
         hpo_timeout_s=int_of(kconf, "HPO_TIMEOUT"),
         hpo_study_name=str_of(kconf, "HPO_STUDY_NAME") or "",
         hpo_lr_min=number_of(kconf, "HPO_LR_MIN", low=0, low_open=True),
@@ -256,13 +257,7 @@ def _tuning(kconf) -> dict:
         hpo_optimizers=tuple(o for o in ("sgd", "adam", "adamw") if bool_of(kconf, "HPO_OPTIMIZER_" + o.upper())),
         hpo_min_resource=int_of(kconf, "HPO_MIN_RESOURCE"),
         hpo_max_resource=int_of(kconf, "HPO_MAX_RESOURCE"),
-        hpo_reduction_factor=int_of(kconf, "HPO_REDUCTION_FACTOR"),
-        hpo_bootstrap_count=int_of(kconf, "HPO_BOOTSTRAP_COUNT"),
-        hpo_patience=int_of(kconf, "HPO_PATIENCE"),
         hpo_space=" ".join((str_of(kconf, "HPO_SPACE") or "").split()),
-        hpo_objective=choice_of(kconf, "HPO_OBJECTIVE_", {"EVAL_LOSS": "eval_loss", "ACCURACY": "accuracy",
-                                                        "MACRO_F1": "macro_f1"}),
-        hpo_folds=int_of(kconf, "HPO_FOLDS"),
     )
     _ordered("LR_FINDER_MIN_LR", t["lr_finder_min_lr"], "LR_FINDER_MAX_LR", t["lr_finder_max_lr"])
     _ordered("HPO_LR_MIN", t["hpo_lr_min"], "HPO_LR_MAX", t["hpo_lr_max"])
@@ -283,9 +278,7 @@ def _checkpoint_control(kconf) -> dict:
     """Best-k checkpoints and early stopping; the metric's name must say which way is better (whether this
     model's evaluation reports it is checked when training starts: lib/trainer/best.py)."""
     c = dict(
-        checkpoint_best_keep=int_of(kconf, "CHECKPOINT_BEST_KEEP"),
         checkpoint_best_metric=str_of(kconf, "CHECKPOINT_BEST_METRIC"),
-        early_stop_patience=int_of(kconf, "EARLY_STOP_PATIENCE"),
         early_stop_min_delta=number_of(kconf, "EARLY_STOP_MIN_DELTA", low=0),
     )
     metric = c["checkpoint_best_metric"]
@@ -305,8 +298,6 @@ def _adaptation(kconf) -> dict:
         thermal_policy=choice_of(kconf, "THERMAL_", {"WARN": "warn", "PAUSE": "pause"}),
         thermal_pause_at_c=int_of(kconf, "THERMAL_PAUSE_AT_C"),
         thermal_resume_below_c=int_of(kconf, "THERMAL_RESUME_BELOW_C"),
-        battery_low_percent=int_of(kconf, "BATTERY_LOW_PERCENT"),
-        battery_checkpoint_minutes=int_of(kconf, "BATTERY_CHECKPOINT_MINUTES"),
         battery_stop=bool_of(kconf, "BATTERY_STOP"),
     )
     if a["thermal_policy"] == "pause":
@@ -357,92 +348,38 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     if optimizer_name is not None and not _OPTIMIZER_NAME.fullmatch(optimizer_name):
         raise ConfigError(f'CONFIG_OPTIMIZER_NAME="{optimizer_name}" must be a torch.optim class name such as '
                           'Adagrad, or package.module:function')
-    factory = _function_of(kconf, "CUSTOM_MODEL_FACTORY")
-    return Config(
-        model=member_of(kconf, "MODEL_"),
-        gpt2_preset=choice_of(kconf, "GPT2_PRESET_", {"TINY": "tiny", "30M": "30m", "51M": "51m", "124M": "124m", "355M": "355m",
-                                                    "774M": "774m", "1558M": "1558m"}),
-        gpt2_block_size=int_of(kconf, "GPT2_BLOCK_SIZE"),
+    _function_of(kconf, "CUSTOM_MODEL_FACTORY")
+    _function_of(kconf, "LR_SCHEDULE_FUNCTION")
+    parsed = dict(
         gpt2_dropout=number_of(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
-        resnet_image_size=int_of(kconf, "RESNET_IMAGE_SIZE"),
         dropout=number_of(kconf, "DROPOUT", low=0, high=1, high_open=True),
-        llama_preset=member_of(kconf, "LLAMA_PRESET_"),
         **_llama_shape(kconf),
-        llama_block_size=int_of(kconf, "LLAMA_BLOCK_SIZE"),
-        llama_tie_embeddings=bool_of(kconf, "LLAMA_TIE_EMBEDDINGS") if kconf.syms["LLAMA_TIE_EMBEDDINGS"].visibility else None,
-        vocab_size=int_of(kconf, "VOCAB_SIZE"),
-        pad_vocab=bool_of(kconf, "PAD_VOCAB") if kconf.syms["PAD_VOCAB"].visibility else None,
-        custom_model_factory=factory,
-        custom_train_samples=int_of(kconf, "CUSTOM_TRAIN_SAMPLES"),
-        custom_eval_samples=int_of(kconf, "CUSTOM_EVAL_SAMPLES"),
-        dataset=choice_of(kconf, "DATASET_", {"EMBEDDED": "embedded", "DIR": "dir"}),
-        data_dir=str_of(kconf, "DATA_DIR"),
-        dataset_format=choice_of(kconf, "DATASET_FORMAT_", {"MNIST": "mnist", "CIFAR10": "cifar10",
-                                                          "CIFAR100": "cifar100"}),
-        epochs=int_of(kconf, "EPOCHS"),
-        max_steps=int_of(kconf, "MAX_STEPS"),
         time_limit_s=int_of(kconf, "TIME_LIMIT"),
-        optimizer=choice_of(kconf, "OPTIMIZER_", {"SGD": "sgd", "ADAM": "adam", "ADAMW": "adamw", "CUSTOM": "custom"}),
-        optimizer_name=str_of(kconf, "OPTIMIZER_NAME"),
         sgd_momentum=number_of(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
         learning_rate=number_of(kconf, "LEARNING_RATE", low=0, low_open=True),
         weight_decay=number_of(kconf, "WEIGHT_DECAY", low=0),
-        weight_decay_embeddings=bool_of(kconf, "WEIGHT_DECAY_EMBEDDINGS"),
-        lr_schedule=choice_of(kconf, "LR_SCHEDULE_", {"COSINE": "cosine", "LINEAR": "linear", "WSD": "wsd",
-                                                      "CONSTANT": "constant", "CUSTOM": "custom"}),
         lr_min_ratio=number_of(kconf, "LR_MIN_RATIO", low=0, high=1),
         lr_decay_fraction=number_of(kconf, "LR_DECAY_FRACTION", low=0, low_open=True, high=1),
-        lr_schedule_function=_function_of(kconf, "LR_SCHEDULE_FUNCTION"),
         warmup_steps=int_of(kconf, "WARMUP_STEPS") or 0,  # hidden (0) under a schedule function of the user's
         grad_clip=number_of(kconf, "GRAD_CLIP", low=0),
         freeze=_words(kconf, "FREEZE"),
-        seed=int_of(kconf, "SEED"),
-        log_interval=int_of(kconf, "LOG_INTERVAL"),
-        eval_interval=int_of(kconf, "EVAL_INTERVAL"),
         output_dir=os.path.expanduser(str_of(kconf, "OUTPUT_DIR") or "runs"),  # ~ as for DATA_DIR: never a "./~"
         run_name=run_name,
         hyperparam_mode=choice_of(kconf, "HYPER_PARAM_", {"AUTO": "auto", "MANUAL": "manual"}),
         hyperparam_policy=choice_of(kconf, "HYPER_PARAM_POLICY_", {"PLANNER": "planner", "TIERS": "tiers"}),
         memory_profile=_memory_profile(kconf),
-        target_effective_batch=int_of(kconf, "TARGET_EFFECTIVE_BATCH"),
-        batch_size=int_of(kconf, "BATCH_SIZE"),
-        gradient_accumulation=int_of(kconf, "GRADIENT_ACCUMULATION"),
-        eval_batch_size=int_of(kconf, "EVAL_BATCH_SIZE"),
         compile_mode=choice_of(kconf, "COMPILE_", {"AUTO": "auto", "MANUAL": "manual"}),
-        compile_model=bool_of(kconf, "COMPILE_MODEL") if kconf.syms["COMPILE_MODEL"].visibility else None,
         compile_kind=choice_of(kconf, "COMPILE_MODE_", {"DEFAULT": "default",
                                                       "REDUCE_OVERHEAD": "reduce-overhead",
                                                       "MAX_AUTOTUNE": "max-autotune"}),
-        device=choice_of(kconf, "DEVICE_", {"AUTO": "auto", "CUDA": "cuda", "CPU": "cpu"}),
-        float8=choice_of(kconf, "FLOAT8_", {"OFF": "off", "TENSORWISE": "tensorwise", "ROWWISE": "rowwise"}),
-        precision=choice_of(kconf, "PRECISION_", {"AUTO": "auto", "BF16": "bf16", "FP16": "fp16",
-                                                "FP32": "fp32"}),
-        tf32=choice_of(kconf, "TF32_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
-        cudnn_benchmark=choice_of(kconf, "CUDNN_BENCHMARK_", {"AUTO": "auto", "ON": "on", "OFF": "off"}),
         gradient_checkpointing=bool_of(kconf, "GRADIENT_CHECKPOINTING"),
         recompute_policy=member_of(kconf, "ACTIVATION_CHECKPOINT_"),
         recompute_every=int_of(kconf, "ACTIVATION_CHECKPOINT_EVERY"),
         checkpoint_modules=_class_names(kconf),
         workers_mode=choice_of(kconf, "DATALOADER_WORKERS_", {"AUTO": "auto", "MANUAL": "manual"}),
-        dataloader_workers=int_of(kconf, "DATALOADER_WORKERS"),
         data_prefetch_factor=_prefetch_factor(kconf),
-        cpu_threads=int_of(kconf, "CPU_THREADS"),
         cpu_fallback=bool_of(kconf, "CPU_FALLBACK"),
-        probe=choice_of(kconf, "PROBE_", {"AUTO": "auto", "ALWAYS": "always", "NEVER": "never"}),
-        oom_recovery=bool_of(kconf, "OOM_RECOVERY"),
-        oom_max_halvings=int_of(kconf, "OOM_MAX_HALVINGS"),
-        checkpoint_interval=choice_of(kconf, "CHECKPOINT_INTERVAL_", {"AUTO": "auto", "STEPS": "steps"}),
-        checkpoint_minutes=int_of(kconf, "CHECKPOINT_MINUTES"),
-        checkpoint_lost_work_percent=int_of(kconf, "CHECKPOINT_LOST_WORK_PERCENT"),
-        checkpoint_every_steps=int_of(kconf, "CHECKPOINT_EVERY_STEPS"),
-        checkpoint_keep=int_of(kconf, "CHECKPOINT_KEEP"),
-        resume=bool_of(kconf, "RESUME"),
-        monitor=bool_of(kconf, "MONITOR"),
-        monitor_interval_ms=int_of(kconf, "MONITOR_INTERVAL_MS"),
         tracking=tuple(sink for sink in ("tensorboard", "wandb", "mlflow") if bool_of(kconf, f"TRACK_{sink.upper()}")),
-        tracking_project=str_of(kconf, "TRACKING_PROJECT"),
-        nproc_mode=choice_of(kconf, "NPROC_", {"AUTO": "auto", "MANUAL": "manual"}),
-        nproc=int_of(kconf, "NPROC"),
         parallel_strategy=choice_of(kconf, "PARALLEL_", {"AUTO": "auto", "DDP": "ddp", "FSDP": "fsdp",
                                                       "FSDP_GRAD_OP": "fsdp_grad_op", "HSDP": "hsdp"}),
         fsdp_cpu_offload=bool_of(kconf, "FSDP_CPU_OFFLOAD"),
@@ -455,8 +392,12 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         **_tuning(kconf),
         **_adaptation(kconf),
         **_checkpoint_control(kconf),
-        source=source,
-        text=config_text(kconf),
-        symbols={s.name: s.str_value for s in kconf.unique_defined_syms},
-        options=options_of(kconf),
     )
+    options = options_of(kconf)  # its validators run after the rules above, as they always have
+    # every other field is its option's value as the tree types it: stated in the Kconfig tree only
+    taken = {f.name: getattr(options, f.name) for f in fields(Config) if f.name not in parsed and f.name not in _RECORD}
+    return Config(**taken, **parsed, source=source, text=config_text(kconf),
+                  symbols={s.name: s.str_value for s in kconf.unique_defined_syms}, options=options)
+
+
+_RECORD = ("source", "text", "symbols", "options")  # what a Config records beside its options
