@@ -34,9 +34,17 @@ class Options:
     custom_eval_samples: int | None
     """CONFIG_CUSTOM_EVAL_SAMPLES: Samples drawn from make_batch (with seeds disjoint from the training ones) for
     each evaluation."""
-    gpt2_preset: Literal["tiny", "30m", "51m", "124m", "355m", "774m", "1558m"] | None
+    gpt2_preset: Literal["tiny", "30m", "51m", "124m", "355m", "774m", "1558m", "custom"] | None
     """CONFIG_GPT2_PRESET_*: Depth, heads and width of the transformer. The context length and the vocabulary come
     from the options below and from the dataset."""
+    gpt2_layers: int | None
+    """CONFIG_GPT2_LAYERS: Transformer blocks, each an attention and an MLP. Parameters, gradients, optimizer state
+    and activations all grow with it."""
+    gpt2_heads: int | None
+    """CONFIG_GPT2_HEADS: Each head is GPT2_WIDTH / GPT2_HEADS wide (64 in every published GPT-2): the width must
+    be a multiple of the heads."""
+    gpt2_width: int | None
+    """CONFIG_GPT2_WIDTH: The residual stream's width; the MLP is four times as wide."""
     gpt2_block_size: int | None
     """CONFIG_GPT2_BLOCK_SIZE: Number of tokens per training sequence. GPT-2 was trained at 1024. Activation memory
     grows linearly with it (attention runs through scaled_dot_product_attention, which avoids the quadratic

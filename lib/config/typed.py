@@ -29,7 +29,7 @@ class Config:
     its type, range and help are stated once, in the Kconfig tree: the field only names it for type checkers."""
 
     model: str  # a name in lib/models/registry.py's MODELS (lenet5, gpt2, llama, custom, ...)
-    gpt2_preset: str | None  # tiny | 30m | 51m | 124m | 355m | 774m | 1558m
+    gpt2_preset: str | None  # tiny | 30m | 51m | 124m | 355m | 774m | 1558m | custom (GPT2_LAYERS, ...)
     gpt2_block_size: int | None
     gpt2_dropout: float | None
     resnet_image_size: int | None

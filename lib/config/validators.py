@@ -17,3 +17,12 @@ def prefetch_needs_workers(factor: Any, options: Any) -> None:
     if factor and options.dataloader_workers_mode == "manual" and not options.dataloader_workers:
         raise ConfigError(f"CONFIG_DATA_PREFETCH_FACTOR={factor} needs data loader worker processes: set "
                           "CONFIG_DATALOADER_WORKERS above 0, or CONFIG_DATA_PREFETCH_FACTOR=0")
+
+
+@validator("gpt2_width")
+def gpt2_width_splits_into_heads(width: Any, options: Any) -> None:
+    """CONFIG_GPT2_WIDTH, which the attention splits into CONFIG_GPT2_HEADS heads of equal width."""
+    if width is not None and width % options.gpt2_heads:
+        raise ConfigError(f"CONFIG_GPT2_WIDTH={width} is not a multiple of CONFIG_GPT2_HEADS={options.gpt2_heads}: "
+                          f"choose a width that is (e.g. {max(1, width // options.gpt2_heads) * options.gpt2_heads}) "
+                          "or another head count")

@@ -113,16 +113,19 @@ def _resnet(depth: int):
     return build
 
 
-def _gpt2(gpt2_preset: str = "124m", block_size: int = 1024, vocab_size: int = 50257, dropout: float = 0.0,
+def _gpt2(gpt2_preset="124m", block_size: int = 1024, vocab_size: int = 50257, dropout: float = 0.0,
           grad_checkpointing: bool = False, recompute=None, **_):
+    """`gpt2_preset`: a preset's name, or a GPT2Config whose shape is taken (CONFIG_GPT2_PRESET_CUSTOM)."""
     from dataclasses import replace
 
     from .checkpointing import Recompute
-    from .gpt2 import GPT2, GPT2_PRESETS
+    from .gpt2 import GPT2, GPT2_PRESETS, GPT2Config
 
-    if gpt2_preset not in GPT2_PRESETS:
-        raise ValueError(f"unknown gpt2 preset {gpt2_preset!r}; choose one of {', '.join(GPT2_PRESETS)}")
-    shape = replace(GPT2_PRESETS[gpt2_preset], block_size=block_size, vocab_size=vocab_size, dropout=dropout)
+    if not isinstance(gpt2_preset, GPT2Config):
+        if gpt2_preset not in GPT2_PRESETS:
+            raise ValueError(f"unknown gpt2 preset {gpt2_preset!r}; choose one of {', '.join(GPT2_PRESETS)}")
+        gpt2_preset = GPT2_PRESETS[gpt2_preset]
+    shape = replace(gpt2_preset, block_size=block_size, vocab_size=vocab_size, dropout=dropout)
     return GPT2(shape, grad_checkpointing, recompute or Recompute())
 
 
@@ -177,8 +180,27 @@ def recompute_of(config: "Config"):
     return Recompute(config.recompute_policy or "full", config.recompute_every or 2)
 
 
+def gpt2_shape(config: "Config"):
+    """The configured GPT-2's GPT2Config without its context and vocabulary: a preset's, or
+    GPT2_PRESET_CUSTOM's dimensions. Every place that builds a GPT-2 from a Config asks here."""
+    from .gpt2 import GPT2_PRESETS, GPT2Config
+
+    if config.gpt2_preset != "custom":
+        return GPT2_PRESETS[config.gpt2_preset]
+    options = config.options
+    return GPT2Config(n_layer=options.gpt2_layers, n_head=options.gpt2_heads, n_embd=options.gpt2_width)
+
+
+def _gpt2_at_depth(config: "Config", layers: int) -> "Config":
+    from ..config import derive
+
+    shape = gpt2_shape(config)
+    return derive(config, {"GPT2_PRESET_CUSTOM": True, "GPT2_LAYERS": layers, "GPT2_HEADS": shape.n_head,
+                           "GPT2_WIDTH": shape.n_embd})
+
+
 def _gpt2_args(config: "Config", info: "DatasetInfo") -> dict:
-    return dict(gpt2_preset=config.gpt2_preset, block_size=info.block_size,
+    return dict(gpt2_preset=gpt2_shape(config), block_size=info.block_size,
                 vocab_size=vocab_rows(vocabulary(config, info), config.pad_vocab), dropout=config.gpt2_dropout or 0.0,
                 recompute=recompute_of(config))
 
@@ -276,7 +298,11 @@ def _text_extras(config: "Config", fp: dict) -> dict:
 
 
 def _gpt2_key(config: "Config") -> dict:
-    return _text_extras(config, _text_key(lambda c: c.gpt2_block_size, lambda c: c.gpt2_preset)(config))
+    fp = _text_key(lambda c: c.gpt2_block_size, lambda c: c.gpt2_preset)(config)
+    if config.gpt2_preset == "custom":  # CONFIG_GPT2_PRESET_CUSTOM's shape
+        shape = gpt2_shape(config)
+        fp.update(dims=[shape.n_layer, shape.n_head, shape.n_embd])
+    return _text_extras(config, fp)
 
 
 def _llama_key(config: "Config") -> dict:
@@ -312,7 +338,7 @@ def _gpt2_from_weights(config: "Config", weights: dict) -> tuple[object, int, in
     from . import build_model
 
     vocab, block = weights["transformer.wte.weight"].shape[0], weights["transformer.wpe.weight"].shape[0]
-    return build_model("gpt2", gpt2_preset=config.gpt2_preset, block_size=block, vocab_size=vocab), vocab, block
+    return build_model("gpt2", gpt2_preset=gpt2_shape(config), block_size=block, vocab_size=vocab), vocab, block
 
 
 def _llama_from_weights(config: "Config", weights: dict) -> tuple[object, int, int]:
@@ -362,7 +388,8 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("gpt2", "text", supports_checkpointing=True, tier_scale=1.0, builder=_gpt2, build_args=_gpt2_args,
               block_size=lambda config: config.gpt2_block_size, smaller=_smaller("GPT2"),
               preset=lambda config: config.gpt2_preset, shape_key=_gpt2_key, from_weights=_gpt2_from_weights,
-              title="GPT-2", presets=_gpt2_presets, sized=_gpt2_sized),
+              title="GPT-2", depth=Depth(lambda config: gpt2_shape(config).n_layer, _gpt2_at_depth),
+              presets=_gpt2_presets, sized=_gpt2_sized),
     ModelSpec("llama", "text", supports_checkpointing=True, tier_scale=None, builder=_llama, build_args=_llama_args,
               block_size=lambda config: config.llama_block_size, smaller=_smaller("LLAMA"),
               preset=lambda config: config.llama_preset, shape_key=_llama_key, from_weights=_llama_from_weights,
