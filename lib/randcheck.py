@@ -84,6 +84,10 @@ SMALL = {"TARGET_EFFECTIVE_BATCH": 256,
 CUSTOM_LLAMA_SHARE = 0.3
 CUSTOM_LLAMA = {"LLAMA_DIM": (64, 96, 128), "LLAMA_LAYERS": (2, 3, 8), "LLAMA_HEADS": (2, 4, 6),
                 "LLAMA_KV_HEADS": (1, 2, 4), "LLAMA_FFN_DIM": (128, 256)}
+# A GPT-2 of its own size (CONFIG_GPT2_PRESET_CUSTOM) likewise, drawn from a stream of its own so that the
+# other draws of a seed stay as they were; the 8-block ones are planned by lib/memory/depth.py
+CUSTOM_GPT2_SHARE = 0.3
+CUSTOM_GPT2 = {"GPT2_LAYERS": (2, 3, 8), "GPT2_HEADS": (2, 4), "GPT2_WIDTH": (64, 128)}
 # Off in every draw, said: they reach services outside this machine
 OFF = ("TRACK_WANDB", "TRACK_MLFLOW")
 # The four machines a draw is planned for: (name, api.machine's keywords, processes, machines)
@@ -209,6 +213,11 @@ def draw(seed: int, out: Path) -> Draw:
             kconf.syms["LLAMA_PRESET_CUSTOM"].set_value(2)
             for name, values in CUSTOM_LLAMA.items():
                 kconf.syms[name].set_value(str(rng.choice(values)))
+        gpt2 = random.Random(f"gpt2:{seed}:{family}")
+        if kconf.syms["GPT2_PRESET_CUSTOM"].visibility and gpt2.random() < CUSTOM_GPT2_SHARE:
+            kconf.syms["GPT2_PRESET_CUSTOM"].set_value(2)
+            for name, values in CUSTOM_GPT2.items():
+                kconf.syms[name].set_value(str(gpt2.choice(values)))
         label = f"randcheck (seed {seed})"
         try:
             return Draw(seed, family, write_checked(kconf, out, label), out)
