@@ -40,6 +40,7 @@ def test_a_seed_draws_the_same_strict_config_and_the_draws_cover_the_space(tmp_p
         assert len({getattr(c, key, None) or c.symbols.get(key.upper()) for c in configs}) > 1, key
     assert any(c.symbols.get("PARALLEL_FSDP") == "y" for c in configs)
     assert any(c.llama_preset == "custom" for c in configs)  # the new options are drawn among the others
+    assert any(c.gpt2_preset == "custom" for c in configs)
     assert any(c.tensor_parallel == 2 and c.model == "llama" for c in configs)
     assert any(c.pipeline_parallel == 2 and c.model == "llama" for c in configs)
     assert len({c.recompute_policy for c in configs if c.recompute_policy}) > 1
@@ -48,6 +49,8 @@ def test_a_seed_draws_the_same_strict_config_and_the_draws_cover_the_space(tmp_p
         if c.llama_preset == "custom":  # a Llama of its own small shape (randcheck.CUSTOM_LLAMA)
             assert all(value in randcheck.CUSTOM_LLAMA[name]
                        for name, value in zip(randcheck.CUSTOM_LLAMA, c.llama_dims)), c.llama_dims
+        elif c.gpt2_preset == "custom":  # a GPT-2 of its own small size (randcheck.CUSTOM_GPT2)
+            assert all(getattr(c.options, name.lower()) in values for name, values in randcheck.CUSTOM_GPT2.items())
         else:
             assert preset is None or c.symbols[preset] == "y", c.model
         assert c.symbols.get("TRACK_WANDB") != "y" and c.symbols.get("TRACK_MLFLOW") != "y"
