@@ -18,7 +18,7 @@ import kconfiglib
 
 from ..errors import ConfigError
 from ..fileio import MISSING, copy_file, what_is, write_atomic, write_target
-from ..redact import escaped, secret_name, shown
+from ..redact import secret_name, shown
 from .. import resources
 from ..resources import data_root
 

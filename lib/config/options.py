@@ -1,12 +1,13 @@
 """Every option of the Kconfig tree as a typed value, derived from the tree itself: `config.options.<name>`.
 
 A symbol's name in lower case is its field (CONFIG_EPOCHS -> `epochs`); its Kconfig type gives the Python type
-(bool -> bool, int and hex -> int, string -> str); a choice is one field named by its members' common prefix,
+(bool -> bool, int and hex -> int, string -> str, or float where lib/config/validators.py declares the string a
+number with its bounds, `rules.number`, Kconfig having no float type); a choice is one field named by its members' common prefix,
 whose value is the selected member's suffix in lower case (CONFIG_FLOAT8_ROWWISE=y -> `float8 == "rowwise"`).
 A hidden symbol or choice reads as None. So an option added to a `kconfigs/Kconfig.<area>` file is readable
 here as soon as it is in the tree, with nothing written for it in lib/config/: the code that uses it reads
-`config.options.<name>`, and a rule Kconfig cannot state (a pattern, a float's bounds, an order between two
-options) is a validator beside its option in lib/config/validators.py (`rules.validator`).
+`config.options.<name>`, and a rule Kconfig cannot state (a pattern, an order between two options) is a
+validator beside its option in lib/config/validators.py (`rules.validator`).
 
 `options.pyi` beside this module is generated from the tree (`kfit genoptions`, `make genoptions`) so that
 editors and type checkers see every field with its help text, as the kernel generates autoconf.h;
@@ -23,7 +24,7 @@ import kconfiglib
 
 from ..errors import ConfigError
 from . import validators  # noqa: F401  (registers the options' validators)
-from .rules import VALIDATORS, validator  # noqa: F401  (options.validator: registers one)
+from .rules import CONVERTERS, VALIDATORS, validator  # noqa: F401  (options.validator: registers one)
 
 # What a value reads as, by Kconfig type
 _TYPES = {kconfiglib.BOOL: "bool", kconfiglib.TRISTATE: "bool", kconfiglib.INT: "int", kconfiglib.HEX: "int",
@@ -58,7 +59,9 @@ def fields(kconf: kconfiglib.Kconfig) -> Iterator[tuple[str, str, str, str]]:
         elif isinstance(item, kconfiglib.Symbol) and item.name not in members and item.orig_type in _TYPES \
                 and f"symbol {item.name}" not in seen and node.prompt is not None:
             seen.add(f"symbol {item.name}")
-            yield item.name.lower(), f"{_TYPES[item.orig_type]} | None", item.name, node.help or node.prompt[0]
+            field = item.name.lower()
+            kind = "float" if field in CONVERTERS else _TYPES[item.orig_type]  # a number in a string symbol
+            yield field, f"{kind} | None", item.name, node.help or node.prompt[0]
 
 
 class Options:
@@ -113,8 +116,11 @@ def options_of(kconf: kconfiglib.Kconfig) -> Options:
         elif sym.orig_type in (kconfiglib.INT, kconfiglib.HEX):  # base 10 as the C tools read it
             values[field] = int(sym.str_value, 16 if sym.orig_type == kconfiglib.HEX else 10)
         else:
-            values[field] = sym.str_value
+            values[field] = CONVERTERS[field](sym.str_value) if field in CONVERTERS else sym.str_value
     options = Options(values)
+    for name in CONVERTERS:
+        if name not in values:
+            raise ConfigError(f"a number is declared for {name!r}, which is not an option of the Kconfig tree")
     for name, check in VALIDATORS.items():
         if name not in values:
             raise ConfigError(f"a validator is registered for {name!r}, which is not an option of the Kconfig tree")

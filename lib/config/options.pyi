@@ -49,7 +49,7 @@ class Options:
     """CONFIG_GPT2_BLOCK_SIZE: Number of tokens per training sequence. GPT-2 was trained at 1024. Activation memory
     grows linearly with it (attention runs through scaled_dot_product_attention, which avoids the quadratic
     matrix on GPUs with fused kernels)."""
-    gpt2_dropout: str | None
+    gpt2_dropout: float | None
     """CONFIG_GPT2_DROPOUT: Dropout on attention and residual paths, a number in [0, 1). 0.0 is usual when pre-
     training on plenty of data."""
     llama_preset: Literal["tiny", "20m", "60m", "125m", "350m", "1b", "3b", "8b", "70b", "405b", "custom"] | None
@@ -72,7 +72,7 @@ class Options:
     llama_ffn_dim: int | None
     """CONFIG_LLAMA_FFN_DIM: The width of the MLP's gate and up projections: about 8/3 of LLAMA_DIM times a
     multiplier in published models, rounded up to a multiple of 256 (Llama 3 8B: 14336 for width 4096)."""
-    llama_rope_theta: str | None
+    llama_rope_theta: float | None
     """CONFIG_LLAMA_ROPE_THETA: The base of the rotary embeddings' frequencies: 10,000 in Llama 1 and 2, 500,000 in
     Llama 3 (a longer context's positions stay apart)."""
     llama_block_size: int | None
@@ -102,7 +102,7 @@ class Options:
     """CONFIG_RESNET_IMAGE_SIZE: Images are resized to this square size before entering the network. 64 or less
     uses the CIFAR-style stem (3x3 convolution, no max-pool); larger sizes use the ImageNet stem (7x7 stride-2
     convolution and max-pool). 224 is the ImageNet standard."""
-    dropout: str | None
+    dropout: float | None
     """CONFIG_DROPOUT: Dropout before the classifier's last linear layer of LeNet-5, ResNet-18 and ResNet-50, as
     timm's drop_rate and torchvision's classifier heads place it: during training each input of that layer is
     zeroed with this probability (the rest scaled up to match); evaluation uses every input. A number in [0, 1);
@@ -132,12 +132,12 @@ class Options:
     module:function, a function of your own (its module on Python's path, e.g. beside the config) that takes the
     parameter groups and lr= and returns a torch.optim.Optimizer. LBFGS, which needs a closure every step, is
     not one kfit's loop can run."""
-    sgd_momentum: str | None
+    sgd_momentum: float | None
     """CONFIG_SGD_MOMENTUM: Momentum factor, a number in [0, 1). Nesterov momentum is used when it is above 0."""
-    learning_rate: str | None
+    learning_rate: float | None
     """CONFIG_LEARNING_RATE: A positive number such as 3e-4 or 0.1. It is the rate after warm-up; the schedule
     below decays it."""
-    weight_decay: str | None
+    weight_decay: float | None
     """CONFIG_WEIGHT_DECAY: A number >= 0, such as 0.1 or 5e-4. It applies to the weight matrices and convolution
     kernels (every parameter of two or more dimensions); biases and normalisation scales are never decayed."""
     weight_decay_embeddings: bool | None
@@ -147,9 +147,9 @@ class Options:
     run's trajectory, so a run resumes only with the setting it started with."""
     lr_schedule: Literal["cosine", "linear", "wsd", "constant", "custom"] | None
     """CONFIG_LR_SCHEDULE_*: How the learning rate changes over the run."""
-    lr_min_ratio: str | None
+    lr_min_ratio: float | None
     """CONFIG_LR_MIN_RATIO: Where the decay ends, a number in [0, 1]: 0.1 ends at a tenth of the peak, 0 at zero."""
-    lr_decay_fraction: str | None
+    lr_decay_fraction: float | None
     """CONFIG_LR_DECAY_FRACTION: A number in (0, 1]: 0.2 decays over the last fifth of the steps after warm-up, the
     rest stays at the peak."""
     lr_schedule_function: str | None
@@ -159,7 +159,7 @@ class Options:
     own warm-up. The example in scripts/schedule_example.py is the original Transformer's inverse square root."""
     warmup_steps: int | None
     """CONFIG_WARMUP_STEPS: Optimizer steps over which the learning rate rises linearly from near zero to the peak."""
-    grad_clip: str | None
+    grad_clip: float | None
     """CONFIG_GRAD_CLIP: Clip the global gradient norm to this value before each optimizer step. A number >= 0; 0
     disables clipping."""
     freeze: str | None
@@ -327,7 +327,7 @@ class Options:
     CHECKPOINT_BEST_METRIC on the best so far by more than EARLY_STOP_MIN_DELTA. The run then finishes normally:
     a final evaluation and checkpoint.pt, stop_reason "early_stop". Changing it does not change what a step
     computes, so a run may be resumed with another patience (it then stops by the new one)."""
-    early_stop_min_delta: str | None
+    early_stop_min_delta: float | None
     """CONFIG_EARLY_STOP_MIN_DELTA: A number >= 0 in the metric's units: an evaluation improves only when it beats
     the best so far by more than this."""
     resume: bool | None
@@ -434,16 +434,16 @@ class Options:
     collectives when a run spans machines: a 400 Gb/s InfiniBand or RoCE port per GPU is 50, a 200 Gb/s one 25.
     0 plans with 25 GB/s, one 200 Gb/s port per GPU. The plan never counts more than the GPU's own link within a
     machine. On the command line: make plan GPU=h100 GPUS=8 NNODES=16 NET_GBPS=50."""
-    lr_finder_min_lr: str | None
+    lr_finder_min_lr: float | None
     """CONFIG_LR_FINDER_MIN_LR: The range test starts here and grows the learning rate exponentially each step."""
-    lr_finder_max_lr: str | None
+    lr_finder_max_lr: float | None
     """CONFIG_LR_FINDER_MAX_LR: The sweep ends here (or earlier, when the loss diverges)."""
     lr_finder_steps: int | None
     """CONFIG_LR_FINDER_STEPS: Optimizer steps from the smallest to the largest learning rate."""
-    lr_finder_smoothing: str | None
+    lr_finder_smoothing: float | None
     """CONFIG_LR_FINDER_SMOOTHING: Weight of each new loss in the moving average the suggestion reads, in (0, 1]; 1
     disables smoothing."""
-    lr_finder_diverge: str | None
+    lr_finder_diverge: float | None
     """CONFIG_LR_FINDER_DIVERGE: The sweep stops when the smoothed loss exceeds this multiple of the best smoothed
     loss so far."""
     lr_scaling: Literal["auto", "linear", "sqrt", "none"] | None
@@ -476,13 +476,13 @@ class Options:
     """CONFIG_HPO_FOLDS: With k > 1, each trial trains k times, each time on k-1 folds of the training set and
     evaluating on the fold left out; its value is the mean over the folds. The evaluation split is not used. 1
     trains on the whole training set and evaluates on the evaluation split."""
-    hpo_lr_min: str | None
+    hpo_lr_min: float | None
     """CONFIG_HPO_LR_MIN: Lower end of the log-uniform learning-rate range."""
-    hpo_lr_max: str | None
+    hpo_lr_max: float | None
     """CONFIG_HPO_LR_MAX: Upper end of the log-uniform learning-rate range."""
-    hpo_wd_min: str | None
+    hpo_wd_min: float | None
     """CONFIG_HPO_WD_MIN: Lower end of the log-uniform weight-decay range."""
-    hpo_wd_max: str | None
+    hpo_wd_max: float | None
     """CONFIG_HPO_WD_MAX: Upper end of the log-uniform weight-decay range."""
     hpo_batch_sizes: str | None
     """CONFIG_HPO_BATCH_SIZES: Each trial samples one effective batch; the plan turns it into the micro-batch the

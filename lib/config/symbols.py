@@ -49,8 +49,13 @@ def number_of(kconf, name: str, *, low: float, high: float = math.inf, low_open:
             high_open: bool = False) -> float | None:
     """Parse a string symbol holding a number (Kconfig has no float type)."""
     text = str_of(kconf, name)
-    if text is None:
-        return None
+    return None if text is None else parse_number(name, text, low=low, high=high, low_open=low_open,
+                                                  high_open=high_open)
+
+
+def parse_number(name: str, text: str, *, low: float, high: float = math.inf, low_open: bool = False,
+                 high_open: bool = False) -> float:
+    """CONFIG_<name>'s text as a finite number within its bounds, else a ConfigError naming it and the range."""
     try:
         value = float(text)
     except ValueError:

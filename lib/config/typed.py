@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from .kconfig import config_text
 from .options import Options, options_of
 from .profiles import MEMORY_PROFILES
-from .symbols import bool_of, choice_of, int_of, member_of, number_of, str_of
+from .symbols import bool_of, choice_of, int_of, member_of, str_of
 
 
 @dataclass(frozen=True)
@@ -206,11 +206,6 @@ def _memory_profile(kconf) -> float | None:
     return percent / 100 if percent is not None else None
 
 
-def _ordered(low_name: str, low: float, high_name: str, high: float) -> None:
-    if low >= high:
-        raise ConfigError(f"CONFIG_{low_name}={low:g} must be below CONFIG_{high_name}={high:g}")
-
-
 def _words(kconf, name: str) -> tuple[str, ...]:
     """A string symbol's words, separated by spaces or commas, each once, in order."""
     return tuple(dict.fromkeys(w for w in re.split(r"[\s,]+", str_of(kconf, name) or "") if w))
@@ -243,25 +238,14 @@ def _batch_sizes(kconf) -> tuple[int, ...]:
 def _tuning(kconf) -> dict:
     """The LR-finder and HPO fields, checked for ranges that Kconfig cannot express."""
     t = dict(
-        lr_finder_min_lr=number_of(kconf, "LR_FINDER_MIN_LR", low=0, low_open=True),
-        lr_finder_max_lr=number_of(kconf, "LR_FINDER_MAX_LR", low=0, low_open=True),
-        lr_finder_smoothing=number_of(kconf, "LR_FINDER_SMOOTHING", low=0, high=1, low_open=True),
-        lr_finder_diverge=number_of(kconf, "LR_FINDER_DIVERGE", low=1, low_open=True),
         hpo_timeout_s=int_of(kconf, "HPO_TIMEOUT"),
         hpo_study_name=str_of(kconf, "HPO_STUDY_NAME") or "",
-        hpo_lr_min=number_of(kconf, "HPO_LR_MIN", low=0, low_open=True),
-        hpo_lr_max=number_of(kconf, "HPO_LR_MAX", low=0, low_open=True),
-        hpo_wd_min=number_of(kconf, "HPO_WD_MIN", low=0, low_open=True),
-        hpo_wd_max=number_of(kconf, "HPO_WD_MAX", low=0, low_open=True),
         hpo_batch_sizes=_batch_sizes(kconf),
         hpo_optimizers=tuple(o for o in ("sgd", "adam", "adamw") if bool_of(kconf, "HPO_OPTIMIZER_" + o.upper())),
         hpo_min_resource=int_of(kconf, "HPO_MIN_RESOURCE"),
         hpo_max_resource=int_of(kconf, "HPO_MAX_RESOURCE"),
         hpo_space=" ".join((str_of(kconf, "HPO_SPACE") or "").split()),
     )
-    _ordered("LR_FINDER_MIN_LR", t["lr_finder_min_lr"], "LR_FINDER_MAX_LR", t["lr_finder_max_lr"])
-    _ordered("HPO_LR_MIN", t["hpo_lr_min"], "HPO_LR_MAX", t["hpo_lr_max"])
-    _ordered("HPO_WD_MIN", t["hpo_wd_min"], "HPO_WD_MAX", t["hpo_wd_max"])
     if t["hpo_min_resource"] > t["hpo_max_resource"]:
         raise ConfigError(f"CONFIG_HPO_MIN_RESOURCE={t['hpo_min_resource']} must not exceed "
                           f"CONFIG_HPO_MAX_RESOURCE={t['hpo_max_resource']}")
@@ -279,7 +263,6 @@ def _checkpoint_control(kconf) -> dict:
     model's evaluation reports it is checked when training starts: lib/trainer/best.py)."""
     c = dict(
         checkpoint_best_metric=str_of(kconf, "CHECKPOINT_BEST_METRIC"),
-        early_stop_min_delta=number_of(kconf, "EARLY_STOP_MIN_DELTA", low=0),
     )
     metric = c["checkpoint_best_metric"]
     if metric is not None and not _METRIC.fullmatch(metric):
@@ -292,18 +275,12 @@ LADDER_RUNGS = ("checkpointing", "autocast", "offload")  # the out-of-memory lad
 
 
 def _adaptation(kconf) -> dict:
-    """The ladder's allowed rungs and the thermal and battery policies, with the order Kconfig cannot check."""
-    a = dict(
+    """The ladder's allowed rungs and the thermal and battery policies (their order: lib/config/validators.py)."""
+    return dict(
         oom_ladder=tuple(r for r in LADDER_RUNGS if bool_of(kconf, "OOM_LADDER_" + r.upper())),
         thermal_policy=choice_of(kconf, "THERMAL_", {"WARN": "warn", "PAUSE": "pause"}),
-        thermal_pause_at_c=int_of(kconf, "THERMAL_PAUSE_AT_C"),
-        thermal_resume_below_c=int_of(kconf, "THERMAL_RESUME_BELOW_C"),
         battery_stop=bool_of(kconf, "BATTERY_STOP"),
     )
-    if a["thermal_policy"] == "pause":
-        _ordered("THERMAL_RESUME_BELOW_C", a["thermal_resume_below_c"], "THERMAL_PAUSE_AT_C",
-                 a["thermal_pause_at_c"])
-    return a
 
 
 def _prefetch_factor(kconf) -> int:
@@ -324,7 +301,7 @@ def _llama_shape(kconf) -> dict:
     is refused when the config is read, naming the settings."""
     dim = int_of(kconf, "LLAMA_DIM")
     if dim is None:
-        return dict(llama_dims=None, llama_rope_theta=None)
+        return dict(llama_dims=None)
     dims = (dim, int_of(kconf, "LLAMA_LAYERS"), int_of(kconf, "LLAMA_HEADS"), int_of(kconf, "LLAMA_KV_HEADS"),
             int_of(kconf, "LLAMA_FFN_DIM"))
     _, _, heads, kv_heads, _ = dims
@@ -337,7 +314,7 @@ def _llama_shape(kconf) -> dict:
     if heads % kv_heads:
         raise ConfigError(f"CONFIG_LLAMA_KV_HEADS={kv_heads} does not divide CONFIG_LLAMA_HEADS={heads}: choose a "
                           "divisor of the query heads (1 up to their number)")
-    return dict(llama_dims=dims, llama_rope_theta=number_of(kconf, "LLAMA_ROPE_THETA", low=1))
+    return dict(llama_dims=dims)
 
 
 def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
@@ -351,17 +328,9 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     _function_of(kconf, "CUSTOM_MODEL_FACTORY")
     _function_of(kconf, "LR_SCHEDULE_FUNCTION")
     parsed = dict(
-        gpt2_dropout=number_of(kconf, "GPT2_DROPOUT", low=0, high=1, high_open=True),
-        dropout=number_of(kconf, "DROPOUT", low=0, high=1, high_open=True),
         **_llama_shape(kconf),
         time_limit_s=int_of(kconf, "TIME_LIMIT"),
-        sgd_momentum=number_of(kconf, "SGD_MOMENTUM", low=0, high=1, high_open=True),
-        learning_rate=number_of(kconf, "LEARNING_RATE", low=0, low_open=True),
-        weight_decay=number_of(kconf, "WEIGHT_DECAY", low=0),
-        lr_min_ratio=number_of(kconf, "LR_MIN_RATIO", low=0, high=1),
-        lr_decay_fraction=number_of(kconf, "LR_DECAY_FRACTION", low=0, low_open=True, high=1),
         warmup_steps=int_of(kconf, "WARMUP_STEPS") or 0,  # hidden (0) under a schedule function of the user's
-        grad_clip=number_of(kconf, "GRAD_CLIP", low=0),
         freeze=_words(kconf, "FREEZE"),
         output_dir=os.path.expanduser(str_of(kconf, "OUTPUT_DIR") or "runs"),  # ~ as for DATA_DIR: never a "./~"
         run_name=run_name,

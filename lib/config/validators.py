@@ -8,7 +8,47 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .rules import validator
+from .rules import number, validator
+
+# Numbers held in string symbols (Kconfig has no float type), read as floats within their bounds
+number("gpt2_dropout", low=0, high=1, high_open=True)
+number("dropout", low=0, high=1, high_open=True)
+number("llama_rope_theta", low=1)
+number("sgd_momentum", low=0, high=1, high_open=True)
+number("learning_rate", low=0, low_open=True)
+number("weight_decay", low=0)
+number("lr_min_ratio", low=0, high=1)
+number("lr_decay_fraction", low=0, low_open=True, high=1)
+number("grad_clip", low=0)
+number("early_stop_min_delta", low=0)
+number("lr_finder_min_lr", low=0, low_open=True)
+number("lr_finder_max_lr", low=0, low_open=True)
+number("lr_finder_smoothing", low=0, high=1, low_open=True)
+number("lr_finder_diverge", low=1, low_open=True)
+number("hpo_lr_min", low=0, low_open=True)
+number("hpo_lr_max", low=0, low_open=True)
+number("hpo_wd_min", low=0, low_open=True)
+number("hpo_wd_max", low=0, low_open=True)
+
+
+def _ordered(low_name: str, low: float | None, high_name: str, high: float | None) -> None:
+    if low is not None and high is not None and low >= high:
+        raise ConfigError(f"CONFIG_{low_name}={low:g} must be below CONFIG_{high_name}={high:g}")
+
+
+@validator("lr_finder_max_lr")
+def lr_finder_range(high: Any, options: Any) -> None:
+    _ordered("LR_FINDER_MIN_LR", options.lr_finder_min_lr, "LR_FINDER_MAX_LR", high)
+
+
+@validator("hpo_lr_max")
+def hpo_lr_range(high: Any, options: Any) -> None:
+    _ordered("HPO_LR_MIN", options.hpo_lr_min, "HPO_LR_MAX", high)
+
+
+@validator("hpo_wd_max")
+def hpo_wd_range(high: Any, options: Any) -> None:
+    _ordered("HPO_WD_MIN", options.hpo_wd_min, "HPO_WD_MAX", high)
 
 
 @validator("data_prefetch_factor")
@@ -26,3 +66,10 @@ def gpt2_width_splits_into_heads(width: Any, options: Any) -> None:
         raise ConfigError(f"CONFIG_GPT2_WIDTH={width} is not a multiple of CONFIG_GPT2_HEADS={options.gpt2_heads}: "
                           f"choose a width that is (e.g. {max(1, width // options.gpt2_heads) * options.gpt2_heads}) "
                           "or another head count")
+
+
+@validator("thermal_pause_at_c")
+def thermal_range(pause_at: Any, options: Any) -> None:
+    """THERMAL_PAUSE: training resumes below CONFIG_THERMAL_RESUME_BELOW_C, which must be below the pause."""
+    if options.thermal == "pause":
+        _ordered("THERMAL_RESUME_BELOW_C", options.thermal_resume_below_c, "THERMAL_PAUSE_AT_C", pause_at)
