@@ -30,7 +30,7 @@ define newline
 
 endef
 $(foreach v,VENV PYTHON ROOT KCONFIG_CONFIG PYTEST_JOBS,$(if $(findstring $(newline),$(value $(v))),\
-  $(error $(v)= holds a line break: give it on one line)))
+  $(shell printf '%s\n' 'error: $(v)= holds a line break: give it on one line' >&2)$(error refused)))
 export KFIT_OVERRIDES = $(MAKEOVERRIDES)
 KFIT := $(call q,$(PY)) $(call q,$(ROOT)/scripts/kfit.py)
 RUN_PY := $(call q,$(PY))
