@@ -194,8 +194,6 @@ class Config:
 ONE_OF = (("HPO_OPTIMIZER_SGD", "HPO_OPTIMIZER_ADAM", "HPO_OPTIMIZER_ADAMW"),)
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
-_FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
-_OPTIMIZER_NAME = re.compile(r"[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # Adagrad | pkg.module:function
 
 
 def _memory_profile(kconf) -> float | None:
@@ -236,39 +234,18 @@ def _batch_sizes(kconf) -> tuple[int, ...]:
 
 
 def _tuning(kconf) -> dict:
-    """The LR-finder and HPO fields, checked for ranges that Kconfig cannot express."""
+    """The HPO fields kfit derives from the options (a list of batch sizes, the optimizers searched)."""
     t = dict(
         hpo_timeout_s=int_of(kconf, "HPO_TIMEOUT"),
         hpo_study_name=str_of(kconf, "HPO_STUDY_NAME") or "",
         hpo_batch_sizes=_batch_sizes(kconf),
         hpo_optimizers=tuple(o for o in ("sgd", "adam", "adamw") if bool_of(kconf, "HPO_OPTIMIZER_" + o.upper())),
-        hpo_min_resource=int_of(kconf, "HPO_MIN_RESOURCE"),
-        hpo_max_resource=int_of(kconf, "HPO_MAX_RESOURCE"),
         hpo_space=" ".join((str_of(kconf, "HPO_SPACE") or "").split()),
     )
-    if t["hpo_min_resource"] > t["hpo_max_resource"]:
-        raise ConfigError(f"CONFIG_HPO_MIN_RESOURCE={t['hpo_min_resource']} must not exceed "
-                          f"CONFIG_HPO_MAX_RESOURCE={t['hpo_max_resource']}")
     if not t["hpo_optimizers"]:
         raise ConfigError("no optimizer to search over: set at least one of CONFIG_HPO_OPTIMIZER_SGD, "
                           "CONFIG_HPO_OPTIMIZER_ADAM, CONFIG_HPO_OPTIMIZER_ADAMW")
     return t
-
-
-_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _checkpoint_control(kconf) -> dict:
-    """Best-k checkpoints and early stopping; the metric's name must say which way is better (whether this
-    model's evaluation reports it is checked when training starts: lib/trainer/best.py)."""
-    c = dict(
-        checkpoint_best_metric=str_of(kconf, "CHECKPOINT_BEST_METRIC"),
-    )
-    metric = c["checkpoint_best_metric"]
-    if metric is not None and not _METRIC.fullmatch(metric):
-        raise ConfigError(f'CONFIG_CHECKPOINT_BEST_METRIC="{metric}" is not a metric name: use eval_loss (every '
-                          "model), accuracy (image models), perplexity (text models) or a custom model's own")
-    return c
 
 
 LADDER_RUNGS = ("checkpointing", "autocast", "offload")  # the out-of-memory ladder's order
@@ -286,14 +263,6 @@ def _adaptation(kconf) -> dict:
 def _prefetch_factor(kconf) -> int:
     """CONFIG_DATA_PREFETCH_FACTOR (its rule with the workers: lib/config/validators.py)."""
     return int_of(kconf, "DATA_PREFETCH_FACTOR") or 0
-
-
-def _function_of(kconf: kconfiglib.Kconfig, name: str) -> str | None:
-    """A package.module:function string symbol (None while hidden); an empty or malformed one is refused."""
-    value = str_of(kconf, name)
-    if value is not None and not _FACTORY.fullmatch(value):
-        raise ConfigError(f'CONFIG_{name}="{value}" must look like package.module:function')
-    return value
 
 
 def _llama_shape(kconf) -> dict:
@@ -321,12 +290,6 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = str_of(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
         raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
-    optimizer_name = str_of(kconf, "OPTIMIZER_NAME")
-    if optimizer_name is not None and not _OPTIMIZER_NAME.fullmatch(optimizer_name):
-        raise ConfigError(f'CONFIG_OPTIMIZER_NAME="{optimizer_name}" must be a torch.optim class name such as '
-                          'Adagrad, or package.module:function')
-    _function_of(kconf, "CUSTOM_MODEL_FACTORY")
-    _function_of(kconf, "LR_SCHEDULE_FUNCTION")
     parsed = dict(
         **_llama_shape(kconf),
         time_limit_s=int_of(kconf, "TIME_LIMIT"),
@@ -360,7 +323,6 @@ def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
         net_gbps=int_of(kconf, "NET_GBPS") or 0,
         **_tuning(kconf),
         **_adaptation(kconf),
-        **_checkpoint_control(kconf),
     )
     options = options_of(kconf)  # its validators run after the rules above, as they always have
     # every other field is its option's value as the tree types it: stated in the Kconfig tree only

@@ -5,6 +5,7 @@ dependencies needs none. `options` is the config's lib.config.options.Options.""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import ConfigError
@@ -73,3 +74,41 @@ def thermal_range(pause_at: Any, options: Any) -> None:
     """THERMAL_PAUSE: training resumes below CONFIG_THERMAL_RESUME_BELOW_C, which must be below the pause."""
     if options.thermal == "pause":
         _ordered("THERMAL_RESUME_BELOW_C", options.thermal_resume_below_c, "THERMAL_PAUSE_AT_C", pause_at)
+
+
+_FUNCTION = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+
+
+def _function(name: str):
+    def check(value: Any, options: Any) -> None:
+        if value is not None and not _FUNCTION.fullmatch(value):
+            raise ConfigError(f'CONFIG_{name}="{value}" must look like package.module:function')
+    return check
+
+
+validator("custom_model_factory")(_function("CUSTOM_MODEL_FACTORY"))
+validator("lr_schedule_function")(_function("LR_SCHEDULE_FUNCTION"))
+
+
+@validator("optimizer_name")
+def optimizer_name(name: Any, options: Any) -> None:
+    """CONFIG_OPTIMIZER_NAME: a torch.optim class (Adagrad) or a package.module:function of the user's."""
+    if name is not None and not re.fullmatch(r"[A-Za-z_]\w*|[A-Za-z_][\w.]*:[A-Za-z_]\w*", name):
+        raise ConfigError(f'CONFIG_OPTIMIZER_NAME="{name}" must be a torch.optim class name such as Adagrad, or '
+                          'package.module:function')
+
+
+@validator("checkpoint_best_metric")
+def metric_name(metric: Any, options: Any) -> None:
+    """The metric best-k checkpoints and early stopping follow: a name (whether this model's evaluation reports
+    it is checked when training starts: lib/trainer/best.py)."""
+    if metric is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", metric):
+        raise ConfigError(f'CONFIG_CHECKPOINT_BEST_METRIC="{metric}" is not a metric name: use eval_loss (every '
+                          "model), accuracy (image models), perplexity (text models) or a custom model's own")
+
+
+@validator("hpo_max_resource")
+def hpo_resources(high: Any, options: Any) -> None:
+    low = options.hpo_min_resource
+    if low is not None and high is not None and low > high:
+        raise ConfigError(f"CONFIG_HPO_MIN_RESOURCE={low} must not exceed CONFIG_HPO_MAX_RESOURCE={high}")
