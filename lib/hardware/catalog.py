@@ -80,7 +80,7 @@ A CPU's throughput is measured on the machine (lib.steptime.device); its
 power has no catalog: ``CPU_WATTS_PER_CORE`` is a documented guess.
 
 A catalog GPU is planned with the CPU of the machine it is usually rented in
-(``HOSTS``): each GPU's share of the vCPUs and RAM of the common cloud
+(its entry's ``host`` in gpus.json, with its source; ``HOSTS`` by key): each GPU's share of the vCPUs and RAM of the common cloud
 instance with that GPU (an 8-GPU instance's share for the data-centre parts,
 the smallest one-GPU size for the others), so ``GPU=h100`` sizes data loader
 workers and CPU threads for an H100 machine, not for the machine planning.
@@ -151,60 +151,13 @@ class Host:
     vcpus: int  # logical CPUs per GPU
     smt: bool  # two logical CPUs to a physical core (cloud x86 vCPUs are hyperthreads)
     ram_gib: int  # per GPU
-
-
-# Per GPU: the instance's vCPUs and memory divided by its GPUs, from the cloud's instance table.
-HOSTS = {
-    # AWS p5.48xlarge: 8 H100, 192 vCPUs, 2048 GiB (https://aws.amazon.com/ec2/instance-types/p5/)
-    "h100": Host("AWS p5.48xlarge", 24, True, 256),
-    # An 8-GPU HGX server as AWS p5.48xlarge has it (24 vCPUs and 256 GiB per GPU): assumed, Meta's Grand Teton
-    # publishes no per-GPU figures
-    "h100-96gb": Host("an 8-GPU H100 server (assumed, as AWS p5.48xlarge)", 24, True, 256),
-    # A PCIe server's share: assumed as the H100 NVL's Azure instance below (40 vCPUs, 320 GiB per GPU)
-    "h100-pcie": Host("a PCIe H100 server (assumed, as Azure NC40ads H100 v5)", 40, True, 320),
-    # Azure NC40ads H100 v5: 1 H100 NVL, 40 vCPUs, 320 GiB
-    # (https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ncadsh100v5-series)
-    "h100-nvl": Host("Azure NC40ads H100 v5", 40, True, 320),
-    # AWS p5e.48xlarge: 8 H200, 192 vCPUs, 2048 GiB (same page)
-    "h200": Host("AWS p5e.48xlarge", 24, True, 256),
-    # The superchip's own Grace CPU: 72 Arm Neoverse V2 cores (no SMT), 480 GB LPDDR5X
-    # (https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/)
-    "gh200": Host("GH200 Grace CPU", 72, False, 447),
-    # AWS p4d.24xlarge: 8 A100 40GB, 96 vCPUs, 1152 GiB (https://aws.amazon.com/ec2/instance-types/p4/)
-    "a100-40gb": Host("AWS p4d.24xlarge", 12, True, 144),
-    # AWS p4de.24xlarge: 8 A100 80GB, 96 vCPUs, 1152 GiB (same page)
-    "a100-80gb": Host("AWS p4de.24xlarge", 12, True, 144),
-    # AWS g5.xlarge: 1 A10G, 4 vCPUs, 16 GiB (https://aws.amazon.com/ec2/instance-types/g5/)
-    "a10g": Host("AWS g5.xlarge", 4, True, 16),
-    # AWS g6.xlarge: 1 L4, 4 vCPUs, 16 GiB (https://aws.amazon.com/ec2/instance-types/g6/)
-    "l4": Host("AWS g6.xlarge", 4, True, 16),
-    # AWS g6e.xlarge: 1 L40S, 4 vCPUs, 32 GiB (https://aws.amazon.com/ec2/instance-types/g6e/)
-    "l40s": Host("AWS g6e.xlarge", 4, True, 32),
-    # No large cloud rents GeForce cards: assumed a desktop with a 16-core, 32-thread CPU and 64 GiB
-    "rtx4090": Host("a desktop (assumed)", 32, True, 64),
-    "rtx3090": Host("a desktop (assumed)", 32, True, 64),
-    # AWS g4dn.xlarge: 1 T4, 4 vCPUs, 16 GiB (https://aws.amazon.com/ec2/instance-types/g4/)
-    "t4": Host("AWS g4dn.xlarge", 4, True, 16),
-    # AWS p3.16xlarge: 8 V100-SXM2-16GB, 64 vCPUs, 488 GiB (https://aws.amazon.com/ec2/instance-types/p3/)
-    "v100": Host("AWS p3.16xlarge", 8, True, 61),
-    # AWS p6-b200.48xlarge: 8 B200, 192 vCPUs, 2048 GiB (https://aws.amazon.com/ec2/instance-types/p6/)
-    "b200": Host("AWS p6-b200.48xlarge", 24, True, 256),
-    # A workstation card: assumed a workstation with a 16-core, 32-thread CPU and 64 GiB
-    "w7900": Host("a workstation (assumed)", 32, True, 64),
-    # No large cloud rents it: assumed an 8-GPU server's share of two 64-core CPUs' threads, halved (16), and
-    # 128 GiB
-    "mi210": Host("a GPU server (assumed)", 16, True, 128),
-    # Azure ND MI300X v5: 8 MI300X, 96 vCPUs (physical cores, no SMT), 1850 GiB
-    # (https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ndmi300xv5-series)
-    "mi300x": Host("Azure ND MI300X v5", 12, False, 231),
-    # Assumed as the MI300X's 8-GPU platform above (12 cores, 231 GiB per GPU): no large cloud publishes a
-    # per-GPU share for it
-    "mi325x": Host("an 8-GPU MI325X server (assumed, as Azure ND MI300X v5)", 12, False, 231),
-}
+    source: str  # the instance table it is read from, or why it is assumed
 
 
 def host(key: str) -> Host:
-    """The CPU and RAM per GPU that catalog GPU `key` (catalog_keys()) is planned with."""
+    """The CPU and RAM per GPU that catalog GPU `key` (catalog_keys()) is planned with: its entry's "host" in
+    gpus.json, the instance's vCPUs and memory divided by its GPUs, from the cloud's instance table (its
+    source), or a stated assumption."""
     return HOSTS[key]
 
 
@@ -238,6 +191,7 @@ class CatalogGPU:
     memory_type: str
     source: str  # URL of the spec cited for this entry
     peak: Peak  # throughput and bandwidth, for lib.steptime (see the module docstring)
+    host: Host  # the CPU and RAM each GPU comes with where it is usually rented (see "CPUs" above)
 
 
 # --------------------------------------------------------------------------
@@ -274,8 +228,12 @@ _PEAK_FIELDS = {"fp32_tflops": _figure("fp32_tflops"), "tf32_tflops": _figure("t
                 "half_tflops": _figure("half_tflops"), "fp8_tflops": _figure("fp8_tflops", optional=True),
                 "bandwidth_gbs": _figure("bandwidth_gbs"), "source": _TEXT, "link_gbs": _figure("link_gbs"),
                 "link": _NAME}
+_HOST_FIELDS = {"machine": _NAME, "vcpus": (lambda v: _whole(v) and 0 < v <= 4096, "an integer from 1 to 4096"),
+                "smt": (lambda v: isinstance(v, bool), "true or false"),
+                "ram_gib": (lambda v: _whole(v) and 0 < v <= 65536, "an integer from 1 to 65536"), "source": _TEXT}
 _COMMON_FIELDS = {"key": _NAME, "name": _NAME, "vendor": _TEXT, "total_bytes": _BYTES, "tdp_watts": _WATTS,
                   "memory_type": _TEXT, "source": _TEXT, "peak": (lambda v: isinstance(v, dict), "an object"),
+                  "host": (lambda v: isinstance(v, dict), "an object"),
                   "notes": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v),
                             "a list of strings")}
 _VENDOR_FIELDS = {
@@ -313,7 +271,8 @@ def _entry(d: Any, where: str) -> CatalogGPU:
     d = _checked(d, {**_COMMON_FIELDS, **_VENDOR_FIELDS[vendor]}, where)
     peak = Peak(**_checked(d["peak"], _PEAK_FIELDS, f"{where}, peak"))
     common = dict(key=d["key"], name=d["name"], vendor=vendor, total_bytes=d["total_bytes"],
-                  tdp_watts=d["tdp_watts"], memory_type=d["memory_type"], source=d["source"], peak=peak)
+                  tdp_watts=d["tdp_watts"], memory_type=d["memory_type"], source=d["source"], peak=peak,
+                  host=Host(**_checked(d["host"], _HOST_FIELDS, f"{where}, host")))
     if vendor == "nvidia":
         major, minor = cc = tuple(d["compute_capability"])
         ampere_or_later = cc >= (8, 0)
@@ -342,6 +301,7 @@ def load_entries(path: Path = DATA_FILE) -> tuple[CatalogGPU, ...]:
 _ENTRIES = load_entries()
 
 CATALOG: dict[str, CatalogGPU] = {e.key: e for e in _ENTRIES}
+HOSTS: dict[str, Host] = {e.key: e.host for e in _ENTRIES}
 
 # Other spellings people type.  "a100" means the 80GB part: it replaced the 40GB
 # launch part across the market (glennklockwood.com page above) and is what
