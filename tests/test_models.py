@@ -313,3 +313,24 @@ def test_llama_checkpointed_blocks_recompute_whether_or_not_their_inputs_were_ca
     idx = torch.randint(0, 64, (2, 16))
     model(idx).float().logsumexp(-1).sum().backward()  # raised CheckpointError before the block cast its tables
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_a_gpt2_of_a_custom_size_is_built_and_trained_at_its_dimensions(tmp_path):
+    """CONFIG_GPT2_PRESET_CUSTOM: GPT2_LAYERS, GPT2_HEADS and GPT2_WIDTH, read from the tree (config.options)."""
+    from lib import api
+    from lib.models.registry import gpt2_shape, shape_key
+
+    config = api.load_config("gpt2-tiny", {"GPT2_PRESET_CUSTOM": True, "GPT2_LAYERS": 3, "GPT2_HEADS": 2,
+                                           "GPT2_WIDTH": 64, "MAX_STEPS": 2, "EPOCHS": 100, "MONITOR": False,
+                                           "PROBE_NEVER": True, "HYPER_PARAM_MANUAL": True, "BATCH_SIZE": 4,
+                                           "GRADIENT_ACCUMULATION": 1})
+    assert (gpt2_shape(config).n_layer, gpt2_shape(config).n_head, gpt2_shape(config).n_embd) == (3, 2, 64)
+    assert shape_key(config)["dims"] == [3, 2, 64]
+    lines: list[str] = []
+    result = api.train(config, output_dir=tmp_path, log=lines.append)
+    assert result.steps == 2
+    from lib.sample import load_run_model
+
+    model, about = load_run_model(result.run_dir)  # rebuilt from the run's config at its own size
+    assert len(model.transformer.h) == 3 and model.transformer.wte.weight.shape[1] == 64, lines
+    assert about["preset"] == "custom"
