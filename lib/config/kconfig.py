@@ -17,7 +17,7 @@ from typing import Sequence
 import kconfiglib
 
 from ..errors import ConfigError
-from ..fileio import MISSING, copy_file, what_is, write_atomic, write_target
+from ..fileio import MISSING, copy_file, read_text, what_is, write_atomic, write_target
 from ..redact import secret_name, shown
 from .. import resources
 from ..resources import data_root
@@ -38,7 +38,7 @@ def family_entries() -> str:
         for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
             if path.name.startswith("_"):
                 continue
-            for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+            for node in ast.parse(read_text(path), str(path)).body:
                 if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KCONFIG"
                                                         for t in node.targets):
                     entries.append(f"# {path.name}\n{ast.literal_eval(node.value)}\n")
@@ -50,7 +50,7 @@ class _Tree(kconfiglib.Kconfig):
 
     def _open(self, filename, mode):
         if mode == "r" and Path(filename).name == "Kconfig.model":
-            text = Path(filename).read_text(encoding="utf-8")
+            text = read_text(filename)
             return io.StringIO(text.replace(FAMILIES_HERE, family_entries(), 1))
         return super()._open(filename, mode)
 
