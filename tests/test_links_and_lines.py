@@ -569,3 +569,23 @@ def test_sbatch_checks_its_script_and_config_copy_before_writing_either(kind, tm
     result = kfit_here(tmp_path, "sbatch", CPUS="1", GPU="h100", OUT=str(out), KCONFIG_CONFIG=str(tmp_path / ".config"))
     assert result.returncode == 2 and result.stderr.startswith("error:"), result.stderr
     assert not (tmp_path / "job.sbatch.config").exists() and victim.read_text() == "keep\n"
+
+
+@pytest.mark.parametrize("where", ["cwd", "output_dir"])
+@pytest.mark.parametrize("char", ["\n", "\r", "\x1b", "\x85", "\u2028"])
+def test_sbatch_refuses_a_directory_whose_name_would_start_a_command_of_its_script(where, char, tmp_path, kfit_here):
+    """A working or output directory named 'w<line break>touch PWNED #' became a command of the script
+    `make sbatch` wrote (its #SBATCH --chdir= and --output= lines; an audit). Refused before anything is
+    written, in one line."""
+    odd = tmp_path / f"w{char}touch PWNED #"
+    odd.mkdir()
+    home = odd if where == "cwd" else tmp_path
+    config = home / ".config"
+    assert kfit_here(home, "defconfig", "lenet5", KCONFIG_CONFIG=str(config)).returncode == 0
+    if where == "output_dir":  # a planted runs/ link to it: the script names the directory it resolves to
+        (home / "runs").symlink_to(odd)
+    before = sorted(p.name for p in home.rglob("*"))
+    result = kfit_here(home, "sbatch", CPUS="1", GPU="h100", KCONFIG_CONFIG=str(config))
+    assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1, \
+        result.stderr
+    assert "#SBATCH" in result.stderr and sorted(p.name for p in home.rglob("*")) == before  # no script

@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import config as kconfig
 from ..env import env_number, env_text
 from ..errors import KfitError
-from ..redact import shown
+from ..redact import escaped, shown
 from ..fileio import read_bytes, write_atomic, write_target
 from .common import ensure_config, hardware_from_env
 from .flags import command
@@ -136,8 +136,14 @@ def cmd_sbatch(args) -> int:
     if array is None and per_node * nodes != plan.world_size:
         raise KfitError(f"the plan has {plan.world_size} processes, not {nodes} machine(s) x {per_node}: set GPUS=")
     cpus, memory, source = node_request(env_number("CPUS", int, None, minimum=1), partition, hardware)
+    source = escaped(source)  # a comment line of the script: a HW= profile's name with a line break stays one
     summary = summary_line(plan, hardware, model)
     output_dir = Path(config.output_dir).expanduser().resolve()
+    for name, path in (("the current directory", Path.cwd()), ("CONFIG_OUTPUT_DIR", output_dir)):
+        # an #SBATCH line ends at a line break, which would start a command of the script: refused, not written
+        if escaped(str(path)) != str(path):
+            raise KfitError(f"{name} ({shown(path)}) holds a line break or another control character, which an "
+                            "#SBATCH line cannot hold: use a directory whose name has none")
     output_dir.mkdir(parents=True, exist_ok=True)  # sbatch's --output needs the directory to exist
     job = f"kfit-{model.name}" + (f"-{model.preset}" if model.preset else "") + ("-hpo" if array else "")
     out = Path(env_text("OUT") or output_dir / f"{job}.sbatch").expanduser().absolute()  # a link there: refused
@@ -161,7 +167,7 @@ def cmd_sbatch(args) -> int:
         lead=warning_lead(plan.predicted_step_seconds, limit), workdir=Path.cwd(), output_dir=output_dir,
         log=output_dir / (f"slurm-{job}-%A_%a.out" if array else f"slurm-{job}-%j.out"),
         kfit=" ".join(shlex.quote(part) for part in kfit_command()), subcommand="hpo" if array else "train",
-        env=env, summary=summary, world_size=plan.world_size, effective_batch=plan.effective_batch)
+        env=env, summary=escaped(summary), world_size=plan.world_size, effective_batch=plan.effective_batch)
     # the owner's only: the script may hold HPO_STORAGE's database password (the job runs as its owner)
     write_atomic(out, text.encode(), mode=0o700)
     print(summary)
