@@ -95,11 +95,13 @@ def extend(run_dir: Path, *, epochs: int | None, steps: int | None, log=print) -
     # the run's files, in an order a kill at any point leaves resumable: the kept copy, the periodic one,
     # the extended config, the record; the finished checkpoint last
     kept, periodic = kept_path(run_dir, step, sharded), checkpoint.periodic_path(run_dir, step, sharded)
-    for link in (kept, periodic):
-        if not os.path.lexists(link):
-            _link_tree(final, link)
-    fileio.write_atomic(run_dir / "config", extended.text.encode(), follow_symlinks=False)
-    with fileio.open_append(run_dir / "metrics.jsonl") as metrics:
+    # the record opened first, as the trainer opens it: a link, a special file or a file with other hard links
+    # planted at metrics.jsonl (a shared OUTPUT_DIR) is refused before the run is changed at all
+    with fileio.open_append(run_dir / "metrics.jsonl", owned=True) as metrics:
+        for link in (kept, periodic):
+            if not os.path.lexists(link):
+                _link_tree(final, link)
+        fileio.write_atomic(run_dir / "config", extended.text.encode(), follow_symlinks=False)
         metrics.write(json.dumps({"event": "extended", "message": f"Extended at step {step} (epoch {epoch}) by "
                                   f"{said}; {final.name} kept as {kept.name}", "step": step,
                                   "epochs": [config.epochs, extended.epochs],

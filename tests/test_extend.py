@@ -89,6 +89,18 @@ def test_extend_steps_trains_that_many_more_and_a_refusal_changes_nothing(tmp_pa
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert words in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
+    # a file planted as a hard link at metrics.jsonl (a shared OUTPUT_DIR): refused before the run changes
+    # (the extension's record line went into the other file, and the run was half extended; an audit)
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    (run / "metrics.jsonl").rename(tmp_path / "metrics.kept")
+    (run / "metrics.jsonl").hardlink_to(victim)
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    names = sorted(p.name for p in run.iterdir())
+    refused = kfit_here(tmp_path, "train", KCONFIG_CONFIG=str(config), EXTEND_STEPS="1", RUN=str(run))
+    assert refused.returncode == 2 and "hard links" in refused.stderr, refused.stdout + refused.stderr
+    assert victim.read_text() == "keep\n" and sorted(p.name for p in run.iterdir()) == names
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
 
 
 def test_an_unfinished_run_is_resumed_not_extended(tmp_path, kfit_here):
