@@ -508,5 +508,8 @@ def lock_holder(directory: Path) -> int | None:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when f closes
             return None
         except BlockingIOError:
-            text = f.read().strip()
-            return int(text) if text.isdigit() else 0
+            try:
+                text = f.read(32).strip()  # a PID is a few ASCII digits; anything else is no PID
+            except (UnicodeDecodeError, OSError):
+                return 0
+            return int(text) if text.isascii() and text.isdigit() else 0

@@ -7,6 +7,7 @@ import io
 import os
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lib import fileio
 from lib.distributed import TorchrunOutput
@@ -285,3 +286,21 @@ def test_a_resumed_run_with_links_planted_is_refused_in_one_line_or_left_for_a_n
     [line] = err.splitlines()
     assert code == 2 and line.startswith(f"error: runs/run/{refused} is a symbolic link (to {targets[refused]})"), err
     assert "remove it and run again" in line
+
+
+@settings(max_examples=60, deadline=None)
+@given(content=st.binary(max_size=6000) | st.text(max_size=40).map(str.encode) | st.just(b"9" * 5000))
+def test_a_held_lock_holding_any_bytes_names_a_pid_or_none(content, tmp_path_factory):
+    """The PID read from a held run directory's .lock: '²' (a digit to str.isdigit, not to int) and 5,000
+    nines (past int's digit limit) ended in tracebacks (an audit); any bytes read as a PID or as 0."""
+    import fcntl
+
+    from lib.fileio import LOCK_NAME, lock_holder
+
+    directory = tmp_path_factory.mktemp("run")
+    (directory / LOCK_NAME).write_bytes(content)
+    with open(directory / LOCK_NAME, "rb") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        pid = lock_holder(directory)
+    assert isinstance(pid, int) and pid >= 0
+    assert lock_holder(directory) is None  # released
