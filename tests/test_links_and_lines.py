@@ -589,3 +589,22 @@ def test_sbatch_refuses_a_directory_whose_name_would_start_a_command_of_its_scri
     assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1, \
         result.stderr
     assert "#SBATCH" in result.stderr and sorted(p.name for p in home.rglob("*")) == before  # no script
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["OUTPUT_DIR", "DATA_DIR", "RUN_NAME", "TRACKING_PROJECT"]),
+       before=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters='"\\'), max_size=8),
+       after=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters='"\\'), max_size=8))
+def test_a_nul_byte_in_any_string_option_is_refused_when_the_config_is_read(name, before, after, tmp_path):
+    """CONFIG_OUTPUT_DIR="runs<NUL>x" reached mkdir as a traceback (embedded null byte), and DATA_DIR's became
+    a misleading planner error (an audit): a NUL is refused with the config, naming the option."""
+    from lib import config as kc
+    from lib.errors import ConfigError
+
+    fragment = tmp_path / "fragment"
+    extra = "CONFIG_DATASET_DIR=y\n" if name == "DATA_DIR" else "CONFIG_TRACK_MLFLOW=y\n" \
+        if name == "TRACKING_PROJECT" else ""
+    fragment.write_bytes(f'{extra}CONFIG_{name}="{before}\0{after}"\n'.encode())
+    with pytest.raises(ConfigError, match=f"CONFIG_{name}") as refused:  # a NUL, or RUN_NAME's own characters
+        kc.make_defconfig("gpt2-tiny", [str(fragment)], out=tmp_path / ".config")
+    assert "\0" not in str(refused.value)  # never shown raw

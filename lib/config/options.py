@@ -115,6 +115,8 @@ def options_of(kconf: kconfiglib.Kconfig) -> Options:
             values[field] = None
         elif sym.orig_type in (kconfiglib.INT, kconfiglib.HEX):  # base 10 as the C tools read it
             values[field] = int(sym.str_value, 16 if sym.orig_type == kconfiglib.HEX else 10)
+        elif "\0" in sym.str_value:  # a path with one reaches the OS as a traceback (embedded null byte)
+            raise ConfigError(f"CONFIG_{name} holds a NUL byte (\\0), which no path or name can hold: delete it")
         else:
             values[field] = CONVERTERS[field](sym.str_value) if field in CONVERTERS else sym.str_value
     options = Options(values)

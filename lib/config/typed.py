@@ -14,6 +14,7 @@ from typing import Mapping
 import kconfiglib
 
 from ..errors import ConfigError
+from ..redact import shown
 from .kconfig import config_text
 from .options import Options, options_of
 from .profiles import MEMORY_PROFILES
@@ -289,7 +290,7 @@ def _llama_shape(kconf) -> dict:
 def typed_config(kconf: kconfiglib.Kconfig, source: str) -> Config:
     run_name = str_of(kconf, "RUN_NAME") or ""
     if not _RUN_NAME.fullmatch(run_name) or run_name in (".", ".."):
-        raise ConfigError(f'CONFIG_RUN_NAME="{run_name}" may only hold letters, digits, ".", "-" and "_"')
+        raise ConfigError(f'CONFIG_RUN_NAME="{shown(run_name, 80)}" may only hold letters, digits, ".", "-" and "_"')
     parsed = dict(
         **_llama_shape(kconf),
         time_limit_s=int_of(kconf, "TIME_LIMIT"),
