@@ -104,6 +104,31 @@ def shown(value: object, limit: int = LIMIT) -> str:
     return redact(escaped(text)) + (f"... ({len(str(value)) - limit:,} more characters)" if cut else "")
 
 
+# What a piece of printed text may hold besides visible characters: line breaks and tabs, carriage returns
+# that start or end the piece (a progress line redrawn, tqdm's or the monitor's) and the one terminal sequence
+# kfit's own status lines use (erase to the end of the line). Any other control or format character, a
+# value's (a path holding ESC or a carriage return, a link's target), is shown escaped: it cannot recolour,
+# clear or overwrite what the terminal shows.
+_KEPT = ("\n", "\t")
+_ERASE = "\x1b[K"
+
+
+def guarded(text: str) -> str:
+    """`text` as kfit prints it (RedactingStream): control and format characters escaped as `escaped` shows
+    them, except line breaks, tabs, the carriage returns at either end and the erase-to-end-of-line sequence."""
+    if text.isprintable():  # the common case, at C speed
+        return text
+    body = text.strip("\r")
+    head = text[:len(text) - len(text.lstrip("\r"))]
+    tail = text[len(head) + len(body):] if body else ""
+    parts = []
+    for i, piece in enumerate(body.split(_ERASE)):
+        if i:
+            parts.append(_ERASE)
+        parts.append("".join(c if c in _KEPT else _escaped_char(c) for c in piece))
+    return head + "".join(parts) + tail
+
+
 class RedactingStream(io.TextIOBase):
     """A text stream that redacts each line before it reaches `stream` (kfit's stdout and stderr). Text is held
     until its line ends, so a secret split across two writes is still whole when redacted; a progress bar's
@@ -114,7 +139,7 @@ class RedactingStream(io.TextIOBase):
         self.stream, self._pending = stream, ""
 
     def write(self, text: str) -> int:
-        self._pending += text
+        self._pending += guarded(text)
         cut = max(self._pending.rfind("\n"), self._pending.rfind("\r"))
         if cut >= 0:
             ready, self._pending = self._pending[:cut + 1], self._pending[cut + 1:]
