@@ -380,7 +380,9 @@ _NOTED: set[str] = set()
 
 def cache_note(path: Path | str, reason: str, *, then: str = "dropped; measured again when needed") -> str:
     """Say once per process and file, on stderr, that a cache file (named) was damaged or foreign; the line."""
-    line = f"note: cache file {path}: {reason}: {then}"
+    from .redact import shown  # a link's target or a path may hold a line break: never a forged line
+
+    line = f"note: cache file {shown(path)}: {shown(reason, 300)}: {then}"
     if str(path) not in _NOTED:
         _NOTED.add(str(path))
         print(line, file=sys.stderr, flush=True)

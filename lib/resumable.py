@@ -15,6 +15,7 @@ from . import fileio
 from .checkpoint import (INIT_RECORD, OOM_MARKER, finished_checkpoint, holder_name, load_checkpoint,
                          periodic_checkpoints)
 from .plan import Plan
+from .redact import shown
 
 # Symbols that do not change what is computed: a run may be resumed with other values of these.
 # (The micro-batch policy and memory share only split the same effective batch differently; the
@@ -69,7 +70,7 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
     try:
         runs = [base / run_name] if run_name else (sorted(base.iterdir()) if base.is_dir() else [])
     except OSError as err:
-        log(f"note: not resuming a run: {base} cannot be listed ({err.strerror or err})")
+        log(f"note: not resuming a run: {shown(base)} cannot be listed ({err.strerror or err})")
         return None
     identity = training_identity(config_text)
     candidates = []
@@ -79,7 +80,8 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
         try:
             newest = resumable_since(run_dir, identity, effective_batch, run_name, log)
         except OSError as err:  # a file the checks above did not foresee: this run is passed by, said once
-            log(f"note: not resuming {run_dir}: {err.filename or run_dir} cannot be read ({err.strerror or err})")
+            log(f"note: not resuming {shown(run_dir)}: {shown(err.filename or run_dir)} cannot be read "
+                f"({err.strerror or err})")
             continue
         if newest is not None:
             candidates.append((newest, run_dir))
@@ -159,7 +161,7 @@ def note_other_config(runs: list[Path], config_text: str, log=print) -> None:
             settings = None
         how = (f"make train {' '.join(shlex.quote(s) for s in settings)}" if settings and len(settings) <= 3 else
                f"make train KCONFIG_CONFIG={shlex.quote(str(run_dir / 'config'))}")
-        log(f"note: not resuming {run_dir}, an unfinished run of another config ({'; '.join(differences[:3])}"
+        log(f"note: not resuming {shown(run_dir)}, an unfinished run of another config ({'; '.join(differences[:3])}"
             f"{more}): '{how}' continues it; this run is a separate one")
 
 
@@ -179,30 +181,31 @@ def resumable_since(run_dir: Path, identity: list[str], effective_batch: int, ru
     except (OSError, UnicodeDecodeError) as err:
         why = ("not a regular file" if isinstance(err, fileio.UnsafeFileError) else
                err.strerror if isinstance(err, OSError) else "not UTF-8 text")
-        log(f"note: not resuming {run_dir}: its config cannot be read ({why})")
+        log(f"note: not resuming {shown(run_dir)}: its config cannot be read ({shown(why, 300)})")
         return None
     if training_identity(config_text) != identity:
         return None
     if (run_dir / INIT_RECORD).is_file():
-        log(f"note: not resuming {run_dir}: it started from other weights (INIT_FROM, its {INIT_RECORD}); "
-            f"'make train RESUME_FROM={run_dir}' continues it")
+        log(f"note: not resuming {shown(run_dir)}: it started from other weights (INIT_FROM, its {INIT_RECORD}); "
+            f"'make train RESUME_FROM={shown(run_dir)}' continues it")
         return None
     effective = recorded_effective_batch(run_dir, newest, log)
     if effective is None:
         return None
     if effective != effective_batch:
-        log(f"note: not resuming {run_dir}: its effective batch was {effective}, this run's is "
+        log(f"note: not resuming {shown(run_dir)}: its effective batch was {effective}, this run's is "
             f"{effective_batch}")
         return None
     lock = run_dir / fileio.LOCK_NAME
     if lock.is_symlink() or (lock.exists() and not lock.is_file()):
-        log(f"note: not resuming {run_dir}: its {fileio.LOCK_NAME} is not a regular file (a directory or link "
+        log(f"note: not resuming {shown(run_dir)}: its {fileio.LOCK_NAME} is not a regular file (a directory or link "
             f"planted there); remove it and 'make train' resumes the run; this run is a separate one")
         return None
     holder = None if run_name else fileio.lock_holder(run_dir)  # a named run in use is refused later
     if holder is not None:
-        log(f"note: not resuming {run_dir}: {holder_name(holder)} is still training it ('kill {holder or '<pid>'}' "
-            "stops it after a checkpoint; 'make train' then resumes it); this run is a separate one")
+        log(f"note: not resuming {shown(run_dir)}: {holder_name(holder)} is still training it "
+            f"('kill {holder or '<pid>'}' stops it after a checkpoint; 'make train' then resumes it); this run is a "
+            "separate one")
         return None
     return (newest[0][1] if newest else marker).stat().st_mtime
 
@@ -233,9 +236,9 @@ def recorded_effective_batch(run_dir: Path, newest: list[tuple[int, Path]], log=
         except Exception:  # noqa: BLE001 - an unreadable one: the next older (the resume says which it takes)
             continue
         if isinstance(window, int) and not isinstance(window, bool):
-            log(f"note: {path} is not a plan ({problem}): the effective batch {window} of {saved.name} "
-                "decides; a resumed run writes plan.json again")
+            log(f"note: {shown(path)} is not a plan ({shown(problem, 300)}): the effective batch {window} of "
+                f"{saved.name} decides; a resumed run writes plan.json again")
             return window
-    log(f"note: not resuming {run_dir}: its plan.json is not a plan ({problem}) and no checkpoint there records "
-        f"the effective batch; delete {run_dir} or keep it aside: this run is a separate one")
+    log(f"note: not resuming {shown(run_dir)}: its plan.json is not a plan ({shown(problem, 300)}) and no checkpoint "
+        f"there records the effective batch; delete {shown(run_dir)} or keep it aside: this run is a separate one")
     return None

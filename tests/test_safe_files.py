@@ -304,3 +304,14 @@ def test_a_held_lock_holding_any_bytes_names_a_pid_or_none(content, tmp_path_fac
         pid = lock_holder(directory)
     assert isinstance(pid, int) and pid >= 0
     assert lock_holder(directory) is None  # released
+
+
+@settings(max_examples=40, deadline=None)
+@given(target=st.text(max_size=30), name=st.text(max_size=10))
+def test_a_cache_note_is_one_line_whatever_its_file_and_link_say(target, name, tmp_path_factory):
+    """A cache file replaced by a link to '/x<line break>FORGED: ...' made the note's link target a line of its
+    own (an audit)."""
+    fileio.reset_cache_notes()
+    path = tmp_path_factory.mktemp("cache") / f"c{name}.json"
+    line = fileio.cache_note(path, f"a symbolic link (to {target})")
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .. import config as kconfig
-from ..env import env_number
+from ..env import env_number  # noqa: F401  (re-exported: the commands read their counts through common)
 from ..errors import MESSAGE_LIMIT, KfitError, cut_middle
+from ..redact import shown as escape_value
 
 if TYPE_CHECKING:
     from .invocation import Invocation
@@ -149,7 +150,7 @@ def ensure_config(run: Invocation | None = None) -> "kconfig.Config":
     overrides (make's NAME=value, --set) apply on top, for this command only: the file is never changed."""
     path = kconfig.config_path()
     if not path.exists():
-        print(f"No {path} found: applying the default defconfig '{kconfig.DEFAULT_DEFCONFIG}' "
+        print(f"No {escape_value(path)} found: applying the default defconfig '{kconfig.DEFAULT_DEFCONFIG}' "
               f"(as 'make {kconfig.DEFAULT_DEFCONFIG}-defconfig' would)")
         config = kconfig.make_defconfig(kconfig.DEFAULT_DEFCONFIG, out=path)
     else:
@@ -186,10 +187,11 @@ def _overridden(config: "kconfig.Config", run: Invocation) -> tuple["kconfig.Con
     if not overrides:
         return config, None
     changes = dict(overrides)  # a symbol given twice: the last wins, as in make
-    shown = " ".join(f"CONFIG_{name}={value}" for name, value in changes.items())
+    # each value escaped and cut (a 5,000-byte OUTPUT_DIR, a path holding ESC): never a long or forged line
+    shown = " ".join(f"CONFIG_{name}={escape_value(value, 200)}" for name, value in changes.items())
     try:
         config = kconfig.derive(config, changes)
     except KfitError as err:
         reason = " ".join(str(err).replace("invalid configuration:", "").replace("requested change: ", "").split())
         raise KfitError(f"command-line override {reason} (overrides: {shown})") from None
-    return config, f"overrides: {shown} (command line; {config.source} unchanged)"
+    return config, f"overrides: {shown} (command line; {escape_value(config.source)} unchanged)"

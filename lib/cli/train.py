@@ -251,7 +251,7 @@ def cmd_train(args) -> int:
                   f"perplexity {final['perplexity']:.2f}" if "perplexity" in final else
                   f"eval loss {final['eval_loss']:.4f}")
         print(f"Done: {result.steps} steps, {result.epochs:.1f} epochs in {result.seconds:.1f}s; {metric}; "
-              f"run in {result.run_dir}")
+              f"run in {shown(result.run_dir, 1000)}")
     return 0
 
 
@@ -266,7 +266,8 @@ def _run(command: str, what: str, fits=lambda model: True, kinds: str = "", *, g
     run, last = run_or_last(given or os.environ.get("RUN"), output_dir, command, what, fits, kinds,
                             command_line=command_line)
     if last:
-        print(f"{command_line or command}: the last {kinds + ' ' if kinds else ''}run, {run} (RUN= names another)",
+        print(f"{command_line or command}: the last {kinds + ' ' if kinds else ''}run, {shown(run, 1000)} (RUN= names "
+              "another)",
               file=sys.stderr)
     return run
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from ..redact import shown
+
 if TYPE_CHECKING:
     from ..config import Config
     from ..monitor import Monitor
@@ -62,7 +64,7 @@ def finish(trainer: Ending, history: list[dict], stop_reason: str, seconds: floa
     quietly(t.log, "the step-time report", t.timer.finish)
     if path is not None:
         why = STOP_REASONS.get(stop_reason, stop_reason).format(epochs=t.config.epochs)
-        saved = f"Saved {path} ({why}: {p.step} steps, {p.samples:,} samples in {seconds:.1f}s)"
+        saved = f"Saved {shown(path, 1000)} ({why}: {p.step} steps, {p.samples:,} samples in {seconds:.1f}s)"
         # through the monitor: on a terminal it clears the progress bar first instead of joining it
         quietly(t.log, "writing metrics.jsonl's last line", lambda: t.monitor.event(
             "finished", saved, path=str(path), stop_reason=stop_reason), said=saved)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from .. import tracking
 from ..data.stream import StreamSplit, resume_note
 from ..monitor import Monitor
+from ..redact import shown
 from .ending import quietly
 from ..models.registry import label as model_label
 
@@ -74,7 +75,7 @@ def open_run(trainer: Opening) -> None:
         log(model_line(trainer))
         events = ("; TensorBoard events in tensorboard/ (tensorboard --logdir "
                   f"{trainer.run_dir / 'tensorboard'})" if "tensorboard" in config.tracking else "")
-        log(f"Run directory: {trainer.run_dir} ('make report' draws its curves into report.html there{events})")
+        log(f"Run directory: {shown(trainer.run_dir, 1000)} ('make report' draws its curves into report.html there{events})")
         trainer.monitor = Monitor(
             trainer.run_dir, trainer.total_steps, trainer.device, trainer.hardware,
             interval_s=(config.monitor_interval_ms or 1000) / 1000, telemetry=config.monitor,
