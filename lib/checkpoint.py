@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from .redact import shown
 from . import fileio
 from .errors import KfitError
 from .config.typed import LADDER_RUNGS
@@ -281,7 +282,7 @@ def sharded_metadata(path: Path):
         raise
     except Exception as err:  # noqa: BLE001 - any unpickling failure: not the metadata torch wrote
         raise DamagedCheckpoint(f"its .metadata cannot be read as torch's ({type(err).__name__}: "
-                                f"{' '.join(str(err).split())[:160]})") from None
+                                f"{shown(' '.join(str(err).split()), 160)})") from None
     if not isinstance(metadata, Metadata):
         raise DamagedCheckpoint(f"its .metadata holds a {type(metadata).__name__}, not torch's Metadata")
     return metadata
@@ -409,7 +410,7 @@ def latest_valid(run_dir: Path, log=print, check: Callable[[dict, Path], str | N
         except fileio.UnsafeFileError as err:  # a FIFO or device planted under a checkpoint's name
             problem = f"is {getattr(err, 'what', 'not a regular file')}, not a checkpoint kfit wrote"
         except Exception as err:  # noqa: BLE001 - any unreadable file means "use the previous one"
-            problem = (f"is unreadable ({type(err).__name__}: {' '.join(str(err).split())[:160]}); "
+            problem = (f"is unreadable ({type(err).__name__}: {shown(' '.join(str(err).split()), 160)}); "
                        "it was probably cut short by a crash or a full disk")
         else:
             wrong = check(state, path) if check is not None else None

@@ -60,7 +60,7 @@ def read_checkpoint(path: Path) -> dict:
     except checkpoint.DamagedCheckpoint as err:
         raise KfitError(f"{shown(path)} is damaged ({err}): name another checkpoint of the run") from None
     except Exception as err:  # noqa: BLE001 - any unreadable checkpoint is the user's file to fix
-        raise KfitError(f"{shown(path)} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
+        raise KfitError(f"{shown(path)} cannot be read ({type(err).__name__}: {shown(' '.join(str(err).split()), 160)})") from None
     if not isinstance(state, dict) or not (state.get("sharded") or isinstance(state.get("model"), dict)):
         raise KfitError(f"{shown(path)} is not a kfit checkpoint (it holds no model state)")
     return state
@@ -224,4 +224,4 @@ def load_exported(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file is the user's to fix
         raise KfitError(f"{path} is not a safetensors file kfit can read ({type(err).__name__}: "
-                        f"{' '.join(str(err).split())[:160]}): export the run again with make export") from None
+                        f"{shown(' '.join(str(err).split()), 160)}): export the run again with make export") from None

@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from .redact import shown
 from . import checkpoint, fileio
 from .config import Config, config_from_text, derive
 from .errors import KfitError
@@ -72,7 +73,7 @@ def extend(run_dir: Path, *, epochs: int | None, steps: int | None, log=print) -
         run_text = fileio.read_text(run_dir / "config")
     except (OSError, KeyError, TypeError, ValueError, RuntimeError, UnicodeDecodeError) as err:
         raise KfitError(f"{what}: its final checkpoint {final.name} or config cannot be read "
-                        f"({type(err).__name__}: {' '.join(str(err).split())[:120]}): extend another run, or "
+                        f"({type(err).__name__}: {shown(' '.join(str(err).split()), 120)}): extend another run, or "
                         f"start a new one from its weights with INIT_FROM={final}") from None
     if run_text != saved_text:
         log(f"note: {run_dir / 'config'} differs from the config {final.name} was trained with: extending the "

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from .errors import KfitError
+from .redact import shown
 from .units import format_bytes  # noqa: F401  (fileio.format_bytes: lib/checkpoint.py, lib/monitor.py, the trainer)
 
 # A write that failed for want of room: a full disk, a full quota, the file size limit (ulimit -f).
@@ -380,8 +381,7 @@ _NOTED: set[str] = set()
 
 def cache_note(path: Path | str, reason: str, *, then: str = "dropped; measured again when needed") -> str:
     """Say once per process and file, on stderr, that a cache file (named) was damaged or foreign; the line."""
-    from .redact import shown  # a link's target or a path may hold a line break: never a forged line
-
+    # a link's target or a path may hold a line break: never a forged line
     line = f"note: cache file {shown(path)}: {shown(reason, 300)}: {then}"
     if str(path) not in _NOTED:
         _NOTED.add(str(path))
@@ -416,7 +416,7 @@ def read_json_file(path: Path | str, max_bytes: int = CACHE_MAX_BYTES) -> tuple[
             raise ValueError(f"over {format_bytes(max_bytes)}")
         return json.loads(raw.decode()), None
     except (OSError, ValueError, RecursionError) as err:
-        return None, f"not JSON ({type(err).__name__}: {' '.join(str(err).split())[:80]})"
+        return None, f"not JSON ({type(err).__name__}: {shown(' '.join(str(err).split()), 80)})"
 
 
 def read_json_cache(path: Path | str, schema: int) -> dict | None:

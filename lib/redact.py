@@ -28,7 +28,7 @@ SECRET_WORDS = (r"pass(?:word|wd)?|pwd|secret|token|api[_-]?key|apikey|access[_-
 _SECRET_NAME = rf"[\w.-]*(?:{SECRET_WORDS})\b"
 USER_PASSWORD = re.compile(r"([A-Za-z][\w+.-]{0,39}://[^:/@\n]*):(?:(?!://)[^@\n])*@(?:[^\s@]*@)*")
 # a query parameter named as a secret, or a bare key / sig / signature (a signed URL's, an sqlite URL's ?key=)
-QUERY_SECRET = re.compile(rf"(?i)([?&;](?:{_SECRET_NAME}|key|sig|signature)=)[^&#\s]*")
+QUERY_SECRET = re.compile(rf"(?i)([?&;](?:{_SECRET_NAME}|(?:[\w.-]*[-_])?(?:key|sig|signature))=)[^&#\s]*")
 # NAME=value and "name": "value" outside URLs (an environment dump, a JSON error body, a netrc-like line)
 PAIR_SECRET = re.compile(rf"(?i)((?<![\w.-]){_SECRET_NAME}[\"']?\s*[=:]\s*[\"']?)(?!\*\*\*)[^\s\"'&,;]+")
 NETRC_SECRET = re.compile(r"(?i)(\bpassword\s+)\S+")
@@ -97,11 +97,10 @@ def visible_text(text: str) -> str:
 def shown(value: object, limit: int = LIMIT) -> str:
     """A user's value for a message: escaped (`escaped`: never an extra line, a terminal's escape or an invisible
     character), redacted, and cut to `limit` characters with how much more there was."""
-    text = str(value)
-    cut = len(text) > limit
-    if cut:
-        text = text[:limit]
-    return redact(escaped(text)) + (f"... ({len(str(value)) - limit:,} more characters)" if cut else "")
+    text = redact(escaped(value))  # redacted whole, then cut: a cut can leave a secret without the @ that marks it
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... ({len(text) - limit:,} more characters)"
 
 
 # What a piece of printed text may hold besides visible characters: line breaks and tabs, carriage returns

@@ -215,7 +215,7 @@ def plan_json_problem(data) -> str | None:
     try:
         Plan.from_dict(data)
     except ValueError as err:
-        return " ".join(str(err).split())[:100]
+        return shown(" ".join(str(err).split()), 100)
     effective = data.get("effective_batch")
     if isinstance(effective, bool) or not isinstance(effective, int) or effective < 1:
         return f"its effective_batch is {effective!r}, not a whole number >= 1"

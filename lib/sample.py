@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .redact import shown
 from . import fileio
 from .errors import KfitError
 
@@ -60,7 +61,7 @@ def hf_tokenizer(path: Path, vocab_size: int, data: bytes | None = None) -> Toke
     try:
         tok = HF.from_file(str(path)) if data is None else HF.from_str(data.decode("utf-8"))
     except Exception as err:  # tokenizers raises plain Exception for a malformed file
-        raise KfitError(f"{path} is not a tokenizer.json ({str(err)[:200]})") from None
+        raise KfitError(f"{path} is not a tokenizer.json ({shown(str(err), 200)})") from None
     size = tok.get_vocab_size(with_added_tokens=True)
     if not fits(size, vocab_size):
         return None
@@ -156,7 +157,7 @@ def _rebuild(run: Path, config, weights: dict) -> tuple[torch.nn.Module, dict]:
         model.load_state_dict(weights)
     except RuntimeError as err:
         raise KfitError(f"{run}: its weights do not fit the {preset} preset its config names "
-                        f"({' '.join(str(err).split())[:200]})") from None
+                        f"({shown(' '.join(str(err).split()), 200)})") from None
     return model.eval(), {"model": config.model, "preset": preset, "vocab_size": vocab, "block_size": block}
 
 

@@ -14,6 +14,7 @@ import random
 
 import torch
 
+from .redact import shown
 from .config import Config
 from .plan import Plan
 
@@ -119,7 +120,7 @@ def named_optimizer(name: str):
             optimizer = found(groups, lr=lr, **fused)
         except (TypeError, ValueError, RuntimeError) as err:  # it refuses these parameters (Muon: matrices only)
             raise ConfigError(f"{where} refused the model's parameters ({type(err).__name__}: "
-                              f"{' '.join(str(err).split())[:200]}): choose another optimizer") from None
+                              f"{shown(' '.join(str(err).split()), 200)}): choose another optimizer") from None
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"{where} returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
         return optimizer

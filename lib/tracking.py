@@ -28,12 +28,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .errors import KfitError
 from .env import environ
+from .redact import shown
 
 SINKS = {  # sink -> (the module it needs, the pip command)
     "tensorboard": ("tensorboard", "pip install tensorboard"),
@@ -171,8 +172,14 @@ class Tracking:
             except Exception as err:  # noqa: BLE001 - a tracker's own failure (login, server, store) is one line
                 for started in sinks:
                     started.close()
+                text = " ".join(str(err).split())
+                # the tracking URI's user-info, a password or a token alone (https://TOKEN@host), wherever it
+                # appears; then every other credential (shown), redacted before the message is cut
+                userinfo = urlsplit(environ().get("MLFLOW_TRACKING_URI") or "").netloc.rpartition("@")[0]
+                if len(userinfo) >= 4:
+                    text = text.replace(userinfo, "***")
                 raise KfitError(f"CONFIG_TRACK_{sink.upper()}=y: the {sink} run could not start "
-                                f"({type(err).__name__}: {' '.join(str(err).split())[:200]}); {FIXES[sink]}") from None
+                                f"({type(err).__name__}: {shown(text, 200)}); {FIXES[sink]}") from None
         return cls(sinks)
 
     def log(self, record: dict) -> None:

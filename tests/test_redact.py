@@ -237,3 +237,21 @@ def test_what_kfit_prints_holds_no_character_that_can_forge_or_recolour_a_line(t
         assert c in "\n\t" or c.isprintable() or c == " " or unicodedata.category(c) not in (
             "Cc", "Cf", "Cs", "Zl", "Zp"), (c, printed)
     assert rest.count("\n") == 1 + text.count("\n")  # a value's line break is its message's to escape (shown)
+
+
+@settings(max_examples=100, deadline=None)
+@given(secret=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters="@/:?#&%\\\"' "),
+                      min_size=8, max_size=300), limit=st.integers(20, 250))
+def test_a_message_cut_to_its_length_is_redacted_first(secret, limit):
+    """A tracker's error quoting http://alice:<a 190-character password>@host was cut to 200 characters before
+    the redaction, which then found no @ and showed 170 characters of the password (an audit)."""
+    assume("***" not in secret)
+    text = f"could not reach http://alice:{secret}@127.0.0.1:9/ (refused)"
+    assert secret not in shown(text, limit) and f"alice:{secret[:4]}" not in shown(text, limit)
+
+
+@pytest.mark.parametrize("name", ["X-Amz-Signature", "X-Goog-Signature", "X-Amz-Credential", "X-Amz-Security-Token",
+                                  "sig", "api-key"])
+def test_a_signed_urls_signature_and_credential_are_hidden(name):
+    assert "S3cretPWxyz" not in redact(f"GET http://127.0.0.1:9/o?a=1&{name}=S3cretPWxyz&b=2 failed")
+    assert redact("http://h/?monkey=1&turkey=2") == "http://h/?monkey=1&turkey=2"  # not a key's name

@@ -231,7 +231,7 @@ def cmd_train(args) -> int:
         return 1
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if distributed.peer_lost(err):
-            print(f"error: rank {rank.rank} lost another training process of the run ({' '.join(str(err).split())[:160]}): "
+            print(f"error: rank {rank.rank} lost another training process of the run ({shown(' '.join(str(err).split()), 160)}): "
                   "a machine or a rank stopped; 'make train' on every machine resumes from the last checkpoint",
                   file=sys.stderr)
             return PEER_LOST_EXIT
@@ -241,7 +241,7 @@ def cmd_train(args) -> int:
                 "under FSDP no rank can redo a step alone: the launcher relaunches the run at half the micro-batch"
                 if is_sharded(plan.strategy) and rank.active else
                 "it could not be recovered")
-        print(f"error: out of memory ({' '.join(str(err).split())[:200]}); {what}: {ADVICE}", file=sys.stderr)
+        print(f"error: out of memory ({shown(' '.join(str(err).split()), 200)}); {what}: {ADVICE}", file=sys.stderr)
         return 2
     finally:
         distributed.teardown()

@@ -19,7 +19,7 @@ import optuna
 
 from ..config import Config
 from ..errors import KfitError
-from ..redact import redact as redact_line
+from ..redact import redact as redact_line, shown
 from ..models.registry import label as model_label
 
 HEARTBEAT_S, HEARTBEAT_GRACE_S = 60, 300
@@ -167,7 +167,7 @@ def _sqlite_file(url: str, given: bool) -> Path | None:
     try:
         parsed = sqlalchemy.engine.make_url(url)
     except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is not a number
-        raise _storage_error(url, given, f"not a database URL ({' '.join(str(err).split())[:120]})", _URL_FIX) \
+        raise _storage_error(url, given, f"not a database URL ({shown(' '.join(str(err).split()), 120)})", _URL_FIX) \
             from None
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None

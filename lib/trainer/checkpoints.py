@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from ..redact import shown
 from .. import checkpoint, distributed, fileio
 from ..config import Config
 from ..distributed import Rank
@@ -167,7 +168,7 @@ class Checkpoints:
                             f"directory ({run_dir}) for its newest intact one") from None
         except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to replace
             raise KfitError(f"RESUME_FROM={chosen} cannot be read ({type(err).__name__}: "
-                            f"{' '.join(str(err).split())[:120]}): name another checkpoint, or the run directory "
+                            f"{shown(' '.join(str(err).split()), 120)}): name another checkpoint, or the run directory "
                             f"({run_dir}) for its newest readable one") from None
         wrong = checkpoint_problem(state)
         if wrong is not None:
@@ -203,7 +204,7 @@ class Checkpoints:
     def device_lost(self, err: BaseException) -> None:
         """The device failed for good: save the last completed step's state where the tensors are still
         consistent and readable (else the newest checkpoint stands), say how to resume, stop (exit 3)."""
-        p, reason = self.recovery.progress, " ".join(str(err).split())[:200]
+        p, reason = self.recovery.progress, shown(" ".join(str(err).split()), 200)
         saved = None
         if self.saves and not self.engine.updating:  # mid-update the tensors are neither the last step's nor this one's
             try:

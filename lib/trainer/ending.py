@@ -43,7 +43,7 @@ def quietly(log: Callable[[str], None], what: str, action: Callable[[], None], s
     except Exception as err:  # noqa: BLE001 - the run's result is on disk already
         if said is not None:
             log(said)
-        log(f"warning: {what} failed ({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
+        log(f"warning: {what} failed ({type(err).__name__}: {shown(' '.join(str(err).split()), 200)}); "
             "the checkpoints are unaffected")
 
 

@@ -35,6 +35,7 @@ from typing import Callable
 
 import torch
 
+from ..redact import shown
 from .. import checkpoint, distributed, tracking
 from ..config import Config
 from ..hardware import HardwareProfile
@@ -368,7 +369,7 @@ class Trainer:
                     self.mark_oom(step, err)  # the launcher relaunches the run at half the micro-batch
                 if not (self.recover_oom and is_oom(err)):
                     raise
-                failed, reason = True, " ".join(str(err).split())[:200]
+                failed, reason = True, shown(" ".join(str(err).split()), 200)
             timed_out = bool(self.config.time_limit_s and self.elapsed() >= self.config.time_limit_s)
             due = self.rank.is_main and checkpoint_due(self.config, step + 1, self.checkpoints.last_checkpoint,
                                                        self.checkpoint_interval_s())

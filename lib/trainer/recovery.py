@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..redact import shown
 from ..config import Config
 from ..hardware import HardwareProfile
 from ..oom import OutOfMemory, halve
@@ -112,7 +113,7 @@ class Recovery:
         batch): the halved micro-batch, or once halving can go no further the ladder's next rung."""
         p = self.progress
         marker = {"micro_batch": p.micro_batch, "halvings": p.halvings, "rungs": list(p.rungs), "step": step + 1,
-                  "reason": " ".join(str(err).split())[:200]}
+                  "reason": shown(" ".join(str(err).split()), 200)}
         try:
             marker["micro_batch"] = halve(p.micro_batch, p.halvings, self.config.oom_max_halvings or 0,
                                           f"at step {step + 1}")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..redact import shown
 from .. import checkpoint, fileio, resumable
 from ..config import Config
 from ..config.typed import LADDER_RUNGS
@@ -71,7 +72,7 @@ def resume_point(source: Path, config: Config, log=print) -> tuple[Path, int]:
             raise KfitError(f"{what} is damaged ({err}): name another checkpoint, or the run directory ({run_dir}) "
                             "for its newest intact one") from None
         except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to replace
-            raise KfitError(f"{what} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}): name "
+            raise KfitError(f"{what} cannot be read ({type(err).__name__}: {shown(' '.join(str(err).split()), 120)}): name "
                             f"another checkpoint, or the run directory ({run_dir}) for its newest readable one"
                             ) from None
         problem = checkpoint_problem(state)

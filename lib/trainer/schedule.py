@@ -9,6 +9,7 @@ import inspect
 import math
 from typing import Callable
 
+from ..redact import shown
 from ..config import Config
 from ..errors import ConfigError
 
@@ -46,7 +47,7 @@ def schedule_function(spec: str) -> tuple[Callable[..., float], int]:
     try:
         found = functools.reduce(getattr, name.split("."), importlib.import_module(module))
     except (ImportError, AttributeError, SyntaxError) as err:
-        raise ConfigError(f"{_where(spec)} cannot be loaded ({type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        raise ConfigError(f"{_where(spec)} cannot be loaded ({type(err).__name__}: {shown(' '.join(str(err).split()), 200)}"
                           "): put the module on Python's path (e.g. beside the config) and name a function in it") \
             from None
     if not callable(found):
@@ -66,7 +67,7 @@ def _multiplier(spec: str, step: int, total_steps: int) -> float:
         value = function(step, total_steps) if arguments == 2 else function(step)
     except Exception as err:  # noqa: BLE001 - the user's code: one line, not a traceback from the loop
         raise ConfigError(f"{_where(spec)} raised {type(err).__name__} at step {step}: "
-                          f"{' '.join(str(err).split())[:200]}") from None
+                          f"{shown(' '.join(str(err).split()), 200)}") from None
     try:
         value = float(value)
     except (TypeError, ValueError):

@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..redact import shown
 from .memory_check import LABELS, OVER_TOLERANCE, UNDER_TOLERANCE
 from .report import Context, Result, failed, passed
 from ..env import environ
@@ -133,7 +134,7 @@ def check_fsdp(ctx: Context, predictor=None) -> Result:
                                            local_world_size=1, cpu_offload=case.cpu_offload)
         except Exception as err:  # noqa: BLE001 - a plan that fails is this case's finding; the others still run
             rows.append({"case": case.label, "error": f"not planned: {type(err).__name__}: "
-                                                      f"{' '.join(str(err).split())[:300]}"})
+                                                      f"{shown(' '.join(str(err).split()), 300)}"})
             continue
         planned.append({**asdict(case), "label": case.label, "config": str(path),
                         "predicted_bytes": prediction.peak_bytes,
@@ -292,7 +293,7 @@ def worker(request_path: Path, out: Path) -> None:
         try:
             report["cases"][case["label"]] = _measure(case, device, mesh_for)
         except Exception as err:  # a case that fails is reported; the others still run
-            report["cases"][case["label"]] = {"error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
+            report["cases"][case["label"]] = {"error": f"{type(err).__name__}: {shown(' '.join(str(err).split()), 300)}"}
         write_text(out, json.dumps(report))
     report["equivalence"] = {"backend": report["backend"],
                              **_equivalence(request["equivalence_config"], device, mesh_for("fsdp"))}

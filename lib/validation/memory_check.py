@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ..redact import shown
 from .. import config as kconfig
 from ..memory import (ATTENTION_WORKSPACE_SHARE, BLAS_HANDLES, BLAS_LT_WORKSPACE_BYTES, BLAS_WORKSPACE_BYTES,
                         FRAGMENTATION_BASE_BYTES, MemoryPredictor, fragmentation_share)
@@ -187,7 +188,7 @@ def check_memory(ctx: Context, predictor: MemoryPredictor | None = None) -> Resu
             else:
                 reserved = measure_cpu(task, config, batch=case.batch, precision=case.precision)
         except Exception as err:  # noqa: BLE001 - one case failing (out of memory, a compile error) is a figure
-            row["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+            row["error"] = f"{type(err).__name__}: {shown(' '.join(str(err).split()), 200)}"
             rows.append(row)
             continue
         row.update(measured_bytes=reserved, rel_err=round((prediction.peak_bytes - reserved) / reserved, 4))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from ..redact import shown
 from . import vocab
 from .compile_check import shared_key, throughput
 from .report import Context, Result, failed, passed, skipped
@@ -175,7 +176,7 @@ def check_mfu(ctx: Context, plan_for=plan_for, speed_model_for=speed_model, head
         try:
             trainer = trainer_for(ctx, config, hardware)
         except Exception as err:  # noqa: BLE001 - the bare loop's MFU stands; the check fails on this
-            trainer = {"error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
+            trainer = {"error": f"{type(err).__name__}: {shown(' '.join(str(err).split()), 300)}"}
         finally:
             ctx.cuda.release()
         if "samples_per_s" in trainer:

@@ -21,6 +21,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Callable
 
+from ..redact import shown
 from ..fileio import write_text
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -92,7 +93,7 @@ def run_checks(checks: list[Check], ctx: Context, on_result: Callable[[Result], 
         try:
             result = check.run(ctx)
         except Exception as err:  # noqa: BLE001 - a failing check never stops the others
-            text = " ".join(str(err).split())[:300]
+            text = shown(" ".join(str(err).split()), 300)
             result = failed(f"{type(err).__name__}: {text}", traceback=traceback.format_exc(limit=-6))
         finally:
             gc.collect()  # what a failed check held must not squeeze the next one

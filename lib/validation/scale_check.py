@@ -20,6 +20,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 
+from ..redact import shown
 from .report import Context, Result, failed, passed, skipped
 
 DEFCONFIG = "llama3.2-1b"
@@ -166,6 +167,6 @@ def check_scale(ctx: Context, run=run_case) -> Result:
             try:
                 cases[case.name] = run(ctx, case)
             except Exception as err:  # noqa: BLE001 - one case's failure is its row; the others run
-                cases[case.name] = {"error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
+                cases[case.name] = {"error": f"{type(err).__name__}: {shown(' '.join(str(err).split()), 300)}"}
         ctx.log(f"  scale {case.name:<30} {json.dumps(cases[case.name])}")
     return judge(cases)

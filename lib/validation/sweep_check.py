@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+from ..redact import shown
 from . import vocab
 from .report import Context, Result, failed, passed, skipped
 
@@ -91,7 +92,7 @@ def time_steps(ctx: Context, config, task, plan, sizes: list[int], step_seconds=
         try:
             seconds = (step_seconds or timed)(split)
         except torch.OutOfMemoryError as err:
-            out[micro] = {"error": f"OutOfMemoryError: {' '.join(str(err).split())[:120]}"}
+            out[micro] = {"error": f"OutOfMemoryError: {shown(' '.join(str(err).split()), 120)}"}
             optimizer.zero_grad(set_to_none=True)
             ctx.cuda.release()
             continue
