@@ -138,6 +138,14 @@ def _check_rendezvous(env: Mapping[str, str]) -> None:
 def torchrun_command(nproc: int, script: Path, env: Mapping[str, str], script_args: tuple[str, ...] = ("train",)
                      ) -> list[str]:
     """The torchrun command line that runs `script <script_args>` in nproc processes on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *rendezvous_args(env),
+            str(script), *script_args]
+
+
+def rendezvous_args(env: Mapping[str, str]) -> list[str]:
+    """torchrun's arguments for the machines NNODES= names (NODE_RANK, MASTER_ADDR, MASTER_PORT), each checked:
+    a KfitError naming the variable and its range. `make train` asks before it plans, so a bad one is refused
+    before any work."""
     low, high = nodes_range(env)
     nnodes = high
     if nnodes > 1 or low != high:
@@ -161,8 +169,7 @@ def torchrun_command(nproc: int, script: Path, env: Mapping[str, str], script_ar
                       env["MASTER_ADDR"], "--master-port", str(env_number("MASTER_PORT", int, DEFAULT_MASTER_PORT, env))]
     else:
         rendezvous = ["--standalone"]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *rendezvous,
-            str(script), *script_args]
+    return rendezvous
 
 
 def _with_threads(nproc: int, env: dict[str, str], threads: int | None) -> dict[str, str]:

@@ -608,3 +608,27 @@ def test_a_nul_byte_in_any_string_option_is_refused_when_the_config_is_read(name
     with pytest.raises(ConfigError, match=f"CONFIG_{name}") as refused:  # a NUL, or RUN_NAME's own characters
         kc.make_defconfig("gpt2-tiny", [str(fragment)], out=tmp_path / ".config")
     assert "\0" not in str(refused.value)  # never shown raw
+
+
+@pytest.mark.parametrize("bad", [{"MASTER_PORT": "99999999999"}, {"NODE_RANK": str(10**20)}, {"MASTER_PORT": "abc"},
+                                 {"NODE_RANK": "5"}, {"MASTER_ADDR": "host;rm -rf /"}])
+def test_a_machine_layout_that_cannot_launch_is_refused_before_the_plan(bad, tmp_path, kfit_here):
+    """NNODES=2 with a port or node rank torchrun cannot take planned the run and printed 'Launching ...'
+    before its error (an audit): refused first, in one line, nothing planned."""
+    config = tmp_path / ".config"
+    assert kfit_here(tmp_path, "defconfig", "lenet5", KCONFIG_CONFIG=str(config)).returncode == 0
+    variables = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", **bad}
+    result = kfit_here(tmp_path, "train", KCONFIG_CONFIG=str(config), **variables)
+    assert result.returncode == 2 and result.stderr.startswith("error:"), result.stdout + result.stderr
+    assert "Launching" not in result.stdout + result.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value", ["1000000000", "4097", "-1", "abc"])
+def test_an_openmp_thread_count_past_any_machine_is_refused_before_any_work(value, tmp_path, kfit_here):
+    """OMP_NUM_THREADS=1000000000 planned for a minute, then libgomp asked for 216 GB and kfit exited 1 with no
+    error line of its own (an audit)."""
+    config = tmp_path / ".config"
+    assert kfit_here(tmp_path, "defconfig", "lenet5", KCONFIG_CONFIG=str(config)).returncode == 0
+    result = kfit_here(tmp_path, "plan", KCONFIG_CONFIG=str(config), OMP_NUM_THREADS=value)
+    assert result.returncode == 2 and result.stderr.startswith("error: OMP_NUM_THREADS="), result.stderr
+    assert result.stdout == ""

@@ -17,7 +17,7 @@ from pathlib import Path
 from . import flags
 from .common import ensure_config, run_main  # noqa: F401  (ensure_config: re-exported for tests)
 from .. import config as kconfig
-from ..env import env_choice
+from ..env import env_choice, env_number
 from ..errors import KfitError
 from ..redact import shown
 
@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if getattr(args, "format", "") is None:
                     args.format = env_choice("FORMAT", ("text", "json"), "text")
+                # read by OpenMP at torch's first parallel region: bounded before any work (units.MAXIMA)
+                env_number("OMP_NUM_THREADS", int, None, minimum=0)
                 return args.func(args)
             except KfitError as err:
                 raise flags.name_flag(err, given) from None

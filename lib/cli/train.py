@@ -203,6 +203,7 @@ def cmd_train(args) -> int:
             raise KfitError(f"WORLD_SIZE={run.world_size} is set, but kfit was not started by torchrun: "
                             f"unset it and use 'make train GPUS={run.world_size}', which launches "
                             "torchrun ('make plan WORLD_SIZE=N' shows what N processes would run)")
+        distributed.rendezvous_args(with_slurm(os.environ))  # NNODES=, NODE_RANK=, MASTER_*=: before any work
         hardware = usable_hardware(config, hardware, _stderr)
         device_type, _ = decide_device(config, hardware)
         nproc, why = process_count(config, hardware, device_type, run.gpus)
