@@ -74,15 +74,19 @@ def full_disk_is_an_error(path: Path, needed: int | None = None):
         if err is None:
             raise
         directory = Path(path).parent
+        # a small file's sizes to a tenth of a MiB: "1MiB needed, 1MiB free" and "free at least 0MiB" said nothing
+        decimals = 1 if needed and needed < 100 * 2**20 else 0
         try:
             free = shutil.disk_usage(directory).free
-            room = f"{fileio.format_bytes(free)} free"
+            room = f"{fileio.format_bytes(free, decimals)} free"
         except OSError:
             free, room = None, "free space unknown"
-        need = f"{fileio.format_bytes(needed)} needed, " if needed else ""
+        need = f"{fileio.format_bytes(needed, decimals)} needed, " if needed else ""
         kept = periodic_checkpoints(directory) or [(0, p) for p in [finished_checkpoint(directory)] if p]
         intact = f"; the earlier checkpoints are intact (newest: {kept[0][1].name})" if kept else ""
-        more = f"at least {fileio.format_bytes(needed - free)} " if needed and free is not None and needed > free else ""
+        # the shortfall rounded up to a whole MiB, never "0MiB"
+        short = -(-(needed - free) // 2**20) * 2**20 if needed and free is not None and needed > free else 0
+        more = f"at least {fileio.format_bytes(short)} " if short else ""
         fix = ("raise the file size limit ('ulimit -f')" if err.errno == errno.EFBIG else
                f"free {more}space in {directory}, or set CONFIG_OUTPUT_DIR to a disk with room")
         raise KfitError(f"no room to write {Path(path).name} in {directory} ({need}{room}; {err.strerror}){intact}: "

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 from lib import checkpoint, fileio, resumable
@@ -480,3 +481,25 @@ def test_olddefconfig_writes_through_a_symlinked_config_keeping_its_mode(tmp_pat
     assert "CONFIG_EPOCHS=7" in kept.read_text() and "CONFIG_MODEL_" in kept.read_text()
     assert (tmp_path / ".config.old").read_text() == "CONFIG_EPOCHS=7\n"
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(needed=st.integers(1, 300 << 20), short=st.integers(1, 4 << 20))
+def test_a_full_disk_says_how_much_is_needed_and_free_in_figures_that_differ(needed, short, tmp_path_factory):
+    """A checkpoint 0.4 MiB over the free space said '1MiB needed, 1MiB free ... free at least 0MiB space' (an
+    audit): the shortfall is rounded up to a whole MiB, and a small file's figures keep a decimal."""
+    import errno as errnos
+    import shutil
+    from collections import namedtuple
+
+    free = max(0, needed - short)
+    usage = namedtuple("usage", "total used free")(1 << 40, 0, free)
+    directory = tmp_path_factory.mktemp("run")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(shutil, "disk_usage", lambda path: usage)
+        with pytest.raises(KfitError) as refused:
+            with checkpoint.full_disk_is_an_error(directory / "checkpoint-1.pt", needed):
+                raise OSError(errnos.ENOSPC, "No space left on device")
+    message = str(refused.value)
+    assert "at least 0MiB" not in message and "at least 0.0MiB" not in message, message
+    assert "free at least " in message
