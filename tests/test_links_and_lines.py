@@ -632,3 +632,23 @@ def test_an_openmp_thread_count_past_any_machine_is_refused_before_any_work(valu
     result = kfit_here(tmp_path, "plan", KCONFIG_CONFIG=str(config), OMP_NUM_THREADS=value)
     assert result.returncode == 2 and result.stderr.startswith("error: OMP_NUM_THREADS="), result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("where", ["config", "fragment"])
+@pytest.mark.parametrize("line", ["CONFIG_EPOCHS=2", "# CONFIG_MONITOR is not set", "CONFIG_RUN_NAME=\"x\""])
+def test_a_setting_behind_a_byte_order_mark_is_named_with_its_fix(where, line, tmp_path):
+    """A line saved with an invisible BOM before its CONFIG_ setting was refused as 'malformed (its text is not
+    shown)' (an audit): the message names the mark and how to remove it."""
+    from lib import config as kc
+    from lib.errors import ConfigError
+
+    path = tmp_path / "fragment"
+    if where == "config":
+        kc.make_defconfig("lenet5", out=path)
+        path.write_bytes(path.read_bytes() + f"\ufeff{line}\n".encode())
+        read = lambda: kc.read_config(path)  # noqa: E731
+    else:
+        path.write_bytes(f"\ufeff{line}\n".encode())
+        read = lambda: kc.make_defconfig("lenet5", [str(path)], out=tmp_path / ".config")  # noqa: E731
+    with pytest.raises(ConfigError, match=r"byte-order mark \(U\+FEFF\).*save the file as UTF-8 without BOM"):
+        read()

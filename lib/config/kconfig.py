@@ -171,6 +171,10 @@ def _entry(text: str) -> str:
     name (CONFIG_NOSUCH_TOKEN="...", kconfiglib quoting them in its "undefined symbol", "set more than once" or
     "malformed line" warning) hidden as ***, and a malformed line's text not shown at all; escaped (a value's control and format characters as \\x1b,
     \\u202e: never a forged entry or line); cut to 300 characters."""
+    if _BOM.search(text):  # an editor's invisible byte-order mark before a setting: named, as is the fix
+        return shown(_BOM.sub("line starting with an invisible byte-order mark (U+FEFF) before its CONFIG_ setting, "
+                              "which is therefore ignored: delete the mark (save the file as UTF-8 without BOM)",
+                              text), 300)
     if _MALFORMED.search(text):  # a line that is no assignment is never echoed: it may be any file's (a netrc)
         text = _MALFORMED.sub("ignoring malformed line (neither a CONFIG_ assignment nor a comment; its text is "
                               "not shown)", text)
@@ -181,6 +185,8 @@ def _entry(text: str) -> str:
 
 # kconfiglib's warning about a line that is no assignment, unless the line starts as one (a typo to show)
 _MALFORMED = re.compile(r"ignoring malformed line '(?!(?:# )?CONFIG_).*'$", re.S)
+# the same about a setting behind a byte-order mark (a file saved as "UTF-8 with BOM", a line pasted from one)
+_BOM = re.compile("ignoring malformed line '\ufeff+(?:# )?CONFIG_.*'$", re.S)
 
 
 def _contradictions(path: Path) -> list[str]:
