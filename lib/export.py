@@ -70,13 +70,25 @@ def model_state(path: Path, state: dict | None = None) -> dict[str, torch.Tensor
     """The whole model's state_dict from a checkpoint of either kind (`state`: its contents, already read)."""
     state = state if state is not None else read_checkpoint(path)
     if not state.get("sharded"):
-        return state["model"]
+        return _finite(state["model"], path)
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     with tempfile.TemporaryDirectory() as tmp:  # DCP's own consolidation, then only the model's part
         whole = Path(tmp) / "whole.pt"
         dcp_to_torch_save(str(path), str(whole))
-        return torch.load(whole, map_location="cpu", weights_only=True)["model"]
+        return _finite(torch.load(whole, map_location="cpu", weights_only=True)["model"], path)
+
+
+def _finite(weights, path: Path):
+    """`weights` unless one holds a NaN or an infinity, which no trained model does: a run that diverged, or a
+    file changed after it was written (its CRCs rewritten too). Exported or sampled, it would give garbage
+    without a word."""
+    for name, tensor in weights.items() if isinstance(weights, dict) else ():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise KfitError(f"{shown(path)}: its weight {shown(name, 80)} holds NaN or infinite values (the run "
+                            "diverged, or the file was changed after it was written): name an earlier checkpoint "
+                            "(RUN=<run>/checkpoint-<step>.pt)")
+    return weights
 
 
 def export(run: Path, out: Path | None = None, log=lambda line: print(line, file=sys.stderr)) -> Path:
@@ -86,6 +98,7 @@ def export(run: Path, out: Path | None = None, log=lambda line: print(line, file
     read is looked up once more, then the run is said to be live; an output the OS refuses names the path and
     the reason. `log` takes a warning line (a tokenizer found only in the corpus directory)."""
     path, state = _settled(Path(run))
+    weights = _model_of(path, state)  # weights that are not a model's are refused before OUT is touched
     tokenizer, warning = _tokenizer_of(path, state["config"])
     out = Path(out) if out else (path.parent / "export")
     try:
@@ -105,7 +118,7 @@ def export(run: Path, out: Path | None = None, log=lambda line: print(line, file
             for name in (MODEL_FILE, "config", "plan.json", TOKENIZER_FILE, HASH_FILE):  # a killed export's
                 for stale in out.glob(f".{name}.*.tmp"):
                     stale.unlink(missing_ok=True)
-            save_weights(out / MODEL_FILE, _model_of(path, state),
+            save_weights(out / MODEL_FILE, weights,
                          {"kfit.checkpoint": str(path), "kfit.step": str(state.get("step", ""))})
             checkpoint.write_text_atomic(out / "config", state["config"])
             checkpoint.write_text_atomic(out / "plan.json", json.dumps(state["plan"], indent=2, sort_keys=True) + "\n")
@@ -157,7 +170,7 @@ def _settled(run: Path) -> tuple[Path, dict]:
 
 
 def _model_of(path: Path, state: dict) -> dict[str, torch.Tensor]:
-    return model_state(path, state) if state.get("sharded") else state["model"]
+    return model_state(path, state)
 
 
 def _refused(out: Path, err: OSError) -> KfitError:
@@ -213,7 +226,7 @@ def weights_of(source: Path) -> tuple[dict[str, torch.Tensor], Path, int | None]
     path = checkpoint_of(source)
     state = read_checkpoint(path)  # a sharded one: only its extra part, the step
     step = state.get("step")
-    return model_state(path) if state.get("sharded") else state["model"], path, step if isinstance(step, int) else None
+    return model_state(path, state), path, step if isinstance(step, int) else None
 
 
 def load_exported(path: Path) -> dict[str, torch.Tensor]:

@@ -209,3 +209,25 @@ def test_with_no_run_to_take_sample_names_run_and_where_it_looked(tmp_path, monk
     assert err == ("error: no gpt2 or llama run under CONFIG_OUTPUT_DIR (runs) to sample: train one first, or name "
                    "a run directory, a checkpoint or an exported model.safetensors with RUN=, "
                    "e.g. 'make sample RUN=runs/<run>'")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_weights_holding_nan_or_infinity_are_named_not_exported_or_sampled(trained, tmp_path, bad):
+    """A checkpoint whose weight was set to NaN and saved again (its CRCs whole) was exported and sampled
+    without a word, garbage out (an audit): refused, naming the weight."""
+    import shutil
+
+    from lib.checkpoint import FINAL
+
+    config, plan, result = trained
+    run = tmp_path / "run"
+    shutil.copytree(result.run_dir, run)
+    state = torch.load(run / FINAL, map_location="cpu", weights_only=False)
+    name = next(iter(state["model"]))
+    state["model"][name] = state["model"][name].clone().fill_(bad)
+    torch.save(state, run / FINAL)
+    with pytest.raises(KfitError, match=f"its weight {name} holds NaN or infinite values"):
+        export(run, tmp_path / "e")
+    assert not (tmp_path / "e").exists()
+    with pytest.raises(KfitError, match="holds NaN or infinite values"):
+        sample(run, "a", max_tokens=2)
