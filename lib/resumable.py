@@ -91,9 +91,11 @@ def find_resumable(output_dir: Path, config_text: str, effective_batch: int, run
 
 
 def one_off_settings(run_text: str, file_text: str) -> list[str] | None:
-    """The command-line settings (NAME=value, as make and --set take them) that turn the config file's training
-    math into the run's: what a command must add to resume a run started with one-off overrides ([] when the two
-    agree). None where no settings do: the run's config from another kfit, a value no setting writes."""
+    """The command-line settings (CONFIG_NAME=value, as make and --set take them) that turn the config file's
+    training math into the run's: what a command must add to resume a run started with one-off overrides ([] when
+    the two agree). None where no settings do: the run's config from another kfit, a value no setting writes.
+    Each is written with its CONFIG_ prefix: a symbol that is also a variable of another command (SEED=, make
+    sample's seed) is refused without it."""
     def by_name(text: str) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         for line in training_identity(text):
@@ -113,9 +115,9 @@ def one_off_settings(run_text: str, file_text: str) -> list[str] | None:
         if value is None:
             if file.get(name) != "y":
                 return None
-            settings.append(f"{name}=n")  # a bool, or a choice's member another one replaces in the run
+            settings.append(f"CONFIG_{name}=n")  # a bool, or a choice's member another one replaces in the run
         else:
-            settings.append(f"{name}={value[1:-1] if value.startswith(chr(34)) else value}")
+            settings.append(f"CONFIG_{name}={value[1:-1] if value.startswith(chr(34)) else value}")
     if not settings:
         return []
     return settings if _reproduces(settings, file_text, run_text) else None
