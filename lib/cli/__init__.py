@@ -89,13 +89,15 @@ def _menu(copy: Path) -> None:
     """kconfiglib's curses menu on `copy`: it loads and saves the file KCONFIG_CONFIG names."""
     import menuconfig
 
+    from ..config.kconfig import new_kconfig
+
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # curses would fail with a traceback
         raise KfitError("menuconfig needs a terminal: run it in one, or use 'make oldconfig', a fragment "
                         "('make <fragment>.config') or an editor on the config file")
     previous = os.environ.get("KCONFIG_CONFIG")
     os.environ["KCONFIG_CONFIG"] = str(copy)
     try:
-        menuconfig.menuconfig(kconfig.new_kconfig())
+        menuconfig.menuconfig(new_kconfig())  # the tree with the families kept in one file
     finally:
         if previous is None:
             del os.environ["KCONFIG_CONFIG"]
