@@ -103,3 +103,27 @@ def test_random_bytes_named_txt_are_refused_before_tokenizing(tmp_path):
     (tmp_path / "noise.txt").write_bytes(bytes(rng.randrange(256) for _ in range(5000)))
     with pytest.raises(KfitError, match=r"noise.txt is not text \(its first 5,000 bytes hold"):
         find_sources(str(tmp_path))
+
+
+@settings(max_examples=25, deadline=None)
+@given(text_kib=st.integers(1, 400), noise_kib=st.integers(8, 200), where=st.sampled_from(["end", "middle"]),
+       seed=st.integers(0, 2**16))
+def test_binary_data_anywhere_in_a_text_file_is_refused(tmp_path_factory, text_kib, noise_kib, where, seed):
+    """100 KB of text followed by 300 KB of random bytes was tokenized without a word: only the first 64 KiB was
+    looked at (an audit). The start, middle and end are sampled now; text cut at any byte stays text."""
+    import random
+
+    from lib.data.corpus import find_sources
+    from lib.errors import KfitError
+
+    folder = tmp_path_factory.mktemp("corpus")
+    text = ("plain text, café, 日本語 ✓\n" * (text_kib * 40))[:text_kib * 1024].encode()
+    noise = random.Random(seed).randbytes(noise_kib * 1024)
+    (folder / "ok.txt").write_bytes(text + text[:1000])  # a file of text only, cut inside a character
+    assert find_sources(str(folder / "ok.txt"))
+    data = text + noise if where == "end" else text + noise + text
+    if len(data) > 3 * (64 << 10) and where == "middle" and noise_kib < 64:
+        return  # a small island of noise between large texts may fall between the samples
+    (folder / "mixed.txt").write_bytes(data)
+    with pytest.raises(KfitError, match=r"mixed.txt is not text \("):
+        find_sources(str(folder / "mixed.txt"))

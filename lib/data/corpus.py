@@ -115,20 +115,31 @@ NOT_TEXT_SHARE = 0.02  # of the sample's bytes that are not UTF-8, beyond which 
 
 
 def _require_text(path) -> None:
-    """A DataError unless the file's start reads as text (UTF-8, no NUL bytes, at most NOT_TEXT_SHARE of its
-    bytes undecodable): random bytes named .txt would otherwise be tokenized as garbage without a word."""
+    """A DataError unless the file reads as text where it is sampled, its start, middle and end (UTF-8, no NUL
+    bytes, at most NOT_TEXT_SHARE of a sample's bytes undecodable): random bytes named .txt would otherwise be
+    tokenized as garbage without a word, and so would text with binary data appended."""
     try:
         with open(path, "rb") as f:
-            sample = f.read(TEXT_SAMPLE)
+            size = os.fstat(f.fileno()).st_size
+            offsets = sorted({0, max(0, size // 2 - TEXT_SAMPLE // 2), max(0, size - TEXT_SAMPLE)})
+            samples = []
+            for offset in offsets:
+                f.seek(offset)
+                samples.append((offset, f.read(TEXT_SAMPLE)))
     except OSError as e:
         raise DataError(f"cannot read corpus file {path} ({e.strerror or e})") from e
-    if not sample:
-        return
-    bad = len(sample) - len(sample.decode("utf-8", errors="ignore").encode("utf-8"))
-    if b"\0" in sample or bad > NOT_TEXT_SHARE * len(sample):
-        what = "NUL bytes" if b"\0" in sample else f"{bad / len(sample):.0%} of its bytes not UTF-8"
-        raise DataError(f"{path} is not text (its first {len(sample):,} bytes hold {what}): remove it from the "
-                        "corpus, or convert it to UTF-8 text")
+    for offset, sample in samples:
+        if not sample:
+            continue
+        # a window that starts or ends inside a character loses at most 3 bytes at each end: not counted
+        bad = len(sample) - len(sample.decode("utf-8", errors="ignore").encode("utf-8"))
+        bad = max(0, bad - (6 if offset else 3))
+        if b"\0" in sample or bad > NOT_TEXT_SHARE * len(sample):
+            what = "NUL bytes" if b"\0" in sample else f"{bad / len(sample):.0%} of its bytes not UTF-8"
+            where = f"its first {len(sample):,} bytes" if offset == 0 else \
+                f"its {len(sample):,} bytes from offset {offset:,}"
+            raise DataError(f"{path} is not text ({where} hold {what}): remove it from the corpus, or convert it to "
+                            "UTF-8 text")
 
 
 def _group(lines: list[str]) -> list[str]:
