@@ -14,7 +14,7 @@ from dataclasses import dataclass
 # far below what would take kfit minutes and gigabytes to refuse later (a process count in the millions, a
 # generation of billions of tokens).
 MAXIMA = {"GPUS": 4096, "WORLD_SIZE": 1 << 20, "NODES": 65536, "CPUS": 1 << 20, "ARRAY": 100_000,
-          "MAX_TOKENS": 1_000_000, "TOP_K": 10_000_000, "TRIALS": 1_000_000, "N": 100_000, "TRAIN": 100_000,
+          "MAX_TOKENS": 100_000, "TOP_K": 10_000_000, "TRIALS": 1_000_000, "N": 100_000, "TRAIN": 100_000,
           "RUNS": 1000, "BATCH": 1 << 24, "VOCAB": 10_000_000, "EXTEND_EPOCHS": 100_000,
           "EXTEND_STEPS": 1_000_000_000, "FREE_GB": 1 << 20, "KCONFIG_SEED": 2**63 - 1, "SEED": 2**63 - 1,
           # OpenMP's threads per process: a billion made libgomp ask for 216 GB after a minute of planning
