@@ -1,5 +1,5 @@
-"""Readers of one symbol of a loaded Kconfig tree as a typed value: text, integer, bool, a choice's member,
-a number kept in a string symbol (Kconfig has no float type) with its range checked. A value that does not take
+"""Readers of one symbol of a loaded Kconfig tree as a typed value: text, integer, bool, a choice's member;
+and a number kept in a string symbol's text (Kconfig has no float type) with its range checked (parse_number). A value that does not take
 is a ConfigError naming the symbol; a symbol that is hidden reads as None."""
 
 from __future__ import annotations
@@ -43,14 +43,6 @@ def member_of(kconf, prefix: str) -> str | None:
         if choice.syms and all(sym.name.startswith(prefix) for sym in choice.syms):
             return next((sym.name[len(prefix):].lower() for sym in choice.syms if sym.str_value == "y"), None)
     raise ConfigError(f"the Kconfig tree has no choice of {prefix}* symbols")
-
-
-def number_of(kconf, name: str, *, low: float, high: float = math.inf, low_open: bool = False,
-            high_open: bool = False) -> float | None:
-    """Parse a string symbol holding a number (Kconfig has no float type)."""
-    text = str_of(kconf, name)
-    return None if text is None else parse_number(name, text, low=low, high=high, low_open=low_open,
-                                                  high_open=high_open)
 
 
 def parse_number(name: str, text: str, *, low: float, high: float = math.inf, low_open: bool = False,

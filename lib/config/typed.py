@@ -1,7 +1,8 @@
 """The typed, frozen Config, and building it from a loaded (already strictly validated) kconfig.
 
-Kconfig has no float type and cannot express every range: the parsers here check
-numbers held in string symbols, names and cross-field orderings.
+Each field is its option's value as lib/config/options.py types it (numbers held in string symbols, patterns
+and cross-option orders are checked beside their options, lib/config/validators.py), or derived here from the
+options: a renamed choice, a list of words, a Llama's custom shape, a default for a hidden option.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .symbols import bool_of, choice_of, int_of, member_of, str_of
 class Config:
     """A validated configuration. Field names follow the Kconfig symbols.
 
-    A field typed_config parses (a number held in a string symbol, a list of words, a derived value) is built
+    A field typed_config derives (a list of words, a renamed choice, a default for a hidden option) is built
     there; every other field is its option's value exactly as `options` types it (lib/config/options.py), so
     its type, range and help are stated once, in the Kconfig tree: the field only names it for type checkers."""
 
