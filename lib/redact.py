@@ -97,10 +97,14 @@ def visible_text(text: str) -> str:
 def shown(value: object, limit: int = LIMIT) -> str:
     """A user's value for a message: escaped (`escaped`: never an extra line, a terminal's escape or an invisible
     character), redacted, and cut to `limit` characters with how much more there was."""
-    text = redact(escaped(value))  # redacted whole, then cut: a cut can leave a secret without the @ that marks it
-    if len(text) <= limit:
+    raw = str(value)
+    # redacted before it is cut (a cut can leave a secret without the @ that marks it), over a head far longer
+    # than any secret, so that a value of megabytes costs no more than one of 64 KiB
+    head = raw[:max(4 * limit, 1 << 16)]
+    text = redact(escaped(head))
+    if len(text) <= limit and len(head) == len(raw):
         return text
-    return text[:limit] + f"... ({len(text) - limit:,} more characters)"
+    return text[:limit] + f"... ({len(text) - limit + len(raw) - len(head):,} more characters)"
 
 
 # What a piece of printed text may hold besides visible characters: line breaks and tabs, carriage returns
